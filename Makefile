@@ -1,0 +1,38 @@
+# `make run` and `make test` are the only commands a fresh machine needs.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+RUN_STAMP := $(VENV)/.run-installed
+DEV_STAMP := $(VENV)/.dev-installed
+
+.PHONY: run test lint bench soak clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@ $(RUN_STAMP)
+
+run: $(RUN_STAMP)
+	$(BIN)/python -m sparkpoint.demo
+
+test: $(DEV_STAMP)
+	$(BIN)/ruff check sparkpoint tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check sparkpoint tests benchmarks
+	$(BIN)/mypy
+
+bench: $(DEV_STAMP)
+	$(BIN)/python -m benchmarks.bench_state_backend
+
+clean:
+	rm -rf $(VENV) .sparkpoint

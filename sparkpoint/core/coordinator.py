@@ -1,0 +1,283 @@
+"""The checkpoint coordinator: trigger -> acknowledge -> complete | abort, and shutdown.
+
+Invariants:
+
+1. A checkpoint is committed by the exclusive create of its `_metadata`, and only after every
+   expected subtask acknowledged and every referenced file is known or new in this checkpoint.
+2. Deletion happens only after a commit, only of files whose registry count fell to 0 and that
+   the job owns, and `_metadata` goes before the files it lists (a crash in between leaves
+   orphans for the sweep, never a retained checkpoint with missing files).
+3. The latest completed checkpoint and savepoints are never subsumed.
+4. An abort deletes only files created by the aborted checkpoint.
+5. If storage holds checkpoints this coordinator did not register (another writer), the
+   registry is rebuilt from storage before anything is deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkpoint.core.errors import CheckpointAlreadyExists, CheckpointDeclined, DeletionBlocked
+from sparkpoint.core.metadata import (
+    CheckpointMetadata,
+    CheckpointStats,
+    OperatorState,
+    RestoreLineage,
+    SubtaskStateHandle,
+    checkpoint_dir,
+    metadata_path,
+    utc_now_iso,
+)
+from sparkpoint.core.paths import private_dir, shared_dir
+from sparkpoint.core.retention import (
+    ExternalizedRetention,
+    JobStatus,
+    checkpoints_to_subsume,
+    discard_on_shutdown,
+)
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.core.store import CompletedCheckpointStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingCheckpoint:
+    checkpoint_id: int
+    kind: str
+    expected: Mapping[str, int] | None  # operator -> parallelism; None: accept what arrives
+    started: float = field(default_factory=time.monotonic)
+    acks: dict[tuple[str, int], SubtaskStateHandle] = field(default_factory=dict)
+
+    def missing(self) -> list[tuple[str, int]]:
+        if self.expected is None:
+            return []
+        return [(op, i) for op, p in sorted(self.expected.items()) for i in range(p) if (op, i) not in self.acks]
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """What `complete` did: the committed metadata and the bookkeeping around it."""
+
+    metadata: CheckpointMetadata
+    files_new: int
+    files_reused: int
+    files_deleted: int
+    subsumed: tuple[int, ...]
+    duration_s: float
+    deletion_blocked: str | None = None
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.metadata.checkpoint_id
+
+
+class CheckpointCoordinator:
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        *,
+        num_retained: int = 1,
+        retention: ExternalizedRetention | str = ExternalizedRetention.RETAIN_ON_CANCELLATION,
+        lineage: RestoreLineage | None = None,
+        unowned: frozenset[str] = frozenset(),
+    ):
+        if num_retained < 1:
+            raise ValueError(f"num_retained must be at least 1, got {num_retained}")
+        self.storage = storage
+        self.store = CompletedCheckpointStore(storage)
+        self.num_retained = num_retained
+        self.retention = ExternalizedRetention(retention)
+        self.pending: dict[int, PendingCheckpoint] = {}
+        listing = self.store.load_all()
+        self.registry = self.store.rebuild_registry(listing)
+        self._kinds = {m.checkpoint_id: m.kind for m in listing.checkpoints}
+        latest = listing.checkpoints[0] if listing.checkpoints else None
+        # Lineage and unowned files are carried forward from the checkpoint we resume from.
+        self.lineage = lineage if lineage is not None else (latest.lineage if latest else None)
+        self.unowned = frozenset(unowned) | (latest.unowned if latest else frozenset())
+        self.registry.mark_unowned(self.unowned)
+        self._last_triggered = 0
+
+    # --- protocol ------------------------------------------------------------------------------
+
+    def next_checkpoint_id(self) -> int:
+        known = [self._last_triggered, *self._kinds, *self.pending, *self.storage.checkpoint_dirs()]
+        return max(known, default=0) + 1
+
+    def trigger(self, *, kind: str = "checkpoint", expected: Mapping[str, int] | None = None) -> PendingCheckpoint:
+        if kind not in ("checkpoint", "savepoint"):
+            raise ValueError(f"kind must be checkpoint or savepoint, got {kind!r}")
+        cid = self.next_checkpoint_id()
+        self._last_triggered = cid
+        pending = PendingCheckpoint(cid, kind, dict(expected) if expected is not None else None)
+        self.pending[cid] = pending
+        return pending
+
+    def acknowledge(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
+        pending = self._pending(checkpoint_id)
+        if handle.checkpoint_id != checkpoint_id:
+            raise CheckpointDeclined(f"handle for checkpoint {handle.checkpoint_id} sent to checkpoint {checkpoint_id}")
+        key = (handle.operator, handle.subtask)
+        if pending.expected is not None and handle.operator not in pending.expected:
+            raise CheckpointDeclined(f"checkpoint {checkpoint_id} expects no operator {handle.operator!r}")
+        _check_layout(handle)
+        if key in pending.acks and pending.acks[key] != handle:
+            # A retried task acknowledged twice: keep the first, drop the second's new files.
+            self.storage.delete(
+                f.path for f in handle.new_files() if f.path not in {g.path for g in pending.acks[key].files()}
+            )
+            return
+        pending.acks[key] = handle
+
+    def complete(self, checkpoint_id: int, source_offsets: Any = None) -> CompletedCheckpoint:
+        pending = self._pending(checkpoint_id)
+        started = pending.started
+        try:
+            meta = self._build_metadata(pending, source_offsets)
+            self.storage.commit_exclusive(metadata_path(checkpoint_id), meta.dumps())
+        except CheckpointAlreadyExists:
+            self.abort(checkpoint_id, reason="another writer committed the same checkpoint id")
+            raise
+        except BaseException:
+            self.abort(checkpoint_id, reason="completion failed")
+            raise
+        del self.pending[checkpoint_id]
+        self._kinds[checkpoint_id] = meta.kind
+        self._register(meta)
+        subsumed, deleted, blocked = self._subsume()
+        new = sum(1 for f in meta.files() if f.created_by == checkpoint_id)
+        return CompletedCheckpoint(
+            metadata=meta,
+            files_new=new,
+            files_reused=len(meta.paths()) - new,
+            files_deleted=deleted,
+            subsumed=tuple(subsumed),
+            duration_s=time.monotonic() - started,
+            deletion_blocked=blocked,
+        )
+
+    def abort(self, checkpoint_id: int, *, reason: str = "") -> int:
+        """Forget a pending checkpoint and delete what it uploaded, best effort."""
+        pending = self.pending.pop(checkpoint_id, None)
+        if pending is None:
+            return 0
+        doomed = {f.path for h in pending.acks.values() for f in h.new_files() if not self.registry.is_known(f.path)}
+        log.info("aborting checkpoint %s (%s): deleting %d new files", checkpoint_id, reason, len(doomed))
+        try:
+            return self.storage.delete(doomed)
+        except Exception as e:  # best effort: the orphan sweep gets what is left
+            log.warning("abort of checkpoint %s could not delete every file: %s", checkpoint_id, e)
+            return 0
+
+    def shutdown(self, status: JobStatus | str) -> list[int]:
+        """Apply the externalized-checkpoint retention table; returns the discarded ids."""
+        for cid in list(self.pending):
+            self.abort(cid, reason=f"job {JobStatus(status).value}")
+        if not discard_on_shutdown(self.retention, status):
+            return []
+        doomed = sorted(cid for cid, kind in self._kinds.items() if kind == "checkpoint")
+        self._discard(doomed)
+        return doomed
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _pending(self, checkpoint_id: int) -> PendingCheckpoint:
+        try:
+            return self.pending[checkpoint_id]
+        except KeyError:
+            raise CheckpointDeclined(f"checkpoint {checkpoint_id} is not pending (aborted or completed)") from None
+
+    def _build_metadata(self, pending: PendingCheckpoint, source_offsets: Any) -> CheckpointMetadata:
+        cid = pending.checkpoint_id
+        missing = pending.missing()
+        if missing:
+            raise CheckpointDeclined(f"checkpoint {cid} lacks acknowledgements from {missing}")
+        if not pending.acks:
+            raise CheckpointDeclined(f"checkpoint {cid} has no acknowledgement at all")
+        referenced: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        for handle in pending.acks.values():
+            for f in handle.files():
+                referenced[f.path] = f.created_by
+                sizes[f.path] = f.size
+        self.registry.check_references(cid, referenced)
+        by_op: dict[str, list[SubtaskStateHandle]] = {}
+        for (op, _), handle in sorted(pending.acks.items()):
+            by_op.setdefault(op, []).append(handle)
+        operators = {}
+        for op, handles in by_op.items():
+            max_ps = {h.max_parallelism for h in handles}
+            if len(max_ps) != 1:
+                raise CheckpointDeclined(f"operator {op!r} acknowledged different max parallelisms {sorted(max_ps)}")
+            if [h.subtask for h in handles] != list(range(len(handles))):
+                raise CheckpointDeclined(f"operator {op!r} acknowledged subtasks {[h.subtask for h in handles]}")
+            operators[op] = OperatorState(max_parallelism=max_ps.pop(), subtasks=tuple(handles))
+        new = [p for p, c in referenced.items() if c == cid]
+        return CheckpointMetadata(
+            job_id=self.storage.job_id,
+            checkpoint_id=cid,
+            kind=pending.kind,
+            created_at=utc_now_iso(),
+            source_offsets=source_offsets,
+            stats=CheckpointStats(
+                state_size=sum(sizes.values()),
+                checkpointed_size=sum(sizes[p] for p in new),
+                files_new=len(new),
+                files_reused=len(referenced) - len(new),
+            ),
+            operators=operators,
+            lineage=self.lineage,
+            unowned=self.unowned,
+        )
+
+    def _register(self, meta: CheckpointMetadata) -> None:
+        on_storage = set(self.storage.completed_checkpoint_ids())
+        if on_storage - set(self.registry.checkpoint_ids()) - {meta.checkpoint_id}:
+            log.warning("storage holds checkpoints another writer committed; rebuilding the registry")
+            listing = self.store.load_all()
+            self.registry = self.store.rebuild_registry(listing)
+            self.registry.mark_unowned(self.unowned)
+            self._kinds = {m.checkpoint_id: m.kind for m in listing.checkpoints}
+            return
+        self.registry.register_checkpoint(meta.checkpoint_id, meta.paths() | {meta.metadata_path})
+
+    def _subsume(self) -> tuple[list[int], int, str | None]:
+        doomed = checkpoints_to_subsume(list(self._kinds.items()), self.num_retained)
+        try:
+            deleted = self._discard(doomed)
+        except DeletionBlocked as e:
+            log.warning("retention skipped: %s", e)
+            return [], 0, str(e)
+        return doomed, deleted, None
+
+    def _discard(self, checkpoint_ids: list[int]) -> int:
+        if checkpoint_ids and self.registry.deletion_blocked:
+            raise DeletionBlocked("; ".join(self.registry.blocked_reasons))
+        deleted = 0
+        for cid in checkpoint_ids:
+            paths = self.registry.release_checkpoint(cid)
+            self._kinds.pop(cid, None)
+            meta_path = metadata_path(cid)
+            if meta_path in paths:  # the commit point goes first
+                self.storage.delete([meta_path])
+                paths.discard(meta_path)
+            deleted += self.storage.delete(paths)
+            self.storage.remove_empty_dirs(checkpoint_dir(cid))
+        return deleted
+
+
+def _check_layout(handle: SubtaskStateHandle) -> None:
+    """New files must sit where the layout says; reused ones may be anywhere the registry knows."""
+    shared_prefix = shared_dir(handle.operator, handle.subtask) + "/"
+    private_prefix = private_dir(handle.checkpoint_id, handle.operator, handle.subtask) + "/"
+    for f in handle.shared:
+        if f.created_by == handle.checkpoint_id and not f.path.startswith(shared_prefix):
+            raise CheckpointDeclined(f"new shared file {f.path} is not under {shared_prefix}")
+    for f in handle.private:
+        if f.created_by != handle.checkpoint_id or not f.path.startswith(private_prefix):
+            raise CheckpointDeclined(f"private file {f.path} must be new and under {private_prefix}")

@@ -1,0 +1,51 @@
+"""Exceptions of the sparkpoint core.
+
+Every message says what went wrong *and* what the user can do next.
+"""
+
+from __future__ import annotations
+
+
+class SparkpointError(Exception):
+    """Base class of every error sparkpoint raises on purpose."""
+
+
+class StorageError(SparkpointError):
+    """The checkpoint storage cannot be reached or used as asked."""
+
+
+class PathEscapesJobDirectory(StorageError):
+    """A path would read, write or delete outside the job's own directory."""
+
+
+class MetadataError(SparkpointError):
+    """A `_metadata` file cannot be read or fails validation."""
+
+
+class CheckpointAlreadyExists(SparkpointError, FileExistsError):
+    """Another writer committed the same checkpoint id first."""
+
+
+class UnknownSharedState(SparkpointError):
+    """A checkpoint references a shared file the registry does not know."""
+
+
+class DeletionBlocked(SparkpointError):
+    """Deletion is stopped because some retained `_metadata` cannot be read."""
+
+
+class CheckpointNotFound(SparkpointError):
+    """The requested checkpoint does not exist in the store."""
+
+
+class CheckpointCorrupted(SparkpointError):
+    """A checkpoint's file is missing or differs from what `_metadata` records."""
+
+    def __init__(self, message: str, *, checkpoint_id: int | None = None, path: str | None = None):
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.path = path
+
+
+class CheckpointDeclined(SparkpointError):
+    """A checkpoint cannot complete (missing acknowledgements, wrong state)."""

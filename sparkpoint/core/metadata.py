@@ -1,0 +1,429 @@
+"""The `_metadata` format: frozen dataclasses with explicit, strictly validated JSON.
+
+A checkpoint exists if and only if its `_metadata` exists. Everything that crosses a process
+boundary (state handles from Spark tasks, `_metadata` in storage) goes through `to_json` /
+`from_json` here; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sparkpoint.core.errors import MetadataError
+
+FORMAT_NAME = "sparkpoint-checkpoint"
+FORMAT_VERSION = 1
+KINDS = ("checkpoint", "savepoint")
+CLAIM_MODES = ("CLAIM", "NO_CLAIM")
+MAX_CRC32 = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class KeyGroupRange:
+    """Inclusive range of key groups [start, end] owned by one subtask."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.end < self.start:
+            raise ValueError(f"invalid key-group range [{self.start}, {self.end}]")
+
+    def __contains__(self, key_group: object) -> bool:
+        return isinstance(key_group, int) and self.start <= key_group <= self.end
+
+    def __len__(self) -> int:
+        return self.end - self.start + 1
+
+    def intersects(self, other: KeyGroupRange) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+    def to_json(self) -> dict[str, int]:
+        return {"start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
+class FileHandle:
+    """One file of a checkpoint in stable storage.
+
+    `path` is relative to the job directory; `created_by` is the checkpoint that uploaded it.
+    """
+
+    local_name: str
+    path: str
+    size: int
+    crc32: int
+    created_by: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "local_name": self.local_name,
+            "path": self.path,
+            "size": self.size,
+            "crc32": self.crc32,
+            "created_by": self.created_by,
+        }
+
+
+@dataclass(frozen=True)
+class SubtaskStateHandle:
+    """What one subtask acknowledges for one checkpoint: its files and key-group range."""
+
+    operator: str
+    subtask: int
+    checkpoint_id: int
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    shared: tuple[FileHandle, ...]
+    private: tuple[FileHandle, ...]
+
+    def files(self) -> Iterator[FileHandle]:
+        yield from self.shared
+        yield from self.private
+
+    def new_files(self) -> list[FileHandle]:
+        """Files this checkpoint uploaded (the ones an abort deletes)."""
+        return [f for f in self.files() if f.created_by == self.checkpoint_id]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operator": self.operator,
+            "subtask": self.subtask,
+            "checkpoint_id": self.checkpoint_id,
+            "key_group_range": self.key_group_range.to_json(),
+            "max_parallelism": self.max_parallelism,
+            "shared": [f.to_json() for f in self.shared],
+            "private": [f.to_json() for f in self.private],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str) -> SubtaskStateHandle:
+        where = "state handle"
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise MetadataError(f"{where} is not valid JSON: {e}") from e
+        v = _Validator(where)
+        obj = v.obj(raw, "handle")
+        return _subtask_from_json(
+            v,
+            obj,
+            "handle",
+            operator=v.string(obj, "operator", "handle"),
+            checkpoint_id=v.integer(obj, "checkpoint_id", "handle"),
+            max_parallelism=v.integer(obj, "max_parallelism", "handle", minimum=1),
+        )
+
+
+@dataclass(frozen=True)
+class OperatorState:
+    max_parallelism: int
+    subtasks: tuple[SubtaskStateHandle, ...]
+
+    @property
+    def parallelism(self) -> int:
+        return len(self.subtasks)
+
+
+@dataclass(frozen=True)
+class RestoreLineage:
+    """Where the job's state came from when it was (re)started."""
+
+    restored_from: str
+    claim_mode: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"restored_from": self.restored_from, "claim_mode": self.claim_mode}
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    state_size: int
+    checkpointed_size: int
+    files_new: int = 0
+    files_reused: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "state_size": self.state_size,
+            "checkpointed_size": self.checkpointed_size,
+            "files_new": self.files_new,
+            "files_reused": self.files_reused,
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """The content of `chk-<N>/_metadata`."""
+
+    job_id: str
+    checkpoint_id: int
+    kind: str
+    created_at: str
+    source_offsets: Any
+    stats: CheckpointStats
+    operators: Mapping[str, OperatorState]
+    lineage: RestoreLineage | None = None
+    # Paths (relative to the job directory) this job must never delete: the files of a
+    # checkpoint it restored in NO_CLAIM mode. Carried forward from checkpoint to checkpoint.
+    unowned: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def directory(self) -> str:
+        return checkpoint_dir(self.checkpoint_id)
+
+    @property
+    def metadata_path(self) -> str:
+        return metadata_path(self.checkpoint_id)
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.kind == "savepoint"
+
+    def subtask_handles(self) -> Iterator[SubtaskStateHandle]:
+        for op in self.operators.values():
+            yield from op.subtasks
+
+    def files(self) -> Iterator[FileHandle]:
+        for handle in self.subtask_handles():
+            yield from handle.files()
+
+    def paths(self) -> set[str]:
+        return {f.path for f in self.files()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "job_id": self.job_id,
+            "checkpoint_id": self.checkpoint_id,
+            "kind": self.kind,
+            "created_at": self.created_at,
+            "lineage": self.lineage.to_json() if self.lineage else None,
+            "unowned": sorted(self.unowned),
+            "source_offsets": self.source_offsets,
+            "stats": self.stats.to_json(),
+            "operators": {
+                name: {
+                    "max_parallelism": op.max_parallelism,
+                    "subtasks": [
+                        {
+                            "subtask": h.subtask,
+                            "key_group_range": h.key_group_range.to_json(),
+                            "shared": [f.to_json() for f in h.shared],
+                            "private": [f.to_json() for f in h.private],
+                        }
+                        for h in op.subtasks
+                    ],
+                }
+                for name, op in sorted(self.operators.items())
+            },
+        }
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1, allow_nan=False).encode("utf-8")
+
+    @classmethod
+    def loads(cls, data: bytes, *, where: str = "_metadata") -> CheckpointMetadata:
+        try:
+            raw = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise MetadataError(
+                f"{where} is not valid UTF-8 JSON ({e}); the checkpoint cannot be used. "
+                "Restore an older checkpoint or run `sparkpoint verify`."
+            ) from e
+        return _metadata_from_json(_Validator(where), raw)
+
+
+def checkpoint_dir(checkpoint_id: int) -> str:
+    return f"chk-{checkpoint_id}"
+
+
+def metadata_path(checkpoint_id: int) -> str:
+    return f"chk-{checkpoint_id}/_metadata"
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+class _Validator:
+    """Checks raw JSON field by field; every error names the field and the file."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, field_name: str, problem: str) -> MetadataError:
+        return MetadataError(f"{self.where}: field `{field_name}` {problem}")
+
+    def obj(self, value: Any, name: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(name, f"must be an object, got {type(value).__name__}")
+        return value
+
+    def get(self, obj: dict[str, Any], key: str, name: str) -> Any:
+        if key not in obj:
+            raise self.fail(f"{name}.{key}" if name else key, "is missing")
+        return obj[key]
+
+    def string(self, obj: dict[str, Any], key: str, name: str, *, choices: tuple[str, ...] = ()) -> str:
+        value = self.get(obj, key, name)
+        full = f"{name}.{key}" if name else key
+        if not isinstance(value, str) or not value:
+            raise self.fail(full, f"must be a non-empty string, got {value!r}")
+        if choices and value not in choices:
+            raise self.fail(full, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def integer(self, obj: dict[str, Any], key: str, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+        value = self.get(obj, key, name)
+        full = f"{name}.{key}" if name else key
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(full, f"must be an integer, got {value!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+            raise self.fail(full, f"must be {bound}, got {value}")
+        return value
+
+    def array(self, obj: dict[str, Any], key: str, name: str) -> list[Any]:
+        value = self.get(obj, key, name)
+        if not isinstance(value, list):
+            raise self.fail(f"{name}.{key}", f"must be an array, got {type(value).__name__}")
+        return value
+
+
+def _json_only(v: _Validator, value: Any, name: str) -> Any:
+    """Source offsets are opaque, but must be plain JSON (no NaN, no non-string keys)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise v.fail(name, "holds a non-finite number")
+        return value
+    if isinstance(value, list):
+        return [_json_only(v, x, name) for x in value]
+    if isinstance(value, dict):
+        return {k: _json_only(v, x, name) for k, x in value.items()}
+    raise v.fail(name, f"holds a non-JSON value {value!r}")
+
+
+def _file_from_json(v: _Validator, raw: Any, name: str) -> FileHandle:
+    from sparkpoint.core.paths import validate_relative  # late: paths imports errors only
+
+    obj = v.obj(raw, name)
+    path = v.string(obj, "path", name)
+    try:
+        validate_relative(path)
+    except ValueError as e:
+        raise v.fail(f"{name}.path", f"is not a safe path inside the job directory: {e}") from e
+    local_name = v.string(obj, "local_name", name)
+    if "/" in local_name or local_name in (".", ".."):
+        raise v.fail(f"{name}.local_name", f"must be a plain file name, got {local_name!r}")
+    return FileHandle(
+        local_name=local_name,
+        path=path,
+        size=v.integer(obj, "size", name),
+        crc32=v.integer(obj, "crc32", name, maximum=MAX_CRC32),
+        created_by=v.integer(obj, "created_by", name),
+    )
+
+
+def _subtask_from_json(
+    v: _Validator, obj: dict[str, Any], name: str, *, operator: str, checkpoint_id: int, max_parallelism: int
+) -> SubtaskStateHandle:
+    kg = v.obj(v.get(obj, "key_group_range", name), f"{name}.key_group_range")
+    start = v.integer(kg, "start", f"{name}.key_group_range")
+    end = v.integer(kg, "end", f"{name}.key_group_range", maximum=max_parallelism - 1)
+    if end < start:
+        raise v.fail(f"{name}.key_group_range", f"is empty: start {start} > end {end}")
+    shared = tuple(_file_from_json(v, f, f"{name}.shared[{i}]") for i, f in enumerate(v.array(obj, "shared", name)))
+    private = tuple(_file_from_json(v, f, f"{name}.private[{i}]") for i, f in enumerate(v.array(obj, "private", name)))
+    for f in shared + private:
+        if f.created_by > checkpoint_id:
+            raise v.fail(f"{name}", f"file {f.path} claims to be created by a later checkpoint {f.created_by}")
+    return SubtaskStateHandle(
+        operator=operator,
+        subtask=v.integer(obj, "subtask", name),
+        checkpoint_id=checkpoint_id,
+        key_group_range=KeyGroupRange(start, end),
+        max_parallelism=max_parallelism,
+        shared=shared,
+        private=private,
+    )
+
+
+def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
+    obj = v.obj(raw, "(root)")
+    fmt = v.get(obj, "format", "")
+    if fmt != FORMAT_NAME:
+        raise v.fail("format", f"must be {FORMAT_NAME!r}, got {fmt!r}: this is not a sparkpoint checkpoint")
+    version = v.integer(obj, "version", "")
+    if version != FORMAT_VERSION:
+        raise v.fail(
+            "version",
+            f"is {version}, this sparkpoint reads version {FORMAT_VERSION}; upgrade sparkpoint to read it",
+        )
+    checkpoint_id = v.integer(obj, "checkpoint_id", "", minimum=1)
+    lineage_raw = obj.get("lineage")
+    lineage = None
+    if lineage_raw is not None:
+        lo = v.obj(lineage_raw, "lineage")
+        lineage = RestoreLineage(
+            restored_from=v.string(lo, "restored_from", "lineage"),
+            claim_mode=v.string(lo, "claim_mode", "lineage", choices=CLAIM_MODES),
+        )
+    unowned_raw = obj.get("unowned", [])
+    if not isinstance(unowned_raw, list) or not all(isinstance(p, str) for p in unowned_raw):
+        raise v.fail("unowned", "must be an array of paths")
+    stats_obj = v.obj(v.get(obj, "stats", ""), "stats")
+    stats = CheckpointStats(
+        state_size=v.integer(stats_obj, "state_size", "stats"),
+        checkpointed_size=v.integer(stats_obj, "checkpointed_size", "stats"),
+        files_new=v.integer(stats_obj, "files_new", "stats") if "files_new" in stats_obj else 0,
+        files_reused=v.integer(stats_obj, "files_reused", "stats") if "files_reused" in stats_obj else 0,
+    )
+    operators_obj = v.obj(v.get(obj, "operators", ""), "operators")
+    operators: dict[str, OperatorState] = {}
+    for op_name, op_raw in operators_obj.items():
+        name = f"operators.{op_name}"
+        if not op_name or "/" in op_name or op_name in (".", ".."):
+            raise v.fail(name, "has an invalid operator name")
+        op_obj = v.obj(op_raw, name)
+        max_p = v.integer(op_obj, "max_parallelism", name, minimum=1) if "max_parallelism" in op_obj else 128
+        subtasks = tuple(
+            _subtask_from_json(
+                v,
+                v.obj(s, f"{name}.subtasks[{i}]"),
+                f"{name}.subtasks[{i}]",
+                operator=op_name,
+                checkpoint_id=checkpoint_id,
+                max_parallelism=max_p,
+            )
+            for i, s in enumerate(v.array(op_obj, "subtasks", name))
+        )
+        indexes = [s.subtask for s in subtasks]
+        if sorted(indexes) != list(range(len(indexes))):
+            raise v.fail(f"{name}.subtasks", f"must number subtasks 0..{len(indexes) - 1}, got {indexes}")
+        operators[op_name] = OperatorState(max_parallelism=max_p, subtasks=subtasks)
+    return CheckpointMetadata(
+        job_id=v.string(obj, "job_id", ""),
+        checkpoint_id=checkpoint_id,
+        kind=v.string(obj, "kind", "", choices=KINDS),
+        created_at=v.string(obj, "created_at", ""),
+        source_offsets=_json_only(v, obj.get("source_offsets"), "source_offsets"),
+        stats=stats,
+        operators=operators,
+        lineage=lineage,
+        unowned=frozenset(unowned_raw),
+    )

@@ -1,0 +1,85 @@
+"""The orphan sweep (rule 8): files nobody references, left by failed or killed uploads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sparkpoint.core.errors import DeletionBlocked
+from sparkpoint.core.paths import checkpoint_id_of_dir
+from sparkpoint.core.storage import CheckpointStorage, StoredFile
+from sparkpoint.core.store import CompletedCheckpointStore
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    orphans: tuple[StoredFile, ...]
+    deleted: bool
+    referenced: int
+
+    @property
+    def orphan_bytes(self) -> int:
+        return sum(f.size for f in self.orphans)
+
+
+def select_orphans(
+    files: Iterable[StoredFile], referenced: set[str], grace_seconds: float, now: float
+) -> list[StoredFile]:
+    """Pure part: unreferenced files under `shared/` or `chk-*/` at least `grace_seconds` old.
+
+    A file whose age the filesystem does not tell counts as brand new (when in doubt, keep).
+    """
+    orphans = []
+    for f in files:
+        top = f.path.split("/", 1)[0]
+        if top != "shared" and checkpoint_id_of_dir(top) is None:
+            continue
+        if f.path in referenced:
+            continue
+        age = now - f.modified if f.modified > 0 else 0.0
+        if age >= grace_seconds:
+            orphans.append(f)
+    return sorted(orphans, key=lambda f: f.path)
+
+
+def sweep_orphans(
+    storage: CheckpointStorage,
+    *,
+    grace_seconds: float = 3600.0,
+    dry_run: bool = False,
+    pending_paths: Iterable[str] = (),
+    now: float | None = None,
+) -> SweepReport:
+    """Delete (or with `dry_run`, list) files no retained or pending checkpoint references.
+
+    Refuses to delete anything while some `_metadata` cannot be read.
+    """
+    if grace_seconds < 0:
+        raise ValueError(f"grace must be >= 0 seconds, got {grace_seconds}")
+    listing = CompletedCheckpointStore(storage).load_all()
+    if listing.unreadable and not dry_run:
+        raise DeletionBlocked(
+            "orphan sweep refused: "
+            + "; ".join(
+                f"chk-{cid}/_metadata cannot be read ({why})" for cid, why in sorted(listing.unreadable.items())
+            )
+            + ". Its files may still be needed: repair or remove that checkpoint by hand first."
+        )
+    referenced = set(pending_paths)
+    for meta in listing.checkpoints:
+        referenced |= meta.paths() | meta.unowned
+        referenced.add(meta.metadata_path)
+    for cid in listing.unreadable:  # dry run: show what would go, never the unreadable ones
+        referenced.add(f"chk-{cid}/_metadata")
+    files = storage.walk("shared") + [f for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")]
+    orphans = select_orphans(files, referenced, grace_seconds, time.time() if now is None else now)
+    if listing.unreadable:
+        blocked_dirs = tuple(f"chk-{cid}/" for cid in listing.unreadable)
+        orphans = [f for f in orphans if not f.path.startswith(blocked_dirs)]
+    if not dry_run and orphans:
+        storage.delete(f.path for f in orphans)
+        storage.remove_empty_dirs("shared")
+        for cid in storage.checkpoint_dirs():
+            storage.remove_empty_dirs(f"chk-{cid}")
+    return SweepReport(orphans=tuple(orphans), deleted=not dry_run, referenced=len(referenced))

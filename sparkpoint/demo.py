@@ -1,0 +1,1 @@
+"""`make run` until the pipeline lands: checkpoint and restore a state on local storage."""

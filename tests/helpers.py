@@ -1,0 +1,66 @@
+"""Building state handles from real files, for core tests that do not need RocksDB."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from sparkpoint.core.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle
+from sparkpoint.core.paths import private_dir, shared_dir
+from sparkpoint.core.storage import CheckpointStorage
+
+
+class FakeSubtask:
+    """Uploads named local 'SST' files like a state backend would, with Flink's reuse rule.
+
+    Only files of the last *confirmed* checkpoint are re-referenced; anything else is uploaded
+    again under a fresh unique name.
+    """
+
+    def __init__(self, storage: CheckpointStorage, workdir: Path, operator: str = "op", subtask: int = 0):
+        self.storage = storage
+        self.workdir = workdir
+        self.operator = operator
+        self.subtask = subtask
+        self.confirmed: dict[str, FileHandle] = {}
+        self.pending: dict[int, dict[str, FileHandle]] = {}
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, local_name: str, content: bytes | None = None) -> str:
+        path = self.workdir / local_name
+        path.write_bytes(content if content is not None else os.urandom(64) + local_name.encode())
+        return str(path)
+
+    def snapshot(self, checkpoint_id: int, local_names: list[str]) -> SubtaskStateHandle:
+        shared: list[FileHandle] = []
+        uploads: list[tuple[str, str]] = []
+        for name in local_names:
+            if name in self.confirmed:
+                shared.append(self.confirmed[name])
+            else:
+                rel = f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}.sst"
+                uploads.append((str(self.workdir / name), rel))
+        shared += self.storage.upload(uploads, checkpoint_id)
+        manifest = self.write("MANIFEST-000001")
+        private = self.storage.upload(
+            [(manifest, f"{private_dir(checkpoint_id, self.operator, self.subtask)}/{uuid.uuid4().hex[:8]}-MANIFEST")],
+            checkpoint_id,
+        )
+        self.pending[checkpoint_id] = {f.local_name: f for f in shared}
+        return SubtaskStateHandle(
+            operator=self.operator,
+            subtask=self.subtask,
+            checkpoint_id=checkpoint_id,
+            key_group_range=KeyGroupRange(0, 127),
+            max_parallelism=128,
+            shared=tuple(shared),
+            private=tuple(private),
+        )
+
+    def confirm(self, checkpoint_id: int) -> None:
+        self.confirmed = self.pending.pop(checkpoint_id)
+        self.pending = {k: v for k, v in self.pending.items() if k > checkpoint_id}
+
+    def abort(self, checkpoint_id: int) -> None:
+        self.pending.pop(checkpoint_id, None)

@@ -1,0 +1,276 @@
+"""The checkpoint protocol on real storage: counts, deletion, aborts, races, claim modes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.core import (
+    CheckpointAlreadyExists,
+    CheckpointCoordinator,
+    CheckpointDeclined,
+    CheckpointStorage,
+    CompletedCheckpointStore,
+    RestoreLineage,
+    UnknownSharedState,
+)
+from sparkpoint.core.metadata import metadata_path
+from tests.helpers import FakeSubtask
+
+
+def shared_counts(coord: CheckpointCoordinator, sub: FakeSubtask, names: list[str]) -> dict[str, int]:
+    paths = {}
+    for handles in [sub.confirmed, *sub.pending.values()]:
+        for name, f in handles.items():
+            paths.setdefault(name, f.path)
+    return {n: coord.registry.count(paths[n]) for n in names if n in paths}
+
+
+def run_checkpoint(coord: CheckpointCoordinator, sub: FakeSubtask, names: list[str]):
+    pending = coord.trigger(expected={sub.operator: 1})
+    coord.acknowledge(pending.checkpoint_id, sub.snapshot(pending.checkpoint_id, names))
+    done = coord.complete(pending.checkpoint_id, source_offsets={"files": pending.checkpoint_id})
+    sub.confirm(pending.checkpoint_id)
+    return done
+
+
+def test_blog_example_four_checkpoints_with_two_retained(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    for name in ["s1", "s2", "s3", "s4", "s5", "s123", "s456"]:
+        sub.write(name)
+    paths: dict[str, str] = {}
+
+    def remember() -> None:
+        for name, f in sub.confirmed.items():
+            paths.setdefault(name, f.path)
+
+    run_checkpoint(coord, sub, ["s1", "s2"])
+    remember()
+    assert {n: coord.registry.count(paths[n]) for n in ["s1", "s2"]} == {"s1": 1, "s2": 1}
+
+    run_checkpoint(coord, sub, ["s1", "s2", "s3", "s4"])
+    remember()
+    assert {n: coord.registry.count(paths[n]) for n in paths} == {"s1": 2, "s2": 2, "s3": 1, "s4": 1}
+
+    done3 = run_checkpoint(coord, sub, ["s123", "s4", "s5"])
+    remember()
+    assert done3.subsumed == (1,)
+    assert {n: coord.registry.count(paths[n]) for n in paths} == {
+        "s1": 1, "s2": 1, "s3": 1, "s4": 2, "s5": 1, "s123": 1,
+    }
+    assert all(storage.exists(p) for p in paths.values()), "nothing is physically deleted at checkpoint 3"
+    assert not storage.exists(metadata_path(1))
+
+    done4 = run_checkpoint(coord, sub, ["s123", "s456"])
+    remember()
+    assert done4.subsumed == (2,)
+    assert {n: coord.registry.count(paths[n]) for n in paths} == {
+        "s1": 0, "s2": 0, "s3": 0, "s4": 1, "s5": 1, "s123": 2, "s456": 1,
+    }
+    for gone in ["s1", "s2", "s3"]:
+        assert not storage.exists(paths[gone]), f"{gone} must be deleted at checkpoint 4"
+    for kept in ["s4", "s5", "s123", "s456"]:
+        assert storage.exists(paths[kept]), f"{kept} must remain"
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [4, 3]
+
+
+def test_metadata_records_sizes_crc_and_stats(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage, num_retained=3)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("a", b"x" * 100)
+    sub.write("b", b"y" * 50)
+    first = run_checkpoint(coord, sub, ["a"])
+    second = run_checkpoint(coord, sub, ["a", "b"])
+    raw = json.loads(storage.read_bytes(metadata_path(2)))
+    assert raw["job_id"] == storage.job_id and raw["checkpoint_id"] == 2 and raw["kind"] == "checkpoint"
+    assert raw["source_offsets"] == {"files": 2}
+    entry = raw["operators"]["op"]["subtasks"][0]
+    assert entry["subtask"] == 0
+    assert {f["local_name"] for f in entry["shared"]} == {"a", "b"}
+    assert all(0 <= f["crc32"] <= 0xFFFFFFFF for f in entry["shared"] + entry["private"])
+    manifest_size = first.metadata.stats.state_size - 100
+    assert raw["stats"]["state_size"] == 150 + manifest_size
+    assert raw["stats"]["checkpointed_size"] == 50 + manifest_size
+    assert second.files_new == 2 and second.files_reused == 1
+
+
+def test_declined_checkpoint_keeps_reused_file_until_next_completes(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("base")
+    sub.write("extra")
+    run_checkpoint(coord, sub, ["base"])
+    base_path = sub.confirmed["base"].path
+
+    pending = coord.trigger(expected={"op": 1})
+    handle = sub.snapshot(pending.checkpoint_id, ["base", "extra"])
+    coord.acknowledge(pending.checkpoint_id, handle)
+    coord.abort(pending.checkpoint_id, reason="declined by a subtask")
+    sub.abort(pending.checkpoint_id)
+    extra_path = next(f.path for f in handle.shared if f.local_name == "extra")
+    assert not storage.exists(extra_path), "the declined checkpoint's own upload is deleted"
+    assert storage.exists(base_path) and coord.registry.count(base_path) == 1
+
+    done = run_checkpoint(coord, sub, ["base", "extra"])
+    assert done.subsumed == (1,)
+    assert storage.exists(base_path) and coord.registry.count(base_path) == 1
+    assert sub.confirmed["base"].path == base_path
+
+
+def test_same_local_sst_in_two_pending_checkpoints_is_two_files(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("000010.sst")
+    first = coord.trigger(expected={"op": 1})
+    second = coord.trigger(expected={"op": 1})
+    h1 = sub.snapshot(first.checkpoint_id, ["000010.sst"])
+    h2 = sub.snapshot(second.checkpoint_id, ["000010.sst"])
+    p1, p2 = h1.shared[0].path, h2.shared[0].path
+    assert p1 != p2
+    coord.acknowledge(first.checkpoint_id, h1)
+    coord.acknowledge(second.checkpoint_id, h2)
+    coord.abort(first.checkpoint_id)
+    assert not storage.exists(p1) and storage.exists(p2)
+    coord.complete(second.checkpoint_id)
+    assert coord.registry.count(p2) == 1 and coord.registry.count(p1) == 0
+    assert storage.exists(p2)
+
+
+def test_reference_to_unconfirmed_file_is_rejected(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("s")
+    first = coord.trigger(expected={"op": 1})
+    h1 = sub.snapshot(first.checkpoint_id, ["s"])
+    second = coord.trigger(expected={"op": 1})
+    sub.confirmed = dict(sub.pending[first.checkpoint_id])  # a buggy backend reusing an unconfirmed file
+    h2 = sub.snapshot(second.checkpoint_id, ["s"])
+    coord.acknowledge(second.checkpoint_id, h2)
+    with pytest.raises(UnknownSharedState, match="re-upload"):
+        coord.complete(second.checkpoint_id)
+    assert storage.exists(h1.shared[0].path), "the other pending checkpoint's file is untouched"
+    assert not storage.exists(metadata_path(second.checkpoint_id))
+
+
+def test_missing_acknowledgement_declines(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage)
+    sub = FakeSubtask(storage, tmp_path / "db", subtask=0)
+    sub.write("s")
+    pending = coord.trigger(expected={"op": 2})
+    handle = sub.snapshot(pending.checkpoint_id, ["s"])
+    coord.acknowledge(pending.checkpoint_id, handle)
+    with pytest.raises(CheckpointDeclined, match=r"\('op', 1\)"):
+        coord.complete(pending.checkpoint_id)
+    assert not storage.exists(handle.shared[0].path)
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == []
+
+
+def test_two_coordinators_racing_for_one_id_exactly_one_commits(storage: CheckpointStorage, tmp_path: Path):
+    a = CheckpointCoordinator(storage)
+    b = CheckpointCoordinator(storage)
+    sa = FakeSubtask(storage, tmp_path / "a")
+    sb = FakeSubtask(storage, tmp_path / "b")
+    sa.write("s")
+    sb.write("s")
+    pa, pb = a.trigger(expected={"op": 1}), b.trigger(expected={"op": 1})
+    assert pa.checkpoint_id == pb.checkpoint_id == 1
+    ha, hb = sa.snapshot(1, ["s"]), sb.snapshot(1, ["s"])
+    a.acknowledge(1, ha)
+    b.acknowledge(1, hb)
+    a.complete(1, source_offsets="a")
+    with pytest.raises(CheckpointAlreadyExists):
+        b.complete(1, source_offsets="b")
+    meta = CompletedCheckpointStore(storage).load(1)
+    assert meta.source_offsets == "a"
+    assert all(storage.exists(f.path) for f in ha.files()), "the winner's files stay"
+    assert not any(storage.exists(f.path) for f in hb.files()), "the loser cleans up what it uploaded"
+
+
+def test_zombie_writer_rebuilds_registry_before_deleting(storage: CheckpointStorage, tmp_path: Path):
+    live = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "live")
+    sub.write("s")
+    run_checkpoint(live, sub, ["s"])
+    zombie = CheckpointCoordinator(storage, num_retained=1)
+    run_checkpoint(live, sub, ["s"])  # chk-2 reuses s; the zombie does not know chk-2
+    zsub = FakeSubtask(storage, tmp_path / "zombie")
+    zsub.write("z")
+    run_checkpoint(zombie, zsub, ["z"])  # chk-3; subsumes 1 and 2 after a rebuild
+    assert zombie.registry.checkpoint_ids() == [3]
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [3]
+    # and nothing that chk-3 references is gone
+    assert all(storage.exists(p) for p in CompletedCheckpointStore(storage).load(3).paths())
+
+
+def test_savepoints_and_latest_are_never_subsumed(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("s")
+    run_checkpoint(coord, sub, ["s"])
+    sp = coord.trigger(kind="savepoint", expected={"op": 1})
+    coord.acknowledge(sp.checkpoint_id, sub.snapshot(sp.checkpoint_id, ["s"]))
+    coord.complete(sp.checkpoint_id)
+    sub.confirm(sp.checkpoint_id)
+    run_checkpoint(coord, sub, ["s"])
+    run_checkpoint(coord, sub, ["s"])
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [4, 2]
+    assert CompletedCheckpointStore(storage).load(2).kind == "savepoint"
+
+
+def test_unreadable_metadata_blocks_deletion(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("a")
+    sub.write("b")
+    run_checkpoint(coord, sub, ["a"])
+    a_path = sub.confirmed["a"].path
+    storage.fs.rm_file(storage.abspath(metadata_path(1)))
+    storage.write_bytes(metadata_path(1), b'{"format": "sparkpoint-checkpoint", "version": 1, "job_')
+
+    restarted = CheckpointCoordinator(storage, num_retained=1)
+    assert restarted.registry.deletion_blocked
+    sub.confirmed = {}
+    done = run_checkpoint(restarted, sub, ["b"])
+    done = run_checkpoint(restarted, sub, ["b"])
+    assert done.subsumed == () and done.deletion_blocked and "chk-1/_metadata" in done.deletion_blocked
+    assert storage.exists(a_path), "a file of the unreadable checkpoint must not be deleted"
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [3, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("claim_mode", "restored_files_deleted"), [("CLAIM", True), ("NO_CLAIM", False)]
+)
+def test_claim_mode_decides_deletion_after_rebuild(
+    storage: CheckpointStorage, tmp_path: Path, claim_mode: str, restored_files_deleted: bool
+):
+    first_run = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("old")
+    sub.write("new")
+    run_checkpoint(first_run, sub, ["old"])
+    restored = CompletedCheckpointStore(storage).load(1)
+    old_files = restored.paths() | {restored.metadata_path}
+
+    unowned = frozenset(old_files) if claim_mode == "NO_CLAIM" else frozenset()
+    second_run = CheckpointCoordinator(
+        storage,
+        num_retained=1,
+        lineage=RestoreLineage(restored_from=restored.metadata_path, claim_mode=claim_mode),
+        unowned=unowned,
+    )
+    sub.confirmed = {} if claim_mode == "NO_CLAIM" else sub.confirmed  # NO_CLAIM: first checkpoint is full
+    run_checkpoint(second_run, sub, ["old", "new"])
+    # a third run rebuilds the registry from storage alone
+    third_run = CheckpointCoordinator(storage, num_retained=1)
+    run_checkpoint(third_run, sub, ["new"])
+    run_checkpoint(third_run, sub, ["new"])
+    still_there = {p for p in old_files if storage.exists(p)}
+    if restored_files_deleted:
+        assert still_there == set()
+    else:
+        assert still_there == old_files
+        assert CompletedCheckpointStore(storage).load(4).unowned == unowned
+        assert CompletedCheckpointStore(storage).load(4).lineage.claim_mode == "NO_CLAIM"
