@@ -274,3 +274,34 @@ def test_claim_mode_decides_deletion_after_rebuild(
         assert still_there == old_files
         assert CompletedCheckpointStore(storage).load(4).unowned == unowned
         assert CompletedCheckpointStore(storage).load(4).lineage.claim_mode == "NO_CLAIM"
+
+
+@pytest.mark.parametrize(
+    ("retention", "status", "discarded"),
+    [
+        ("RETAIN_ON_CANCELLATION", "CANCELED", False),
+        ("DELETE_ON_CANCELLATION", "CANCELED", True),
+        ("DELETE_ON_CANCELLATION", "FAILED", False),
+        ("NO_EXTERNALIZED_CHECKPOINTS", "SUSPENDED", True),
+    ],
+)
+def test_shutdown_applies_retention(storage: CheckpointStorage, tmp_path: Path, retention, status, discarded):
+    coord = CheckpointCoordinator(storage, num_retained=2, retention=retention)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("s")
+    run_checkpoint(coord, sub, ["s"])
+    sp = coord.trigger(kind="savepoint", expected={"op": 1})
+    coord.acknowledge(sp.checkpoint_id, sub.snapshot(sp.checkpoint_id, ["s"]))
+    coord.complete(sp.checkpoint_id)
+    sub.confirm(sp.checkpoint_id)
+    run_checkpoint(coord, sub, ["s"])
+    pending = coord.trigger(expected={"op": 1})
+    pending_handle = sub.snapshot(pending.checkpoint_id, ["s"])
+    coord.acknowledge(pending.checkpoint_id, pending_handle)
+    coord.shutdown(status)
+    assert not any(storage.exists(f.path) for f in pending_handle.new_files()), "shutdown aborts pending"
+    ids = CompletedCheckpointStore(storage).checkpoint_ids()
+    assert ids == ([2] if discarded else [3, 2, 1])
+    savepoint = CompletedCheckpointStore(storage).load(2)
+    assert all(storage.exists(p) for p in savepoint.paths()), "savepoints survive every shutdown"
+    assert coord.pending == {}
