@@ -49,3 +49,7 @@ class CheckpointCorrupted(SparkpointError):
 
 class CheckpointDeclined(SparkpointError):
     """A checkpoint cannot complete (missing acknowledgements, wrong state)."""
+
+
+class StateBackendError(SparkpointError):
+    """The local RocksDB state cannot be opened or used as asked."""

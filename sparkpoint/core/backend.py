@@ -1,0 +1,525 @@
+"""The RocksDB keyed-state backend of one (operator, subtask): snapshot, confirm, restore.
+
+Local layout, under `<local_dir>/<job_id>/<operator>/<subtask>/`:
+
+    db/            the working database
+    chk-<N>/       RocksDB native checkpoint N (hard links): pending until confirmed; the latest
+                   confirmed one stays as the task-local copy for local recovery
+    working.json   written right after snapshot N: "db/ holds exactly checkpoint N"; removed by
+                   the first write after it. A later process that is told N completed reopens
+                   db/ as it is, with no copy at all.
+
+Invariants:
+
+1. Only the last *confirmed* checkpoint's shared files are re-referenced (rule 2); pending
+   checkpoints never see each other's uploads.
+2. Every upload gets a fresh unique name under `shared/<operator>/<subtask>/` or
+   `chk-<N>/<operator>/<subtask>/<attempt>/` (rule 1), so racing attempts never overwrite or
+   delete each other's files.
+3. Nothing is opened by RocksDB before every file was checked against `_metadata` (rule 7).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rocksdict import Checkpoint, Rdict
+
+from sparkpoint.core.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from sparkpoint.core.errors import CheckpointCorrupted, CheckpointDeclined, StateBackendError
+from sparkpoint.core.keygroups import key_group_range
+from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, KeyGroupRange, SubtaskStateHandle
+from sparkpoint.core.paths import checkpoint_id_of_dir, private_dir, shared_dir
+from sparkpoint.core.restore import (
+    SHARED_SUFFIXES,
+    check_handle_shape,
+    download_verified,
+    local_copy_matches,
+    materialize,
+)
+from sparkpoint.core.retention import ClaimMode
+from sparkpoint.core.rocksdb import (
+    RocksDBOptions,
+    compact_all,
+    ensure_column_families,
+    flush_all,
+    list_states,
+    open_db,
+)
+from sparkpoint.core.serde import Codec
+from sparkpoint.core.state import MapState, ValueState, _KeyedState, key_group_bounds
+from sparkpoint.core.storage import CheckpointStorage
+
+log = logging.getLogger(__name__)
+V = TypeVar("V")
+_MARKER = "working.json"
+_MERGE_BATCH = 10_000
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """How a subtask got its state."""
+
+    checkpoint_id: int | None  # None: started empty
+    source: str  # empty | working | local | primary | rescale
+    files: int = 0
+    downloaded_bytes: int = 0
+    seconds: float = 0.0
+    fell_back_from: tuple[int, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+
+def handle_digest(handle: SubtaskStateHandle) -> str:
+    """Identifies one acknowledged snapshot: same digest, same files."""
+    parts = sorted(f"{f.path}:{f.size}:{f.crc32}" for f in handle.files())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+class RocksDBStateBackend:
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        operator: str,
+        subtask: int,
+        *,
+        parallelism: int,
+        max_parallelism: int = 128,
+        local_dir: str | os.PathLike[str],
+        options: RocksDBOptions | None = None,
+        incremental: bool = True,
+        local_recovery: bool = True,
+    ):
+        if not operator or "/" in operator or operator in (".", ".."):
+            raise ValueError(f"invalid operator name {operator!r}")
+        self.storage = storage
+        self.operator = operator
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.key_group_range: KeyGroupRange = key_group_range(max_parallelism, parallelism, subtask)
+        self.options = options or RocksDBOptions()
+        self.incremental = incremental
+        self.local_recovery = local_recovery
+        self.dir = Path(local_dir) / storage.job_id / operator / str(subtask)
+        self.db: Rdict | None = None
+        self._states: dict[str, _KeyedState] = {}
+        self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
+        self._base_id: int | None = None
+        self._pending: dict[int, dict[str, FileHandle]] = {}
+        self._clean = False  # db/ equals the checkpoint named in working.json
+
+    def __repr__(self) -> str:
+        return f"RocksDBStateBackend({self.operator}/{self.subtask}, kg={self.key_group_range}, dir={self.dir})"
+
+    def __enter__(self) -> RocksDBStateBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def db_path(self) -> Path:
+        return self.dir / "db"
+
+    @property
+    def confirmed_checkpoint(self) -> int | None:
+        return self._base_id
+
+    # --- states --------------------------------------------------------------------------------
+
+    def value_state(self, name: str, codec: Codec[V]) -> ValueState[V]:
+        state = self._states.get(name) or self._add_state(ValueState, name, codec)
+        if not isinstance(state, ValueState):
+            raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a ValueState")
+        return state
+
+    def map_state(self, name: str, codec: Codec[V]) -> MapState[V]:
+        state = self._states.get(name) or self._add_state(MapState, name, codec)
+        if not isinstance(state, MapState):
+            raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a MapState")
+        return state
+
+    def _add_state(self, kind: Any, name: str, codec: Codec[Any]) -> _KeyedState:
+        if not name or name == "default":
+            raise ValueError(f"invalid state name {name!r}")
+        db = self._open_db()
+        ensure_column_families(db, str(self.db_path), [name], self.options)
+        state: _KeyedState = kind(
+            db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write
+        )
+        self._states[name] = state
+        return state
+
+    def state_names(self) -> list[str]:
+        return list_states(str(self.db_path)) if self.db_path.exists() else []
+
+    def _before_write(self) -> None:
+        # The first write after a snapshot makes db/ differ from that checkpoint.
+        if self._clean:
+            self._clean = False
+            (self.dir / _MARKER).unlink(missing_ok=True)
+
+    # --- restore -------------------------------------------------------------------------------
+
+    def restore(self, checkpoint: CheckpointMetadata | None, *, claim_mode: ClaimMode | str = "CLAIM") -> RestoreResult:
+        """Open this subtask's state as of `checkpoint` (None: empty).
+
+        Tries, in order: the working database if it is exactly that checkpoint, the task-local
+        copy if every file verifies, then stable storage. Several old subtasks overlapping this
+        key-group range (a rescale) are merged. Raises CheckpointCorrupted naming the bad file.
+        """
+        started = time.monotonic()
+        self.close()
+        self._states.clear()
+        self._pending.clear()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        claim = ClaimMode(claim_mode)
+        if checkpoint is None or self.operator not in checkpoint.operators:
+            self._reset_empty()
+            return RestoreResult(None, "empty", seconds=time.monotonic() - started)
+        op = checkpoint.operators[self.operator]
+        if op.max_parallelism != self.max_parallelism:
+            raise StateBackendError(
+                f"checkpoint {checkpoint.checkpoint_id} stores {self.operator} with max parallelism "
+                f"{op.max_parallelism}, this job uses {self.max_parallelism}: key groups would not match. "
+                f"Run with --max-parallelism {op.max_parallelism}."
+            )
+        handles = [h for h in op.subtasks if h.key_group_range.intersects(self.key_group_range)]
+        cid = checkpoint.checkpoint_id
+        if len(handles) == 1 and handles[0].key_group_range == self.key_group_range:
+            result = self._restore_one(handles[0], cid, started)
+            if claim is ClaimMode.CLAIM:
+                self._confirm_base(cid, handles[0])
+            else:  # NO_CLAIM: the first checkpoint is full, it owns nothing of the restored one
+                self._base, self._base_id = {}, None
+        else:
+            result = self._restore_rescaled(handles, cid, started)
+            self._base, self._base_id = {}, None  # a fresh incremental history
+        self._drop_local_checkpoints(keep={cid} if self.local_recovery and result.source != "rescale" else set())
+        return result
+
+    def _restore_one(self, handle: SubtaskStateHandle, cid: int, started: float) -> RestoreResult:
+        check_handle_shape(handle, cid)
+        files = len(handle.shared) + len(handle.private)
+        marker = self._read_marker()
+        if marker == {"checkpoint_id": cid, "digest": handle_digest(handle)} and self.db_path.is_dir():
+            self._open_db()
+            self._clean = True
+            return RestoreResult(cid, "working", files=files, seconds=time.monotonic() - started)
+        self._forget_working()
+        local = self.dir / f"chk-{cid}"
+        problems: tuple[str, ...] = ()
+        if self.local_recovery and local.is_dir():
+            bad = local_copy_matches(local, handle)
+            if not bad:
+                materialize(local, self.db_path, [f.local_name for f in handle.files()])
+                self._open_db()
+                self._write_marker(cid, handle)
+                return RestoreResult(cid, "local", files=files, seconds=time.monotonic() - started)
+            problems = tuple(str(p) for p in bad)
+            log.warning("task-local copy of checkpoint %s fails verification, using stable storage: %s", cid, bad)
+            shutil.rmtree(local, ignore_errors=True)
+        downloaded = self._download(handle, cid)
+        self._open_db()
+        self._write_marker(cid, handle)
+        return RestoreResult(
+            cid, "primary", files=files, downloaded_bytes=downloaded, seconds=time.monotonic() - started,
+            problems=problems,
+        )
+
+    def _download(self, handle: SubtaskStateHandle, cid: int) -> int:
+        target = self.dir / f"download-{uuid.uuid4().hex[:8]}"
+        downloaded = download_verified(self.storage, handle, cid, target)
+        names = [f.local_name for f in handle.files()]
+        if self.local_recovery:  # keep the verified files as the task-local copy
+            local = self.dir / f"chk-{cid}"
+            shutil.rmtree(local, ignore_errors=True)
+            materialize(target, local, names)
+        materialize(target, self.db_path, names)
+        shutil.rmtree(target, ignore_errors=True)
+        return downloaded
+
+    def _restore_rescaled(self, handles: list[SubtaskStateHandle], cid: int, started: float) -> RestoreResult:
+        """Merge the old subtasks overlapping our key-group range (Flink's rescaling)."""
+        self._forget_working()
+        if not handles:  # no old subtask held any of our key groups
+            self._reset_empty()
+            return RestoreResult(cid, "rescale", seconds=time.monotonic() - started)
+        for h in handles:
+            check_handle_shape(h, cid)
+        lower, upper = key_group_bounds(self.key_group_range)
+        # The old instance with the largest overlap becomes our database, clipped to our range.
+        handles = sorted(handles, key=lambda h: -_overlap(h.key_group_range, self.key_group_range))
+        downloaded = 0
+        work = self.dir / f"rescale-{uuid.uuid4().hex[:8]}"
+        try:
+            sources = []
+            for i, h in enumerate(handles):
+                target = work / str(i)
+                downloaded += download_verified(self.storage, h, cid, target)
+                sources.append(target)
+            materialize(sources[0], self.db_path, [f.local_name for f in handles[0].files()])
+            db = self._open_db()
+            names = self.state_names()
+            for name in names:
+                cf = db.get_column_family(name)
+                cf.delete_range(b"\x00\x00", lower)
+                cf.delete_range(upper, b"\x80")  # key groups stop at 0x7fff
+            for source in sources[1:]:
+                self._merge_from(source, lower, upper)
+            compact_all(db, self.state_names())  # drop the clipped ranges before the first upload
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return RestoreResult(
+            cid, "rescale", files=sum(len(h.shared) + len(h.private) for h in handles),
+            downloaded_bytes=downloaded, seconds=time.monotonic() - started,
+        )
+
+    def _merge_from(self, source: Path, lower: bytes, upper: bytes) -> None:
+        from rocksdict import ReadOptions, WriteBatch
+
+        db = self._open_db()
+        other = open_db(str(source), [], self.options, create=False, read_only=True)
+        try:
+            names = list_states(str(source))
+            ensure_column_families(db, str(self.db_path), names, self.options)
+            for name in names:
+                handle = db.get_column_family_handle(name)
+                opts = ReadOptions()
+                opts.set_iterate_upper_bound(upper)
+                it = other.get_column_family(name).iter(opts)
+                it.seek(lower)
+                batch, n = WriteBatch(raw_mode=True), 0
+                while it.valid():
+                    batch.put(it.key(), it.value(), handle)
+                    n += 1
+                    if n % _MERGE_BATCH == 0:
+                        db.write(batch)
+                        batch = WriteBatch(raw_mode=True)
+                    it.next()
+                it.status()
+                db.write(batch)
+        finally:
+            other.close()
+
+    def _reset_empty(self) -> None:
+        self._forget_working()
+        self._base, self._base_id = {}, None
+        self._drop_local_checkpoints(keep=set())
+        self._open_db(create=True)
+
+    def _forget_working(self) -> None:
+        (self.dir / _MARKER).unlink(missing_ok=True)
+        self._clean = False
+        if self.db_path.exists():
+            shutil.rmtree(self.db_path)
+
+    # --- snapshot ------------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int, *, full: bool = False) -> SubtaskStateHandle:
+        """Take checkpoint N of this subtask and upload what the confirmed base lacks.
+
+        `full` (or `incremental=False`) uploads every file: the baseline, and what the first
+        checkpoint after a NO_CLAIM restore does anyway (its base is empty).
+        """
+        db = self._open_db()
+        names = self.state_names()
+        flush_all(db, names)
+        local = self.dir / f"chk-{checkpoint_id}"
+        shutil.rmtree(local, ignore_errors=True)  # an earlier attempt at the same id
+        Checkpoint(db).create_checkpoint(str(local))
+        base = {} if full or not self.incremental else self._base
+        attempt = uuid.uuid4().hex[:12]
+        reused: list[FileHandle] = []
+        shared_up: list[tuple[str, str]] = []
+        private_up: list[tuple[str, str]] = []
+        for name in sorted(os.listdir(local)):
+            path = str(local / name)
+            if name.endswith(SHARED_SUFFIXES):
+                prev = base.get(name)
+                if prev is not None and prev.size == os.path.getsize(path):
+                    reused.append(prev)
+                else:
+                    ext = os.path.splitext(name)[1]
+                    shared_up.append((path, f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}{ext}"))
+            else:
+                private_up.append((path, f"{private_dir(checkpoint_id, self.operator, self.subtask)}/{attempt}/{name}"))
+        try:
+            new_shared = self.storage.upload(shared_up, checkpoint_id)
+            private = self.storage.upload(private_up, checkpoint_id)
+        except BaseException:
+            self._delete_quietly([rel for _, rel in shared_up + private_up])
+            shutil.rmtree(local, ignore_errors=True)
+            raise
+        shared = sorted(reused + new_shared, key=lambda f: f.local_name)
+        handle = SubtaskStateHandle(
+            operator=self.operator,
+            subtask=self.subtask,
+            checkpoint_id=checkpoint_id,
+            key_group_range=self.key_group_range,
+            max_parallelism=self.max_parallelism,
+            shared=tuple(shared),
+            private=tuple(private),
+        )
+        self._pending[checkpoint_id] = {f.local_name: f for f in shared}
+        self._write_marker(checkpoint_id, handle)
+        if not self.local_recovery:
+            shutil.rmtree(local, ignore_errors=True)
+        return handle
+
+    def confirm(self, checkpoint_id: int, handle: SubtaskStateHandle | None = None) -> None:
+        """Checkpoint N completed: its files become the base of the next incremental snapshot.
+
+        `handle` confirms a snapshot this process did not take (another process acknowledged
+        it); without it, N must be pending here.
+        """
+        if handle is not None:
+            self._confirm_base(checkpoint_id, handle)
+        elif checkpoint_id in self._pending:
+            self._base = self._pending[checkpoint_id]
+            self._base_id = checkpoint_id
+        elif checkpoint_id != self._base_id:
+            raise CheckpointDeclined(f"{self}: checkpoint {checkpoint_id} is not pending here, cannot confirm it")
+        self._pending = {k: v for k, v in self._pending.items() if k > checkpoint_id}
+        keep = set(self._pending) | ({checkpoint_id} if self.local_recovery else set())
+        self._drop_local_checkpoints(keep=keep)
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Checkpoint N will never complete: forget it (the coordinator deletes its uploads)."""
+        self._pending.pop(checkpoint_id, None)
+        if checkpoint_id != self._base_id:
+            shutil.rmtree(self.dir / f"chk-{checkpoint_id}", ignore_errors=True)
+
+    def _confirm_base(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
+        self._base = {f.local_name: f for f in handle.shared}
+        self._base_id = checkpoint_id
+
+    # --- housekeeping --------------------------------------------------------------------------
+
+    def compact(self) -> None:
+        """Force a full compaction (tests and benchmarks use it to provoke rewritten SSTs)."""
+        db = self._open_db()
+        self._before_write()
+        compact_all(db, self.state_names())
+
+    def close(self) -> None:
+        if self.db is not None:
+            flush_all(self.db, self.state_names())
+            self.db.close()
+            self.db = None
+            self._states.clear()
+
+    def dispose(self) -> None:
+        """Close and delete every local file of this subtask."""
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _open_db(self, *, create: bool = False) -> Rdict:
+        if self.db is None:
+            if not create and not self.db_path.exists():
+                raise StateBackendError(f"{self}: call restore() first (with None to start empty)")
+            self.db = open_db(str(self.db_path), [], self.options, create=create)
+        return self.db
+
+    def _read_marker(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.dir / _MARKER).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
+        tmp = self.dir / f"{_MARKER}.tmp"
+        tmp.write_text(json.dumps({"checkpoint_id": checkpoint_id, "digest": handle_digest(handle)}))
+        tmp.replace(self.dir / _MARKER)
+        self._clean = True
+
+    def _drop_local_checkpoints(self, *, keep: set[int]) -> None:
+        for entry in self.dir.iterdir() if self.dir.exists() else []:
+            cid = checkpoint_id_of_dir(entry.name)
+            if cid is not None and cid not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _delete_quietly(self, rels: list[str]) -> None:
+        try:
+            self.storage.delete(rels)
+        except Exception as e:  # best effort: the orphan sweep gets what is left
+            log.warning("could not delete the uploads of a failed snapshot: %s", e)
+
+
+def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:
+    return max(0, min(a.end, b.end) - max(a.start, b.start) + 1)
+
+
+def restore_with_fallback(
+    backend: RocksDBStateBackend,
+    checkpoints: list[CheckpointMetadata],
+    *,
+    claim_mode: ClaimMode | str = "CLAIM",
+    fallback: bool = True,
+) -> RestoreResult:
+    """Restore the first of `checkpoints` (newest first) that verifies.
+
+    Without `fallback` the first failure is raised. With it, each checkpoint that cannot be
+    restored is logged loudly and the next older one is tried; the result says which failed.
+    """
+    failed: list[int] = []
+    problems: list[str] = []
+    for meta in checkpoints:
+        try:
+            result = backend.restore(meta, claim_mode=claim_mode)
+        except (CheckpointCorrupted, StateBackendError) as e:
+            if not fallback:
+                raise
+            log.error("checkpoint %s cannot be restored, falling back to an older one: %s", meta.checkpoint_id, e)
+            failed.append(meta.checkpoint_id)
+            problems.append(str(e))
+            continue
+        return RestoreResult(
+            result.checkpoint_id, result.source, result.files, result.downloaded_bytes, result.seconds,
+            fell_back_from=tuple(failed), problems=result.problems + tuple(problems),
+        )
+    if failed:
+        raise CheckpointCorrupted(
+            f"no retained checkpoint of {backend.operator}/{backend.subtask} can be restored "
+            f"(tried {failed}): " + "; ".join(problems)
+        )
+    return backend.restore(None)
+
+
+def take_checkpoint(
+    coordinator: CheckpointCoordinator,
+    backends: list[RocksDBStateBackend],
+    *,
+    source_offsets: Any = None,
+    kind: str = "checkpoint",
+    full: bool = False,
+) -> CompletedCheckpoint:
+    """One whole checkpoint of in-process subtasks: trigger, snapshot, acknowledge, complete,
+    confirm; any failure aborts it everywhere. (Spark runs the snapshots in its tasks instead.)"""
+    expected: dict[str, int] = {}
+    for b in backends:
+        expected[b.operator] = b.parallelism
+    pending = coordinator.trigger(kind=kind, expected=expected)
+    cid = pending.checkpoint_id
+    try:
+        for b in backends:
+            coordinator.acknowledge(cid, b.snapshot(cid, full=full))
+        done = coordinator.complete(cid, source_offsets=source_offsets)
+    except BaseException:
+        coordinator.abort(cid, reason="a subtask failed to snapshot")
+        for b in backends:
+            b.abort(cid)
+        raise
+    for b in backends:
+        b.confirm(cid)
+    return done

@@ -1,0 +1,50 @@
+"""Keys -> key groups -> subtasks: the stable mapping that makes rescaling possible.
+
+A key's group is a stable hash of its bytes (CRC32 with a MurmurHash3 finalizer), never Python's
+randomized `hash()`. Subtask i of P owns a contiguous range of groups (Flink's formula).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from sparkpoint.core.metadata import KeyGroupRange
+
+MAX_KEY_GROUPS = 1 << 15  # two bytes of prefix, Flink's upper bound
+
+
+def _fmix32(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h
+
+
+def key_bytes(key: bytes | str) -> bytes:
+    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+
+
+def key_group_for(key: bytes | str, max_parallelism: int) -> int:
+    return _fmix32(zlib.crc32(key_bytes(key))) % max_parallelism
+
+
+def check_parallelism(parallelism: int, max_parallelism: int) -> None:
+    if not 1 <= max_parallelism <= MAX_KEY_GROUPS:
+        raise ValueError(f"max parallelism must be 1..{MAX_KEY_GROUPS}, got {max_parallelism}")
+    if not 1 <= parallelism <= max_parallelism:
+        raise ValueError(f"parallelism must be 1..max parallelism ({max_parallelism}), got {parallelism}")
+
+
+def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> KeyGroupRange:
+    check_parallelism(parallelism, max_parallelism)
+    if not 0 <= subtask < parallelism:
+        raise ValueError(f"subtask must be 0..{parallelism - 1}, got {subtask}")
+    start = (subtask * max_parallelism + parallelism - 1) // parallelism
+    end = ((subtask + 1) * max_parallelism - 1) // parallelism
+    return KeyGroupRange(start, end)
+
+
+def subtask_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
+    return key_group * parallelism // max_parallelism

@@ -1,0 +1,124 @@
+"""Opening RocksDB instances through rocksdict: raw mode, tuned for incremental checkpoints.
+
+Compaction decides how incremental a checkpoint is: every SST a compaction writes is a new file
+to upload. The default here is the setting measured best in FIELD-NOTES.md (universal
+compaction, L0 trigger 8, a 10-bit bloom filter, no TTL or periodic rewrite); `leveled` is
+RocksDB's own default, kept for comparison.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    DBCompactionStyle,
+    Options,
+    Rdict,
+    WriteOptions,
+)
+
+from sparkpoint.core.errors import StateBackendError
+
+DEFAULT_CF = "default"
+COMPACTION_STYLES = ("universal", "leveled")
+
+
+@dataclass(frozen=True)
+class RocksDBOptions:
+    compaction: str = "universal"
+    level0_trigger: int = 8
+    bloom_bits: int = 10
+    write_buffer_mb: int = 64
+    background_jobs: int = 2
+
+    def __post_init__(self) -> None:
+        if self.compaction not in COMPACTION_STYLES:
+            raise ValueError(f"compaction must be one of {COMPACTION_STYLES}, got {self.compaction!r}")
+
+    def build(self, *, create: bool) -> Options:
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(create)
+        opts.create_missing_column_families(create)
+        if self.compaction == "universal":
+            opts.set_compaction_style(DBCompactionStyle.universal())
+            opts.set_level_zero_file_num_compaction_trigger(self.level0_trigger)
+            opts.set_level_zero_slowdown_writes_trigger(max(40, self.level0_trigger * 4))
+            opts.set_level_zero_stop_writes_trigger(max(60, self.level0_trigger * 6))
+        table = BlockBasedOptions()
+        if self.bloom_bits > 0:
+            table.set_bloom_filter(self.bloom_bits, False)
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_size(self.write_buffer_mb * 1024 * 1024)
+        opts.set_max_background_jobs(self.background_jobs)
+        opts.set_keep_log_file_num(2)
+        return opts
+
+
+def open_db(
+    path: str,
+    column_families: Iterable[str],
+    options: RocksDBOptions,
+    *,
+    create: bool,
+    read_only: bool = False,
+) -> Rdict:
+    """Open (or with `create`, create) the database at `path` with these column families.
+
+    Never opens an empty database by accident: without `create`, a missing CURRENT is an error.
+    Writes skip the WAL: the checkpoint is the durability, and a process that dies mid-batch
+    is rolled back to the last completed checkpoint anyway.
+    """
+    names = set(column_families) - {DEFAULT_CF}
+    if not create:
+        if not os.path.isfile(os.path.join(path, "CURRENT")):
+            raise StateBackendError(f"{path} holds no RocksDB database (no CURRENT file)")
+        names |= set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF}
+    cf_options = {name: options.build(create=create) for name in sorted(names)}
+    try:
+        db = Rdict(
+            path,
+            options=options.build(create=create),
+            column_families=cf_options,
+            access_type=AccessType.read_only() if read_only else AccessType.read_write(),
+        )
+    except Exception as e:  # rocksdict raises bare Exception with RocksDB's status text
+        raise StateBackendError(f"RocksDB cannot open {path}: {e}") from e
+    if not read_only:
+        for name in [DEFAULT_CF, *sorted(names)]:
+            cf = db if name == DEFAULT_CF else db.get_column_family(name)
+            # Universal compaction would otherwise rewrite every file once a month.
+            cf.set_options({"ttl": "0", "periodic_compaction_seconds": "0"})
+        write = WriteOptions()
+        write.disable_wal = True  # type: ignore[method-assign, assignment]  # a property; the stubs say method
+        db.set_write_options(write)
+    return db
+
+
+def ensure_column_families(db: Rdict, path: str, names: Iterable[str], options: RocksDBOptions) -> None:
+    """Create the named column families that the database lacks."""
+    existing = set(Rdict.list_cf(path, Options(raw_mode=True)))
+    for name in sorted(set(names) - existing - {DEFAULT_CF}):
+        db.create_column_family(name, options.build(create=True))
+
+
+def flush_all(db: Rdict, column_families: Iterable[str]) -> None:
+    """Flush every memtable to SSTs (releases the GIL while RocksDB works)."""
+    for name in [DEFAULT_CF, *sorted(set(column_families) - {DEFAULT_CF})]:
+        cf = db if name == DEFAULT_CF else db.get_column_family(name)
+        cf.flush(True)
+
+
+def compact_all(db: Rdict, column_families: Iterable[str]) -> None:
+    """Full manual compaction of every column family (tests and benchmarks force it with this)."""
+    for name in [DEFAULT_CF, *sorted(set(column_families) - {DEFAULT_CF})]:
+        cf = db if name == DEFAULT_CF else db.get_column_family(name)
+        cf.compact_range(None, None)
+
+
+def list_states(path: str) -> list[str]:
+    """Names of the column families of the database at `path`, without `default`."""
+    return sorted(set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF})

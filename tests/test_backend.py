@@ -1,0 +1,328 @@
+"""The RocksDB state backend on real RocksDB files: incremental snapshots, retention, restore."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
+from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.core.errors import StateBackendError
+from sparkpoint.core.keygroups import key_group_for
+from sparkpoint.core.serde import JsonCodec, StructCodec
+
+COUNTS = StructCodec[tuple[int]]("<q")
+
+
+def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1, **kw):
+    kw.setdefault("max_parallelism", 32)
+    return RocksDBStateBackend(storage, "counts", subtask, parallelism=parallelism, local_dir=local, **kw)
+
+
+def write_random(b: RocksDBStateBackend, model: dict[str, int], rng: random.Random, n: int, keyspace: int) -> None:
+    state = b.value_state("count", COUNTS)
+    keys = sorted({f"user-{rng.randrange(keyspace):06d}" for _ in range(n)})
+    for k in keys:
+        model[k] = model.get(k, 0) + 1
+    state.put_many((k, (model[k],)) for k in keys)
+
+
+def read_all(b: RocksDBStateBackend) -> dict[str, int]:
+    return {k.decode(): v[0] for k, v in b.value_state("count", COUNTS).items()}
+
+
+def test_value_and_map_state_round_trip(local_storage: CheckpointStorage, tmp_path: Path):
+    with backend(local_storage, tmp_path / "local") as b:
+        b.restore(None)
+        totals = b.value_state("totals", JsonCodec())
+        users = b.map_state("users", COUNTS)
+        totals.put("a", {"n": 1})
+        totals.put_many([("b", {"n": 2}), ("c", {"n": 3})])
+        totals.delete("c")
+        assert totals.get("a") == {"n": 1} and totals.get("c") is None
+        assert totals.get_many(["a", "b", "zz"]) == [{"n": 1}, {"n": 2}, None]
+        totals.update_many(["a", "b", "new"], lambda k, old: None if k == "b" else {"n": (old or {"n": 0})["n"] + 10})
+        assert dict((k.decode(), v) for k, v in totals.items()) == {"a": {"n": 11}, "new": {"n": 10}}
+        users.put_many([("item1", "u1", (1,)), ("item1", "u2", (2,)), ("item2", "u1", (5,))])
+        assert users.contains("item1", "u2") and not users.contains("item2", "u2")
+        assert users.get_many([("item1", "u1"), ("item2", "u9")]) == [(1,), None]
+        assert list(users.entries("item1")) == [(b"u1", (1,)), (b"u2", (2,))]
+        users.remove_key("item1")
+        assert list(users.items()) == [(b"item2", b"u1", (5,))]
+        with pytest.raises(StateBackendError, match="not a MapState"):
+            b.map_state("totals", COUNTS)
+
+
+def test_key_outside_the_subtask_range_is_refused(local_storage: CheckpointStorage, tmp_path: Path):
+    with backend(local_storage, tmp_path / "local", subtask=0, parallelism=4) as b:
+        b.restore(None)
+        foreign = next(f"k{i}" for i in range(1000) if key_group_for(f"k{i}", 32) not in b.key_group_range)
+        with pytest.raises(KeyError, match="wrong subtask"):
+            b.value_state("s", COUNTS).put(foreign, (1,))
+
+
+def test_incremental_checkpoints_upload_only_what_the_base_lacks_and_restore_exactly(
+    storage: CheckpointStorage, tmp_path: Path
+):
+    rng = random.Random(7)
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    model: dict[str, int] = {}
+    snapshots: dict[int, dict[str, int]] = {}
+    b = backend(storage, tmp_path / "local")
+    b.restore(None)
+    base_names: set[str] = set()
+    for round_ in range(7):
+        write_random(b, model, rng, 3000, 20_000)
+        if round_ in (2, 4, 5):
+            b.compact()  # rewrites every SST: the next checkpoint must upload them again
+        done = take_checkpoint(coord, [b], source_offsets={"round": round_})
+        cid = done.checkpoint_id
+        snapshots[cid] = dict(model)
+        handle = next(done.metadata.subtask_handles())
+        new = {f.local_name for f in handle.shared if f.created_by == cid}
+        reused = {f.local_name for f in handle.shared if f.created_by != cid}
+        assert reused <= base_names, "only files of the confirmed base are re-referenced"
+        assert not (new & base_names), "a file of the base is never uploaded twice"
+        if round_ in (2, 4, 5):
+            assert reused == set(), "after a full compaction nothing can be reused"
+        elif round_ > 0:
+            assert reused, "without compaction the older SSTs are reused"
+        base_names = {f.local_name for f in handle.shared}
+        retained = CompletedCheckpointStore(storage).load_all().checkpoints
+        referenced = set().union(*(m.paths() for m in retained))
+        on_storage = {f.path for f in storage.walk("shared")}
+        assert on_storage == {p for p in referenced if p.startswith("shared/")}, "retention deletes exactly"
+    b.close()
+    retained_ids = CompletedCheckpointStore(storage).checkpoint_ids()
+    assert retained_ids == [7, 6]
+    store = CompletedCheckpointStore(storage)
+    for cid in retained_ids:
+        with backend(storage, tmp_path / f"restore-{cid}") as r:
+            result = r.restore(store.load(cid))
+            assert result.source == "primary"
+            assert read_all(r) == snapshots[cid]
+
+
+def test_two_pending_checkpoints_never_reuse_each_others_files(local_storage: CheckpointStorage, tmp_path: Path):
+    rng = random.Random(1)
+    coord = CheckpointCoordinator(local_storage, num_retained=3)
+    model: dict[str, int] = {}
+    with backend(local_storage, tmp_path / "local") as b:
+        b.restore(None)
+        write_random(b, model, rng, 500, 5000)
+        take_checkpoint(coord, [b])
+        confirmed = {f.path for f in next(CompletedCheckpointStore(local_storage).load(1).subtask_handles()).shared}
+        write_random(b, model, rng, 500, 5000)
+        p2 = coord.trigger(expected={"counts": 1})
+        h2 = b.snapshot(p2.checkpoint_id)
+        write_random(b, model, rng, 500, 5000)
+        p3 = coord.trigger(expected={"counts": 1})
+        h3 = b.snapshot(p3.checkpoint_id)
+        new2 = {f.path for f in h2.shared if f.created_by == 2}
+        assert new2 and not (new2 & {f.path for f in h3.shared}), "chk-3 must not lean on unconfirmed chk-2"
+        assert {f.path for f in h3.shared if f.created_by != 3} <= confirmed
+        coord.acknowledge(2, h2)
+        coord.acknowledge(3, h3)
+        coord.abort(2)
+        b.abort(2)
+        coord.complete(3)
+        b.confirm(3)
+        assert all(local_storage.exists(f.path) for f in h3.files())
+        assert not any(local_storage.exists(p) for p in new2)
+
+
+def test_restored_lineage_and_original_share_local_names_without_collision(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    rng = random.Random(3)
+    coord = CheckpointCoordinator(local_storage, num_retained=10)
+    model: dict[str, int] = {}
+    snapshots: dict[int, dict[str, int]] = {}
+    names: dict[str, set[str]] = {}  # local SST name -> uploaded paths, across both lineages
+
+    def checkpoint(coordinator: CheckpointCoordinator, b: RocksDBStateBackend, state: dict[str, int]) -> None:
+        done = take_checkpoint(coordinator, [b])
+        snapshots[done.checkpoint_id] = dict(state)
+        if done.checkpoint_id > 3:
+            for f in next(done.metadata.subtask_handles()).shared:
+                names.setdefault(f.local_name, set()).add(f.path)
+
+    original = backend(local_storage, tmp_path / "original")
+    original.restore(None)
+    for round_ in range(12):
+        write_random(original, model, rng, 2000, 10_000)
+        if round_ >= 3:
+            original.compact()  # the original lineage moves on to higher file numbers
+        checkpoint(coord, original, model)
+    original.close()
+    store = CompletedCheckpointStore(local_storage)
+    forked = dict(snapshots[3])
+    coord2 = CheckpointCoordinator(local_storage, num_retained=2)  # a second run, restored from chk-3
+    with backend(local_storage, tmp_path / "fork") as fork:
+        fork.restore(store.load(3))
+        for _ in range(3):
+            write_random(fork, forked, rng, 2000, 10_000)
+            checkpoint(coord2, fork, forked)
+    assert any(len(paths) > 1 for paths in names.values()), "both lineages created the same local names"
+    assert store.checkpoint_ids() == [15, 14]
+    for cid in store.checkpoint_ids():
+        with backend(local_storage, tmp_path / f"check-{cid}") as r:
+            r.restore(store.load(cid))
+            assert read_all(r) == snapshots[cid]
+
+
+def corrupt_missing_sst(storage: CheckpointStorage, handle) -> str:
+    f = handle.shared[-1]
+    storage.fs.rm_file(storage.abspath(f.path))
+    return f.path
+
+
+def corrupt_truncated_sst(storage: CheckpointStorage, handle) -> str:
+    f = handle.shared[-1]
+    storage.fs.pipe_file(storage.abspath(f.path), storage.read_bytes(f.path)[: f.size // 2])
+    return f.path
+
+
+def corrupt_flipped_byte(storage: CheckpointStorage, handle) -> str:
+    f = handle.shared[-1]
+    data = bytearray(storage.read_bytes(f.path))
+    data[len(data) // 3] ^= 0x01
+    storage.fs.pipe_file(storage.abspath(f.path), bytes(data))
+    return f.path
+
+
+def corrupt_private(name: str):
+    def corrupt(storage: CheckpointStorage, handle) -> str:
+        f = next(f for f in handle.private if f.local_name.startswith(name))
+        storage.fs.rm_file(storage.abspath(f.path))
+        return f.path
+
+    return corrupt
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [corrupt_missing_sst, corrupt_truncated_sst, corrupt_flipped_byte, corrupt_private("CURRENT"),
+     corrupt_private("MANIFEST")],
+    ids=["missing-sst", "truncated-sst", "flipped-byte", "missing-CURRENT", "missing-MANIFEST"],
+)
+def test_corrupt_checkpoint_is_a_specific_error_and_falls_back(storage: CheckpointStorage, tmp_path: Path, corrupt):
+    from sparkpoint.core import CheckpointCorrupted
+
+    rng = random.Random(11)
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    model: dict[str, int] = {}
+    snapshots = {}
+    with backend(storage, tmp_path / "local") as b:
+        b.restore(None)
+        for _ in range(2):
+            write_random(b, model, rng, 3000, 10_000)
+            b.compact()  # chk-2 shares nothing with chk-1, so corrupting it leaves chk-1 whole
+            snapshots[take_checkpoint(coord, [b]).checkpoint_id] = dict(model)
+    store = CompletedCheckpointStore(storage)
+    bad_path = corrupt(storage, next(store.load(2).subtask_handles()))
+    with backend(storage, tmp_path / "fresh") as r:
+        with pytest.raises(CheckpointCorrupted) as err:
+            r.restore(store.load(2))
+        assert "checkpoint 2" in str(err.value) or "chk-2" in str(err.value)
+        assert bad_path in str(err.value)
+        with pytest.raises(StateBackendError):
+            r.value_state("count", COUNTS)  # nothing half-restored is left open
+        result = restore_with_fallback(r, store.load_all().checkpoints)
+        assert result.checkpoint_id == 1 and result.fell_back_from == (2,)
+        assert read_all(r) == snapshots[1]
+
+
+def test_task_local_copy_is_used_when_intact_and_replaced_when_corrupt(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    rng = random.Random(5)
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    model: dict[str, int] = {}
+    local = tmp_path / "local"
+    with backend(local_storage, local) as b:
+        b.restore(None)
+        write_random(b, model, rng, 2000, 10_000)
+        take_checkpoint(coord, [b])
+        write_random(b, model, rng, 2000, 10_000)
+        take_checkpoint(coord, [b])
+        at_2 = dict(model)
+        write_random(b, model, rng, 2000, 10_000)  # a batch that then fails: db/ ran ahead
+        assert sorted(p.name for p in b.dir.iterdir() if p.name.startswith("chk-")) == ["chk-2"]
+    meta = CompletedCheckpointStore(local_storage).load(2)
+    with backend(local_storage, local) as again:
+        assert again.restore(meta).source == "local", "rolled back from the local hard links"
+        assert read_all(again) == at_2
+    with backend(local_storage, local) as clean:
+        assert clean.restore(meta).source == "working", "nothing was written since: db/ is reused as is"
+        assert read_all(clean) == at_2
+        clean.value_state("count", COUNTS).put("user-x", (1,))  # dirty again
+    # Flip a byte of the local copy only (its SSTs are hard links shared with db/: replace the file).
+    victim = sorted((local / local_storage.job_id / "counts" / "0" / "chk-2").glob("*.sst"))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.unlink()
+    victim.write_bytes(bytes(data))
+    with backend(local_storage, local) as b:
+        result = b.restore(meta)
+        assert result.source == "primary" and result.problems and "CRC32" in result.problems[0]
+        assert read_all(b) == at_2
+        b.value_state("count", COUNTS).put("user-x", (1,))
+    with backend(local_storage, local) as b:
+        assert b.restore(meta).source == "local", "the bad local copy was replaced by a verified one"
+        assert read_all(b) == at_2
+
+
+@pytest.mark.parametrize(("old_p", "new_p"), [(4, 2), (2, 4), (3, 5)])
+def test_rescale_gives_each_subtask_exactly_its_keys(local_storage: CheckpointStorage, tmp_path: Path, old_p, new_p):
+    rng = random.Random(old_p * 10 + new_p)
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    model: dict[str, int] = {}
+    old = [backend(local_storage, tmp_path / "old", subtask=i, parallelism=old_p) for i in range(old_p)]
+    for b in old:
+        b.restore(None)
+    for _ in range(2):
+        keys = [f"user-{rng.randrange(5000):05d}" for _ in range(4000)]
+        for k in keys:
+            model[k] = model.get(k, 0) + 1
+        for b in old:
+            mine = sorted({k for k in keys if key_group_for(k, 32) in b.key_group_range})
+            b.value_state("count", COUNTS).put_many((k, (model[k],)) for k in mine)
+        take_checkpoint(coord, old)
+    for b in old:
+        b.close()
+    store = CompletedCheckpointStore(local_storage)
+    new = [backend(local_storage, tmp_path / "new", subtask=i, parallelism=new_p) for i in range(new_p)]
+    merged: dict[str, int] = {}
+    for b in new:
+        assert b.restore(store.load(2)).source == "rescale"
+        mine = read_all(b)
+        assert all(key_group_for(k, 32) in b.key_group_range for k in mine)
+        assert mine == {k: v for k, v in model.items() if key_group_for(k, 32) in b.key_group_range}
+        merged |= mine
+    assert merged == model
+    done = take_checkpoint(coord, new)
+    assert done.files_reused == 0, "the first checkpoint after a rescale starts a fresh history"
+    for b in new:
+        b.close()
+    again = [backend(local_storage, tmp_path / "again", subtask=i, parallelism=new_p) for i in range(new_p)]
+    total: dict[str, int] = {}
+    for b in again:
+        b.restore(store.load(done.checkpoint_id))
+        total |= read_all(b)
+        b.close()
+    assert total == model
+
+
+def test_max_parallelism_mismatch_is_refused(local_storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(local_storage)
+    with backend(local_storage, tmp_path / "a") as b:
+        b.restore(None)
+        b.value_state("count", COUNTS).put("k", (1,))
+        take_checkpoint(coord, [b])
+    with backend(local_storage, tmp_path / "b", max_parallelism=64) as b, pytest.raises(
+        StateBackendError, match="--max-parallelism 32"
+    ):
+        b.restore(CompletedCheckpointStore(local_storage).load(1))
