@@ -116,6 +116,7 @@ class RocksDBStateBackend:
         self._base_id: int | None = None
         self._pending: dict[int, dict[str, FileHandle]] = {}
         self._clean = False  # db/ equals the checkpoint named in working.json
+        self._source = storage  # the job directory the last restore read from
 
     def __repr__(self) -> str:
         return f"RocksDBStateBackend({self.operator}/{self.subtask}, kg={self.key_group_range}, dir={self.dir})"
@@ -170,14 +171,24 @@ class RocksDBStateBackend:
 
     # --- restore -------------------------------------------------------------------------------
 
-    def restore(self, checkpoint: CheckpointMetadata | None, *, claim_mode: ClaimMode | str = "CLAIM") -> RestoreResult:
+    def restore(
+        self,
+        checkpoint: CheckpointMetadata | None,
+        *,
+        claim_mode: ClaimMode | str = "CLAIM",
+        source: CheckpointStorage | None = None,
+    ) -> RestoreResult:
         """Open this subtask's state as of `checkpoint` (None: empty).
 
         Tries, in order: the working database if it is exactly that checkpoint, the task-local
         copy if every file verifies, then stable storage. Several old subtasks overlapping this
         key-group range (a rescale) are merged. Raises CheckpointCorrupted naming the bad file.
+        `source` is the job directory `checkpoint` lives in, when it is another job's: its files
+        are read, never referenced, so the first checkpoint after it is full.
         """
         started = time.monotonic()
+        self._source = source or self.storage
+        foreign = self._source.job_url != self.storage.job_url
         self.close()
         self._states.clear()
         self._pending.clear()
@@ -197,7 +208,7 @@ class RocksDBStateBackend:
         cid = checkpoint.checkpoint_id
         if len(handles) == 1 and handles[0].key_group_range == self.key_group_range:
             result = self._restore_one(handles[0], cid, started)
-            if claim is ClaimMode.CLAIM:
+            if claim is ClaimMode.CLAIM and not foreign:
                 self._confirm_base(cid, handles[0])
             else:  # NO_CLAIM: the first checkpoint is full, it owns nothing of the restored one
                 self._base, self._base_id = {}, None
@@ -211,7 +222,7 @@ class RocksDBStateBackend:
         check_handle_shape(handle, cid)
         files = len(handle.shared) + len(handle.private)
         marker = self._read_marker()
-        if marker == {"checkpoint_id": cid, "digest": handle_digest(handle)} and self.db_path.is_dir():
+        if marker == self._marker_for(cid, handle) and self.db_path.is_dir():
             self._open_db()
             self._clean = True
             return RestoreResult(cid, "working", files=files, seconds=time.monotonic() - started)
@@ -238,7 +249,7 @@ class RocksDBStateBackend:
 
     def _download(self, handle: SubtaskStateHandle, cid: int) -> int:
         target = self.dir / f"download-{uuid.uuid4().hex[:8]}"
-        downloaded = download_verified(self.storage, handle, cid, target)
+        downloaded = download_verified(self._source, handle, cid, target)
         names = [f.local_name for f in handle.files()]
         if self.local_recovery:  # keep the verified files as the task-local copy
             local = self.dir / f"chk-{cid}"
@@ -265,7 +276,7 @@ class RocksDBStateBackend:
             sources = []
             for i, h in enumerate(handles):
                 target = work / str(i)
-                downloaded += download_verified(self.storage, h, cid, target)
+                downloaded += download_verified(self._source, h, cid, target)
                 sources.append(target)
             materialize(sources[0], self.db_path, [f.local_name for f in handles[0].files()])
             db = self._open_db()
@@ -371,7 +382,7 @@ class RocksDBStateBackend:
             private=tuple(private),
         )
         self._pending[checkpoint_id] = {f.local_name: f for f in shared}
-        self._write_marker(checkpoint_id, handle)
+        self._write_marker(checkpoint_id, handle, self.storage.job_url)
         if not self.local_recovery:
             shutil.rmtree(local, ignore_errors=True)
         return handle
@@ -437,11 +448,15 @@ class RocksDBStateBackend:
             return None
         return data if isinstance(data, dict) else None
 
-    def _write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
+    def _write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str | None = None) -> None:
         tmp = self.dir / f"{_MARKER}.tmp"
-        tmp.write_text(json.dumps({"checkpoint_id": checkpoint_id, "digest": handle_digest(handle)}))
+        tmp.write_text(json.dumps(self._marker_for(checkpoint_id, handle, job_url)))
         tmp.replace(self.dir / _MARKER)
         self._clean = True
+
+    def _marker_for(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str | None = None) -> dict[str, Any]:
+        job = job_url or self._source.job_url
+        return {"job": job, "checkpoint_id": checkpoint_id, "digest": handle_digest(handle)}
 
     def _drop_local_checkpoints(self, *, keep: set[int]) -> None:
         for entry in self.dir.iterdir() if self.dir.exists() else []:

@@ -48,3 +48,7 @@ def key_group_range(max_parallelism: int, parallelism: int, subtask: int) -> Key
 
 def subtask_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
     return key_group * parallelism // max_parallelism
+
+
+def subtask_for_key(key: bytes | str, max_parallelism: int, parallelism: int) -> int:
+    return subtask_for_key_group(max_parallelism, parallelism, key_group_for(key, max_parallelism))

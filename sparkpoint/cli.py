@@ -1,0 +1,319 @@
+"""The `sparkpoint` command: generate, run, state, verify, gc, list.
+
+Exit status: 0 fine, 1 `verify` found bad files, 2 bad input (the message says what to fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from sparkpoint.core.errors import SparkpointError
+from sparkpoint.core.metadata import CheckpointMetadata
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.core.store import CompletedCheckpointStore
+
+EXIT_BAD_FILES = 1
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _storage_options(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--storage-options must be a JSON object: {e}") from e
+    if not isinstance(value, dict):
+        raise UsageError("--storage-options must be a JSON object, e.g. '{\"anon\": false}'")
+    return value
+
+
+def _storage(args: argparse.Namespace) -> CheckpointStorage:
+    return CheckpointStorage(args.checkpoints, args.job_id, _storage_options(args.storage_options))
+
+
+def _existing_store(args: argparse.Namespace) -> CompletedCheckpointStore:
+    storage = _storage(args)
+    if not storage.job_dir_exists():
+        raise UsageError(f"no job directory {storage.job_url}: check --checkpoints and --job-id")
+    return CompletedCheckpointStore(storage)
+
+
+def _checkpoints(store: CompletedCheckpointStore, wanted: int | None) -> list[CheckpointMetadata]:
+    if wanted is not None:
+        return [store.load(wanted)]
+    listing = store.load_all()
+    if listing.unreadable:
+        raise SparkpointError(
+            "; ".join(f"chk-{c}/_metadata cannot be read: {why}" for c, why in sorted(listing.unreadable.items()))
+        )
+    if not listing.checkpoints:
+        raise UsageError(f"{store.storage.job_url} holds no completed checkpoint")
+    return listing.checkpoints
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=1, default=str))
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from sparkpoint.spark.generate import generate
+
+    files = generate(
+        args.out, batches=args.batches, events_per_batch=args.events_per_batch, users=args.users,
+        items=args.items, seed=args.seed, first=args.first, storage_options=_storage_options(args.storage_options),
+    )
+    if args.json:
+        _print_json({"files": files})
+    else:
+        print(f"wrote {len(files)} batches of {args.events_per_batch} events to {args.out}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sparkpoint.core.config import resolve_settings
+    from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+    from sparkpoint.spark.session import spark_session
+
+    settings = resolve_settings(dict(_key_value(c) for c in args.conf))
+    options = _storage_options(args.storage_options)
+    config = PipelineConfig(
+        input_url=args.input, checkpoints_url=settings.pop("checkpoints_dir", args.checkpoints), job_id=args.job_id,
+        storage_options=options, input_options=options, num_retained=settings.pop("num_retained", args.retain),
+        parallelism=settings.pop("parallelism", args.parallelism),
+        max_parallelism=settings.pop("max_parallelism", args.max_parallelism), output_url=args.output,
+        max_batches=args.max_batches, files_per_checkpoint=args.files_per_checkpoint, local_dir=args.local_dir,
+        restore_mode=settings.pop("restore_mode", args.restore_mode),
+        from_checkpoint=settings.pop("from_checkpoint", args.from_checkpoint), **settings,
+    )
+    if config.num_retained < 1:
+        raise UsageError("--retain must be at least 1")
+    pipeline = StatefulPipeline(None, config)  # validates input and storage before Spark starts
+    pipeline.spark = spark_session(args.master)
+
+    def show(report: Any) -> None:
+        print(json.dumps(report.to_json()) if args.json else report.line(), flush=True)
+
+    try:
+        reports = pipeline.run(on_checkpoint=show)
+    finally:
+        pipeline.spark.stop()
+    if not reports and not args.json:
+        print("no unconsumed batch: nothing to do")
+    return 0
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from sparkpoint.core.inspect import operator_states
+    from sparkpoint.spark.operators import operator_by_name
+
+    try:
+        op = operator_by_name(args.operator)
+    except KeyError as e:
+        raise UsageError(str(e.args[0])) from e
+    store = _existing_store(args)
+    meta = _checkpoints(store, args.checkpoint)[0]
+    with operator_states(store.storage, meta, op.name) as backends:
+        frames = [op.export(b) for b in backends]
+    table = pd.concat(frames, ignore_index=True).sort_values(op.key, kind="stable").reset_index(drop=True)
+    if args.format == "parquet":
+        if not args.out:
+            raise UsageError("--format parquet needs --out FILE")
+        table.to_parquet(args.out, index=False)
+    elif args.format == "json":
+        text = table.to_json(orient="records", date_format="iso", date_unit="us", lines=False)
+        _write_text(args.out, text + "\n")
+    else:
+        _write_text(args.out, table.to_csv(index=False))
+    if args.out:
+        print(f"chk-{meta.checkpoint_id}: {len(table)} rows of {op.name} written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from sparkpoint.core.inspect import verify_checkpoint
+
+    store = _existing_store(args)
+    results = []
+    if args.checkpoint is None:
+        listing = store.load_all()
+        checkpoints = listing.checkpoints
+        results += [{"checkpoint_id": c, "ok": False, "problems": [f"_metadata: {why}"]}
+                    for c, why in sorted(listing.unreadable.items())]
+        if not checkpoints and not listing.unreadable:
+            raise UsageError(f"{store.storage.job_url} holds no completed checkpoint")
+    else:
+        checkpoints = [store.load(args.checkpoint)]
+    for meta in checkpoints:
+        problems = verify_checkpoint(store.storage, meta, deep=not args.shallow)
+        results.append({"checkpoint_id": meta.checkpoint_id, "ok": not problems, "files": len(meta.paths()),
+                        "problems": [str(p) for p in problems]})
+    results.sort(key=lambda r: -int(r["checkpoint_id"]))
+    if args.json:
+        _print_json(results)
+    else:
+        for r in results:
+            status = "ok" if r["ok"] else "BAD"
+            print(f"chk-{r['checkpoint_id']}: {status}" + (f" ({r.get('files')} files)" if r["ok"] else ""))
+            for p in r["problems"]:
+                print(f"  {p}")
+    return 0 if all(r["ok"] for r in results) else EXIT_BAD_FILES
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from sparkpoint.core.sweep import sweep_orphans
+
+    storage = _existing_store(args).storage
+    report = sweep_orphans(storage, grace_seconds=args.grace, dry_run=args.dry_run)
+    if args.json:
+        _print_json({"dry_run": args.dry_run, "orphans": [f.path for f in report.orphans],
+                     "bytes": report.orphan_bytes, "referenced": report.referenced})
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        for f in report.orphans:
+            print(f"{verb} {f.path} ({f.size} bytes)")
+        print(f"{verb} {len(report.orphans)} orphan files, {report.orphan_bytes} bytes")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = _existing_store(args)
+    listing = store.load_all()
+    rows = [
+        {"checkpoint_id": m.checkpoint_id, "kind": m.kind, "created_at": m.created_at,
+         "state_size": m.stats.state_size, "checkpointed_size": m.stats.checkpointed_size,
+         "files": len(m.paths()), "operators": {n: o.parallelism for n, o in sorted(m.operators.items())}}
+        for m in listing.checkpoints
+    ]
+    if args.json:
+        _print_json({"checkpoints": rows, "unreadable": listing.unreadable})
+    else:
+        for r in rows:
+            print(f"chk-{r['checkpoint_id']} {r['kind']} {r['created_at']} state={r['state_size']}B "
+                  f"uploaded={r['checkpointed_size']}B files={r['files']} operators={r['operators']}")
+        for cid, why in sorted(listing.unreadable.items()):
+            print(f"chk-{cid} UNREADABLE: {why}")
+    return 0
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise UsageError(f"--conf takes KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def _write_text(path: str | None, text: str) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+# --- parser --------------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoints", required=True, metavar="URL", help="checkpoint storage (fsspec URL)")
+    p.add_argument("--job-id", required=True, metavar="ID", help="the job's directory under the storage URL")
+    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparkpoint", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="write the sample event stream")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--batches", type=_positive, required=True)
+    p.add_argument("--events-per-batch", type=_positive, required=True)
+    p.add_argument("--users", type=_positive, required=True)
+    p.add_argument("--items", type=_positive, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--first", type=int, default=0, help="index of the first batch (to append more later)")
+    p.add_argument("--storage-options", metavar="JSON")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_generate)
+
+    p = sub.add_parser("run", help="process every unconsumed batch, one checkpoint per batch")
+    p.add_argument("--input", required=True, metavar="DIR", help="directory of Parquet files (fsspec URL)")
+    _job_args(p)
+    p.add_argument("--retain", type=_positive, default=2, help="completed checkpoints to keep")
+    p.add_argument("--parallelism", type=_positive, default=2)
+    p.add_argument("--max-parallelism", type=_positive, default=128)
+    p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of user_totals' changed rows")
+    p.add_argument("--max-batches", type=_positive)
+    p.add_argument("--files-per-checkpoint", type=_positive, default=1)
+    p.add_argument("--local-dir", default=".sparkpoint/local", metavar="DIR", help="working RocksDB instances")
+    p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
+    p.add_argument("--restore-mode", choices=["CLAIM", "NO_CLAIM"], default="CLAIM")
+    p.add_argument("--from-checkpoint", metavar="PATH", help="<checkpoints-dir>/<job-id>/chk-<N> to start from")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting, Flink's keys accepted (e.g. state.checkpoints.num-retained=3)")
+    p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("state", help="export an operator's state at a checkpoint as a table")
+    _job_args(p)
+    p.add_argument("--operator", required=True, metavar="OP")
+    p.add_argument("--checkpoint", type=_positive, metavar="N", help="default: the latest")
+    p.add_argument("--format", choices=["csv", "parquet", "json"], default="csv")
+    p.add_argument("--out", metavar="FILE", help="default: standard output (csv, json)")
+    p.set_defaults(fn=cmd_state)
+
+    p = sub.add_parser("verify", help="check every file of the checkpoint(s): present, size, CRC32")
+    _job_args(p)
+    p.add_argument("--checkpoint", type=_positive, metavar="N", help="default: every retained checkpoint")
+    p.add_argument("--shallow", action="store_true", help="check sizes only, do not read the files")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("gc", help="delete files no retained checkpoint references (orphan sweep)")
+    _job_args(p)
+    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS", help="keep younger files")
+    p.add_argument("--dry-run", action="store_true", help="list, delete nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_gc)
+
+    p = sub.add_parser("list", help="the job's completed checkpoints, newest first")
+    _job_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return int(args.fn(args))
+    except (UsageError, SparkpointError, ValueError, FileNotFoundError) as e:
+        print(f"sparkpoint {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""The driver: one checkpoint per micro-batch, state and source offsets restored together.
+
+For each batch: trigger checkpoint N, run one Spark job in which every (operator, subtask)
+restores its state, applies its rows, stages its changed rows and snapshots; acknowledge the
+handles; complete N with the new source offsets and the staged sink files in `_metadata`; then
+make the sink's rows visible. Any failure aborts N; a rerun resumes from the latest completed
+checkpoint, so every input file is applied to the state and to the output exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sparkpoint.core.coordinator import CheckpointCoordinator
+from sparkpoint.core.errors import CheckpointCorrupted, SparkpointError
+from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage, SubtaskStateHandle
+from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.core.rocksdb import RocksDBOptions
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator
+from sparkpoint.spark.sink import ExactlyOnceParquetSink
+from sparkpoint.spark.source import ParquetDirectorySource, SourceOffsets
+from sparkpoint.spark.tasks import RESULT_SCHEMA, ROUTED_SCHEMA, TaskSpec, route_files, run_subtask
+
+log = logging.getLogger(__name__)
+
+
+class PipelineError(SparkpointError):
+    """The pipeline cannot start or go on."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    input_url: str
+    checkpoints_url: str
+    job_id: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    input_options: dict[str, Any] = field(default_factory=dict)
+    num_retained: int = 2
+    retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
+    parallelism: int = 2
+    max_parallelism: int = 128
+    output_url: str | None = None
+    max_batches: int | None = None
+    files_per_checkpoint: int = 1
+    local_dir: str = ".sparkpoint/local"
+    restore_mode: str = ClaimMode.CLAIM.value
+    from_checkpoint: str | None = None
+    incremental: bool = True
+    local_recovery: bool = True
+    rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """One completed checkpoint, as `sparkpoint run` prints it."""
+
+    checkpoint_id: int
+    files: tuple[str, ...]
+    rows: int
+    state_size: int
+    checkpointed_size: int
+    files_new: int
+    files_reused: int
+    files_deleted: int
+    seconds: float
+    restored: tuple[str, ...]  # how the subtasks got their state: working | local | primary | ...
+
+    def line(self) -> str:
+        return (
+            f"chk-{self.checkpoint_id} batch={','.join(self.files)} rows={self.rows} state={self.state_size}B "
+            f"uploaded={self.checkpointed_size}B files new={self.files_new} reused={self.files_reused} "
+            f"deleted={self.files_deleted} {self.seconds:.2f}s"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checkpoint_id": self.checkpoint_id, "batch": list(self.files), "rows": self.rows,
+            "state_size": self.state_size, "checkpointed_size": self.checkpointed_size,
+            "files_new": self.files_new, "files_reused": self.files_reused, "files_deleted": self.files_deleted,
+            "seconds": round(self.seconds, 3), "restored": sorted(set(self.restored)),
+        }
+
+
+@dataclass
+class _Start:
+    """Where the next batch starts: a checkpoint (maybe another job's), its offsets, claim mode."""
+
+    metadata: CheckpointMetadata | None
+    offsets: SourceOffsets
+    claim_mode: str = ClaimMode.CLAIM.value
+    restore_job: tuple[str, str, dict[str, Any]] | None = None
+    older: list[CheckpointMetadata] = field(default_factory=list)  # fallbacks, newest first
+
+
+class StatefulPipeline:
+    def __init__(self, spark: Any, config: PipelineConfig, operators: tuple[KeyedOperator, ...] = SAMPLE_OPERATORS):
+        if config.files_per_checkpoint < 1:
+            raise PipelineError("files per checkpoint must be at least 1")
+        names = [op.name for op in operators]
+        if len(set(names)) != len(names):
+            raise PipelineError(f"operator names must be unique, got {names}")
+        self.spark = spark
+        self.config = config
+        self.operators = tuple(operators)
+        self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
+        self.store = CompletedCheckpointStore(self.storage)
+        self.source = ParquetDirectorySource(config.input_url, config.input_options)
+        self.sink = ExactlyOnceParquetSink.at(config.output_url, config.storage_options) if config.output_url else None
+
+    def run(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
+        """Process every unconsumed batch (up to `max_batches`), one checkpoint each."""
+        return list(self.batches(on_checkpoint))
+
+    def batches(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> Iterator[BatchReport]:
+        start, lineage, unowned = self._starting_point()
+        coordinator = CheckpointCoordinator(
+            self.storage, num_retained=self.config.num_retained, retention=self.config.retention,
+            lineage=lineage, unowned=unowned,
+        )
+        self._settle_sink(start)
+        done = 0
+        while self.config.max_batches is None or done < self.config.max_batches:
+            files = self.source.pending(start.offsets)[: self.config.files_per_checkpoint]
+            if not files:
+                break
+            try:
+                report, metadata = self._one_batch(coordinator, start, files)
+            except CheckpointCorrupted as e:
+                start = self._fall_back(start, e)
+                continue
+            start = _Start(metadata, start.offsets.after(files), older=[])
+            done += 1
+            if on_checkpoint:
+                on_checkpoint(report)
+            yield report
+
+    # --- one batch -------------------------------------------------------------------------------
+
+    def _one_batch(
+        self, coordinator: CheckpointCoordinator, start: _Start, files: list[str]
+    ) -> tuple[BatchReport, CheckpointMetadata]:
+        started = time.monotonic()
+        pending = coordinator.trigger(expected={op.name: self.config.parallelism for op in self.operators})
+        cid = pending.checkpoint_id
+        spec = self._spec(cid, start)
+        try:
+            results = self._run_spark(spec, [self.source.url_of(f) for f in files])
+            for row in results:
+                coordinator.acknowledge(cid, SubtaskStateHandle.loads(row["handle"]))
+            staged = sorted(r["staged"] for r in results if r["staged"])
+            offsets = start.offsets.after(files)
+            completed = coordinator.complete(cid, source_offsets={"source": offsets.to_json(), "sink": staged})
+        except BaseException as e:
+            coordinator.abort(cid, reason=f"batch {files} failed: {type(e).__name__}")
+            if self.sink:
+                self.sink.discard_staging(keep=set(self.store.checkpoint_ids()))
+            corrupted = _corruption_in(e)
+            if corrupted is not None:
+                raise corrupted from e
+            raise
+        if self.sink:
+            self.sink.commit(cid, staged)
+        meta = completed.metadata
+        report = BatchReport(
+            checkpoint_id=cid, files=tuple(files), rows=sum(int(r["rows"]) for r in results) // len(self.operators),
+            state_size=meta.stats.state_size, checkpointed_size=meta.stats.checkpointed_size,
+            files_new=completed.files_new, files_reused=completed.files_reused, files_deleted=completed.files_deleted,
+            seconds=time.monotonic() - started, restored=tuple(r["restore"] for r in results),
+        )
+        return report, meta
+
+    def _spec(self, cid: int, start: _Start) -> TaskSpec:
+        c = self.config
+        return TaskSpec(
+            checkpoint_id=cid, checkpoints_url=c.checkpoints_url, job_id=c.job_id, storage_options=c.storage_options,
+            operators=self.operators, parallelism=c.parallelism, max_parallelism=c.max_parallelism,
+            local_dir=c.local_dir, input_options=c.input_options,
+            restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,
+            claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
+            local_recovery=c.local_recovery, rocksdb=c.rocksdb,
+        )
+
+    def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:
+        groups = len(self.operators) * spec.parallelism
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(groups))
+        files = self.spark.createDataFrame([(u,) for u in urls], "url string").repartition(len(urls))
+        def route(batches):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
+            return route_files(spec, batches)
+
+        def subtask(group):  # type: ignore[no-untyped-def]
+            return run_subtask(spec, group)
+
+        routed = files.mapInPandas(route, ROUTED_SCHEMA)
+        results = routed.groupBy("op", "subtask").applyInPandas(subtask, RESULT_SCHEMA).collect()
+        rows = [r.asDict() for r in results]
+        if len(rows) != groups:
+            raise PipelineError(f"expected {groups} subtask results, Spark returned {len(rows)}")
+        return rows
+
+    # --- start, fallback, sink ---------------------------------------------------------------------
+
+    def _starting_point(self) -> tuple[_Start, RestoreLineage | None, frozenset[str]]:
+        listing = self.store.load_all()
+        for cid, why in sorted(listing.unreadable.items()):
+            log.error("chk-%s/_metadata cannot be read, it is skipped: %s", cid, why)
+        own = listing.checkpoints
+        if own:
+            if self.config.from_checkpoint:
+                log.warning(
+                    "job %s already has checkpoints; resuming from chk-%s, --from-checkpoint %s is ignored",
+                    self.config.job_id, own[0].checkpoint_id, self.config.from_checkpoint,
+                )
+            return _Start(own[0], _offsets_of(own[0]), older=own[1:]), None, frozenset()
+        if not self.config.from_checkpoint:
+            return _Start(None, SourceOffsets(())), None, frozenset()
+        meta, storage = load_external_checkpoint(self.config.from_checkpoint, self.config.storage_options)
+        claim = ClaimMode(self.config.restore_mode).value
+        lineage = RestoreLineage(restored_from=f"{storage.job_url}/{meta.metadata_path}", claim_mode=claim)
+        same_job = storage.job_url == self.storage.job_url
+        unowned = frozenset(meta.paths() | {meta.metadata_path}) if same_job and claim == "NO_CLAIM" else frozenset()
+        restore_job = None if same_job else (storage.url, storage.job_id, storage.storage_options)
+        return _Start(meta, _offsets_of(meta), claim, restore_job), lineage, unowned
+
+    def _fall_back(self, start: _Start, error: CheckpointCorrupted) -> _Start:
+        failed = start.metadata.checkpoint_id if start.metadata else None
+        if not start.older:
+            raise PipelineError(
+                f"checkpoint {failed} cannot be restored and no older retained checkpoint is left: {error}"
+            ) from error
+        older = start.older[0]
+        log.error(
+            "FALLING BACK: checkpoint %s cannot be restored (%s); restoring checkpoint %s instead, "
+            "its batches after it are replayed", failed, error, older.checkpoint_id,
+        )
+        if self.sink:
+            self.sink.rollback(after=older.checkpoint_id)
+        return replace(start, metadata=older, offsets=_offsets_of(older), older=start.older[1:])
+
+    def _settle_sink(self, start: _Start) -> None:
+        """Finish the sink commit of the checkpoint we resume from, drop abandoned staging."""
+        if not self.sink:
+            return
+        meta = start.metadata
+        if meta is not None and start.restore_job is None and isinstance(meta.source_offsets, dict):
+            self.sink.commit(meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
+        self.sink.discard_staging(keep=set())
+
+
+def _offsets_of(meta: CheckpointMetadata) -> SourceOffsets:
+    raw = meta.source_offsets
+    return SourceOffsets.from_json(raw.get("source") if isinstance(raw, dict) else raw)
+
+
+def _corruption_in(error: BaseException) -> CheckpointCorrupted | None:
+    """A CheckpointCorrupted raised in a Spark task reaches the driver as text in a Py4J error."""
+    if isinstance(error, CheckpointCorrupted):
+        return error
+    text = str(error)
+    marker = "CheckpointCorrupted: "
+    if marker in text:
+        detail = text.split(marker, 1)[1].splitlines()[0]
+        return CheckpointCorrupted(detail)
+    return None
+
+
+def load_external_checkpoint(
+    path: str, storage_options: dict[str, Any]
+) -> tuple[CheckpointMetadata, CheckpointStorage]:
+    """`<checkpoints-dir>/<job-id>/chk-<N>[/_metadata]` -> its metadata and job storage."""
+    trimmed = path.rstrip("/")
+    if trimmed.endswith("/_metadata"):
+        trimmed = trimmed[: -len("/_metadata")]
+    parent, _, chk = trimmed.rpartition("/")
+    base, _, job_id = parent.rpartition("/")
+    if not chk.startswith("chk-") or not chk[4:].isdigit() or not base or not job_id:
+        raise PipelineError(
+            f"--from-checkpoint {path!r} must name <checkpoints-dir>/<job-id>/chk-<N> (or its _metadata)"
+        )
+    storage = CheckpointStorage(base, job_id, storage_options)
+    return CompletedCheckpointStore(storage).load(int(chk[4:])), storage
