@@ -61,3 +61,13 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStorage
 @pytest.fixture
 def local_storage(tmp_path: Path) -> CheckpointStorage:
     return CheckpointStorage(f"file://{tmp_path}/checkpoints", "job")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every in-process pipeline test (the JVM starts once)."""
+    from sparkpoint.spark.session import spark_session
+
+    session = spark_session("local[2]")
+    yield session
+    session.stop()

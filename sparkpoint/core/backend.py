@@ -193,6 +193,7 @@ class RocksDBStateBackend:
         self._states.clear()
         self._pending.clear()
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._drop_leftovers()
         claim = ClaimMode(claim_mode)
         if checkpoint is None or self.operator not in checkpoint.operators:
             self._reset_empty()
@@ -462,6 +463,12 @@ class RocksDBStateBackend:
         for entry in self.dir.iterdir() if self.dir.exists() else []:
             cid = checkpoint_id_of_dir(entry.name)
             if cid is not None and cid not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _drop_leftovers(self) -> None:
+        """Scratch directories of a process that died mid-restore."""
+        for entry in self.dir.iterdir():
+            if entry.name.startswith(("download-", "rescale-")) or ".tmp-" in entry.name:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def _delete_quietly(self, rels: list[str]) -> None:

@@ -1,0 +1,99 @@
+"""`sparkpoint run` killed (SIGKILL, whole process group) at random moments, then resumed."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sparkpoint.cli import main
+from sparkpoint.core import CompletedCheckpointStore, sweep_orphans
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.spark.generate import generate
+from tests import oracle
+
+pytestmark = pytest.mark.spark
+
+
+def run_command(tmp_path: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "sparkpoint.cli", "run", "--input", str(tmp_path / "in"),
+        "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job", "--retain", "2", "--parallelism", "2",
+        "--output", f"file://{tmp_path}/out", "--local-dir", str(tmp_path / "local"), "--master", "local[2]",
+    ]
+
+
+def run_and_kill(cmd: list[str], delay: float) -> list[str]:
+    """Start the run; once it completed a checkpoint, wait `delay` seconds and kill its group."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    lines: list[str] = []
+    first = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.startswith("chk-"):
+                first.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    first.wait(timeout=240)
+    time.sleep(delay)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    reader.join(timeout=10)
+    return lines
+
+
+def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path: Path):
+    generate(str(tmp_path / "in"), batches=9, events_per_batch=4000, users=500, items=80, seed=5)
+    rng = random.Random(2026)
+    cmd = run_command(tmp_path)
+    for _ in range(3):
+        lines = run_and_kill(cmd, rng.uniform(0.0, 2.5))
+        assert any(line.startswith("chk-") for line in lines), "each run made progress before it was killed"
+    final = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+
+    batches = oracle.read_batches(str(tmp_path / "in"))
+    events = pd.concat(batches, ignore_index=True)
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    store = CompletedCheckpointStore(storage)
+    latest = store.load(store.checkpoint_ids()[0])
+    assert len(latest.source_offsets["source"]["consumed"]) == 9
+    for operator, expected, check in [
+        ("user_totals", oracle.user_totals(events), oracle.assert_totals_equal),
+        ("item_reach", oracle.item_reach(events), oracle.assert_reach_equal),
+    ]:
+        out = tmp_path / f"{operator}.parquet"
+        assert main(["state", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job", "--operator", operator,
+                     "--format", "parquet", "--out", str(out)]) == 0
+        check(pd.read_parquet(out), expected)
+
+    output = pd.read_parquet(tmp_path / "out")
+    expected_sink = oracle.sink_rows(batches)
+    per_checkpoint = [g for _, g in sorted(output.groupby("checkpoint_id"), key=lambda t: t[0])]
+    assert len(per_checkpoint) == 9, "every batch is in the output exactly once"
+    for got, expected in zip(per_checkpoint, expected_sink):
+        oracle.assert_totals_equal(got, expected)
+    assert not list((tmp_path / "out" / "_staging").glob("chk-*"))
+
+    assert main(["verify", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job"]) == 0
+    assert main(["gc", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job", "--grace", "0"]) == 0
+    referenced = set()
+    for meta in store.load_all().checkpoints:
+        referenced |= meta.paths() | {meta.metadata_path}
+    on_storage = {f.path for f in storage.walk("shared")}
+    on_storage |= {f.path for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")}
+    assert on_storage == referenced, "after gc --grace 0 every file left is referenced"
+    assert sweep_orphans(storage, grace_seconds=0, dry_run=True).orphans == ()

@@ -1,0 +1,112 @@
+"""The sample pipeline on local Spark: state and sink against an oracle, rescaling, fallback."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sparkpoint.cli import main
+from sparkpoint.core import CompletedCheckpointStore
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.spark.generate import generate
+from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+from tests import oracle
+
+pytestmark = pytest.mark.spark
+
+
+def make_input(tmp_path: Path, batches: int = 4, seed: int = 3) -> str:
+    generate(str(tmp_path / "in"), batches=batches, events_per_batch=3000, users=400, items=60, seed=seed)
+    return str(tmp_path / "in")
+
+
+def config(tmp_path: Path, **kw) -> PipelineConfig:
+    kw.setdefault("parallelism", 3)
+    return PipelineConfig(
+        input_url=str(tmp_path / "in"), checkpoints_url=f"file://{tmp_path}/ckpt", job_id="job",
+        local_dir=str(tmp_path / "local"), output_url=f"file://{tmp_path}/out", num_retained=2, **kw,
+    )
+
+
+def export(tmp_path: Path, operator: str, checkpoint: int | None = None) -> pd.DataFrame:
+    out = tmp_path / f"{operator}-{checkpoint}.parquet"
+    args = ["state", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job", "--operator", operator,
+            "--format", "parquet", "--out", str(out)]
+    if checkpoint is not None:
+        args += ["--checkpoint", str(checkpoint)]
+    assert main(args) == 0
+    return pd.read_parquet(out)
+
+
+def test_state_matches_spark_sql_and_sink_holds_each_batch_once(spark, tmp_path: Path):
+    input_dir = make_input(tmp_path)
+    reports = StatefulPipeline(spark, config(tmp_path)).run()
+    assert [r.checkpoint_id for r in reports] == [1, 2, 3, 4]
+    assert CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "job")).checkpoint_ids() == [4, 3]
+
+    events = spark.read.parquet(input_dir)
+    events.createOrReplaceTempView("events")
+    expected_totals = spark.sql(
+        "SELECT user_id, count(*) AS count, sum(amount) AS amount_sum, min(amount) AS amount_min, "
+        "max(amount) AS amount_max, max(ts) AS last_ts FROM events GROUP BY user_id"
+    ).toPandas()
+    expected_reach = spark.sql(
+        "SELECT item_id, count(*) AS events, count(DISTINCT user_id) AS distinct_users FROM events GROUP BY item_id"
+    ).toPandas()
+    oracle.assert_totals_equal(export(tmp_path, "user_totals"), expected_totals)
+    oracle.assert_reach_equal(export(tmp_path, "item_reach"), expected_reach)
+
+    output = pd.read_parquet(tmp_path / "out")
+    expected_sink = oracle.sink_rows(oracle.read_batches(input_dir))
+    assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3, 4]
+    for cid, expected in zip([1, 2, 3, 4], expected_sink):
+        oracle.assert_totals_equal(output[output["checkpoint_id"] == cid], expected)
+
+    # Nothing left to do: a rerun resumes after the last consumed file and writes nothing.
+    assert StatefulPipeline(spark, config(tmp_path)).run() == []
+    assert len(pd.read_parquet(tmp_path / "out")) == len(output)
+
+
+def test_incremental_checkpoints_reuse_files_and_restore_from_the_working_db(spark, tmp_path: Path):
+    make_input(tmp_path, batches=3)
+    reports = StatefulPipeline(spark, config(tmp_path)).run()
+    assert reports[0].files_reused == 0 and all(r.files_reused > 0 for r in reports[1:])
+    assert all(r.checkpointed_size < r.state_size for r in reports[1:])
+    assert set(reports[1].restored) == {"working"}, "the next batch reuses each subtask's working database"
+
+
+def test_rescale_4_then_2_then_3_keeps_exact_state(spark, tmp_path: Path):
+    input_dir = make_input(tmp_path, batches=5)
+    StatefulPipeline(spark, config(tmp_path, parallelism=4, max_batches=2)).run()
+    StatefulPipeline(spark, config(tmp_path, parallelism=2, max_batches=2)).run()
+    reports = StatefulPipeline(spark, config(tmp_path, parallelism=3)).run()
+    assert [r.checkpoint_id for r in reports] == [5]
+    assert set(reports[0].restored) == {"rescale"}
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
+    oracle.assert_reach_equal(export(tmp_path, "item_reach"), oracle.item_reach(events))
+    meta = CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "job")).load(5)
+    assert {op.parallelism for op in meta.operators.values()} == {3}
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_replays_exactly_once(spark, tmp_path: Path):
+    input_dir = make_input(tmp_path, batches=4)
+    StatefulPipeline(spark, config(tmp_path, max_batches=3)).run()
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    store = CompletedCheckpointStore(storage)
+    latest = store.load(3)
+    victim = next(f for f in latest.files() if f.created_by == 3 and f.local_name.endswith(".sst"))
+    data = bytearray(storage.read_bytes(victim.path))
+    data[len(data) // 2] ^= 0xFF
+    storage.fs.pipe_file(storage.abspath(victim.path), bytes(data))
+    # A new machine: no task-local copies, every subtask restores from stable storage.
+    reports = StatefulPipeline(spark, replace(config(tmp_path), local_dir=str(tmp_path / "new-machine"))).run()
+    assert [r.files for r in reports] == [("batch-000002.parquet",), ("batch-000003.parquet",)]
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
+    output = pd.read_parquet(tmp_path / "out")
+    expected = oracle.sink_rows(oracle.read_batches(input_dir))
+    assert len(output) == sum(len(e) for e in expected), "the batch of the corrupt checkpoint is in the output once"
