@@ -110,3 +110,35 @@ def test_corrupt_latest_checkpoint_falls_back_and_replays_exactly_once(spark, tm
     output = pd.read_parquet(tmp_path / "out")
     expected = oracle.sink_rows(oracle.read_batches(input_dir))
     assert len(output) == sum(len(e) for e in expected), "the batch of the corrupt checkpoint is in the output once"
+
+
+def test_failed_batch_leaves_nothing_that_breaks_the_rerun(spark, tmp_path: Path):
+    from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator, item_reach, user_totals
+
+    input_dir = make_input(tmp_path, batches=3)
+    poison = tmp_path / "poison"
+    poison.write_text("fail the batch holding event 3000")
+
+    def flaky_process(batch, state):  # the first subtask to see event 3000 fails, after writing state
+        changed = user_totals.process(batch, state)
+        if poison.exists() and (batch["event_id"] == 3000).any():
+            raise RuntimeError("injected failure")
+        return changed
+
+    flaky = KeyedOperator("user_totals", "user_id", flaky_process, user_totals.export, ("amount", "ts", "event_id"),
+                          emits=True)
+    with pytest.raises(Exception, match="injected failure"):
+        StatefulPipeline(spark, config(tmp_path), operators=(flaky, item_reach)).run()
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [1]
+    assert sorted(pd.read_parquet(tmp_path / "out")["checkpoint_id"].unique()) == [1], "nothing of the failed batch"
+
+    poison.unlink()
+    reports = StatefulPipeline(spark, config(tmp_path), operators=SAMPLE_OPERATORS).run()
+    assert [r.files for r in reports] == [("batch-000001.parquet",), ("batch-000002.parquet",)]
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
+    output = pd.read_parquet(tmp_path / "out")
+    assert len(output) == sum(len(e) for e in oracle.sink_rows(oracle.read_batches(input_dir)))
+    assert main(["gc", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job", "--grace", "0"]) == 0
+    assert main(["verify", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job"]) == 0
