@@ -142,3 +142,27 @@ def test_failed_batch_leaves_nothing_that_breaks_the_rerun(spark, tmp_path: Path
     assert len(output) == sum(len(e) for e in oracle.sink_rows(oracle.read_batches(input_dir)))
     assert main(["gc", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job", "--grace", "0"]) == 0
     assert main(["verify", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job"]) == 0
+
+
+def test_new_job_started_from_another_jobs_checkpoint_never_touches_its_files(spark, tmp_path: Path):
+    input_dir = make_input(tmp_path, batches=4)
+    StatefulPipeline(spark, config(tmp_path, max_batches=2)).run()
+    old = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    old_files = {f.path: f.size for f in old.walk("shared")}
+    forked = replace(
+        config(tmp_path), job_id="forked", output_url=None, local_dir=str(tmp_path / "forked-local"),
+        from_checkpoint=f"file://{tmp_path}/ckpt/job/chk-2", restore_mode="NO_CLAIM",
+    )
+    reports = StatefulPipeline(spark, forked).run()
+    assert [r.files for r in reports] == [("batch-000002.parquet",), ("batch-000003.parquet",)]
+    assert reports[0].files_reused == 0, "the first checkpoint after a NO_CLAIM restore is full"
+    new = CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "forked"))
+    lineage = new.load(new.checkpoint_ids()[0]).lineage
+    assert lineage is not None and lineage.claim_mode == "NO_CLAIM"
+    assert lineage.restored_from.endswith("job/chk-2/_metadata")
+    assert {f.path: f.size for f in old.walk("shared")} == old_files, "the old job's files are untouched"
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    out = tmp_path / "forked.parquet"
+    assert main(["state", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "forked", "--operator",
+                 "item_reach", "--format", "parquet", "--out", str(out)]) == 0
+    oracle.assert_reach_equal(pd.read_parquet(out), oracle.item_reach(events))
