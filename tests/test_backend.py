@@ -64,8 +64,9 @@ def test_key_outside_the_subtask_range_is_refused(local_storage: CheckpointStora
 
 
 def test_incremental_checkpoints_upload_only_what_the_base_lacks_and_restore_exactly(
-    storage: CheckpointStorage, tmp_path: Path
+    any_storage: CheckpointStorage, tmp_path: Path
 ):
+    storage = any_storage
     rng = random.Random(7)
     coord = CheckpointCoordinator(storage, num_retained=2)
     model: dict[str, int] = {}
