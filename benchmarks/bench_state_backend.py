@@ -1,0 +1,457 @@
+"""How incremental are sparkpoint's checkpoints, and what do checkpoint and restore cost?
+
+One subtask's RocksDB state (default about 1 GB of live SST bytes: 16-byte keys, 60-byte values
+with a random payload so compression cannot hide the size) is loaded with `put_many`, fully
+compacted, then for each change fraction (default 1% and 10% of the keys) the benchmark
+overwrites that many random keys and takes an incremental checkpoint, `--checkpoints` times,
+followed by one full checkpoint (`full=True`) of the same state. It measures:
+
+* incremental checkpoint: mean wall time and mean bytes uploaded (`checkpointed_size`) against
+  the state size; amplification = uploaded / (fraction x state size), 1.0 = only what changed;
+* full checkpoint: wall time and bytes;
+* restore of the latest checkpoint from the working database (no copy), from the task-local
+  copy (hard links + CRC32 of every file) and from primary storage (fresh local directory:
+  download + CRC32 of every file);
+* the physical reference: the same checkpoint's files copied with plain fsspec `put` (to a
+  fresh directory in the checkpoint storage) and `get` (back to local disk), no CRC, no fsync.
+
+Storage is `file://` under a temp directory unless `--storage URL` says otherwise; everything the
+run creates is removed afterwards. Local reads come from the page cache (24 GB RAM), so the
+restore figures are warm-cache figures; dirty pages are written back (`sync`) before each restore
+and reference copy so that none pays for the writes of the one before. The reference is also
+timed until its writes reach the disk (`+sync`): checkpoint uploads fsync every file, plain
+`put` does not, so on `file://` the `+sync` column is the fair comparison.
+
+Run:
+
+    .venv/bin/python -m benchmarks.bench_state_backend            # ~1 GB, several minutes
+    .venv/bin/python -m benchmarks.bench_state_backend --quick    # 64 MB, 2 checkpoints, < 1 min
+    .venv/bin/python -m benchmarks.bench_state_backend --state-mb 256 --changes 0.01,0.05 --checkpoints 10
+
+It prints tables and writes JSON to benchmarks/results/state_backend.json
+(state_backend_quick.json with --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import rocksdict
+
+from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpoint
+from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.core.rocksdb import flush_all
+from sparkpoint.core.serde import StructCodec
+from sparkpoint.core.state import ValueState
+
+RESULTS = Path(__file__).parent / "results"
+OPERATOR = "bench"
+STATE = "values"
+PAYLOAD = 35  # 1 version byte + 3 x 8 bytes + 35 = 60-byte values
+CODEC = StructCodec[tuple[int, float, float, bytes]](f"<qdd{PAYLOAD}s")
+BATCH = 100_000
+CALIBRATION_KEYS = 200_000
+MB = 1024 * 1024
+
+
+def key(i: int) -> bytes:
+    return b"key-%012d" % i  # 16 bytes
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- workload --------------------------------------------------------------------------------
+
+
+def write_keys(state: ValueState[Any], ids: list[int], version: int) -> None:
+    """Write `ids` with fresh random payloads, in batches of BATCH keys."""
+    for start in range(0, len(ids), BATCH):
+        chunk = ids[start : start + BATCH]
+        payload = os.urandom(PAYLOAD * len(chunk))
+        state.put_many(
+            (key(i), (version, i * 0.5, version * 0.25, payload[n * PAYLOAD : (n + 1) * PAYLOAD]))
+            for n, i in enumerate(chunk)
+        )
+
+
+def sst_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.glob("*.sst"))
+
+
+def load(backend: RocksDBStateBackend, target_bytes: int) -> dict[str, Any]:
+    """Load keys until the live SSTs hold about `target_bytes`, then compact fully.
+
+    A first batch calibrates bytes per key; compacting afterwards means what follows measures
+    churn, not the tail of the bulk load's own compactions.
+    """
+    state = backend.value_state(STATE, CODEC)
+    started = time.perf_counter()
+    calibration = min(CALIBRATION_KEYS, max(10_000, target_bytes // 100))
+    write_keys(state, list(range(calibration)), version=0)
+    assert backend.db is not None
+    flush_all(backend.db, backend.state_names())
+    per_key = sst_bytes(backend.db_path) / calibration
+    num_keys = max(calibration, int(target_bytes / per_key))
+    log(f"calibration: {per_key:.1f} SST bytes per key -> loading {num_keys:,} keys")
+    for start in range(calibration, num_keys, 10 * BATCH):
+        write_keys(state, list(range(start, min(num_keys, start + 10 * BATCH))), version=0)
+    loaded = time.perf_counter() - started
+    backend.compact()
+    compacted = time.perf_counter() - started - loaded
+    live = sst_bytes(backend.db_path)
+    log(f"loaded {num_keys:,} keys in {loaded:.1f} s, compacted in {compacted:.1f} s: {live / MB:.0f} MB of SSTs")
+    return {
+        "keys": num_keys,
+        "sst_bytes_per_key": per_key,
+        "load_s": loaded,
+        "keys_per_s": num_keys / loaded,
+        "compact_s": compacted,
+        "live_sst_bytes": live,
+    }
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+
+@dataclass
+class Timed:
+    done: CompletedCheckpoint
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        stats = self.done.metadata.stats
+        return {
+            "checkpoint_id": self.done.checkpoint_id,
+            "wall_s": self.wall_s,
+            "coordinator_duration_s": self.done.duration_s,
+            "uploaded_bytes": stats.checkpointed_size,
+            "state_bytes": stats.state_size,
+            "files_new": self.done.files_new,
+            "files_reused": self.done.files_reused,
+        }
+
+
+def checkpoint(coordinator: CheckpointCoordinator, backend: RocksDBStateBackend, *, full: bool) -> Timed:
+    started = time.perf_counter()
+    done = take_checkpoint(coordinator, [backend], full=full)
+    return Timed(done, time.perf_counter() - started)
+
+
+def churn_phase(
+    coordinator: CheckpointCoordinator,
+    backend: RocksDBStateBackend,
+    num_keys: int,
+    fraction: float,
+    checkpoints: int,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """`checkpoints` incremental checkpoints, each after overwriting `fraction` of the keys."""
+    state = backend.value_state(STATE, CODEC)
+    changed = max(1, round(fraction * num_keys))
+    runs: list[Timed] = []
+    write_s = 0.0
+    for n in range(checkpoints):
+        ids = sorted(rng.sample(range(num_keys), changed))
+        started = time.perf_counter()
+        write_keys(state, ids, version=n + 1)
+        write_s += time.perf_counter() - started
+        run = checkpoint(coordinator, backend, full=False)
+        runs.append(run)
+        stats = run.done.metadata.stats
+        log(
+            f"  {fraction:.0%} #{n + 1}: chk-{run.done.checkpoint_id} {run.wall_s:.2f} s, "
+            f"uploaded {stats.checkpointed_size / MB:.1f} of {stats.state_size / MB:.1f} MB "
+            f"({run.done.files_new} new / {run.done.files_reused} reused files)"
+        )
+    uploaded = [r.done.metadata.stats.checkpointed_size for r in runs]
+    states = [r.done.metadata.stats.state_size for r in runs]
+    mean_up = sum(uploaded) / len(runs)
+    mean_state = sum(states) / len(runs)
+    full = checkpoint(coordinator, backend, full=True)
+    log(f"  {fraction:.0%} full: {full.wall_s:.2f} s, {full.done.metadata.stats.checkpointed_size / MB:.1f} MB")
+    return {
+        "fraction": fraction,
+        "keys_changed": changed,
+        "write_s_mean": write_s / checkpoints,
+        "checkpoints": [r.to_json() for r in runs],
+        "mean_wall_s": sum(r.wall_s for r in runs) / len(runs),
+        "mean_uploaded_bytes": mean_up,
+        "max_uploaded_bytes": max(uploaded),
+        "mean_state_bytes": mean_state,
+        "uploaded_over_state": mean_up / mean_state,
+        "amplification": mean_up / (fraction * mean_state),
+        "final_state_bytes": states[-1],
+        "rewrites": sum(1 for u, s in zip(uploaded, states) if u > s / 2),  # checkpoints uploading > half
+        "full": full.to_json(),
+        "storage_bytes_after": None,  # filled in by the caller
+    }
+
+
+def settle() -> None:
+    """Write back dirty pages first, so one measurement does not pay for the previous one's writes."""
+    os.sync()
+
+
+def timed_restore(backend: RocksDBStateBackend, meta: Any, expected: str, probe: list[int]) -> dict[str, Any]:
+    settle()
+    started = time.perf_counter()
+    result = backend.restore(meta)
+    wall = time.perf_counter() - started
+    if result.source != expected:
+        raise RuntimeError(f"restore came from {result.source!r}, the benchmark expected {expected!r}")
+    found = backend.value_state(STATE, CODEC).get_many([key(i) for i in probe])
+    if any(v is None for v in found):
+        raise RuntimeError(f"restore from {expected} lost keys: {sum(v is None for v in found)} of {len(probe)}")
+    log(f"restore from {expected}: {wall:.2f} s ({result.files} files, {result.downloaded_bytes / MB:.0f} MB down)")
+    return {"source": result.source, "wall_s": wall, "files": result.files, "downloaded_bytes": result.downloaded_bytes}
+
+
+def restores(
+    storage: CheckpointStorage, backend: RocksDBStateBackend, meta: Any, work: Path, probe: list[int]
+) -> dict[str, Any]:
+    """Restore `meta` three ways: working db as is, task-local copy, primary storage."""
+    out = {"working": timed_restore(backend, meta, "working", probe)}
+    (backend.dir / "working.json").unlink()  # db/ no longer counts as checkpoint N: use chk-N/
+    out["local"] = timed_restore(backend, meta, "local", probe)
+    fresh = RocksDBStateBackend(
+        storage, OPERATOR, 0, parallelism=1, max_parallelism=backend.max_parallelism, local_dir=work / "fresh"
+    )
+    try:
+        out["primary"] = timed_restore(fresh, meta, "primary", probe)
+    finally:
+        fresh.dispose()
+    return out
+
+
+def reference_copy(storage: CheckpointStorage, local_checkpoint: Path, work: Path) -> dict[str, Any]:
+    """Plain fsspec put/get of the native checkpoint's files: the floor for upload and download."""
+    files = sorted(p for p in local_checkpoint.iterdir() if p.is_file())
+    total = sum(p.stat().st_size for p in files)
+    fs = storage.fs
+    remote = f"{storage.root}-reference-{uuid.uuid4().hex[:8]}"
+    fs.makedirs(remote, exist_ok=True)
+    back = work / "reference-get"
+    back.mkdir()
+    try:
+        settle()
+        started = time.perf_counter()
+        fs.put([str(p) for p in files], [f"{remote}/{p.name}" for p in files])
+        put_s = time.perf_counter() - started
+        settle()
+        put_sync_s = time.perf_counter() - started
+        started = time.perf_counter()
+        fs.get([f"{remote}/{p.name}" for p in files], [str(back / p.name) for p in files])
+        get_s = time.perf_counter() - started
+        settle()
+        get_sync_s = time.perf_counter() - started
+    finally:
+        fs.rm(remote, recursive=True)
+        shutil.rmtree(back, ignore_errors=True)
+    log(f"reference: put {total / MB:.0f} MB in {put_s:.2f} s ({put_sync_s:.2f} s with sync), get in {get_s:.2f} s "
+        f"({get_sync_s:.2f} s with sync)")
+    return {
+        "files": len(files),
+        "bytes": total,
+        "put_s": put_s,
+        "put_mb_s": total / MB / put_s,
+        "put_sync_s": put_sync_s,
+        "get_s": get_s,
+        "get_mb_s": total / MB / get_s,
+        "get_sync_s": get_sync_s,
+    }
+
+
+def storage_bytes(storage: CheckpointStorage) -> int:
+    return sum(f.size for f in storage.walk("shared")) + sum(
+        f.size for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")
+    )
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    line = "  ".join("-" * w for w in widths)
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([title, fmt.format(*header), line, *(fmt.format(*r) for r in rows), ""])
+
+
+def mb(n: float) -> str:
+    return f"{n / MB:,.1f}"
+
+
+def rate(n: float, seconds: float) -> str:
+    return f"{n / MB / seconds:,.0f}"
+
+
+def report(r: dict[str, Any]) -> str:
+    ld = r["load"]
+    out = [
+        f"state: {ld['keys']:,} keys, {mb(ld['live_sst_bytes'])} MB live SSTs after compaction "
+        f"(load {ld['load_s']:.1f} s = {ld['keys_per_s']:,.0f} keys/s, compaction {ld['compact_s']:.1f} s); "
+        f"initial checkpoint {r['initial']['wall_s']:.2f} s, {mb(r['initial']['uploaded_bytes'])} MB\n"
+    ]
+    out.append(
+        table(
+            "Incremental checkpoints (mean per checkpoint)",
+            ["changed", "ckpts", "state MB", "wall s", "uploaded MB", "up/state", "amplif.", "max MB", ">half",
+             "end/live", "stored MB"],
+            [
+                [f"{p['fraction']:.0%}", str(len(p["checkpoints"])), mb(p["mean_state_bytes"]),
+                 f"{p['mean_wall_s']:.2f}", mb(p["mean_uploaded_bytes"]), f"{p['uploaded_over_state']:.3f}",
+                 f"{p['amplification']:.2f}", mb(p["max_uploaded_bytes"]), str(p["rewrites"]),
+                 f"{p['final_state_bytes'] / ld['live_sst_bytes']:.2f}", mb(p["storage_bytes_after"])]
+                for p in r["phases"]
+            ],
+        )
+    )
+    out.append(
+        table(
+            "Full checkpoint of the same state (full=True)",
+            ["after", "wall s", "uploaded MB", "MB/s", "vs mean incremental"],
+            [
+                [f"{p['fraction']:.0%}", f"{p['full']['wall_s']:.2f}", mb(p["full"]["uploaded_bytes"]),
+                 rate(p["full"]["uploaded_bytes"], p["full"]["wall_s"]),
+                 f"{p['full']['wall_s'] / p['mean_wall_s']:.1f}x slower"]
+                for p in r["phases"]
+            ],
+        )
+    )
+    ref = r["reference"]
+    rows = [
+        [name, f"{x['wall_s']:.2f}", str(x["files"]), mb(x["downloaded_bytes"]), rate(ref["bytes"], x["wall_s"])]
+        for name, x in r["restore"].items()
+    ]
+    out.append(
+        table(f"Restore of chk-{r['restore_checkpoint']} ({mb(ref['bytes'])} MB)",
+              ["source", "wall s", "files", "downloaded MB", "state MB/s"], rows)
+    )
+    out.append(
+        table(
+            "Physical reference: plain fsspec copy of the same checkpoint's files (no CRC; +sync: until written back)",
+            ["op", "files", "MB", "wall s", "MB/s", "+sync s", "+sync MB/s"],
+            [
+                [op, str(ref["files"]), mb(ref["bytes"]), f"{t:.2f}", rate(ref["bytes"], t), f"{ts:.2f}",
+                 rate(ref["bytes"], ts)]
+                for op, t, ts in (
+                    ("put (upload)", ref["put_s"], ref["put_sync_s"]),
+                    ("get (download)", ref["get_s"], ref["get_sync_s"]),
+                )
+            ],
+        )
+    )
+    out.append(
+        "amplif. = uploaded / (changed x state); >half = checkpoints uploading over half the state; "
+        "end/live = state at the phase's end / compacted state after load; stored = bytes in checkpoint storage\n"
+    )
+    out.append(f"total runtime {r['runtime_s']:.0f} s")
+    return "\n".join(out)
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, work: Path, url: str) -> dict[str, Any]:
+    storage = CheckpointStorage(url, f"bench-{uuid.uuid4().hex[:8]}")
+    coordinator = CheckpointCoordinator(storage, num_retained=2)
+    backend = RocksDBStateBackend(storage, OPERATOR, 0, parallelism=1, local_dir=work / "local")
+    rng = random.Random(args.seed)
+    try:
+        backend.restore(None)
+        loaded = load(backend, args.state_mb * MB)
+        initial = checkpoint(coordinator, backend, full=False)
+        log(f"initial checkpoint: {initial.wall_s:.2f} s, {initial.done.metadata.stats.checkpointed_size / MB:.0f} MB")
+        phases = []
+        for fraction in args.changes:
+            log(f"change fraction {fraction:.0%}: {args.checkpoints} incremental checkpoints, then one full")
+            phase = churn_phase(coordinator, backend, loaded["keys"], fraction, args.checkpoints, rng)
+            phase["storage_bytes_after"] = storage_bytes(storage)
+            phases.append(phase)
+        latest = coordinator.store.load_all().checkpoints[0]
+        probe = rng.sample(range(loaded["keys"]), min(1000, loaded["keys"]))
+        restored = restores(storage, backend, latest, work, probe)
+        reference = reference_copy(storage, backend.dir / f"chk-{latest.checkpoint_id}", work)
+    finally:
+        backend.dispose()
+        if args.storage and storage.job_dir_exists():  # the temp dir goes as a whole
+            storage.fs.rm(storage.root, recursive=True)
+    return {
+        "load": loaded,
+        "initial": initial.to_json(),
+        "phases": phases,
+        "restore_checkpoint": latest.checkpoint_id,
+        "restore": restored,
+        "reference": reference,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--state-mb", type=int, default=1024, help="live SST bytes to load, in MB (default 1024)")
+    p.add_argument("--changes", default="0.01,0.1", help="fractions of keys changed per checkpoint (default 0.01,0.1)")
+    p.add_argument("--checkpoints", type=int, default=5, help="incremental checkpoints per fraction (default 5)")
+    p.add_argument("--storage", metavar="URL", help="fsspec URL for checkpoints (default: file:// in a temp dir)")
+    p.add_argument("--quick", action="store_true", help="smoke test: 64 MB, 2 checkpoints per fraction")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, help="JSON output (default benchmarks/results/state_backend[_quick].json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.state_mb, args.checkpoints = 64, 2
+    args.changes = [float(c) for c in args.changes.split(",")]
+    if not all(0 < c <= 1 for c in args.changes) or args.checkpoints < 1 or args.state_mb < 1:
+        p.error("--changes must be fractions in (0, 1], --checkpoints and --state-mb positive")
+    args.out = args.out or RESULTS / ("state_backend_quick.json" if args.quick else "state_backend.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="sparkpoint-bench-"))
+    url = args.storage or f"file://{work}/checkpoints"
+    try:
+        results = run(args, work, url)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results["runtime_s"] = time.perf_counter() - started
+    results["config"] = {
+        "state_mb": args.state_mb,
+        "changes": args.changes,
+        "checkpoints": args.checkpoints,
+        "storage": args.storage or "file:// temp dir",
+        "seed": args.seed,
+        "key_bytes": 16,
+        "value_bytes": len(CODEC.encode((0, 0.0, 0.0, b""))),
+    }
+    results["machine"] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "rocksdict": getattr(rocksdict, "__version__", "unknown"),
+        "fsspec": fsspec.__version__,
+    }
+    print(report(results))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
