@@ -32,6 +32,7 @@ lint: $(DEV_STAMP)
 	$(BIN)/mypy
 
 bench: $(DEV_STAMP)
+	$(BIN)/python -m benchmarks.bench_rmw
 	$(BIN)/python -m benchmarks.bench_state_backend
 
 clean:
