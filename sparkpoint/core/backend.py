@@ -111,7 +111,7 @@ class RocksDBStateBackend:
         self.local_recovery = local_recovery
         self.dir = Path(local_dir) / storage.job_id / operator / str(subtask)
         self.db: Rdict | None = None
-        self._states: dict[str, _KeyedState] = {}
+        self._states: dict[str, _KeyedState[Any]] = {}
         self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
         self._base_id: int | None = None
         self._pending: dict[int, dict[str, FileHandle]] = {}
@@ -149,12 +149,12 @@ class RocksDBStateBackend:
             raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a MapState")
         return state
 
-    def _add_state(self, kind: Any, name: str, codec: Codec[Any]) -> _KeyedState:
+    def _add_state(self, kind: Any, name: str, codec: Codec[Any]) -> _KeyedState[Any]:
         if not name or name == "default":
             raise ValueError(f"invalid state name {name!r}")
         db = self._open_db()
         ensure_column_families(db, str(self.db_path), [name], self.options)
-        state: _KeyedState = kind(
+        state: _KeyedState[Any] = kind(
             db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write
         )
         self._states[name] = state

@@ -7,7 +7,8 @@ Invariants:
 2. Deletion happens only after a commit, only of files whose registry count fell to 0 and that
    the job owns, and `_metadata` goes before the files it lists (a crash in between leaves
    orphans for the sweep, never a retained checkpoint with missing files).
-3. The latest completed checkpoint and savepoints are never subsumed.
+3. The latest completed checkpoint and savepoints are never subsumed. Completing checkpoint N
+   aborts pending checkpoints older than N; one of those cannot complete after N.
 4. An abort deletes only files created by the aborted checkpoint.
 5. If storage holds checkpoints this coordinator did not register (another writer), the
    registry is rebuilt from storage before anything is deleted.
@@ -138,6 +139,11 @@ class CheckpointCoordinator:
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
+            newer = [cid for cid in self._kinds if cid > checkpoint_id]
+            if newer and pending.kind == "checkpoint":
+                raise CheckpointDeclined(
+                    f"checkpoint {checkpoint_id} is subsumed: the newer checkpoint {max(newer)} completed first"
+                )
             meta = self._build_metadata(pending, source_offsets)
             self.storage.commit_exclusive(metadata_path(checkpoint_id), meta.dumps())
         except CheckpointAlreadyExists:
@@ -147,6 +153,9 @@ class CheckpointCoordinator:
             self.abort(checkpoint_id, reason="completion failed")
             raise
         del self.pending[checkpoint_id]
+        if meta.kind == "checkpoint":  # Flink: a completed checkpoint subsumes older pending ones
+            for older in [cid for cid, p in self.pending.items() if cid < checkpoint_id and p.kind == "checkpoint"]:
+                self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
         self._kinds[checkpoint_id] = meta.kind
         self._register(meta)
         subsumed, deleted, blocked = self._subsume()
@@ -203,6 +212,11 @@ class CheckpointCoordinator:
         sizes: dict[str, int] = {}
         for handle in pending.acks.values():
             for f in handle.files():
+                if f.created_by > cid:
+                    raise CheckpointDeclined(
+                        f"checkpoint {cid} references {f.path}, created by the later checkpoint {f.created_by}: "
+                        "a snapshot may only reuse files of checkpoints older than itself"
+                    )
                 referenced[f.path] = f.created_by
                 sizes[f.path] = f.size
         self.registry.check_references(cid, referenced)

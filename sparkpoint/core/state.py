@@ -37,13 +37,20 @@ def key_group_bounds(kg_range: KeyGroupRange) -> tuple[bytes, bytes]:
     return key_group_prefix(kg_range.start), (kg_range.end + 1).to_bytes(2, "big")
 
 
-class _KeyedState:
-    """What value and map state share: the column family and the key-group prefix."""
+class _KeyedState(Generic[V]):
+    """What value and map state share: the column family, the codec and the key-group prefix."""
 
     def __init__(
-        self, db: Rdict, name: str, max_parallelism: int, kg_range: KeyGroupRange, on_write: Callable[[], None]
+        self,
+        db: Rdict,
+        name: str,
+        codec: Codec[V],
+        max_parallelism: int,
+        kg_range: KeyGroupRange,
+        on_write: Callable[[], None] = lambda: None,
     ):
         self.name = name
+        self.codec = codec
         self._on_write = on_write
         self._db = db
         self._cf = db.get_column_family(name)
@@ -99,20 +106,8 @@ class _KeyedState:
         self._cf.delete_range(*key_group_bounds(self._kg_range))
 
 
-class ValueState(_KeyedState, Generic[V]):
+class ValueState(_KeyedState[V]):
     """One value per key."""
-
-    def __init__(
-        self,
-        db: Rdict,
-        name: str,
-        codec: Codec[V],
-        max_parallelism: int,
-        kg_range: KeyGroupRange,
-        on_write: Callable[[], None] = lambda: None,
-    ):
-        super().__init__(db, name, max_parallelism, kg_range, on_write)
-        self.codec = codec
 
     def get(self, key: bytes | str) -> V | None:
         data = self._cf.get(self._prefixed(key))
@@ -162,20 +157,8 @@ class ValueState(_KeyedState, Generic[V]):
             yield k[2:], decode(v)
 
 
-class MapState(_KeyedState, Generic[V]):
+class MapState(_KeyedState[V]):
     """Per key a map of user key -> value (Flink's MapState)."""
-
-    def __init__(
-        self,
-        db: Rdict,
-        name: str,
-        codec: Codec[V],
-        max_parallelism: int,
-        kg_range: KeyGroupRange,
-        on_write: Callable[[], None] = lambda: None,
-    ):
-        super().__init__(db, name, max_parallelism, kg_range, on_write)
-        self.codec = codec
 
     def _map_prefix(self, key: bytes | str) -> bytes:
         prefixed = self._prefixed(key)

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
 from sparkpoint.core.backend import RocksDBStateBackend
 from sparkpoint.core.serde import BytesCodec, StructCodec
+from sparkpoint.core.state import ValueState
+
+T = TypeVar("T")
 
 ProcessFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
 ExportFn = Callable[[RocksDBStateBackend], pd.DataFrame]
@@ -94,11 +98,7 @@ def _totals_frame(keys: list[str], rows: list[tuple[int, float, float, float, in
 
 
 def _user_totals_export(state: RocksDBStateBackend) -> pd.DataFrame:
-    keys, rows = [], []
-    for k, v in state.value_state("totals", TOTALS).items():
-        keys.append(k.decode("utf-8"))
-        rows.append(v)
-    return _totals_frame(keys, rows)
+    return _totals_frame(*_keys_and_values(state.value_state("totals", TOTALS)))
 
 
 user_totals = KeyedOperator(
@@ -147,11 +147,15 @@ def _reach_frame(keys: list[str], rows: list[tuple[int, int]]) -> pd.DataFrame:
 
 
 def _item_reach_export(state: RocksDBStateBackend) -> pd.DataFrame:
-    keys, rows = [], []
-    for k, v in state.value_state("reach", REACH).items():
+    return _reach_frame(*_keys_and_values(state.value_state("reach", REACH)))
+
+
+def _keys_and_values(state: ValueState[T]) -> tuple[list[str], list[T]]:
+    keys, values = [], []
+    for k, v in state.items():
         keys.append(k.decode("utf-8"))
-        rows.append(v)
-    return _reach_frame(keys, rows)
+        values.append(v)
+    return keys, values
 
 
 item_reach = KeyedOperator(
