@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -166,3 +167,30 @@ def test_new_job_started_from_another_jobs_checkpoint_never_touches_its_files(sp
     assert main(["state", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "forked", "--operator",
                  "item_reach", "--format", "parquet", "--out", str(out)]) == 0
     oracle.assert_reach_equal(pd.read_parquet(out), oracle.item_reach(events))
+
+
+@pytest.mark.s3
+def test_pipeline_checkpoints_and_output_on_s3(spark, tmp_path: Path, s3_endpoint: str):
+    import fsspec
+
+    from tests.conftest import s3_options
+
+    options = s3_options(s3_endpoint)
+    fsspec.filesystem("s3", **options).mkdir("pipeline-bucket")
+    input_dir = make_input(tmp_path, batches=3)
+    cfg = replace(
+        config(tmp_path), checkpoints_url="s3://pipeline-bucket/ckpt", output_url="s3://pipeline-bucket/out",
+        storage_options=options,
+    )
+    reports = StatefulPipeline(spark, cfg).run()
+    assert [r.checkpoint_id for r in reports] == [1, 2, 3]
+    storage = CheckpointStorage("s3://pipeline-bucket/ckpt", "job", options)
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [3, 2]
+    out = tmp_path / "s3-totals.parquet"
+    assert main(["state", "--checkpoints", "s3://pipeline-bucket/ckpt", "--job-id", "job", "--operator",
+                 "user_totals", "--format", "parquet", "--out", str(out), "--storage-options",
+                 json.dumps(options)]) == 0
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    oracle.assert_totals_equal(pd.read_parquet(out), oracle.user_totals(events))
+    output = pd.read_parquet("s3://pipeline-bucket/out", storage_options=options)
+    assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3]
