@@ -1,6 +1,7 @@
 """The `sparkpoint` command: generate, run, state, verify, gc, list.
 
-Exit status: 0 fine, 1 `verify` found bad files, 2 bad input (the message says what to fix).
+Exit status: 0 fine, 1 `verify` found bad files, 2 bad input (the message says what to fix),
+3 the work failed while running (e.g. a Spark task raised; the message names the cause).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sparkpoint.core.store import CompletedCheckpointStore
 
 EXIT_BAD_FILES = 1
 EXIT_BAD_INPUT = 2
+EXIT_FAILED = 3
 
 
 class UsageError(Exception):
@@ -313,6 +315,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, SparkpointError, ValueError, FileNotFoundError) as e:
         print(f"sparkpoint {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:  # e.g. a Spark task's error, which arrives as a long Java/Python trace
+        logging.getLogger("sparkpoint").debug("failure", exc_info=True)
+        print(f"sparkpoint {args.command}: failed: {_cause(e)}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _cause(error: BaseException) -> str:
+    """The most telling line of an error: the last 'SomethingError: …' line of its text."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    causes = [line for line in lines if "Error: " in line or "Exception: " in line or "Corrupted: " in line]
+    return (causes[-1] if causes else lines[-1] if lines else type(error).__name__)[:2000]
 
 
 if __name__ == "__main__":

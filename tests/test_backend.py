@@ -231,7 +231,7 @@ def test_corrupt_checkpoint_is_a_specific_error_and_falls_back(storage: Checkpoi
         assert bad_path in str(err.value)
         with pytest.raises(StateBackendError):
             r.value_state("count", COUNTS)  # nothing half-restored is left open
-        result = restore_with_fallback(r, store.load_all().checkpoints)
+        [result] = restore_with_fallback([r], store.load_all().checkpoints)
         assert result.checkpoint_id == 1 and result.fell_back_from == (2,)
         assert read_all(r) == snapshots[1]
 

@@ -305,3 +305,38 @@ def test_shutdown_applies_retention(storage: CheckpointStorage, tmp_path: Path, 
     savepoint = CompletedCheckpointStore(storage).load(2)
     assert all(storage.exists(p) for p in savepoint.paths()), "savepoints survive every shutdown"
     assert coord.pending == {}
+
+
+def test_commit_with_lost_response_reads_back_and_keeps_its_files(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("s")
+    original = storage.commit_exclusive
+
+    def write_then_lose_the_answer(rel: str, data: bytes) -> None:
+        original(rel, data)
+        raise TimeoutError("response lost")  # what a retried S3 PUT turns into
+
+    storage.commit_exclusive = write_then_lose_the_answer  # type: ignore[method-assign]
+    done = run_checkpoint(coord, sub, ["s"])
+    assert done.checkpoint_id == 1
+    assert all(storage.exists(f.path) for f in done.metadata.files()), "committed files are never deleted"
+
+
+def test_commit_with_unknown_outcome_deletes_nothing(storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(storage)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("s")
+    pending = coord.trigger(expected={"op": 1})
+    handle = sub.snapshot(pending.checkpoint_id, ["s"])
+    coord.acknowledge(pending.checkpoint_id, handle)
+
+    def fail(*_args: object) -> None:
+        raise ConnectionError("storage unreachable")
+
+    storage.commit_exclusive = fail  # type: ignore[method-assign]
+    storage.read_bytes = fail  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        coord.complete(pending.checkpoint_id)
+    assert all(storage.exists(f.path) for f in handle.files()), "when in doubt, do not delete"
+    assert coord.pending == {}

@@ -194,3 +194,24 @@ def test_pipeline_checkpoints_and_output_on_s3(spark, tmp_path: Path, s3_endpoin
     oracle.assert_totals_equal(pd.read_parquet(out), oracle.user_totals(events))
     output = pd.read_parquet("s3://pipeline-bucket/out", storage_options=options)
     assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3]
+
+
+def test_zombie_driver_loses_the_race_and_output_stays_exactly_once(spark, tmp_path: Path):
+    input_dir = make_input(tmp_path, batches=4)
+    StatefulPipeline(spark, config(tmp_path, max_batches=1)).run()
+    live = StatefulPipeline(spark, config(tmp_path)).batches()
+    zombie = StatefulPipeline(spark, config(tmp_path)).batches()
+    assert next(live).checkpoint_id == 2  # both resumed from chk-1 and want chk-2; the live one wins
+    late = next(zombie)  # the zombie's chk-2 is refused; it resumes from the live one's chk-2
+    assert late.checkpoint_id == 3 and late.files == ("batch-000002.parquet",)
+    after = next(live)  # now this one is behind: its chk-3 loses, it resumes after chk-3
+    assert after.checkpoint_id == 4 and after.files == ("batch-000003.parquet",)
+    assert list(zombie) == [], "its chk-4 loses too, and then nothing is left to do"
+    store = CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "job"))
+    assert store.checkpoint_ids() == [4, 3]
+    assert len(store.load(4).source_offsets["source"]["consumed"]) == 4
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
+    output = pd.read_parquet(tmp_path / "out")
+    expected = oracle.sink_rows(oracle.read_batches(input_dir))
+    assert len(output) == sum(len(e) for e in expected), "every batch is in the output exactly once"

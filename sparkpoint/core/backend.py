@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -164,10 +164,12 @@ class RocksDBStateBackend:
         return list_states(str(self.db_path)) if self.db_path.exists() else []
 
     def _before_write(self) -> None:
-        # The first write after a snapshot makes db/ differ from that checkpoint.
+        # The first write after a snapshot makes db/ differ from that checkpoint. The unlink is
+        # made durable before the write: RocksDB may persist an SST of this batch at any moment.
         if self._clean:
             self._clean = False
             (self.dir / _MARKER).unlink(missing_ok=True)
+            _fsync_dir(self.dir)
 
     # --- restore -------------------------------------------------------------------------------
 
@@ -284,8 +286,10 @@ class RocksDBStateBackend:
             names = self.state_names()
             for name in names:
                 cf = db.get_column_family(name)
-                cf.delete_range(b"\x00\x00", lower)
-                cf.delete_range(upper, b"\x80")  # key groups stop at 0x7fff
+                if lower > b"\x00\x00":
+                    cf.delete_range(b"\x00\x00", lower)
+                if upper < b"\x80":  # key groups stop at 0x7fff
+                    cf.delete_range(upper, b"\x80")
             for source in sources[1:]:
                 self._merge_from(source, lower, upper)
             compact_all(db, self.state_names())  # drop the clipped ranges before the first upload
@@ -388,15 +392,13 @@ class RocksDBStateBackend:
             shutil.rmtree(local, ignore_errors=True)
         return handle
 
-    def confirm(self, checkpoint_id: int, handle: SubtaskStateHandle | None = None) -> None:
+    def confirm(self, checkpoint_id: int) -> None:
         """Checkpoint N completed: its files become the base of the next incremental snapshot.
 
-        `handle` confirms a snapshot this process did not take (another process acknowledged
-        it); without it, N must be pending here.
+        N must be pending here. (Another process learns of N through `restore(N)`, which
+        checks its local files against N's handle before taking them as the base.)
         """
-        if handle is not None:
-            self._confirm_base(checkpoint_id, handle)
-        elif checkpoint_id in self._pending:
+        if checkpoint_id in self._pending:
             self._base = self._pending[checkpoint_id]
             self._base_id = checkpoint_id
         elif checkpoint_id != self._base_id:
@@ -478,27 +480,37 @@ class RocksDBStateBackend:
             log.warning("could not delete the uploads of a failed snapshot: %s", e)
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:
     return max(0, min(a.end, b.end) - max(a.start, b.start) + 1)
 
 
 def restore_with_fallback(
-    backend: RocksDBStateBackend,
+    backends: list[RocksDBStateBackend],
     checkpoints: list[CheckpointMetadata],
     *,
     claim_mode: ClaimMode | str = "CLAIM",
     fallback: bool = True,
-) -> RestoreResult:
-    """Restore the first of `checkpoints` (newest first) that verifies.
+) -> list[RestoreResult]:
+    """Restore every backend from the first of `checkpoints` (newest first) that all can restore.
 
-    Without `fallback` the first failure is raised. With it, each checkpoint that cannot be
-    restored is logged loudly and the next older one is tried; the result says which failed.
+    The fallback is per checkpoint, never per subtask: all subtasks (and the source offsets the
+    caller takes from the same metadata) come from one checkpoint. Without `fallback` the first
+    failure is raised; with it, a checkpoint that cannot be restored is logged loudly and the
+    next older one is tried, and each result says which ones failed.
     """
     failed: list[int] = []
     problems: list[str] = []
     for meta in checkpoints:
         try:
-            result = backend.restore(meta, claim_mode=claim_mode)
+            results = [b.restore(meta, claim_mode=claim_mode) for b in backends]
         except (CheckpointCorrupted, StateBackendError) as e:
             if not fallback:
                 raise
@@ -506,16 +518,10 @@ def restore_with_fallback(
             failed.append(meta.checkpoint_id)
             problems.append(str(e))
             continue
-        return RestoreResult(
-            result.checkpoint_id, result.source, result.files, result.downloaded_bytes, result.seconds,
-            fell_back_from=tuple(failed), problems=result.problems + tuple(problems),
-        )
+        return [replace(r, fell_back_from=tuple(failed), problems=r.problems + tuple(problems)) for r in results]
     if failed:
-        raise CheckpointCorrupted(
-            f"no retained checkpoint of {backend.operator}/{backend.subtask} can be restored "
-            f"(tried {failed}): " + "; ".join(problems)
-        )
-    return backend.restore(None)
+        raise CheckpointCorrupted(f"no retained checkpoint can be restored (tried {failed}): " + "; ".join(problems))
+    return [b.restore(None) for b in backends]
 
 
 def take_checkpoint(

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkpoint.core.errors import CheckpointAlreadyExists, CheckpointDeclined, DeletionBlocked
+from sparkpoint.core.errors import CheckpointDeclined, DeletionBlocked
 from sparkpoint.core.metadata import (
     CheckpointMetadata,
     CheckpointStats,
@@ -110,11 +110,25 @@ class CheckpointCoordinator:
         known = [self._last_triggered, *self._kinds, *self.pending, *self.storage.checkpoint_dirs()]
         return max(known, default=0) + 1
 
-    def trigger(self, *, kind: str = "checkpoint", expected: Mapping[str, int] | None = None) -> PendingCheckpoint:
+    def trigger(
+        self,
+        *,
+        kind: str = "checkpoint",
+        expected: Mapping[str, int] | None = None,
+        checkpoint_id: int | None = None,
+    ) -> PendingCheckpoint:
+        """Start checkpoint N (by default the highest id seen anywhere + 1).
+
+        A driver that resumed from checkpoint K may ask for exactly K + 1: then a zombie driver
+        that resumed from the same K races for the same id, and the exclusive create of
+        `_metadata` lets only one of them commit (rule 6).
+        """
         if kind not in ("checkpoint", "savepoint"):
             raise ValueError(f"kind must be checkpoint or savepoint, got {kind!r}")
-        cid = self.next_checkpoint_id()
-        self._last_triggered = cid
+        if checkpoint_id is not None and (checkpoint_id < 1 or checkpoint_id in self.pending):
+            raise ValueError(f"checkpoint id {checkpoint_id} is invalid or already pending")
+        cid = checkpoint_id if checkpoint_id is not None else self.next_checkpoint_id()
+        self._last_triggered = max(self._last_triggered, cid)
         pending = PendingCheckpoint(cid, kind, dict(expected) if expected is not None else None)
         self.pending[cid] = pending
         return pending
@@ -128,9 +142,11 @@ class CheckpointCoordinator:
             raise CheckpointDeclined(f"checkpoint {checkpoint_id} expects no operator {handle.operator!r}")
         _check_layout(handle)
         if key in pending.acks and pending.acks[key] != handle:
-            # A retried task acknowledged twice: keep the first, drop the second's new files.
+            # A retried task acknowledged twice: keep the first, drop the second's new files
+            # (never one the registry knows, whatever the handle claims).
+            kept = {g.path for g in pending.acks[key].files()}
             self.storage.delete(
-                f.path for f in handle.new_files() if f.path not in {g.path for g in pending.acks[key].files()}
+                f.path for f in handle.new_files() if f.path not in kept and not self.registry.is_known(f.path)
             )
             return
         pending.acks[key] = handle
@@ -145,13 +161,10 @@ class CheckpointCoordinator:
                     f"checkpoint {checkpoint_id} is subsumed: the newer checkpoint {max(newer)} completed first"
                 )
             meta = self._build_metadata(pending, source_offsets)
-            self.storage.commit_exclusive(metadata_path(checkpoint_id), meta.dumps())
-        except CheckpointAlreadyExists:
-            self.abort(checkpoint_id, reason="another writer committed the same checkpoint id")
-            raise
         except BaseException:
-            self.abort(checkpoint_id, reason="completion failed")
+            self.abort(checkpoint_id, reason="completion failed before the commit")
             raise
+        self._commit(meta)
         del self.pending[checkpoint_id]
         if meta.kind == "checkpoint":  # Flink: a completed checkpoint subsumes older pending ones
             for older in [cid for cid, p in self.pending.items() if cid < checkpoint_id and p.kind == "checkpoint"]:
@@ -169,6 +182,33 @@ class CheckpointCoordinator:
             duration_s=time.monotonic() - started,
             deletion_blocked=blocked,
         )
+
+    def _commit(self, meta: CheckpointMetadata) -> None:
+        """Write `_metadata` exclusively; when the outcome is unclear, read it back (rule 4).
+
+        A lost response to a successful write (an S3 PUT retried into 412, a timeout) must not
+        make us delete files our own committed `_metadata` references.
+        """
+        cid, data = meta.checkpoint_id, meta.dumps()
+        try:
+            self.storage.commit_exclusive(meta.metadata_path, data)
+            return
+        except BaseException as e:
+            error: BaseException = e
+        try:
+            committed = self.storage.read_bytes(meta.metadata_path)
+        except FileNotFoundError:
+            committed = None
+        except Exception as e:  # cannot tell what is there: keep every file, the sweep decides later
+            self.pending.pop(cid, None)
+            log.error("checkpoint %s: commit outcome unknown (%s; read-back: %s); deleting nothing", cid, error, e)
+            raise error from None
+        if committed == data:
+            log.warning("checkpoint %s: the commit reported %r but our _metadata is in place", cid, error)
+            return
+        reason = "another writer committed the same checkpoint id" if committed else "the commit failed"
+        self.abort(cid, reason=reason)
+        raise error
 
     def abort(self, checkpoint_id: int, *, reason: str = "") -> int:
         """Forget a pending checkpoint and delete what it uploaded, best effort."""

@@ -23,7 +23,11 @@ def _fmix32(h: int) -> int:
 
 
 def key_bytes(key: bytes | str) -> bytes:
-    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, bytes | bytearray | memoryview):
+        return bytes(key)
+    raise TypeError(f"state keys are str or bytes, got {type(key).__name__} {key!r}: convert them first")
 
 
 def key_group_for(key: bytes | str, max_parallelism: int) -> int:

@@ -109,7 +109,7 @@ class SubtaskStateHandle:
         where = "state handle"
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise MetadataError(f"{where} is not valid JSON: {e}") from e
         v = _Validator(where)
         obj = v.obj(raw, "handle")
@@ -235,7 +235,7 @@ class CheckpointMetadata:
     def loads(cls, data: bytes, *, where: str = "_metadata") -> CheckpointMetadata:
         try:
             raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise MetadataError(
                 f"{where} is not valid UTF-8 JSON ({e}); the checkpoint cannot be used. "
                 "Restore an older checkpoint or run `sparkpoint verify`."

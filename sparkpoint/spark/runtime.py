@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.errors import CheckpointCorrupted, SparkpointError
+from sparkpoint.core.errors import CheckpointAlreadyExists, CheckpointCorrupted, SparkpointError
 from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage, SubtaskStateHandle
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.core.rocksdb import RocksDBOptions
@@ -96,6 +96,7 @@ class _Start:
     claim_mode: str = ClaimMode.CLAIM.value
     restore_job: tuple[str, str, dict[str, Any]] | None = None
     older: list[CheckpointMetadata] = field(default_factory=list)  # fallbacks, newest first
+    next_id: int | None = None  # K + 1 after our own checkpoint K: the id a zombie would race for
 
 
 class StatefulPipeline:
@@ -111,20 +112,19 @@ class StatefulPipeline:
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
         self.source = ParquetDirectorySource(config.input_url, config.input_options)
-        self.sink = ExactlyOnceParquetSink.at(config.output_url, config.storage_options) if config.output_url else None
+        self.sink = (
+            ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
+            if config.output_url
+            else None
+        )
 
     def run(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
         """Process every unconsumed batch (up to `max_batches`), one checkpoint each."""
         return list(self.batches(on_checkpoint))
 
     def batches(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> Iterator[BatchReport]:
-        start, lineage, unowned = self._starting_point()
-        coordinator = CheckpointCoordinator(
-            self.storage, num_retained=self.config.num_retained, retention=self.config.retention,
-            lineage=lineage, unowned=unowned,
-        )
-        self._settle_sink(start)
-        done = 0
+        start, coordinator = self._begin()
+        done, lost_races = 0, 0
         while self.config.max_batches is None or done < self.config.max_batches:
             files = self.source.pending(start.offsets)[: self.config.files_per_checkpoint]
             if not files:
@@ -134,11 +134,29 @@ class StatefulPipeline:
             except CheckpointCorrupted as e:
                 start = self._fall_back(start, e)
                 continue
-            start = _Start(metadata, start.offsets.after(files), older=[])
+            except CheckpointAlreadyExists as e:
+                # Another driver (a zombie, a retried run) committed this id first: resume from it.
+                lost_races += 1
+                if lost_races > 3:
+                    raise PipelineError(f"another writer keeps committing to job {self.config.job_id}: {e}") from e
+                log.warning("%s; resuming from the latest completed checkpoint", e)
+                start, coordinator = self._begin()
+                continue
+            lost_races = 0
+            start = _Start(metadata, start.offsets.after(files), next_id=metadata.checkpoint_id + 1)
             done += 1
             if on_checkpoint:
                 on_checkpoint(report)
             yield report
+
+    def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
+        start, lineage, unowned = self._starting_point()
+        coordinator = CheckpointCoordinator(
+            self.storage, num_retained=self.config.num_retained, retention=self.config.retention,
+            lineage=lineage, unowned=unowned,
+        )
+        self._settle_sink(start)
+        return start, coordinator
 
     # --- one batch -------------------------------------------------------------------------------
 
@@ -146,7 +164,9 @@ class StatefulPipeline:
         self, coordinator: CheckpointCoordinator, start: _Start, files: list[str]
     ) -> tuple[BatchReport, CheckpointMetadata]:
         started = time.monotonic()
-        pending = coordinator.trigger(expected={op.name: self.config.parallelism for op in self.operators})
+        pending = coordinator.trigger(
+            expected={op.name: self.config.parallelism for op in self.operators}, checkpoint_id=start.next_id
+        )
         cid = pending.checkpoint_id
         spec = self._spec(cid, start)
         try:
@@ -158,8 +178,6 @@ class StatefulPipeline:
             completed = coordinator.complete(cid, source_offsets={"source": offsets.to_json(), "sink": staged})
         except BaseException as e:
             coordinator.abort(cid, reason=f"batch {files} failed: {type(e).__name__}")
-            if self.sink:
-                self.sink.discard_staging(keep=set(self.store.checkpoint_ids()))
             corrupted = _corruption_in(e)
             if corrupted is not None:
                 raise corrupted from e
@@ -207,18 +225,26 @@ class StatefulPipeline:
 
     def _starting_point(self) -> tuple[_Start, RestoreLineage | None, frozenset[str]]:
         listing = self.store.load_all()
-        for cid, why in sorted(listing.unreadable.items()):
-            log.error("chk-%s/_metadata cannot be read, it is skipped: %s", cid, why)
         own = listing.checkpoints
+        newest_readable = own[0].checkpoint_id if own else 0
+        for cid, why in sorted(listing.unreadable.items()):
+            if cid > newest_readable:  # resuming from an older one could repeat its output
+                raise PipelineError(
+                    f"chk-{cid}/_metadata cannot be read ({why}) and it is newer than the latest readable "
+                    f"checkpoint ({newest_readable or 'none'}): resuming would replay what it committed. Repair "
+                    f"or remove {self.storage.job_url}/chk-{cid} by hand (`sparkpoint verify` lists it)."
+                )
+            log.error("chk-%s/_metadata cannot be read, it is skipped: %s", cid, why)
         if own:
             if self.config.from_checkpoint:
                 log.warning(
                     "job %s already has checkpoints; resuming from chk-%s, --from-checkpoint %s is ignored",
                     self.config.job_id, own[0].checkpoint_id, self.config.from_checkpoint,
                 )
-            return _Start(own[0], _offsets_of(own[0]), older=own[1:]), None, frozenset()
+            start = _Start(own[0], _offsets_of(own[0]), older=own[1:], next_id=own[0].checkpoint_id + 1)
+            return start, None, frozenset()
         if not self.config.from_checkpoint:
-            return _Start(None, SourceOffsets(())), None, frozenset()
+            return _Start(None, SourceOffsets(()), next_id=1), None, frozenset()
         meta, storage = load_external_checkpoint(self.config.from_checkpoint, self.config.storage_options)
         claim = ClaimMode(self.config.restore_mode).value
         lineage = RestoreLineage(restored_from=f"{storage.job_url}/{meta.metadata_path}", claim_mode=claim)
@@ -240,7 +266,8 @@ class StatefulPipeline:
         )
         if self.sink:
             self.sink.rollback(after=older.checkpoint_id)
-        return replace(start, metadata=older, offsets=_offsets_of(older), older=start.older[1:])
+        # next_id None: the ids after `older` are taken by the checkpoints that failed to restore.
+        return replace(start, metadata=older, offsets=_offsets_of(older), older=start.older[1:], next_id=None)
 
     def _settle_sink(self, start: _Start) -> None:
         """Finish the sink commit of the checkpoint we resume from, drop abandoned staging."""
@@ -249,7 +276,7 @@ class StatefulPipeline:
         meta = start.metadata
         if meta is not None and start.restore_job is None and isinstance(meta.source_offsets, dict):
             self.sink.commit(meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
-        self.sink.discard_staging(keep=set())
+        self.sink.discard_staging(up_to=meta.checkpoint_id if meta is not None and start.restore_job is None else 0)
 
 
 def _offsets_of(meta: CheckpointMetadata) -> SourceOffsets:

@@ -1,10 +1,11 @@
 """Exactly-once Parquet sink: rows become visible only when their checkpoint completes.
 
-Tasks write their changed rows to `<output>/_staging/chk-<N>/` (readers skip `_` directories).
-The staged names travel in the checkpoint's `_metadata`; once `_metadata` is committed the
-driver moves them to `<output>/part-<N>-<subtask>.parquet`. The move is idempotent, so a driver
-that died between the checkpoint and the move finishes it on restart; a batch that failed never
-leaves its staging directory, and its replay writes under the replay's checkpoint id.
+Tasks write their changed rows to `<output>/_staging/<job>/chk-<N>/` (readers skip `_`
+directories). The staged names travel in the checkpoint's `_metadata`; once `_metadata` is
+committed the driver moves them to `<output>/part-<job>-<N>-<operator>-<subtask>.parquet`. The
+move is idempotent, so a driver that died between the checkpoint and the move finishes it on
+restart; a batch that failed never leaves its staging directory, and its replay is committed
+under the replay's checkpoint. Several jobs may share one output directory.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import pandas as pd
 from sparkpoint.core.errors import SparkpointError
 
 log = logging.getLogger(__name__)
-_PART = re.compile(r"^part-(\d{8})-(\d{5})\.parquet$")
-_STAGED = re.compile(r"^_staging/chk-(\d+)/(\d{5})-[0-9a-f]{12}\.parquet$")
+_PART = re.compile(r"^(\d{8})-([A-Za-z0-9_.-]+-\d{5})\.parquet$")  # after "part-<job>-"
+_STAGED = re.compile(r"^chk-(\d+)/([A-Za-z0-9_.-]+-\d{5})-[0-9a-f]{12}\.parquet$")  # after "_staging/<job>/"
 
 
 class SinkError(SparkpointError):
@@ -33,11 +34,12 @@ class SinkError(SparkpointError):
 @dataclass(frozen=True)
 class ExactlyOnceParquetSink:
     url: str
+    job_id: str
     storage_options: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def at(cls, url: str, storage_options: dict[str, Any] | None = None) -> ExactlyOnceParquetSink:
-        sink = cls(url.rstrip("/"), tuple(sorted((storage_options or {}).items())))
+    def at(cls, url: str, job_id: str, storage_options: dict[str, Any] | None = None) -> ExactlyOnceParquetSink:
+        sink = cls(url.rstrip("/"), job_id, tuple(sorted((storage_options or {}).items())))
         try:
             sink._fs()
         except (ValueError, ImportError) as e:
@@ -50,15 +52,20 @@ class ExactlyOnceParquetSink:
 
     # --- in the tasks ----------------------------------------------------------------------------
 
-    def stage(self, checkpoint_id: int, subtask: int, rows: pd.DataFrame) -> str | None:
+    @property
+    def _staging(self) -> str:
+        return f"_staging/{self.job_id}"
+
+    def stage(self, checkpoint_id: int, operator: str, subtask: int, rows: pd.DataFrame) -> str | None:
         """Write one subtask's changed rows for checkpoint N, invisible; returns the staged name."""
         if rows.empty:
             return None
         fs, root = self._fs()
-        rel = f"_staging/chk-{checkpoint_id}/{subtask:05d}-{uuid.uuid4().hex[:12]}.parquet"
-        fs.makedirs(posixpath.dirname(f"{root}/{rel}"), exist_ok=True)
+        rel = f"chk-{checkpoint_id}/{operator}-{subtask:05d}-{uuid.uuid4().hex[:12]}.parquet"
+        path = f"{root}/{self._staging}/{rel}"
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
         frame = rows.assign(checkpoint_id=pd.Series([checkpoint_id] * len(rows), dtype="int64", index=rows.index))
-        with fs.open(f"{root}/{rel}", "wb") as f:
+        with fs.open(path, "wb") as f:
             frame.to_parquet(f, index=False)
         return rel
 
@@ -72,26 +79,25 @@ class ExactlyOnceParquetSink:
             m = _STAGED.match(rel)
             if not m or int(m.group(1)) != checkpoint_id:
                 raise SinkError(f"{rel!r} is not a staged file of checkpoint {checkpoint_id}")
-            target = f"{root}/part-{checkpoint_id:08d}-{m.group(2)}.parquet"
-            if fs.exists(f"{root}/{rel}"):
-                fs.mv(f"{root}/{rel}", target)
+            target = f"{root}/part-{self.job_id}-{checkpoint_id:08d}-{m.group(2)}.parquet"
+            if fs.exists(f"{root}/{self._staging}/{rel}"):
+                fs.mv(f"{root}/{self._staging}/{rel}", target)
                 moved += 1
-            elif not fs.exists(target):
-                raise SinkError(
-                    f"checkpoint {checkpoint_id} staged {rel} but neither it nor {target} exists: "
-                    "the output was changed by hand"
-                )
-        self._remove(fs, f"{root}/_staging/chk-{checkpoint_id}")
+            elif not fs.exists(target):  # rolled back after a fallback, or removed by hand
+                log.warning("checkpoint %s: neither %s nor its staged file exists", checkpoint_id, target)
+        self._remove(fs, f"{root}/{self._staging}/chk-{checkpoint_id}")
         return moved
 
     def committed(self) -> dict[int, list[str]]:
-        """Visible part files by checkpoint id."""
+        """This job's visible part files by checkpoint id."""
         fs, root = self._fs()
         if not fs.exists(root):
             return {}
         out: dict[int, list[str]] = {}
+        prefix = f"part-{self.job_id}-"
         for path in fs.ls(root, detail=False):
-            m = _PART.match(posixpath.basename(path))
+            name = posixpath.basename(path)
+            m = _PART.match(name[len(prefix) :]) if name.startswith(prefix) else None
             if m:
                 out.setdefault(int(m.group(1)), []).append(path)
         return out
@@ -105,14 +111,15 @@ class ExactlyOnceParquetSink:
                 fs.rm_file(path)
         return dropped
 
-    def discard_staging(self, keep: set[int]) -> None:
-        """Delete staging directories of checkpoints that never completed."""
+    def discard_staging(self, up_to: int) -> None:
+        """Delete staging of checkpoints up to `up_to` that never completed. Newer ones may be
+        a live writer's (a zombie racing for the next id): they are invisible and left alone."""
         fs, root = self._fs()
-        if not fs.exists(f"{root}/_staging"):
+        if not fs.exists(f"{root}/{self._staging}"):
             return
-        for path in fs.ls(f"{root}/_staging", detail=False):
+        for path in fs.ls(f"{root}/{self._staging}", detail=False):
             name = posixpath.basename(path.rstrip("/"))
-            if name.startswith("chk-") and name[4:].isdigit() and int(name[4:]) not in keep:
+            if name.startswith("chk-") and name[4:].isdigit() and int(name[4:]) <= up_to:
                 self._remove(fs, path)
 
     @staticmethod

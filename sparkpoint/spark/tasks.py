@@ -93,7 +93,7 @@ def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
             changed = op.process(batch, backend) if len(batch) else None
             staged = None
             if op.emits and spec.sink is not None and changed is not None:
-                staged = spec.sink.stage(spec.checkpoint_id, subtask, changed)
+                staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)
             handle = backend.snapshot(spec.checkpoint_id)
         finally:
             backend.close()
