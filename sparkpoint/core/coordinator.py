@@ -158,7 +158,8 @@ class CheckpointCoordinator:
             newer = [cid for cid in self._kinds if cid > checkpoint_id]
             if newer and pending.kind == "checkpoint":
                 raise CheckpointDeclined(
-                    f"checkpoint {checkpoint_id} is subsumed: the newer checkpoint {max(newer)} completed first"
+                    f"checkpoint {checkpoint_id} is subsumed: the newer {self._kinds[max(newer)]} {max(newer)} "
+                    "completed first"
                 )
             meta = self._build_metadata(pending, source_offsets)
         except BaseException:
