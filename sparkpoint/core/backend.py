@@ -57,7 +57,7 @@ from sparkpoint.core.rocksdb import (
 )
 from sparkpoint.core.serde import Codec
 from sparkpoint.core.state import MapState, ValueState, _KeyedState, key_group_bounds
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.core.storage import CheckpointStorage, fsync_dir
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")
@@ -169,7 +169,7 @@ class RocksDBStateBackend:
         if self._clean:
             self._clean = False
             (self.dir / _MARKER).unlink(missing_ok=True)
-            _fsync_dir(self.dir)
+            fsync_dir(str(self.dir))
 
     # --- restore -------------------------------------------------------------------------------
 
@@ -478,14 +478,6 @@ class RocksDBStateBackend:
             self.storage.delete(rels)
         except Exception as e:  # best effort: the orphan sweep gets what is left
             log.warning("could not delete the uploads of a failed snapshot: %s", e)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:

@@ -145,7 +145,7 @@ class CheckpointStorage:
                 os.link(tmp, path)
             except FileExistsError as e:
                 raise CheckpointAlreadyExists(f"{path} was already written by another writer") from e
-            _fsync_dir(posixpath.dirname(path))
+            fsync_dir(posixpath.dirname(path))
         finally:
             try:
                 os.unlink(tmp)
@@ -180,7 +180,7 @@ class CheckpointStorage:
         handles = self._parallel(one, targets)
         if self._local:
             for d in {posixpath.dirname(t) for _, _, t in targets}:
-                _fsync_dir(d)
+                fsync_dir(d)
         return handles
 
     def get_files(self, pairs: Sequence[tuple[str, str]]) -> None:
@@ -287,7 +287,8 @@ def _fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a create, rename or unlink in it) durable, where supported."""
     try:
         _fsync_file(path)
     except OSError:
