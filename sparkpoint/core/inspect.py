@@ -12,7 +12,7 @@ from pathlib import Path
 from sparkpoint.core.backend import RocksDBStateBackend
 from sparkpoint.core.errors import StateBackendError
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
-from sparkpoint.core.restore import FileProblem
+from sparkpoint.core.restore import FileProblem, mismatch
 from sparkpoint.core.storage import CheckpointStorage
 
 _CHUNK = 4 * 1024 * 1024
@@ -21,25 +21,25 @@ _CHUNK = 4 * 1024 * 1024
 def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, *, deep: bool = True) -> list[FileProblem]:
     """Every file `_metadata` lists: present, of the recorded size and (with `deep`) CRC32."""
     files = {f.path: f for f in meta.files()}
-    problems = storage._parallel(lambda f: _check(storage, f, deep), sorted(files.values(), key=lambda f: f.path))
+    problems = storage.parallel(lambda f: _check(storage, f, deep), sorted(files.values(), key=lambda f: f.path))
     return [p for p in problems if p is not None]
 
 
 def _check(storage: CheckpointStorage, f: FileHandle, deep: bool) -> FileProblem | None:
     try:
-        size = storage.info(f.path).size
+        size: int | None = storage.info(f.path).size
     except FileNotFoundError:
-        return FileProblem(f.path, f.local_name, "missing")
-    if size != f.size:
-        return FileProblem(f.path, f.local_name, f"size {size} bytes, _metadata records {f.size}")
-    if deep:
-        crc = 0
-        with storage.fs.open(storage.abspath(f.path), "rb") as stream:
-            while chunk := stream.read(_CHUNK):
-                crc = zlib.crc32(chunk, crc)
-        if crc & 0xFFFFFFFF != f.crc32:
-            return FileProblem(f.path, f.local_name, f"CRC32 {crc & 0xFFFFFFFF:08x}, _metadata records {f.crc32:08x}")
-    return None
+        size = None
+    problem = mismatch(f, size, (lambda: _stored_crc32(storage, f.path)) if deep else None)
+    return FileProblem(f.path, f.local_name, problem) if problem else None
+
+
+def _stored_crc32(storage: CheckpointStorage, rel: str) -> int:
+    crc = 0
+    with storage.fs.open(storage.abspath(rel), "rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc & 0xFFFFFFFF
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,18 +33,26 @@ class FileProblem:
         return f"{self.path} ({self.local_name}): {self.problem}"
 
 
-def check_local_file(local: Path, f: FileHandle) -> str | None:
-    """None when `local` has the recorded size and CRC32, else what is wrong."""
-    try:
-        size = local.stat().st_size
-    except FileNotFoundError:
+def mismatch(f: FileHandle, size: int | None, crc_of: Callable[[], int] | None) -> str | None:
+    """What differs from `_metadata` (None: nothing). `size` None means missing; the CRC32 is
+    computed (by `crc_of`) only when the size matches; `crc_of` None skips it."""
+    if size is None:
         return "missing"
     if size != f.size:
         return f"size {size} bytes, _metadata records {f.size}"
-    crc = crc32_of_file(str(local))
+    crc = crc_of() if crc_of is not None else f.crc32
     if crc != f.crc32:
         return f"CRC32 {crc:08x}, _metadata records {f.crc32:08x}"
     return None
+
+
+def check_local_file(local: Path, f: FileHandle) -> str | None:
+    """None when `local` has the recorded size and CRC32, else what is wrong."""
+    try:
+        size: int | None = local.stat().st_size
+    except FileNotFoundError:
+        size = None
+    return mismatch(f, size, lambda: crc32_of_file(str(local)))
 
 
 def check_handle_shape(handle: SubtaskStateHandle, checkpoint_id: int) -> None:

@@ -88,8 +88,7 @@ def open_db(
     except Exception as e:  # rocksdict raises bare Exception with RocksDB's status text
         raise StateBackendError(f"RocksDB cannot open {path}: {e}") from e
     if not read_only:
-        for name in [DEFAULT_CF, *sorted(names)]:
-            cf = db if name == DEFAULT_CF else db.get_column_family(name)
+        for cf in _every_cf(db, names):
             # Universal compaction would otherwise rewrite every file once a month.
             cf.set_options({"ttl": "0", "periodic_compaction_seconds": "0"})
         write = WriteOptions()
@@ -105,17 +104,20 @@ def ensure_column_families(db: Rdict, path: str, names: Iterable[str], options: 
         db.create_column_family(name, options.build(create=True))
 
 
+def _every_cf(db: Rdict, column_families: Iterable[str]) -> list[Rdict]:
+    names = sorted(set(column_families) - {DEFAULT_CF})
+    return [db, *(db.get_column_family(name) for name in names)]
+
+
 def flush_all(db: Rdict, column_families: Iterable[str]) -> None:
     """Flush every memtable to SSTs (releases the GIL while RocksDB works)."""
-    for name in [DEFAULT_CF, *sorted(set(column_families) - {DEFAULT_CF})]:
-        cf = db if name == DEFAULT_CF else db.get_column_family(name)
+    for cf in _every_cf(db, column_families):
         cf.flush(True)
 
 
 def compact_all(db: Rdict, column_families: Iterable[str]) -> None:
     """Full manual compaction of every column family (tests and benchmarks force it with this)."""
-    for name in [DEFAULT_CF, *sorted(set(column_families) - {DEFAULT_CF})]:
-        cf = db if name == DEFAULT_CF else db.get_column_family(name)
+    for cf in _every_cf(db, column_families):
         cf.compact_range(None, None)
 
 

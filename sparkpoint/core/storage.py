@@ -177,7 +177,7 @@ class CheckpointStorage:
                 _fsync_file(target)
             return handle
 
-        handles = self._parallel(one, targets)
+        handles = self.parallel(one, targets)
         if self._local:
             for d in {posixpath.dirname(t) for _, _, t in targets}:
                 fsync_dir(d)
@@ -188,7 +188,7 @@ class CheckpointStorage:
         sources = [(self.abspath(rel), local) for rel, local in pairs]
         for _, local in sources:
             os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        self._parallel(lambda p: self.fs.get_file(p[0], p[1]), sources)
+        self.parallel(lambda p: self.fs.get_file(p[0], p[1]), sources)
 
     def delete(self, rels: Iterable[str]) -> int:
         """Delete files in parallel; files already gone are fine. Returns how many were asked."""
@@ -202,10 +202,11 @@ class CheckpointStorage:
             except FileNotFoundError:
                 pass
 
-        self._parallel(rm, paths)
+        self.parallel(rm, paths)
         return len(paths)
 
-    def _parallel(self, fn: Any, items: Sequence[Any]) -> list[Any]:
+    def parallel(self, fn: Any, items: Sequence[Any]) -> list[Any]:
+        """`fn` over `items` on this storage's worker threads, results in order."""
         if len(items) <= 1:
             return [fn(item) for item in items]
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(items))) as pool:

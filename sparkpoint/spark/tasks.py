@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.keygroups import key_group_for, subtask_for_key_group
+from sparkpoint.core.keygroups import subtask_for_key
 from sparkpoint.core.metadata import CheckpointMetadata
 from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
@@ -107,7 +107,7 @@ def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
 
 def _subtasks_of(keys: pd.Series, max_parallelism: int, parallelism: int) -> pd.Series:
     unique = pd.unique(keys.astype("string"))
-    table = {k: subtask_for_key_group(max_parallelism, parallelism, key_group_for(k, max_parallelism)) for k in unique}
+    table = {k: subtask_for_key(k, max_parallelism, parallelism) for k in unique}
     return keys.astype("string").map(table)
 
 
