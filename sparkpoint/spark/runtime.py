@@ -10,14 +10,13 @@ checkpoint, so every input file is applied to the state and to the output exactl
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkpoint.core.coordinator import CheckpointCoordinator
 from sparkpoint.core.errors import CheckpointAlreadyExists, CheckpointCorrupted, SparkpointError
-from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage, SubtaskStateHandle
+from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
@@ -163,35 +162,11 @@ class StatefulPipeline:
     def _one_batch(
         self, coordinator: CheckpointCoordinator, start: _Start, files: list[str]
     ) -> tuple[BatchReport, CheckpointMetadata]:
-        started = time.monotonic()
-        pending = coordinator.trigger(
-            expected={op.name: self.config.parallelism for op in self.operators}, checkpoint_id=start.next_id
-        )
-        cid = pending.checkpoint_id
-        spec = self._spec(cid, start)
-        try:
-            results = self._run_spark(spec, [self.source.url_of(f) for f in files])
-            for row in results:
-                coordinator.acknowledge(cid, SubtaskStateHandle.loads(row["handle"]))
-            staged = sorted(r["staged"] for r in results if r["staged"])
-            offsets = start.offsets.after(files)
-            completed = coordinator.complete(cid, source_offsets={"source": offsets.to_json(), "sink": staged})
-        except BaseException as e:
-            coordinator.abort(cid, reason=f"batch {files} failed: {type(e).__name__}")
-            corrupted = _corruption_in(e)
-            if corrupted is not None:
-                raise corrupted from e
-            raise
-        if self.sink:
-            self.sink.commit(cid, staged)
-        meta = completed.metadata
-        report = BatchReport(
-            checkpoint_id=cid, files=tuple(files), rows=sum(int(r["rows"]) for r in results) // len(self.operators),
-            state_size=meta.stats.state_size, checkpointed_size=meta.stats.checkpointed_size,
-            files_new=completed.files_new, files_reused=completed.files_reused, files_deleted=completed.files_deleted,
-            seconds=time.monotonic() - started, restored=tuple(r["restore"] for r in results),
-        )
-        return report, meta
+        """Both halves of the seam in this process, with one coordinator (see `attempt`)."""
+        from sparkpoint.spark.attempt import complete_attempt, run_spark_half  # it imports this module
+
+        attempt = run_spark_half(self, coordinator, start, files)
+        return complete_attempt(self, attempt, coordinator=coordinator)
 
     def _spec(self, cid: int, start: _Start) -> TaskSpec:
         c = self.config

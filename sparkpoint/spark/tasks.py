@@ -25,6 +25,7 @@ from sparkpoint.core.keygroups import subtask_for_key
 from sparkpoint.core.metadata import CheckpointMetadata
 from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.spark.faults import fail_at
 from sparkpoint.spark.operators import KeyedOperator
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceError, read_parquet
@@ -51,6 +52,7 @@ class TaskSpec:
     incremental: bool = True
     local_recovery: bool = True
     rocksdb: RocksDBOptions = RocksDBOptions()
+    inject_failure: str | None = None  # see sparkpoint.spark.faults
 
 
 def route_files(spec: TaskSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -94,6 +96,8 @@ def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
             staged = None
             if op.emits and spec.sink is not None and changed is not None:
                 staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)
+            if op_index == 0 and subtask == 0:
+                fail_at("before-upload", spec.inject_failure, f"{op.name}/{subtask} before its snapshot upload")
             handle = backend.snapshot(spec.checkpoint_id)
         finally:
             backend.close()

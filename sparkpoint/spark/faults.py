@@ -1,0 +1,50 @@
+"""Failure injection at named points of the checkpoint protocol, for demos and tests.
+
+An orchestrator passes one of `INJECTION_POINTS` down to the seam (`sparkpoint.spark.attempt`);
+the seam raises `InjectedFailure` exactly there and leaves everything as a crash would (no
+cleanup), so what follows is the real recovery path.
+
+- `before-upload`: inside the Spark job, in subtask 0 of the first operator, after it applied
+  its rows and before it snapshots and uploads (the other subtasks may upload: orphans).
+- `after-upload`: after the Spark half returned, every upload done and the pending attempt
+  persisted, before the checkpoint is completed.
+- `before-commit`: in the completing half, after every handle was acknowledged, right before
+  `_metadata` is written.
+"""
+
+from __future__ import annotations
+
+from sparkpoint.core.errors import SparkpointError
+
+INJECTION_POINTS = ("before-upload", "after-upload", "before-commit")
+_MARKER = "InjectedFailure: "
+
+
+class InjectedFailure(SparkpointError):
+    """A failure asked for on purpose (`sparkpoint/inject-failure`); recovery must heal it."""
+
+
+def check_point(inject_failure: str | None) -> str | None:
+    """Validate a requested injection point (None or '' means none)."""
+    if not inject_failure:
+        return None
+    if inject_failure not in INJECTION_POINTS:
+        raise ValueError(
+            f"unknown failure injection point {inject_failure!r}; use one of {', '.join(INJECTION_POINTS)}"
+        )
+    return inject_failure
+
+
+def fail_at(point: str, inject_failure: str | None, where: str) -> None:
+    if inject_failure == point:
+        raise InjectedFailure(f"injected failure {point}: {where}")
+
+
+def injected_in(error: BaseException) -> InjectedFailure | None:
+    """An InjectedFailure raised in a Spark task reaches the driver as text in a Py4J error."""
+    if isinstance(error, InjectedFailure):
+        return error
+    text = str(error)
+    if _MARKER in text:
+        return InjectedFailure(text.split(_MARKER, 1)[1].splitlines()[0])
+    return None
