@@ -6,7 +6,8 @@ import os
 import uuid
 from pathlib import Path
 
-from sparkpoint.core.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle
+from sparkpoint.core.keygroups import key_group_range
+from sparkpoint.core.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.core.paths import private_dir, shared_dir
 from sparkpoint.core.storage import CheckpointStorage
 
@@ -18,8 +19,11 @@ class FakeSubtask:
     again under a fresh unique name.
     """
 
-    def __init__(self, storage: CheckpointStorage, workdir: Path, operator: str = "op", subtask: int = 0):
+    def __init__(
+        self, storage: CheckpointStorage, workdir: Path, operator: str = "op", subtask: int = 0, parallelism: int = 1
+    ):
         self.storage = storage
+        self.parallelism = parallelism
         self.workdir = workdir
         self.operator = operator
         self.subtask = subtask
@@ -52,7 +56,7 @@ class FakeSubtask:
             operator=self.operator,
             subtask=self.subtask,
             checkpoint_id=checkpoint_id,
-            key_group_range=KeyGroupRange(0, 127),
+            key_group_range=key_group_range(128, self.parallelism, self.subtask),
             max_parallelism=128,
             shared=tuple(shared),
             private=tuple(private),

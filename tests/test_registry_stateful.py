@@ -88,7 +88,9 @@ class CheckpointHistory(RuleBasedStateMachine):
         self.store = CompletedCheckpointStore(self.storage)
         self.num_retained = 1
         self.coord = CheckpointCoordinator(self.storage, num_retained=self.num_retained)
-        self.subtasks = [FakeSubtask(self.storage, self.workdir / f"sub-{i}", OPERATOR, i) for i in range(PARALLELISM)]
+        self.subtasks = [
+            FakeSubtask(self.storage, self.workdir / f"sub-{i}", OPERATOR, i, PARALLELISM) for i in range(PARALLELISM)
+        ]
         self.version = 0
         for sub in self.subtasks:
             for name in LOCAL_NAMES:

@@ -35,7 +35,13 @@ from typing import Any, TypeVar
 from rocksdict import Checkpoint, Rdict
 
 from sparkpoint.core.coordinator import CheckpointCoordinator, CompletedCheckpoint
-from sparkpoint.core.errors import CheckpointCorrupted, CheckpointDeclined, StateBackendError
+from sparkpoint.core.errors import (
+    CheckpointCorrupted,
+    CheckpointDeclined,
+    OperatorStateMismatch,
+    StateBackendError,
+    UnknownSharedState,
+)
 from sparkpoint.core.keygroups import key_group_range
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.core.paths import checkpoint_id_of_dir, private_dir, shared_dir
@@ -179,8 +185,12 @@ class RocksDBStateBackend:
         *,
         claim_mode: ClaimMode | str = "CLAIM",
         source: CheckpointStorage | None = None,
+        allow_missing: bool = False,
     ) -> RestoreResult:
         """Open this subtask's state as of `checkpoint` (None: empty).
+
+        A checkpoint without this operator is an OperatorStateMismatch unless `allow_missing`
+        (a new operator added to the job starts empty only when the user says so).
 
         Tries, in order: the working database if it is exactly that checkpoint, the task-local
         copy if every file verifies, then stable storage. Several old subtasks overlapping this
@@ -197,12 +207,18 @@ class RocksDBStateBackend:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._drop_leftovers()
         claim = ClaimMode(claim_mode)
+        if checkpoint is not None and self.operator not in checkpoint.operators and not allow_missing:
+            raise OperatorStateMismatch(
+                f"checkpoint {checkpoint.checkpoint_id} holds no state of operator {self.operator!r} (it has "
+                f"{', '.join(sorted(checkpoint.operators))}); restoring it would start {self.operator} empty. "
+                "Allow new operators explicitly to do so."
+            )
         if checkpoint is None or self.operator not in checkpoint.operators:
             self._reset_empty()
             return RestoreResult(None, "empty", seconds=time.monotonic() - started)
         op = checkpoint.operators[self.operator]
         if op.max_parallelism != self.max_parallelism:
-            raise StateBackendError(
+            raise OperatorStateMismatch(
                 f"checkpoint {checkpoint.checkpoint_id} stores {self.operator} with max parallelism "
                 f"{op.max_parallelism}, this job uses {self.max_parallelism}: key groups would not match. "
                 f"Run with --max-parallelism {op.max_parallelism}."
@@ -226,9 +242,12 @@ class RocksDBStateBackend:
         files = len(handle.shared) + len(handle.private)
         marker = self._read_marker()
         if marker == self._marker_for(cid, handle) and self.db_path.is_dir():
-            self._open_db()
-            self._clean = True
-            return RestoreResult(cid, "working", files=files, seconds=time.monotonic() - started)
+            try:
+                self._open_db()
+                self._clean = True
+                return RestoreResult(cid, "working", files=files, seconds=time.monotonic() - started)
+            except StateBackendError as e:
+                log.warning("working database of checkpoint %s does not open (%s); restoring a copy", cid, e)
         self._forget_working()
         local = self.dir / f"chk-{cid}"
         problems: tuple[str, ...] = ()
@@ -236,14 +255,14 @@ class RocksDBStateBackend:
             bad = local_copy_matches(local, handle)
             if not bad:
                 materialize(local, self.db_path, [f.local_name for f in handle.files()])
-                self._open_db()
+                self._open_restored(cid)
                 self._write_marker(cid, handle)
                 return RestoreResult(cid, "local", files=files, seconds=time.monotonic() - started)
             problems = tuple(str(p) for p in bad)
             log.warning("task-local copy of checkpoint %s fails verification, using stable storage: %s", cid, bad)
             shutil.rmtree(local, ignore_errors=True)
         downloaded = self._download(handle, cid)
-        self._open_db()
+        self._open_restored(cid)
         self._write_marker(cid, handle)
         return RestoreResult(
             cid, "primary", files=files, downloaded_bytes=downloaded, seconds=time.monotonic() - started,
@@ -282,7 +301,7 @@ class RocksDBStateBackend:
                 downloaded += download_verified(self._source, h, cid, target)
                 sources.append(target)
             materialize(sources[0], self.db_path, [f.local_name for f in handles[0].files()])
-            db = self._open_db()
+            db = self._open_restored(cid)
             names = self.state_names()
             for name in names:
                 cf = db.get_column_family(name)
@@ -300,11 +319,28 @@ class RocksDBStateBackend:
             downloaded_bytes=downloaded, seconds=time.monotonic() - started,
         )
 
+    def _open_restored(self, checkpoint_id: int) -> Rdict:
+        """Files that match `_metadata` and still do not open are a bad checkpoint, not a bad
+        backend: the caller falls back to an older checkpoint, as for a corrupt file."""
+        try:
+            return self._open_db()
+        except StateBackendError as e:
+            self._forget_working()
+            raise CheckpointCorrupted(
+                f"checkpoint {checkpoint_id} cannot be restored: RocksDB refuses the files of {self.operator} "
+                f"subtask {self.subtask} although they match _metadata ({e}); run `sparkpoint verify` to find a "
+                "checkpoint that verifies",
+                checkpoint_id=checkpoint_id,
+            ) from e
+
     def _merge_from(self, source: Path, lower: bytes, upper: bytes) -> None:
         from rocksdict import ReadOptions, WriteBatch
 
         db = self._open_db()
-        other = open_db(str(source), [], self.options, create=False, read_only=True)
+        try:
+            other = open_db(str(source), [], self.options, create=False, read_only=True)
+        except StateBackendError as e:
+            raise CheckpointCorrupted(f"RocksDB refuses a verified subtask directory while rescaling: {e}") from e
         try:
             names = list_states(str(source))
             ensure_column_families(db, str(self.db_path), names, self.options)
@@ -413,6 +449,11 @@ class RocksDBStateBackend:
         if checkpoint_id != self._base_id:
             shutil.rmtree(self.dir / f"chk-{checkpoint_id}", ignore_errors=True)
 
+    def forget_base(self) -> None:
+        """The confirmed base can no longer be trusted (the coordinator declined a reference to it,
+        another writer subsumed it): the next snapshot uploads every file again."""
+        self._base, self._base_id = {}, None
+
     def _confirm_base(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
         self._base = {f.local_name: f for f in handle.shared}
         self._base_id = checkpoint_id
@@ -503,6 +544,8 @@ def restore_with_fallback(
     for meta in checkpoints:
         try:
             results = [b.restore(meta, claim_mode=claim_mode) for b in backends]
+        except OperatorStateMismatch:
+            raise  # every older checkpoint has the same operators: falling back would not help
         except (CheckpointCorrupted, StateBackendError) as e:
             if not fallback:
                 raise
@@ -535,10 +578,12 @@ def take_checkpoint(
         for b in backends:
             coordinator.acknowledge(cid, b.snapshot(cid, full=full))
         done = coordinator.complete(cid, source_offsets=source_offsets)
-    except BaseException:
+    except BaseException as e:
         coordinator.abort(cid, reason="a subtask failed to snapshot")
         for b in backends:
             b.abort(cid)
+            if isinstance(e, UnknownSharedState):  # declined reuse: re-upload next time (rule 2)
+                b.forget_base()
         raise
     for b in backends:
         b.confirm(cid)

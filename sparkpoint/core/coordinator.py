@@ -10,8 +10,15 @@ Invariants:
 3. The latest completed checkpoint and savepoints are never subsumed. Completing checkpoint N
    aborts pending checkpoints older than N; one of those cannot complete after N.
 4. An abort deletes only files created by the aborted checkpoint.
-5. If storage holds checkpoints this coordinator did not register (another writer), the
-   registry is rebuilt from storage before anything is deleted.
+5. The reference check holds against storage at commit time: before it, the registry is rebuilt
+   whenever the completed checkpoints on storage differ from the ones it counted (another
+   coordinator committed or subsumed), so a file another writer deleted is never re-referenced.
+   If another writer commits between that check and our commit, a reused file that no other
+   retained checkpoint holds is looked up on storage; when it is gone, our `_metadata` (which
+   could never be restored) is withdrawn and the completion fails, and nothing is subsumed.
+6. Once `_metadata` is committed the checkpoint is complete: a failure in the bookkeeping after
+   it (registry, subsumption deletes) is logged, left to the orphan sweep, and the registry is
+   rebuilt before the next deletion.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkpoint.core.errors import CheckpointDeclined, DeletionBlocked
+from sparkpoint.core.errors import CheckpointDeclined, DeletionBlocked, UnknownSharedState
 from sparkpoint.core.metadata import (
     CheckpointMetadata,
     CheckpointStats,
@@ -30,6 +37,7 @@ from sparkpoint.core.metadata import (
     RestoreLineage,
     SubtaskStateHandle,
     checkpoint_dir,
+    coverage_problem,
     metadata_path,
     utc_now_iso,
 )
@@ -41,7 +49,7 @@ from sparkpoint.core.retention import (
     discard_on_shutdown,
 )
 from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.core.store import CompletedCheckpointStore, StoreListing
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +102,8 @@ class CheckpointCoordinator:
         self.num_retained = num_retained
         self.retention = ExternalizedRetention(retention)
         self.pending: dict[int, PendingCheckpoint] = {}
-        listing = self.store.load_all()
-        self.registry = self.store.rebuild_registry(listing)
-        self._kinds = {m.checkpoint_id: m.kind for m in listing.checkpoints}
+        self.unowned = frozenset(unowned)
+        listing = self._rebuild()
         latest = listing.checkpoints[0] if listing.checkpoints else None
         # Lineage and unowned files are carried forward from the checkpoint we resume from.
         self.lineage = lineage if lineage is not None else (latest.lineage if latest else None)
@@ -155,6 +162,7 @@ class CheckpointCoordinator:
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
+            self._sync_with_storage()
             newer = [cid for cid in self._kinds if cid > checkpoint_id]
             if newer and pending.kind == "checkpoint":
                 raise CheckpointDeclined(
@@ -165,14 +173,22 @@ class CheckpointCoordinator:
         except BaseException:
             self.abort(checkpoint_id, reason="completion failed before the commit")
             raise
+        known = set(self._kinds) | self._unreadable
         self._commit(meta)
+        self._withdraw_if_broken(meta, known)
         del self.pending[checkpoint_id]
-        if meta.kind == "checkpoint":  # Flink: a completed checkpoint subsumes older pending ones
-            for older in [cid for cid, p in self.pending.items() if cid < checkpoint_id and p.kind == "checkpoint"]:
-                self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
-        self._kinds[checkpoint_id] = meta.kind
-        self._register(meta)
-        subsumed, deleted, blocked = self._subsume()
+        subsumed: list[int] = []
+        deleted, blocked = 0, None
+        try:
+            if meta.kind == "checkpoint":  # Flink: a completed checkpoint subsumes older pending ones
+                for older in [c for c, p in self.pending.items() if c < checkpoint_id and p.kind == "checkpoint"]:
+                    self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
+            self._register(meta, known)
+            subsumed, deleted, blocked = self._subsume()
+        except Exception as e:  # the checkpoint is committed: what is left undone is the sweep's
+            self._stale = True
+            blocked = f"bookkeeping after committing checkpoint {checkpoint_id} failed ({e}); the sweep cleans up"
+            log.error("checkpoint %s is complete, but %s", checkpoint_id, blocked)
         new = sum(1 for f in meta.files() if f.created_by == checkpoint_id)
         return CompletedCheckpoint(
             metadata=meta,
@@ -211,6 +227,41 @@ class CheckpointCoordinator:
         self.abort(cid, reason=reason)
         raise error
 
+    def _withdraw_if_broken(self, meta: CheckpointMetadata, known: set[int]) -> None:
+        """Another writer committed or subsumed between our reference check and our commit: make
+        sure no reused file of ours is gone with a checkpoint of theirs (invariant 5)."""
+        if set(self.storage.completed_checkpoint_ids()) - {meta.checkpoint_id} == known:
+            return
+        self._rebuild()
+        cid = meta.checkpoint_id
+        others = {p for c in self.registry.checkpoint_ids() if c != cid for p in self.registry.paths_of(c)}
+        suspects = sorted({f.path for f in meta.files() if f.created_by != cid and f.path not in others})
+        gone = [p for p, there in zip(suspects, self.storage.parallel(self.storage.exists, suspects)) if not there]
+        if not gone:
+            return
+        log.error("checkpoint %s reuses %s, which another writer deleted: withdrawing it", cid, gone)
+        self.storage.delete([meta.metadata_path])
+        self._rebuild()
+        self.abort(cid, reason="it reuses files another writer deleted")
+        raise UnknownSharedState(
+            f"checkpoint {cid} re-references {gone[0]}, which another writer deleted while it committed; "
+            "it was withdrawn. Restore the latest checkpoint and take the next one."
+        )
+
+    def discard(self, checkpoint_ids: list[int], *, reason: str) -> int:
+        """Remove completed checkpoints that must never be restored again (e.g. their sink output
+        was rolled back after a fallback); `_metadata` goes first. Returns files deleted."""
+        self._sync_with_storage()
+        doomed = sorted(c for c in checkpoint_ids if c in self._kinds)
+        if not doomed:
+            return 0
+        log.warning("discarding checkpoints %s: %s", doomed, reason)
+        if self.registry.deletion_blocked:  # the commit points go now, their files wait for the sweep
+            self.storage.delete(metadata_path(c) for c in doomed)
+            self._rebuild()
+            return 0
+        return self._discard(doomed)
+
     def abort(self, checkpoint_id: int, *, reason: str = "") -> int:
         """Forget a pending checkpoint and delete what it uploaded, best effort."""
         pending = self.pending.pop(checkpoint_id, None)
@@ -235,6 +286,22 @@ class CheckpointCoordinator:
         return doomed
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _rebuild(self) -> StoreListing:
+        """Recount the registry from every retained `_metadata` on storage."""
+        listing = self.store.load_all()
+        self.registry = self.store.rebuild_registry(listing)
+        self.registry.mark_unowned(self.unowned)
+        self._kinds = {m.checkpoint_id: m.kind for m in listing.checkpoints}
+        self._unreadable = set(listing.unreadable)
+        self._stale = False
+        return listing
+
+    def _sync_with_storage(self) -> None:
+        """Rebuild when storage holds other completed checkpoints than the registry counts."""
+        if self._stale or set(self.storage.completed_checkpoint_ids()) != set(self._kinds) | self._unreadable:
+            log.warning("the checkpoints on storage changed under this coordinator; rebuilding the registry")
+            self._rebuild()
 
     def _pending(self, checkpoint_id: int) -> PendingCheckpoint:
         try:
@@ -271,7 +338,11 @@ class CheckpointCoordinator:
                 raise CheckpointDeclined(f"operator {op!r} acknowledged different max parallelisms {sorted(max_ps)}")
             if [h.subtask for h in handles] != list(range(len(handles))):
                 raise CheckpointDeclined(f"operator {op!r} acknowledged subtasks {[h.subtask for h in handles]}")
-            operators[op] = OperatorState(max_parallelism=max_ps.pop(), subtasks=tuple(handles))
+            max_p = max_ps.pop()
+            gap = coverage_problem([h.key_group_range for h in handles], max_p)
+            if gap:
+                raise CheckpointDeclined(f"operator {op!r} {gap}")
+            operators[op] = OperatorState(max_parallelism=max_p, subtasks=tuple(handles))
         new = [p for p, c in referenced.items() if c == cid]
         return CheckpointMetadata(
             job_id=self.storage.job_id,
@@ -290,16 +361,14 @@ class CheckpointCoordinator:
             unowned=self.unowned,
         )
 
-    def _register(self, meta: CheckpointMetadata) -> None:
-        on_storage = set(self.storage.completed_checkpoint_ids())
-        if on_storage - set(self.registry.checkpoint_ids()) - {meta.checkpoint_id}:
-            log.warning("storage holds checkpoints another writer committed; rebuilding the registry")
-            listing = self.store.load_all()
-            self.registry = self.store.rebuild_registry(listing)
-            self.registry.mark_unowned(self.unowned)
-            self._kinds = {m.checkpoint_id: m.kind for m in listing.checkpoints}
+    def _register(self, meta: CheckpointMetadata, known: set[int]) -> None:
+        if meta.checkpoint_id in self._kinds:  # rebuilt from storage after our commit already
             return
-        self.registry.register_checkpoint(meta.checkpoint_id, meta.paths() | {meta.metadata_path})
+        if self._stale or set(self._kinds) | self._unreadable != known:
+            self._rebuild()
+            return
+        self.registry.register_checkpoint(meta.checkpoint_id, meta.references())
+        self._kinds[meta.checkpoint_id] = meta.kind
 
     def _subsume(self) -> tuple[list[int], int, str | None]:
         doomed = checkpoints_to_subsume(list(self._kinds.items()), self.num_retained)

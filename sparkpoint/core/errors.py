@@ -53,3 +53,8 @@ class CheckpointDeclined(SparkpointError):
 
 class StateBackendError(SparkpointError):
     """The local RocksDB state cannot be opened or used as asked."""
+
+
+class OperatorStateMismatch(StateBackendError):
+    """A checkpoint's operators do not fit the job's (an operator missing on either side, another
+    max parallelism). Never a reason to fall back: an older checkpoint has the same shape."""

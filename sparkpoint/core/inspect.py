@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.errors import StateBackendError
+from sparkpoint.core.errors import OperatorStateMismatch, PathEscapesJobDirectory
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
 from sparkpoint.core.restore import FileProblem, mismatch
 from sparkpoint.core.storage import CheckpointStorage
@@ -30,6 +30,8 @@ def _check(storage: CheckpointStorage, f: FileHandle, deep: bool) -> FileProblem
         size: int | None = storage.info(f.path).size
     except FileNotFoundError:
         size = None
+    except PathEscapesJobDirectory as e:  # a link: reported, never read through
+        return FileProblem(f.path, f.local_name, str(e))
     problem = mismatch(f, size, (lambda: _stored_crc32(storage, f.path)) if deep else None)
     return FileProblem(f.path, f.local_name, problem) if problem else None
 
@@ -49,7 +51,7 @@ def operator_states(
     """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir."""
     if operator not in meta.operators:
         known = ", ".join(sorted(meta.operators)) or "none"
-        raise StateBackendError(f"checkpoint {meta.checkpoint_id} has no operator {operator!r}; it has: {known}")
+        raise OperatorStateMismatch(f"checkpoint {meta.checkpoint_id} has no operator {operator!r}; it has: {known}")
     op = meta.operators[operator]
     scratch = Path(tempfile.mkdtemp(prefix="sparkpoint-export-", dir=work_dir))
     backends = []

@@ -7,6 +7,7 @@ boundary (state handles from Spark tasks, `_metadata` in storage) goes through `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -15,12 +16,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sparkpoint.core.errors import MetadataError
+from sparkpoint.core.paths import check_encodable, validate_name, validate_relative
 
 FORMAT_NAME = "sparkpoint-checkpoint"
-FORMAT_VERSION = 1
+# Version 2 added `checksum`: a SHA-256 over the canonical JSON of every other field, so that a
+# flipped byte which still parses (an operator renamed, a size changed) is caught on load.
+FORMAT_VERSION = 2
+MAX_OFFSETS_DEPTH = 32  # source offsets deeper than this are refused, not recursed into
 KINDS = ("checkpoint", "savepoint")
 CLAIM_MODES = ("CLAIM", "NO_CLAIM")
 MAX_CRC32 = 0xFFFFFFFF
+MAX_FILE_SIZE = 1 << 53
+MAX_KEY_GROUPS = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,9 @@ class SubtaskStateHandle:
             v,
             obj,
             "handle",
-            operator=v.string(obj, "operator", "handle"),
-            checkpoint_id=v.integer(obj, "checkpoint_id", "handle"),
-            max_parallelism=v.integer(obj, "max_parallelism", "handle", minimum=1),
+            operator=_operator_name(v, v.string(obj, "operator", "handle"), "handle.operator"),
+            checkpoint_id=v.integer(obj, "checkpoint_id", "handle", minimum=1),
+            max_parallelism=v.integer(obj, "max_parallelism", "handle", minimum=1, maximum=MAX_KEY_GROUPS),
         )
 
 
@@ -199,6 +206,12 @@ class CheckpointMetadata:
     def paths(self) -> set[str]:
         return {f.path for f in self.files()}
 
+    def references(self) -> dict[str, int]:
+        """Every path this checkpoint holds, `_metadata` included -> the checkpoint that created it."""
+        refs = {f.path: f.created_by for f in self.files()}
+        refs[self.metadata_path] = self.checkpoint_id
+        return refs
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
@@ -229,7 +242,9 @@ class CheckpointMetadata:
         }
 
     def dumps(self) -> bytes:
-        return json.dumps(self.to_json(), indent=1, allow_nan=False).encode("utf-8")
+        body = self.to_json()
+        body["checksum"] = content_checksum(body)
+        return json.dumps(body, indent=1, allow_nan=False).encode("utf-8")
 
     @classmethod
     def loads(cls, data: bytes, *, where: str = "_metadata") -> CheckpointMetadata:
@@ -249,6 +264,34 @@ def checkpoint_dir(checkpoint_id: int) -> str:
 
 def metadata_path(checkpoint_id: int) -> str:
     return f"chk-{checkpoint_id}/_metadata"
+
+
+def content_checksum(body: Mapping[str, Any]) -> str:
+    """`sha256:<hex>` of the canonical JSON of every field but `checksum` itself."""
+    canonical = json.dumps(
+        {k: v for k, v in body.items() if k != "checksum"},
+        sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False,
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def coverage_problem(ranges: list[KeyGroupRange], max_parallelism: int) -> str | None:
+    """None when `ranges` (subtask 0, 1, ... in order) cover key groups 0..max-1 exactly once."""
+    if not ranges:
+        return "has no subtask: it would restore no state at all"
+    expected_start = 0
+    for i, r in enumerate(ranges):
+        if r.start != expected_start:
+            what = "leaves out" if r.start > expected_start else "overlaps"
+            return (
+                f"does not cover key groups 0..{max_parallelism - 1} exactly: subtask {i} starts at {r.start}, "
+                f"it {what} key group {min(r.start, expected_start)}"
+            )
+        expected_start = r.end + 1
+    if expected_start != max_parallelism:
+        last = expected_start - 1
+        return f"does not cover key groups 0..{max_parallelism - 1} exactly: the last subtask ends at {last}"
+    return None
 
 
 def utc_now_iso() -> str:
@@ -281,7 +324,11 @@ class _Validator:
         value = self.get(obj, key, name)
         full = f"{name}.{key}" if name else key
         if not isinstance(value, str) or not value:
-            raise self.fail(full, f"must be a non-empty string, got {value!r}")
+            raise self.fail(full, f"must be a non-empty string, got {str(value)[:200]!r}")
+        try:
+            check_encodable(value)
+        except ValueError as e:
+            raise self.fail(full, str(e)) from None
         if choices and value not in choices:
             raise self.fail(full, f"must be one of {', '.join(choices)}, got {value!r}")
         return value
@@ -290,7 +337,7 @@ class _Validator:
         value = self.get(obj, key, name)
         full = f"{name}.{key}" if name else key
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(full, f"must be an integer, got {value!r}")
+            raise self.fail(full, f"must be an integer, got {str(value)[:200]!r}")
         if value < minimum or (maximum is not None and value > maximum):
             bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
             raise self.fail(full, f"must be {bound}, got {value}")
@@ -304,23 +351,30 @@ class _Validator:
 
 
 def _json_only(v: _Validator, value: Any, name: str) -> Any:
-    """Source offsets are opaque, but must be plain JSON (no NaN, no non-string keys)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
+    """Source offsets are opaque, but must be plain JSON: no NaN, text that is valid Unicode, and
+    at most MAX_OFFSETS_DEPTH levels deep (walked without recursion, so depth cannot crash us)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_OFFSETS_DEPTH:
+            raise v.fail(name, f"is nested deeper than {MAX_OFFSETS_DEPTH} levels")
+        if isinstance(item, float) and not math.isfinite(item):
             raise v.fail(name, "holds a non-finite number")
-        return value
-    if isinstance(value, list):
-        return [_json_only(v, x, name) for x in value]
-    if isinstance(value, dict):
-        return {k: _json_only(v, x, name) for k, x in value.items()}
-    raise v.fail(name, f"holds a non-JSON value {value!r}")
+        if isinstance(item, list):
+            stack.extend((x, depth + 1) for x in item)
+        elif isinstance(item, dict):
+            stack.extend((x, depth + 1) for x in [*item.keys(), *item.values()])
+        elif isinstance(item, str):
+            try:
+                check_encodable(item)
+            except ValueError as e:
+                raise v.fail(name, str(e)) from None
+        elif not (item is None or isinstance(item, (bool, int, float))):
+            raise v.fail(name, f"holds a non-JSON value {str(item)[:200]!r}")
+    return value
 
 
 def _file_from_json(v: _Validator, raw: Any, name: str) -> FileHandle:
-    from sparkpoint.core.paths import validate_relative  # late: paths imports errors only
-
     obj = v.obj(raw, name)
     path = v.string(obj, "path", name)
     try:
@@ -328,15 +382,24 @@ def _file_from_json(v: _Validator, raw: Any, name: str) -> FileHandle:
     except ValueError as e:
         raise v.fail(f"{name}.path", f"is not a safe path inside the job directory: {e}") from e
     local_name = v.string(obj, "local_name", name)
-    if "/" in local_name or local_name in (".", ".."):
-        raise v.fail(f"{name}.local_name", f"must be a plain file name, got {local_name!r}")
+    try:
+        validate_name(local_name, "local file name")
+    except ValueError as e:
+        raise v.fail(f"{name}.local_name", str(e)) from None
     return FileHandle(
         local_name=local_name,
         path=path,
-        size=v.integer(obj, "size", name),
+        size=v.integer(obj, "size", name, maximum=MAX_FILE_SIZE),
         crc32=v.integer(obj, "crc32", name, maximum=MAX_CRC32),
         created_by=v.integer(obj, "created_by", name),
     )
+
+
+def _operator_name(v: _Validator, name: str, field_name: str) -> str:
+    try:
+        return validate_name(name, "operator name")
+    except ValueError as e:
+        raise v.fail(field_name, str(e)) from None
 
 
 def _subtask_from_json(
@@ -386,6 +449,11 @@ def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
     unowned_raw = obj.get("unowned", [])
     if not isinstance(unowned_raw, list) or not all(isinstance(p, str) for p in unowned_raw):
         raise v.fail("unowned", "must be an array of paths")
+    for i, p in enumerate(unowned_raw):
+        try:
+            validate_relative(p)
+        except ValueError as e:
+            raise v.fail(f"unowned[{i}]", f"is not a safe path inside the job directory: {e}") from None
     stats_obj = v.obj(v.get(obj, "stats", ""), "stats")
     stats = CheckpointStats(
         state_size=v.integer(stats_obj, "state_size", "stats"),
@@ -397,10 +465,9 @@ def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
     operators: dict[str, OperatorState] = {}
     for op_name, op_raw in operators_obj.items():
         name = f"operators.{op_name}"
-        if not op_name or "/" in op_name or op_name in (".", ".."):
-            raise v.fail(name, "has an invalid operator name")
+        _operator_name(v, op_name, name)
         op_obj = v.obj(op_raw, name)
-        max_p = v.integer(op_obj, "max_parallelism", name, minimum=1) if "max_parallelism" in op_obj else 128
+        max_p = v.integer(op_obj, "max_parallelism", name, minimum=1, maximum=MAX_KEY_GROUPS)
         subtasks = tuple(
             _subtask_from_json(
                 v,
@@ -413,10 +480,15 @@ def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
             for i, s in enumerate(v.array(op_obj, "subtasks", name))
         )
         indexes = [s.subtask for s in subtasks]
-        if sorted(indexes) != list(range(len(indexes))):
-            raise v.fail(f"{name}.subtasks", f"must number subtasks 0..{len(indexes) - 1}, got {indexes}")
+        if indexes != list(range(len(indexes))):
+            raise v.fail(f"{name}.subtasks", f"must list subtasks 0..{len(indexes) - 1} in order, got {indexes}")
+        gap = coverage_problem([s.key_group_range for s in subtasks], max_p)
+        if gap:
+            raise v.fail(f"{name}.subtasks", gap)
         operators[op_name] = OperatorState(max_parallelism=max_p, subtasks=subtasks)
-    return CheckpointMetadata(
+    if not operators:
+        raise v.fail("operators", "is empty: the checkpoint would restore no state at all")
+    meta = CheckpointMetadata(
         job_id=v.string(obj, "job_id", ""),
         checkpoint_id=checkpoint_id,
         kind=v.string(obj, "kind", "", choices=KINDS),
@@ -427,3 +499,11 @@ def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
         lineage=lineage,
         unowned=frozenset(unowned_raw),
     )
+    # Last, so that a hostile file is told by the field it breaks; this catches what still parses.
+    if v.string(obj, "checksum", "") != content_checksum(obj):
+        raise v.fail(
+            "checksum",
+            "does not match the content: the file was changed or damaged after it was written. "
+            "Restore an older checkpoint (sparkpoint verify lists the ones that verify)",
+        )
+    return meta

@@ -5,7 +5,8 @@ Invariants (checked by tests/test_registry_stateful.py against a simple model):
 1. Identity is the physical path. An entry is keyed by the file's path relative to the job
    directory, never by the local SST name.
 2. `count(path)` equals the number of registered checkpoints whose path set contains `path`.
-   A path whose count reaches 0 leaves the registry.
+   A path whose count reaches 0 leaves the registry. `created_by(path)` is the checkpoint that
+   uploaded the file (as its handles say), so a rebuild from `_metadata` gives the same entry.
 3. `release_checkpoint` returns exactly the paths whose count fell to 0 *and* that the job owns.
    Paths ever registered as unowned (restored in NO_CLAIM mode) are never returned.
 4. While deletion is blocked (a retained `_metadata` could not be read), `release_checkpoint`
@@ -14,7 +15,7 @@ Invariants (checked by tests/test_registry_stateful.py against a simple model):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sparkpoint.core.errors import DeletionBlocked, UnknownSharedState
@@ -84,25 +85,25 @@ class SharedStateRegistry:
                 "re-upload it; only files of its last confirmed checkpoint may be reused."
             )
 
-    def register_checkpoint(self, checkpoint_id: int, paths: Iterable[str], *, owned: bool = True) -> None:
-        """Add one reference per path for `checkpoint_id`.
+    def register_checkpoint(self, checkpoint_id: int, files: Mapping[str, int], *, owned: bool = True) -> None:
+        """Add one reference per path for `checkpoint_id`; `files` maps path -> creating checkpoint.
 
         `owned=False` marks the paths as the job's to read but never to delete (NO_CLAIM restore).
         """
         if checkpoint_id in self._checkpoints:
             raise ValueError(f"checkpoint {checkpoint_id} is registered already")
-        unique = frozenset(paths)
+        unique = frozenset(files)
         self._checkpoints[checkpoint_id] = unique
         if not owned:
             self._unowned.update(unique)
-        for path in unique:
+        for path, created_by in files.items():
             entry = self._entries.get(path)
             if entry is None:
-                self._entries[path] = RegistryEntry(path, 1, checkpoint_id, checkpoint_id, owned)
+                self._entries[path] = RegistryEntry(path, 1, created_by, checkpoint_id, owned)
             else:
                 entry.count += 1
                 entry.last_used = max(entry.last_used, checkpoint_id)
-                entry.created_by = min(entry.created_by, checkpoint_id)
+                entry.created_by = min(entry.created_by, created_by)
             if not owned:
                 self._entries[path].owned = False
 

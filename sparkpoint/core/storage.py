@@ -1,14 +1,19 @@
 """Checkpoint storage: one job directory on any fsspec filesystem.
 
 Every path the rest of sparkpoint hands in is relative to the job directory and is checked by
-`validate_relative` before any I/O: a path that would escape is an error, never an action.
+`validate_relative` before any I/O: a path that would escape is an error, never an action. On a
+local filesystem a symlink anywhere below the job directory is never followed: reading, writing
+or deleting through it is refused, and listings report it instead of entering it. No path is ever
+handed to a glob (a `[` in a user's directory name is a character, not a pattern).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import re
+import stat
 import uuid
 import zlib
 from collections.abc import Iterable, Sequence
@@ -26,6 +31,7 @@ from sparkpoint.core.paths import checkpoint_id_of_dir, validate_relative
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHUNK = 4 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 def crc32_of_file(local_path: str) -> int:
@@ -41,6 +47,7 @@ class StoredFile:
     path: str  # relative to the job directory
     size: int
     modified: float  # POSIX seconds; 0.0 when the filesystem does not say
+    symlink: bool = False  # a link found in the job directory: reported, never followed or deleted
 
 
 class CheckpointStorage:
@@ -90,7 +97,25 @@ class CheckpointStorage:
             raise PathEscapesJobDirectory(
                 f"refusing to touch {rel!r}: it is not inside the job directory {self.job_url} ({e})"
             ) from e
-        return f"{self.root}/{rel}"
+        path = f"{self.root}/{rel}"
+        if self._local:
+            self._refuse_symlinks(rel)
+        return path
+
+    def _refuse_symlinks(self, rel: str) -> None:
+        """A link below the job directory may lead anywhere: never read, write or delete through it."""
+        current = self.root
+        for part in rel.split("/"):
+            current = f"{current}/{part}"
+            if os.path.islink(current):
+                raise PathEscapesJobDirectory(
+                    f"refusing to touch {rel!r}: {self.relpath_unchecked(current)} in {self.job_url} is a symbolic "
+                    f"link to {os.readlink(current)!r}; sparkpoint never follows links in a job directory. "
+                    "Replace the link with the real files, or remove it."
+                )
+
+    def relpath_unchecked(self, absolute: str) -> str:
+        return absolute[len(self.root.rstrip("/")) + 1 :]
 
     def relpath(self, absolute: str) -> str:
         absolute = self.fs._strip_protocol(absolute)
@@ -114,7 +139,8 @@ class CheckpointStorage:
             f.write(data)
 
     def info(self, rel: str) -> StoredFile:
-        return self._stored(self.fs.info(self.abspath(rel)))
+        info = self.fs.info(self.abspath(rel))
+        return StoredFile(path=rel, size=int(info.get("size") or 0), modified=_modified(info))
 
     def commit_exclusive(self, rel: str, data: bytes) -> None:
         """Create `rel` with `data` if and only if it does not exist yet; all or nothing.
@@ -191,8 +217,12 @@ class CheckpointStorage:
         self.parallel(lambda p: self.fs.get_file(p[0], p[1]), sources)
 
     def delete(self, rels: Iterable[str]) -> int:
-        """Delete files in parallel; files already gone are fine. Returns how many were asked."""
-        paths = sorted({self.abspath(r) for r in rels})
+        """Delete files in parallel; files already gone are fine. Returns how many were asked.
+
+        Every path is checked before the first delete: one that is not safely inside the job
+        directory (`..`, a link) raises PathEscapesJobDirectory and nothing is deleted.
+        """
+        paths = {self.abspath(rel) for rel in rels}
         if not paths:
             return 0
 
@@ -202,7 +232,7 @@ class CheckpointStorage:
             except FileNotFoundError:
                 pass
 
-        self.parallel(rm, paths)
+        self.parallel(rm, sorted(paths))
         return len(paths)
 
     def parallel(self, fn: Any, items: Sequence[Any]) -> list[Any]:
@@ -223,6 +253,7 @@ class CheckpointStorage:
 
     def checkpoint_dirs(self) -> list[int]:
         """Ids of every `chk-N` directory, with or without `_metadata`, ascending."""
+        self.fs.invalidate_cache(self.root)  # another writer may have committed since we last looked
         try:
             entries = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
@@ -231,22 +262,63 @@ class CheckpointStorage:
         return sorted(i for i in ids if i is not None)
 
     def completed_checkpoint_ids(self) -> list[int]:
-        """Ids of every `chk-N` whose `_metadata` exists, ascending."""
-        try:
-            found = self.fs.glob(f"{self.root}/chk-*/_metadata")
-        except FileNotFoundError:
-            return []
-        ids = [checkpoint_id_of_dir(posixpath.basename(posixpath.dirname(p))) for p in found]
-        return sorted(i for i in ids if i is not None)
+        """Ids of every `chk-N` whose `_metadata` exists, ascending.
+
+        Lists the directories and tests each for `_metadata`. A `chk-N` that is a link counts: the
+        store then reports it as unreadable, which stops deletion until someone looks.
+        """
+        ids = self.checkpoint_dirs()
+
+        def committed(cid: int) -> bool:
+            try:
+                return self.exists(f"chk-{cid}/_metadata")
+            except PathEscapesJobDirectory:
+                return True
+
+        return [cid for cid, yes in zip(ids, self.parallel(committed, ids)) if yes]
 
     def walk(self, top: str) -> list[StoredFile]:
-        """Every file below `top` (relative), with size and modification time."""
+        """Every file below `top` (relative), with size and modification time; links are listed
+        as links (`symlink=True`), never entered. Names that are no safe relative path are skipped."""
+        if self._local:
+            return self._walk_local(top)
         base = self.abspath(top)
         try:
             found = self.fs.find(base, detail=True)
         except FileNotFoundError:
             return []
-        return [self._stored(info) for info in found.values() if info.get("type", "file") == "file"]
+        stored = [self._stored(info) for info in found.values() if info.get("type", "file") == "file"]
+        return [f for f in stored if f is not None]
+
+    def _walk_local(self, top: str) -> list[StoredFile]:
+        validate_relative(top)
+        base = f"{self.root}/{top}"
+        parts = top.split("/")
+        for i in range(len(parts)):  # `top` itself, or a directory above it, may be a link
+            head = f"{self.root}/{'/'.join(parts[: i + 1])}"
+            if os.path.islink(head):
+                return [self._lstat(head)]
+        out: list[StoredFile] = []
+        for dirpath, dirnames, filenames in os.walk(base):  # followlinks=False: linked dirs not entered
+            for name in dirnames + filenames:
+                full = os.path.join(dirpath, name)
+                try:
+                    entry = self._lstat(full)
+                except FileNotFoundError:
+                    continue
+                if entry.symlink or name in filenames:
+                    out.append(entry)
+        return [f for f in out if f.path]
+
+    def _lstat(self, full: str) -> StoredFile:
+        st = os.lstat(full)
+        rel = self.relpath_unchecked(full)
+        try:
+            validate_relative(rel)
+        except ValueError as e:
+            log.warning("skipping %s in %s: %s", rel, self.job_url, e)
+            rel = ""
+        return StoredFile(rel, st.st_size, st.st_mtime, symlink=stat.S_ISLNK(st.st_mode))
 
     def remove_empty_dirs(self, top: str) -> None:
         """Local filesystems keep empty directories after deletes; object stores have none."""
@@ -259,8 +331,13 @@ class CheckpointStorage:
             except OSError:
                 pass
 
-    def _stored(self, info: dict[str, Any]) -> StoredFile:
-        return StoredFile(path=self.relpath(info["name"]), size=int(info.get("size") or 0), modified=_modified(info))
+    def _stored(self, info: dict[str, Any]) -> StoredFile | None:
+        try:
+            path = self.relpath(info["name"])
+        except (ValueError, PathEscapesJobDirectory) as e:
+            log.warning("skipping %s in %s: %s", info.get("name"), self.job_url, e)
+            return None
+        return StoredFile(path=path, size=int(info.get("size") or 0), modified=_modified(info))
 
 
 def _modified(info: dict[str, Any]) -> float:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from sparkpoint.core.errors import CheckpointNotFound, MetadataError
+from sparkpoint.core.errors import CheckpointNotFound, MetadataError, StorageError
 from sparkpoint.core.metadata import CheckpointMetadata, metadata_path
 from sparkpoint.core.registry import SharedStateRegistry
 from sparkpoint.core.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
+MAX_METADATA_BYTES = 64 * 1024 * 1024  # far above any real `_metadata`; a larger one is refused unread
 
 
 @dataclass
@@ -37,12 +38,17 @@ class CompletedCheckpointStore:
         path = metadata_path(checkpoint_id)
         where = f"{self.storage.job_url}/{path}"
         try:
+            size = self.storage.info(path).size
+            if size > MAX_METADATA_BYTES:
+                raise MetadataError(f"{where} is {size} bytes, more than the {MAX_METADATA_BYTES} a _metadata may have")
             data = self.storage.read_bytes(path)
         except FileNotFoundError as e:
             raise CheckpointNotFound(
                 f"checkpoint {checkpoint_id} does not exist in {self.storage.job_url} (no {path}); "
                 f"completed checkpoints: {self.checkpoint_ids() or 'none'}"
             ) from e
+        except StorageError as e:  # e.g. chk-N is a link out of the job directory
+            raise MetadataError(f"{where} cannot be read: {e}") from e
         meta = CheckpointMetadata.loads(data, where=where)
         if meta.checkpoint_id != checkpoint_id:
             raise MetadataError(
@@ -55,13 +61,23 @@ class CompletedCheckpointStore:
         return meta
 
     def load_all(self) -> StoreListing:
+        """Every completed checkpoint, read in parallel; the unreadable ones are named, not skipped."""
         listing = StoreListing(checkpoints=[])
-        for cid in self.checkpoint_ids():
-            try:
-                listing.checkpoints.append(self.load(cid))
-            except (MetadataError, CheckpointNotFound, OSError) as e:
-                listing.unreadable[cid] = str(e)
+        ids = self.checkpoint_ids()
+        for cid, outcome in zip(ids, self.storage.parallel(self._try_load, ids)):
+            if isinstance(outcome, CheckpointMetadata):
+                listing.checkpoints.append(outcome)
+            elif outcome is not None:
+                listing.unreadable[cid] = outcome
         return listing
+
+    def _try_load(self, checkpoint_id: int) -> CheckpointMetadata | str | None:
+        try:
+            return self.load(checkpoint_id)
+        except CheckpointNotFound:
+            return None  # subsumed by another writer since we listed: it is simply not retained
+        except (MetadataError, OSError) as e:
+            return str(e)
 
     def latest(self) -> CheckpointMetadata | None:
         """The newest completed checkpoint whose `_metadata` reads; None when there is none."""
@@ -80,7 +96,7 @@ class CompletedCheckpointStore:
         listing = listing or self.load_all()
         registry = SharedStateRegistry()
         for meta in sorted(listing.checkpoints, key=lambda m: m.checkpoint_id):
-            registry.register_checkpoint(meta.checkpoint_id, meta.paths() | {meta.metadata_path})
+            registry.register_checkpoint(meta.checkpoint_id, meta.references())
         for meta in listing.checkpoints:
             registry.mark_unowned(meta.unowned)
         for cid, reason in sorted(listing.unreadable.items()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -11,12 +12,15 @@ from sparkpoint.core.paths import checkpoint_id_of_dir
 from sparkpoint.core.storage import CheckpointStorage, StoredFile
 from sparkpoint.core.store import CompletedCheckpointStore
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class SweepReport:
     orphans: tuple[StoredFile, ...]
     deleted: bool
     referenced: int
+    symlinks: tuple[StoredFile, ...] = ()  # links found in the job directory: reported, never followed
 
     @property
     def orphan_bytes(self) -> int:
@@ -32,6 +36,8 @@ def select_orphans(
     """
     orphans = []
     for f in files:
+        if f.symlink:
+            continue
         top = f.path.split("/", 1)[0]
         if top != "shared" and checkpoint_id_of_dir(top) is None:
             continue
@@ -73,6 +79,9 @@ def sweep_orphans(
     for cid in listing.unreadable:  # dry run: show what would go, never the unreadable ones
         referenced.add(f"chk-{cid}/_metadata")
     files = storage.walk("shared") + [f for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")]
+    links = tuple(sorted((f for f in files if f.symlink), key=lambda f: f.path))
+    for link in links:
+        log.warning("%s/%s is a symbolic link: the sweep neither follows nor deletes it", storage.job_url, link.path)
     orphans = select_orphans(files, referenced, grace_seconds, time.time() if now is None else now)
     if listing.unreadable:
         blocked_dirs = tuple(f"chk-{cid}/" for cid in listing.unreadable)
@@ -82,4 +91,4 @@ def sweep_orphans(
         storage.remove_empty_dirs("shared")
         for cid in storage.checkpoint_dirs():
             storage.remove_empty_dirs(f"chk-{cid}")
-    return SweepReport(orphans=tuple(orphans), deleted=not dry_run, referenced=len(referenced))
+    return SweepReport(orphans=tuple(orphans), deleted=not dry_run, referenced=len(referenced), symlinks=links)
