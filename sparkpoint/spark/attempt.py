@@ -26,6 +26,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -386,3 +387,38 @@ def spark_half_with_fallback(
             ), coordinator
         except CheckpointCorrupted as e:
             begun = pipeline._fall_back(begun, e)
+
+
+# --- the two halves as two steps (what an orchestrator calls) -----------------------------------
+
+
+def start_step(
+    pipeline: StatefulPipeline, attempt_id: str, *, inject_failure: str | None = None
+) -> PendingAttempt | None:
+    """Step 1: run the Spark half of the next unconsumed batch and persist the attempt.
+
+    None when no batch is unconsumed (nothing uploaded, nothing persisted). An attempt this id
+    persisted before (a retried step) is aborted first. `after-upload` fails after persisting.
+    """
+    inject = check_point(inject_failure)
+    for old in pending_attempts(pipeline.storage):
+        if old.attempt_id == attempt_id:
+            abort_attempt(pipeline.storage, old, pipeline.sink)
+    attempt, _ = spark_half_with_fallback(pipeline, attempt_id=attempt_id, inject_failure=inject)
+    if attempt is None:
+        return None
+    save_attempt(pipeline.storage, attempt)
+    fail_at("after-upload", inject, f"checkpoint {attempt.checkpoint_id} uploaded, not completed")
+    return attempt
+
+
+def finish_step(
+    pipeline: StatefulPipeline, attempt_ids: Iterable[str], *, inject_failure: str | None = None
+) -> tuple[BatchReport, CheckpointMetadata] | None:
+    """Step 2: complete the attempt persisted under the first of `attempt_ids` that has one
+    (a re-executed run finds its parent's); None when step 1 found nothing to do."""
+    for attempt_id in attempt_ids:
+        attempt = load_attempt(pipeline.storage, attempt_id)
+        if attempt is not None:
+            return complete_attempt(pipeline, attempt, inject_failure=inject_failure)
+    return None

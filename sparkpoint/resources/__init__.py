@@ -1,0 +1,214 @@
+"""Dagster resources: checkpoint storage, registry, Spark, state backend, input.
+
+Every field is a plain string, number or boolean, so the launchpad and `EnvVar("...")` can set
+it; options that are mappings are JSON text. The embedded defaults need nothing: checkpoints
+under `.sparkpoint/checkpoints`, input `.sparkpoint/demo/input` (relative to the working
+directory). Values are checked at setup, with a message that names the field.
+"""
+
+
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from sparkpoint.core.errors import SparkpointError
+from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.spark.maintenance import RegistryCounts, registry_counts
+from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+
+DEFAULT_CHECKPOINTS = ".sparkpoint/checkpoints"
+DEFAULT_INPUT = ".sparkpoint/demo/input"
+DEFAULT_OUTPUT = ".sparkpoint/demo/output"
+DEFAULT_LOCAL_DIR = ".sparkpoint/local"
+DEFAULT_JOB_ID = "demo"
+SAMPLE_STREAM = {"events_per_batch": 20_000, "users": 5_000, "items": 500, "seed": 42}
+
+
+class ResourceConfigError(SparkpointError, ValueError):
+    """A resource field has a value sparkpoint cannot use; the message names the field."""
+
+
+def _json_object(value: str, field: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value or "{}")
+    except json.JSONDecodeError as e:
+        raise ResourceConfigError(f"{field} must be a JSON object, got {value!r} ({e})") from e
+    if not isinstance(parsed, dict):
+        raise ResourceConfigError(f"{field} must be a JSON object, got {value!r}")
+    return parsed
+
+
+def _url(value: str) -> str:
+    """A bare path means a local directory (relative to the working directory)."""
+    return value if "://" in value else Path(value).resolve().as_uri()
+
+
+class CheckpointStorageResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """Where checkpoints live: `<checkpoints_url>/<job_id>/` on any fsspec filesystem."""
+
+    checkpoints_url: str = DEFAULT_CHECKPOINTS
+    storage_options: str = "{}"  # JSON, e.g. {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}
+    job_id: str = DEFAULT_JOB_ID
+
+    def options(self) -> dict[str, Any]:
+        return _json_object(self.storage_options, "checkpoint storage: storage_options")
+
+    def url(self) -> str:
+        return _url(self.checkpoints_url)
+
+    def open(self) -> CheckpointStorage:
+        try:
+            return CheckpointStorage(self.url(), self.job_id, self.options())
+        except SparkpointError as e:
+            raise ResourceConfigError(f"checkpoint storage: {e}") from e
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self.open()
+
+
+class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """Retention and claim mode; the shared-state registry is rebuilt from storage at setup."""
+
+    storage: CheckpointStorageResource
+    num_retained: int = 2
+    retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
+    claim_mode: str = ClaimMode.CLAIM.value
+    from_checkpoint: str = ""  # start a new job from another job's chk-N (with claim_mode)
+    orphan_grace_seconds: float = 3600.0
+    _counts: RegistryCounts | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        if self.num_retained < 1:
+            raise ResourceConfigError(f"registry: num_retained must be at least 1, got {self.num_retained}")
+        for field, value, enum in (("retention", self.retention, ExternalizedRetention),
+                                   ("claim_mode", self.claim_mode, ClaimMode)):
+            if value not in {e.value for e in enum}:
+                raise ResourceConfigError(
+                    f"registry: {field} {value!r} is not one of {', '.join(e.value for e in enum)}"
+                )
+        if self.orphan_grace_seconds < 0:
+            raise ResourceConfigError(f"registry: orphan_grace_seconds must be >= 0, got {self.orphan_grace_seconds}")
+        self._counts = registry_counts(self.storage.open())  # never trusted from memory across runs
+
+    @property
+    def counts(self) -> RegistryCounts:
+        return self._counts if self._counts is not None else registry_counts(self.storage.open())
+
+
+class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """A Spark session: `local[2]` by default, any master URL, extra conf as JSON."""
+
+    master: str = "local[2]"
+    conf: str = "{}"  # JSON object of Spark settings
+    app_name: str = "sparkpoint"
+    stop_on_teardown: bool = True
+    _session: Any = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        conf = _json_object(self.conf, "spark: conf")
+        from sparkpoint.spark.session import spark_session
+
+        self._session = spark_session(self.master, app_name=self.app_name)
+        for key, value in conf.items():
+            self._session.conf.set(key, str(value))
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._session is not None and self.stop_on_teardown:
+            self._session.stop()  # PySpark never stops it by itself
+        self._session = None
+
+    @property
+    def session(self) -> Any:
+        if self._session is None:
+            raise ResourceConfigError("spark: the session exists only while a step runs")
+        return self._session
+
+
+class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """The RocksDB state backend of every subtask."""
+
+    local_dir: str = DEFAULT_LOCAL_DIR
+    local_recovery: bool = True
+    incremental: bool = True
+    parallelism: int = 2
+    max_parallelism: int = 128
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        if not 1 <= self.parallelism <= self.max_parallelism:
+            raise ResourceConfigError(
+                f"state backend: parallelism must be between 1 and max_parallelism ({self.max_parallelism}), "
+                f"got {self.parallelism}"
+            )
+
+
+class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """The input directory (one Parquet file per batch) and the exactly-once output directory.
+
+    With the default demo input, a step that finds no unconsumed batch first lands the next
+    batch of the sample stream, so materializing always makes progress on a fresh checkout.
+    """
+
+    input_url: str = DEFAULT_INPUT
+    input_options: str = "{}"  # JSON
+    output_url: str = DEFAULT_OUTPUT  # "" for no sink
+    files_per_checkpoint: int = 1
+
+    @property
+    def is_demo(self) -> bool:
+        return self.input_url == DEFAULT_INPUT
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        _json_object(self.input_options, "input: input_options")
+        if self.files_per_checkpoint < 1:
+            raise ResourceConfigError(f"input: files_per_checkpoint must be >= 1, got {self.files_per_checkpoint}")
+        if self.is_demo:
+            Path(DEFAULT_INPUT).mkdir(parents=True, exist_ok=True)
+
+    def land_sample_batch(self) -> str | None:
+        """With the default demo input: write the next batch of the sample stream (else None)."""
+        if not self.is_demo:
+            return None
+        from sparkpoint.spark.generate import generate
+
+        existing = len(list(Path(DEFAULT_INPUT).glob("batch-*.parquet")))
+        return generate(DEFAULT_INPUT, batches=1, first=existing, **SAMPLE_STREAM)[0]
+
+
+def pipeline_of(
+    storage: CheckpointStorageResource,
+    registry: CheckpointRegistryResource,
+    backend: StateBackendResource,
+    source: InputResource,
+    spark: Any = None,
+) -> StatefulPipeline:
+    """The sample pipeline as the resources configure it (`spark` None: the completing half)."""
+    config = PipelineConfig(
+        input_url=source.input_url if "://" in source.input_url else str(Path(source.input_url).resolve()),
+        checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
+        input_options=_json_object(source.input_options, "input: input_options"),
+        num_retained=registry.num_retained, retention=registry.retention, parallelism=backend.parallelism,
+        max_parallelism=backend.max_parallelism, output_url=_url(source.output_url) if source.output_url else None,
+        files_per_checkpoint=source.files_per_checkpoint, local_dir=str(Path(backend.local_dir).resolve()),
+        restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
+        incremental=backend.incremental, local_recovery=backend.local_recovery,
+    )
+    try:
+        return StatefulPipeline(spark, config)
+    except SparkpointError as e:
+        raise ResourceConfigError(str(e)) from e
+
+
+def default_resources() -> dict[str, Any]:
+    """The embedded defaults; the launchpad (or `EnvVar`s in a deployment) override any field."""
+    storage = CheckpointStorageResource()
+    return {
+        "storage": storage,
+        "registry": CheckpointRegistryResource(storage=storage),
+        "spark": SparkResource(),
+        "state_backend": StateBackendResource(),
+        "source": InputResource(),
+    }
