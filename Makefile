@@ -25,6 +25,10 @@ run: $(RUN_STAMP)
 test: $(DEV_STAMP)
 	$(BIN)/ruff check sparkpoint tests benchmarks
 	$(BIN)/mypy
+	@home=$$(mktemp -d) && printf 'telemetry:\n  enabled: false\n' > $$home/dagster.yaml && \
+	  DAGSTER_HOME=$$home $(BIN)/dagster definitions validate -w workspace.yaml && \
+	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg check defs; \
+	  status=$$?; rm -rf $$home; exit $$status
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(DEV_STAMP)

@@ -50,13 +50,14 @@ def recovery_sensor(context: dg.RunFailureSensorContext) -> dg.RunRequest | dg.S
            default_status=dg.DefaultSensorStatus.RUNNING)
 def retention_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
     """After each new checkpoint materialization, prune (subsume, stale attempts, orphan sweep)."""
-    event = context.instance.get_latest_materialization_event(CHECKPOINT_KEY)
-    if event is None or event.storage_id is None:
+    records = context.instance.fetch_materializations(CHECKPOINT_KEY, limit=1, ascending=False).records
+    if not records:
         return dg.SkipReason("no checkpoint materialized yet")
-    if context.cursor and int(context.cursor) >= event.storage_id:
+    latest = records[0].storage_id
+    if context.cursor and int(context.cursor) >= latest:
         return dg.SkipReason("no new checkpoint since the last prune")
-    context.update_cursor(str(event.storage_id))
-    return dg.RunRequest(run_key=f"prune-after-{event.storage_id}")
+    context.update_cursor(str(latest))
+    return dg.RunRequest(run_key=f"prune-after-{latest}")
 
 
 SENSORS = [recovery_sensor, retention_sensor]

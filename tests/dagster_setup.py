@@ -1,0 +1,50 @@
+"""Resources of the Dagster code location pointed at a test's own directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from sparkpoint.assets import ASSET_CHECKS, ASSETS
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.resources import (
+    CheckpointRegistryResource,
+    CheckpointStorageResource,
+    InputResource,
+    SparkResource,
+    StateBackendResource,
+)
+from sparkpoint.spark.generate import generate
+
+JOB = "job"
+
+
+def make_input(tmp_path: Path, batches: int, seed: int = 7) -> str:
+    generate(str(tmp_path / "in"), batches=batches, events_per_batch=1500, users=300, items=40, seed=seed)
+    return str(tmp_path / "in")
+
+
+def resources(tmp_path: Path, **registry: Any) -> dict[str, Any]:
+    storage = CheckpointStorageResource(checkpoints_url=f"file://{tmp_path}/ckpt", job_id=JOB)
+    return {
+        "storage": storage,
+        "registry": CheckpointRegistryResource(storage=storage, **registry),
+        # The session fixture's JVM is shared by the whole test session: do not stop it.
+        "spark": SparkResource(stop_on_teardown=False),
+        "state_backend": StateBackendResource(local_dir=str(tmp_path / "local"), parallelism=2),
+        "source": InputResource(input_url=str(tmp_path / "in"), output_url=f"file://{tmp_path}/out"),
+    }
+
+
+def storage_of(tmp_path: Path) -> CheckpointStorage:
+    return CheckpointStorage(f"file://{tmp_path}/ckpt", JOB)
+
+
+def materialize(tmp_path: Path, instance: dg.DagsterInstance, *, tags: dict[str, str] | None = None,
+                raise_on_error: bool = True, selection: Any = None, **registry: Any) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [*ASSETS, *ASSET_CHECKS], resources=resources(tmp_path, **registry), instance=instance, tags=tags,
+        raise_on_error=raise_on_error, selection=selection,
+    )

@@ -1,0 +1,90 @@
+"""The SSTable and checkpoint assets on local Spark: metadata as on storage, checks, no-op runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from sparkpoint.assets import CHECKPOINT_KEY, SSTABLE_KEYS, checkpoint_verifies, registry_matches_metadata
+from sparkpoint.core import CompletedCheckpointStore
+from sparkpoint.resources import CheckpointStorageResource
+from tests.dagster_setup import JOB, make_input, materialize, storage_of
+
+pytestmark = pytest.mark.spark
+
+
+def values(event: dg.AssetMaterialization) -> dict[str, object]:
+    return {k: v.value for k, v in event.metadata.items()}
+
+
+def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storage(spark, tmp_path: Path):
+    make_input(tmp_path, batches=3)
+    instance = dg.DagsterInstance.ephemeral()
+    for expected_id in (1, 2):
+        result = materialize(tmp_path, instance)
+        assert storage_of(tmp_path).completed_checkpoint_ids()[-1] == expected_id
+        by_key = {e.materialization.asset_key: e.materialization for e in result.get_asset_materialization_events()}
+        assert set(by_key) == {CHECKPOINT_KEY, *SSTABLE_KEYS.values()}
+        assert all(c.passed for c in result.get_asset_check_evaluations())
+        assert len(result.get_asset_check_evaluations()) == 2
+
+    storage = storage_of(tmp_path)
+    meta = CompletedCheckpointStore(storage).load(2)
+    got = values(by_key[CHECKPOINT_KEY])
+    assert got["checkpoint_id"] == 2
+    assert got["path"] == f"file://{tmp_path}/ckpt/{JOB}/chk-2/_metadata"
+    assert got["state_size"] == meta.stats.state_size
+    assert got["checkpointed_size"] == meta.stats.checkpointed_size
+    assert 0 < got["incremental_ratio"] < 1, "the second checkpoint reuses files of the first"
+    assert got["incremental_ratio"] == round(meta.stats.checkpointed_size / meta.stats.state_size, 4)
+    assert got["files_new"] == sum(1 for f in meta.files() if f.created_by == 2)
+    assert got["files_reused"] == len(meta.paths()) - got["files_new"] > 0
+    assert got["files_deleted"] == 0
+    assert got["retained"] == [2, 1]
+    one = CompletedCheckpointStore(storage).load(1)
+    assert got["registry_files"] == len(meta.paths() | one.paths()) + 2  # + both _metadata
+    assert got["duration_s"] > 0
+    assert by_key[CHECKPOINT_KEY].tags["dagster/data_version"] == "2"
+
+    sst = values(by_key[SSTABLE_KEYS["user_totals"]])
+    handles = meta.operators["user_totals"].subtasks
+    assert sst["checkpoint_id"] == 2 and sst["subtasks"] == 2
+    assert sst["sst_files_new"] == sum(1 for h in handles for f in h.shared if f.created_by == 2)
+    assert sst["sst_files_reused"] == sum(1 for h in handles for f in h.shared if f.created_by != 2) > 0
+    assert sst["bytes_uploaded"] == sum(f.size for h in handles for f in h.new_files())
+    assert sst["restore"] == {"0": "working", "1": "working"}
+    assert not list((tmp_path / "ckpt" / JOB).glob("_pending/*")), "completion forgets the attempt"
+
+
+def test_a_run_without_unconsumed_batch_creates_no_checkpoint(spark, tmp_path: Path):
+    make_input(tmp_path, batches=1)
+    instance = dg.DagsterInstance.ephemeral()
+    materialize(tmp_path, instance)
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "ckpt").rglob("*"))
+    result = materialize(tmp_path, instance)
+    assert result.success
+    assert result.get_asset_materialization_events() == []
+    assert storage_of(tmp_path).completed_checkpoint_ids() == [1]
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "ckpt").rglob("*")) == before
+    skipped = [e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_SKIPPED]
+    assert "sparkpoint__checkpoint" in skipped
+
+
+def test_verify_check_fails_on_a_corrupted_file_and_registry_check_passes(spark, tmp_path: Path):
+    make_input(tmp_path, batches=1)
+    materialize(tmp_path, dg.DagsterInstance.ephemeral())
+    resource = CheckpointStorageResource(checkpoints_url=f"file://{tmp_path}/ckpt", job_id=JOB)
+    assert checkpoint_verifies(storage=resource).passed
+    meta = CompletedCheckpointStore(storage_of(tmp_path)).load(1)
+    victim = next(f for f in meta.files() if f.path.endswith(".sst"))
+    path = tmp_path / "ckpt" / JOB / victim.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = checkpoint_verifies(storage=resource)
+    assert not result.passed
+    assert victim.path in json.dumps(result.metadata["problems"].value)
+    assert registry_matches_metadata(storage=resource).passed

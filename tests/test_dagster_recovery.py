@@ -1,0 +1,76 @@
+"""Injected failures at each protocol point, healed by the recovery sensor's run: exactly-once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from sparkpoint.assets import CHECKPOINT_KEY, INJECT_TAG
+from sparkpoint.core import CompletedCheckpointStore, sweep_orphans
+from sparkpoint.core.inspect import operator_states, verify_checkpoint
+from sparkpoint.ops import FAILED_RUN_TAG, recover_job
+from sparkpoint.sensors import recovery_sensor
+from sparkpoint.spark.operators import item_reach, user_totals
+from tests import oracle
+from tests.dagster_setup import JOB, make_input, materialize, resources, storage_of
+
+pytestmark = pytest.mark.spark
+
+
+def heal(tmp_path: Path, instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult) -> dg.ExecuteInProcessResult:
+    """What the daemon does: evaluate the sensor on the failure, launch what it requests."""
+    context = dg.build_run_status_sensor_context(
+        sensor_name=recovery_sensor.name, dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
+        dagster_run=failed.dagster_run,
+    ).for_run_failure()
+    request = recovery_sensor(context)
+    assert isinstance(request, dg.RunRequest), request
+    assert request.run_key == failed.run_id
+    run = recover_job.execute_in_process(
+        run_config=request.run_config, tags=request.tags, instance=instance, resources=resources(tmp_path)
+    )
+    assert isinstance(recovery_sensor(context), dg.SkipReason), "one recovery per failed run"
+    return run
+
+
+def test_injected_failures_heal_to_the_uninterrupted_state_and_exactly_once_output(spark, tmp_path: Path):
+    input_dir = make_input(tmp_path, batches=4)
+    instance = dg.DagsterInstance.ephemeral()
+    materialize(tmp_path, instance)
+    storage = storage_of(tmp_path)
+    for point, completed_before in (("before-upload", [1]), ("after-upload", [1, 2]), ("before-commit", [2, 3])):
+        failed = materialize(tmp_path, instance, tags={INJECT_TAG: point}, raise_on_error=False)
+        assert not failed.success
+        assert f"injected failure {point}" in str(failed.all_events), point
+        assert storage.completed_checkpoint_ids() == completed_before, point
+        healed = heal(tmp_path, instance, failed)
+        assert healed.success
+        done = [e.materialization for e in healed.get_asset_materialization_events()]
+        assert [m.asset_key for m in done] == [CHECKPOINT_KEY]
+        assert done[0].metadata["checkpoint_id"].value == max(completed_before) + 1
+
+    store = CompletedCheckpointStore(storage)
+    latest = store.latest()
+    assert latest is not None and latest.checkpoint_id == 4
+    assert latest.source_offsets["source"]["consumed"] == [f"batch-{i:06d}.parquet" for i in range(4)]
+    pending = tmp_path / "ckpt" / JOB / "_pending"
+    assert not pending.exists() or not any(pending.iterdir()), "no attempt is left pending"
+    assert sweep_orphans(storage, grace_seconds=0, dry_run=True).orphans == (), "recovery left no upload behind"
+    for meta in store.load_all().checkpoints:
+        assert verify_checkpoint(storage, meta) == []
+
+    batches = oracle.read_batches(input_dir)
+    events = pd.concat(batches, ignore_index=True)
+    with operator_states(storage, latest, user_totals.name) as backends:
+        oracle.assert_totals_equal(pd.concat([user_totals.export(b) for b in backends]), oracle.user_totals(events))
+    with operator_states(storage, latest, item_reach.name) as backends:
+        oracle.assert_reach_equal(pd.concat([item_reach.export(b) for b in backends]), oracle.item_reach(events))
+
+    output = pd.read_parquet(tmp_path / "out")
+    assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3, 4]
+    for cid, expected in zip([1, 2, 3, 4], oracle.sink_rows(batches)):
+        oracle.assert_totals_equal(output[output["checkpoint_id"] == cid].drop(columns="checkpoint_id"), expected)
+    assert instance.get_run_ids(dg.RunsFilter(tags={FAILED_RUN_TAG: failed.run_id})) != []
