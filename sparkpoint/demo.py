@@ -1,57 +1,107 @@
-"""`make run`: the sample pipeline on embedded defaults, then a check of its latest checkpoint.
+"""`make run`: the sample pipeline materialized through Dagster on embedded defaults.
 
-Local Spark, `file://` checkpoint storage under `.sparkpoint/` in the project. Every run lands
-two more batches of sample events and processes whatever is unconsumed, resuming from the
-latest completed checkpoint; then it restores that checkpoint's state and compares it with a
-plain recomputation over every consumed file.
+Local Spark, `file://` checkpoint storage under `.sparkpoint/`, a Dagster instance (SQLite)
+under `.sparkpoint/dagster`. Each run materializes the SSTable and checkpoint assets for a few
+batches (each lands the next batch of the sample stream when none is unconsumed), one of them
+with an injected `after-upload` failure that the recovery sensor's run heals; then it prints the
+checkpoint table and compares the latest checkpoint's state with a plain recomputation over
+every consumed file. Runs again and again: each resumes from the latest completed checkpoint.
 """
-
-from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+import dagster as dg
 import numpy as np
 import pandas as pd
 
+from sparkpoint.assets import ASSET_CHECKS, ASSETS, CHECKPOINT_KEY, INJECT_TAG
 from sparkpoint.core.inspect import operator_states
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore
-from sparkpoint.spark.generate import generate
+from sparkpoint.ops import recover_job
+from sparkpoint.ops.instance import prepare_dagster_home
+from sparkpoint.resources import DEFAULT_INPUT, SparkResource, default_resources
+from sparkpoint.sensors import recovery_sensor
 from sparkpoint.spark.operators import item_reach, user_totals
-from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
-from sparkpoint.spark.session import spark_session
 
-HOME = Path(os.environ.get("SPARKPOINT_HOME", ".sparkpoint")).resolve()
-BATCHES_PER_RUN = 2
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+RUNS: list[dict[str, str]] = [{}, {INJECT_TAG: "after-upload"}, {}]
 
 
 def main() -> int:
-    input_dir = HOME / "demo" / "input"
-    existing = len(list(input_dir.glob("batch-*.parquet"))) if input_dir.exists() else 0
-    generate(str(input_dir), batches=BATCHES_PER_RUN, events_per_batch=20_000, users=5_000, items=500, seed=42,
-             first=existing)
-    config = PipelineConfig(
-        input_url=str(input_dir), checkpoints_url=(HOME / "checkpoints").as_uri(), job_id="demo",
-        output_url=(HOME / "demo" / "output").as_uri(), local_dir=str(HOME / "local"), parallelism=2,
-        num_retained=2,
-    )
-    print(f"sparkpoint demo: input {input_dir}, checkpoints {config.checkpoints_url}/demo")
-    spark = spark_session("local[2]")
+    os.environ["DAGSTER_HOME"] = str(prepare_dagster_home(".sparkpoint/dagster"))
+    resources = default_resources()
+    resources["spark"] = SparkResource(stop_on_teardown=False)  # one JVM for the whole demo
+    storage: CheckpointStorage = resources["storage"].open()
+    print(f"sparkpoint demo: input {Path(DEFAULT_INPUT).resolve()}, checkpoints {storage.job_url}, "
+          f"Dagster instance {os.environ['DAGSTER_HOME']}")
     try:
-        StatefulPipeline(spark, config).run(on_checkpoint=lambda r: print(r.line(), flush=True))
+        with dg.DagsterInstance.get() as instance:
+            for tags in RUNS:
+                result = dg.materialize([*ASSETS, *ASSET_CHECKS], resources=resources, instance=instance,
+                                        tags=tags, run_config=QUIET, raise_on_error=False)
+                _report("materialize" + (f" [{tags[INJECT_TAG]}]" if tags else ""), result)
+                if not result.success:
+                    _heal(instance, result, resources)
     finally:
-        spark.stop()
-    return check_latest(config)
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
+    _table(storage)
+    return check_latest(storage)
 
 
-def check_latest(config: PipelineConfig) -> int:
-    storage = CheckpointStorage(config.checkpoints_url, config.job_id)
+def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, resources: dict[str, Any]) -> None:
+    """What the daemon does on a failed run: evaluate the recovery sensor, launch its request."""
+    context = dg.build_run_status_sensor_context(
+        sensor_name=recovery_sensor.name, dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
+        dagster_run=failed.dagster_run,
+    ).for_run_failure()
+    request = recovery_sensor(context)
+    if not isinstance(request, dg.RunRequest):
+        print(f"  recovery sensor: {request.skip_message if request else 'nothing'}")
+        return
+    print(f"  recovery sensor: launching `{recover_job.name}` (run key {request.run_key})")
+    run = recover_job.execute_in_process(run_config={**request.run_config, **QUIET}, tags=request.tags,
+                                         instance=instance, resources=resources, raise_on_error=False)
+    _report("recover", run)
+
+
+def _report(what: str, result: dg.ExecuteInProcessResult) -> None:
+    done = [e.materialization for e in result.get_asset_materialization_events()
+            if e.materialization.asset_key == CHECKPOINT_KEY]
+    if not result.success:
+        failure = next((e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE), None)
+        cause = failure.step_failure_data.error.cause if failure and failure.step_failure_data.error else None
+        message = (cause.message if cause else failure.message if failure else "?").strip().splitlines()[0]
+        print(f"{what}: run {result.run_id[:8]} FAILED: {message}")
+    for m in done:
+        v = {k: x.value for k, x in m.metadata.items()}
+        print(f"{what}: run {result.run_id[:8]} -> chk-{v['checkpoint_id']} state={v['state_size']}B "
+              f"uploaded={v['checkpointed_size']}B ratio={v['incremental_ratio']} files new={v['files_new']} "
+              f"reused={v['files_reused']} deleted={v['files_deleted']} retained={v['retained']} {v['duration_s']}s")
+    if result.success and not done:
+        print(f"{what}: run {result.run_id[:8]} made no new checkpoint")
+
+
+def _table(storage: CheckpointStorage) -> None:
+    print(f"{'checkpoint':>10} {'kind':>10} {'state B':>10} {'uploaded B':>10} {'files':>6} {'batches':>7}")
+    for meta in CompletedCheckpointStore(storage).load_all().checkpoints:
+        consumed = len(meta.source_offsets["source"]["consumed"])
+        print(f"{meta.checkpoint_id:>10} {meta.kind:>10} {meta.stats.state_size:>10} "
+              f"{meta.stats.checkpointed_size:>10} {len(meta.paths()):>6} {consumed:>7}")
+
+
+def check_latest(storage: CheckpointStorage) -> int:
     store = CompletedCheckpointStore(storage)
     meta = store.load(store.checkpoint_ids()[0])
     consumed = meta.source_offsets["source"]["consumed"]
-    events = pd.concat([pd.read_parquet(Path(config.input_url) / name) for name in consumed], ignore_index=True)
+    events = pd.concat([pd.read_parquet(Path(DEFAULT_INPUT) / name) for name in consumed], ignore_index=True)
     ok = True
     for op, expected in [(user_totals, _totals(events)), (item_reach, _reach(events))]:
         with operator_states(storage, meta, op.name) as backends:
