@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sparkpoint.core.errors import SparkpointError
+from sparkpoint.core.errors import CheckpointCorrupted, SparkpointError
 from sparkpoint.core.metadata import CheckpointMetadata
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore
@@ -98,7 +98,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_parallelism=settings.pop("max_parallelism", args.max_parallelism), output_url=args.output,
         max_batches=args.max_batches, files_per_checkpoint=args.files_per_checkpoint, local_dir=args.local_dir,
         restore_mode=settings.pop("restore_mode", args.restore_mode),
-        from_checkpoint=settings.pop("from_checkpoint", args.from_checkpoint), **settings,
+        from_checkpoint=settings.pop("from_checkpoint", args.from_checkpoint),
+        allow_non_restored_state=settings.pop("allow_non_restored_state", args.allow_non_restored_state),
+        allow_new_operators=settings.pop("allow_new_operators", args.allow_new_operators), **settings,
     )
     if config.num_retained < 1:
         raise UsageError("--retain must be at least 1")
@@ -120,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_state(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from sparkpoint.core.inspect import operator_states
+    from sparkpoint.core.inspect import operator_states, restore_hint
     from sparkpoint.spark.operators import operator_by_name
 
     try:
@@ -129,8 +131,11 @@ def cmd_state(args: argparse.Namespace) -> int:
         raise UsageError(str(e.args[0])) from e
     store = _existing_store(args)
     meta = _checkpoints(store, args.checkpoint)[0]
-    with operator_states(store.storage, meta, op.name) as backends:
-        frames = [op.export(b) for b in backends]
+    try:
+        with operator_states(store.storage, meta, op.name) as backends:
+            frames = [op.export(b) for b in backends]
+    except CheckpointCorrupted as e:
+        raise CheckpointCorrupted(f"{e}. {restore_hint(store.storage, meta.checkpoint_id)}") from e
     table = pd.concat(frames, ignore_index=True).sort_values(op.key, kind="stable").reset_index(drop=True)
     if args.format == "parquet":
         if not args.out:
@@ -181,9 +186,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     storage = _existing_store(args).storage
     report = sweep_orphans(storage, grace_seconds=args.grace, dry_run=args.dry_run)
+    for link in report.symlinks:
+        print(f"warning: {link.path} is a symbolic link; it is neither followed nor deleted", file=sys.stderr)
     if args.json:
         _print_json({"dry_run": args.dry_run, "orphans": [f.path for f in report.orphans],
-                     "bytes": report.orphan_bytes, "referenced": report.referenced})
+                     "bytes": report.orphan_bytes, "referenced": report.referenced,
+                     "symlinks": [f.path for f in report.symlinks]})
     else:
         verb = "would delete" if args.dry_run else "deleted"
         for f in report.orphans:
@@ -273,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
     p.add_argument("--restore-mode", choices=["CLAIM", "NO_CLAIM"], default="CLAIM")
     p.add_argument("--from-checkpoint", metavar="PATH", help="<checkpoints-dir>/<job-id>/chk-<N> to start from")
+    p.add_argument("--allow-non-restored-state", action="store_true",
+                   help="start although the checkpoint holds operators this job does not run (their state is dropped)")
+    p.add_argument("--allow-new-operators", action="store_true",
+                   help="start although the checkpoint lacks some of this job's operators (they start empty)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting, Flink's keys accepted (e.g. state.checkpoints.num-retained=3)")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")

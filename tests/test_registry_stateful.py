@@ -2,9 +2,12 @@
 
 A Hypothesis state machine drives trigger / acknowledge / complete / abort / compaction / restart /
 orphan sweep against `CheckpointCoordinator`, with one operator of two fake subtasks that upload
-real local files under Flink's reuse rule. After every step it checks the invariants stated in
-sparkpoint/core/registry.py and coordinator.py against what storage holds, and compares the
-coordinator with a model made of plain sets and dicts.
+real local files under Flink's reuse rule. A second coordinator on the same job directory (a
+zombie driver, a retried run) resumes from whatever checkpoint was latest when it started and
+completes checkpoints of its own in between, with a base that the first one may have subsumed.
+After every step it checks the invariants stated in sparkpoint/core/registry.py and
+coordinator.py against what storage holds, and compares the coordinators with a model made of
+plain sets and dicts.
 """
 
 from __future__ import annotations
@@ -106,6 +109,13 @@ class CheckpointHistory(RuleBasedStateMachine):
         self.triggered_since_restart = False  # restarting twice in a row tells nothing new
         self.stored_since_sweep = False  # nor does sweeping twice in a row
         self._last_triggered = 0
+        # the second writer: its coordinator, subtasks, and the last id it used
+        self.other: CheckpointCoordinator | None = None
+        self.other_subtasks: list[FakeSubtask] = []
+        self.other_generation = 0
+        self.other_last = 0
+        self.acted_since_other_started = True
+        self.registry_owner = self.coord  # the coordinator that last synced with storage
 
     def make_storage(self) -> CheckpointStorage:
         return CheckpointStorage(f"memory://stateful-{uuid.uuid4().hex}", "job")
@@ -166,14 +176,10 @@ class CheckpointHistory(RuleBasedStateMachine):
     def _restore(self, index: int, meta: CheckpointMetadata | None) -> None:
         """A restarted subtask restores the latest completed checkpoint; its files become the base."""
         sub, base = self.subtasks[index], self.bases[index]
-        sub.pending.clear()
+        _restore_into(self.storage, sub, meta)
         if meta is None:
-            sub.confirmed = {}
             self.bases[index] = BaseModel()
             return
-        handle = next(h for h in meta.subtask_handles() if h.subtask == index)
-        self.storage.get_files([(f.path, str(sub.workdir / f.local_name)) for f in handle.shared])
-        sub.confirmed = {f.local_name: f for f in handle.shared}
         base.checkpoint_id = meta.checkpoint_id
         base.names = set(sub.confirmed)
         base.highest_confirmed = meta.checkpoint_id
@@ -183,7 +189,7 @@ class CheckpointHistory(RuleBasedStateMachine):
     @initialize(num_retained=st.integers(min_value=1, max_value=3))
     def start(self, num_retained: int) -> None:
         self.num_retained = num_retained
-        self.coord = CheckpointCoordinator(self.storage, num_retained=num_retained)
+        self.coord = self.registry_owner = CheckpointCoordinator(self.storage, num_retained=num_retained)
 
     @precondition(lambda self: len(self.pending) < MAX_PENDING)
     @rule(kind=KINDS)
@@ -193,6 +199,7 @@ class CheckpointHistory(RuleBasedStateMachine):
         assert cid > max(self.completed, default=0), f"checkpoint id {cid} reuses the id of a completed checkpoint"
         self.pending[cid] = PendingModel(kind)
         self.triggered_since_restart = True
+        self.acted_since_other_started = True
 
     @precondition(lambda self: bool(self._acknowledgeable()))
     @rule(data=st.data())
@@ -235,6 +242,7 @@ class CheckpointHistory(RuleBasedStateMachine):
         for index in self._unacknowledged(cid):
             self._snapshot_and_acknowledge(data, cid, index)
         expected = self._expected_decline(cid)
+        self.registry_owner = self.coord  # complete rebuilds from storage when another writer acted
         try:
             done = self.coord.complete(cid, source_offsets={"batch": cid})
         except (CheckpointDeclined, UnknownSharedState) as e:
@@ -295,6 +303,7 @@ class CheckpointHistory(RuleBasedStateMachine):
         expected = self._expected_decline(cid)
         if early_completion and self._unacknowledged(cid):
             assert expected is not None
+            self.registry_owner = self.coord
             with pytest.raises(expected[0], match=expected[1]):
                 self.coord.complete(cid)
             event("declined: completed before every acknowledgement")
@@ -333,11 +342,71 @@ class CheckpointHistory(RuleBasedStateMachine):
             self._forget(cid)
         self.triggered_since_restart = False
         self.stored_since_sweep = True
-        self.coord = CheckpointCoordinator(self.storage, num_retained=self.num_retained)
+        self.coord = self.registry_owner = CheckpointCoordinator(self.storage, num_retained=self.num_retained)
         latest = self.store.latest()
         assert (latest.checkpoint_id if latest else None) == max(self.retained, default=None)
         for index in range(PARALLELISM):
             self._restore(index, latest)
+
+    @precondition(lambda self: self.acted_since_other_started)
+    @rule(data=st.data())
+    def start_other_writer(self, data: st.DataObject) -> None:
+        """A second coordinator starts on the same job directory from any retained checkpoint
+        (a zombie driver that resumed from an older one)."""
+        self.other_generation += 1
+        self.other = self.registry_owner = CheckpointCoordinator(self.storage, num_retained=self.num_retained)
+        retained = self._listing()
+        latest = data.draw(st.sampled_from(retained), label="other writer resumes from") if retained else None
+        self.other_subtasks = []
+        for i in range(PARALLELISM):
+            sub = FakeSubtask(self.storage, self.workdir / f"other-{self.other_generation}-{i}", OPERATOR, i,
+                              PARALLELISM)
+            _restore_into(self.storage, sub, latest)
+            for name in LOCAL_NAMES:
+                if not (sub.workdir / name).exists():
+                    self._write(sub, name)
+            self.other_subtasks.append(sub)
+        self.acted_since_other_started = False
+
+    @precondition(lambda self: self.other is not None)
+    @rule(data=st.data(), kind=KINDS)
+    def other_writer_checkpoint(self, data: st.DataObject, kind: str) -> None:
+        """The second coordinator triggers, snapshots and completes one checkpoint in a row.
+
+        Its subtasks reuse their own base, which the first coordinator may have subsumed since:
+        then the completion must be declined (the registry is checked against storage), and
+        nothing of the first coordinator's retained checkpoints may be lost.
+        """
+        assert self.other is not None
+        cid = max([self._last_triggered, *self.completed, *self.pending, self.other_last]) + 1
+        self.other_last = cid
+        model = PendingModel(kind)
+        for index, sub in enumerate(self.other_subtasks):
+            names = sorted(data.draw(st.sets(st.sampled_from(LOCAL_NAMES)), label=f"other writer, subtask {index}"))
+            model.handles[index] = sub.snapshot(cid, names)
+        self.other.trigger(kind=kind, expected={OPERATOR: PARALLELISM}, checkpoint_id=cid)
+        for handle in model.handles.values():
+            self.other.acknowledge(cid, handle)
+        self.registry_owner = self.other
+        self.acted_since_other_started = True
+        self.stored_since_sweep = True
+        gone = model.reused_paths() - self._retained_paths()
+        try:
+            done = self.other.complete(cid, source_offsets={"batch": cid, "writer": "other"})
+        except UnknownSharedState:
+            assert gone, f"the second writer's checkpoint {cid} was declined, the model expected it to complete"
+            event("other writer declined: its base was subsumed")
+            for sub in self.other_subtasks:
+                sub.abort(cid)
+                sub.confirmed = {}
+            return
+        assert not gone, f"checkpoint {cid} reuses {sorted(gone)}, which no retained checkpoint holds"
+        self.retained[cid] = model.paths() | {metadata_path(cid)}
+        self.kinds[cid] = self.completed[cid] = kind
+        assert sorted(done.subsumed) == self._apply_retention()
+        event("other writer completed")
+        for sub in self.other_subtasks:
+            sub.confirm(cid)
 
     @precondition(lambda self: self.stored_since_sweep)
     @rule(dry_run_first=st.booleans())
@@ -393,7 +462,7 @@ class CheckpointHistory(RuleBasedStateMachine):
         expected: Counter[str] = Counter()
         for meta in listing:
             expected.update(meta.paths() | {meta.metadata_path})
-        registry = self.coord.registry
+        registry = self.registry_owner.registry
         assert registry.paths() == set(expected), "the registry knows exactly the paths of retained checkpoints"
         assert {p: registry.count(p) for p in expected} == dict(expected), "registry counts differ from a recount"
         assert registry.checkpoint_ids() == sorted(m.checkpoint_id for m in listing), "registered checkpoint ids"
@@ -422,8 +491,19 @@ class CheckpointHistory(RuleBasedStateMachine):
             if base.checkpoint_id in self.retained:
                 base_paths = {f.path for f in sub.confirmed.values()}
                 assert base_paths <= self.retained[base.checkpoint_id], f"base of subtask {sub.subtask}"
-                unknown = {p for p in base_paths if not self.coord.registry.is_known(p)}
+                unknown = {p for p in base_paths if not self.registry_owner.registry.is_known(p)}
                 assert not unknown, f"subtask {sub.subtask} may reuse files the registry does not know: {unknown}"
+
+
+def _restore_into(storage: CheckpointStorage, sub: FakeSubtask, meta: CheckpointMetadata | None) -> None:
+    """Download subtask `sub`'s shared files of `meta` into its directory; they become its base."""
+    sub.pending.clear()
+    if meta is None:
+        sub.confirmed = {}
+        return
+    handle = next(h for h in meta.subtask_handles() if h.subtask == sub.subtask)
+    storage.get_files([(f.path, str(sub.workdir / f.local_name)) for f in handle.shared])
+    sub.confirmed = {f.local_name: f for f in handle.shared}
 
 
 class CheckpointHistoryOnLocalFiles(CheckpointHistory):

@@ -399,3 +399,88 @@ def test_rocksdb_refusing_a_verified_directory_falls_back_per_checkpoint(tmp_pat
     assert {r.checkpoint_id for r in results} == {1} and results[0].fell_back_from == (2,)
     for b in backends:
         b.close()
+
+
+# --- 2. part-file names parse one way only --------------------------------------------------------
+
+
+def _stage_and_commit(sink, checkpoint_id: int, rows: int = 3) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"user_id": [f"u{i}" for i in range(rows)], "count": list(range(rows))})
+    staged = sink.stage(checkpoint_id, "user_totals", 0, frame)
+    sink.commit(checkpoint_id, [staged])
+
+
+def test_one_jobs_rollback_never_deletes_another_jobs_output(tmp_path: Path):
+    from sparkpoint.spark.sink import ExactlyOnceParquetSink
+
+    out = f"file://{tmp_path}/out[x]"  # and a glob character in the output directory
+    etl = ExactlyOnceParquetSink.at(out, "etl")
+    dated = ExactlyOnceParquetSink.at(out, "etl-20240101")
+    _stage_and_commit(dated, 3)
+    _stage_and_commit(etl, 1)
+    _stage_and_commit(etl, 123_456_789)  # ids of nine digits and more parse too
+    assert sorted(etl.committed()) == [1, 123_456_789]
+    assert sorted(dated.committed()) == [3]
+    assert etl.rollback(after=0) == [1, 123_456_789]
+    assert sorted(dated.committed()) == [3], "job etl took none of job etl-20240101's files"
+    assert etl.committed() == {}
+
+
+def test_staging_of_an_output_directory_with_brackets_touches_no_sibling(tmp_path: Path):
+    from sparkpoint.spark.sink import ExactlyOnceParquetSink
+
+    sibling = tmp_path / "outx" / "_staging" / "etl" / "chk-1"
+    sibling.mkdir(parents=True)
+    (sibling / "keep.parquet").write_bytes(b"not ours")
+    sink = ExactlyOnceParquetSink.at(f"file://{tmp_path}/out[x]", "etl")
+    _stage_and_commit(sink, 1)
+    sink.discard_staging(up_to=5)
+    assert (sibling / "keep.parquet").read_bytes() == b"not ours"
+    assert sorted(sink.committed()) == [1]
+
+
+# --- also: the restore hint names only a checkpoint that verifies -----------------------------
+
+
+def _totals_job(tmp_path: Path) -> tuple[str, CheckpointStorage]:
+    from sparkpoint.spark.operators import TOTALS
+
+    url = f"file://{tmp_path}/ck"
+    storage = CheckpointStorage(url, "job")
+    coord = CheckpointCoordinator(storage, num_retained=3)
+    backends = [RocksDBStateBackend(storage, "user_totals", i, parallelism=2, local_dir=tmp_path / "l")
+                for i in range(2)]
+    for b in backends:
+        b.restore(None)
+    for round_ in range(3):
+        for b in backends:
+            mine = [k for k in (f"u{i}" for i in range(round_ * 50, round_ * 50 + 50))
+                    if key_group_for(k, 128) in b.key_group_range]
+            b.value_state("totals", TOTALS).put_many((k, (1, 1.0, 1.0, 1.0, 0)) for k in mine)
+        take_checkpoint(coord, backends, full=True)
+    for b in backends:
+        b.close()
+    return url, storage
+
+
+def _flip(storage: CheckpointStorage, checkpoint_id: int) -> None:
+    meta = CompletedCheckpointStore(storage).load(checkpoint_id)
+    victim = next(f for f in meta.files() if f.created_by == checkpoint_id and f.local_name.endswith(".sst"))
+    data = bytearray(storage.read_bytes(victim.path))
+    data[len(data) // 2] ^= 0xFF
+    storage.fs.pipe_file(storage.abspath(victim.path), bytes(data))
+
+
+def test_restore_failure_names_only_a_checkpoint_that_verifies(tmp_path: Path, capsys):
+    url, storage = _totals_job(tmp_path)
+    _flip(storage, 3)
+    _flip(storage, 2)
+    args = ["state", "--checkpoints", url, "--job-id", "job", "--operator", "user_totals", "--checkpoint", "3"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint 1 verifies: restore it with --checkpoint 1" in err and "--checkpoint 2" not in err
+    _flip(storage, 1)
+    assert main(args) == 2
+    assert "no retained checkpoint older than 3 verifies" in capsys.readouterr().err

@@ -19,6 +19,8 @@ FLINK_ALIASES = {
     "execution.state-recovery.path": "from_checkpoint",
     "pipeline.max-parallelism": "max_parallelism",
     "parallelism.default": "parallelism",
+    "execution.state-recovery.ignore-unclaimed-state": "allow_non_restored_state",
+    "execution.savepoint.ignore-unclaimed-state": "allow_non_restored_state",
 }
 
 _PARSERS: dict[str, Any] = {
@@ -31,6 +33,8 @@ _PARSERS: dict[str, Any] = {
     "from_checkpoint": str,
     "max_parallelism": int,
     "parallelism": int,
+    "allow_non_restored_state": parse_bool,
+    "allow_new_operators": parse_bool,
 }
 
 

@@ -44,6 +44,24 @@ def _stored_crc32(storage: CheckpointStorage, rel: str) -> int:
     return crc & 0xFFFFFFFF
 
 
+def newest_verifying(storage: CheckpointStorage, below: int) -> int | None:
+    """The newest retained checkpoint older than `below` whose every file verifies (None: none)."""
+    from sparkpoint.core.store import CompletedCheckpointStore
+
+    for meta in CompletedCheckpointStore(storage).load_all().checkpoints:
+        if meta.checkpoint_id < below and not verify_checkpoint(storage, meta):
+            return meta.checkpoint_id
+    return None
+
+
+def restore_hint(storage: CheckpointStorage, failed: int) -> str:
+    """What to do when checkpoint `failed` cannot be restored, naming only one that verifies."""
+    good = newest_verifying(storage, failed)
+    if good is None:
+        return f"no retained checkpoint older than {failed} verifies"
+    return f"checkpoint {good} verifies: restore it with --checkpoint {good}"
+
+
 @contextmanager
 def operator_states(
     storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None

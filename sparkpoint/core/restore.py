@@ -134,10 +134,10 @@ def materialize(source: Path, target: Path, local_names: Iterable[str]) -> None:
 
 
 def _corrupted(checkpoint_id: int, handle: SubtaskStateHandle, path: str, what: str) -> CheckpointCorrupted:
-    older = f"restore an older checkpoint (e.g. --checkpoint {checkpoint_id - 1}) or " if checkpoint_id > 1 else ""
+    # No guess at an older id here: it may be subsumed or bad too. `newest_verifying` finds one.
     return CheckpointCorrupted(
         f"checkpoint {checkpoint_id} cannot be restored: {path} (operator {handle.operator}, subtask "
-        f"{handle.subtask}) {what}; {older}run `sparkpoint verify` to see every bad file",
+        f"{handle.subtask}) {what}; run `sparkpoint verify` to list the retained checkpoints that verify",
         checkpoint_id=checkpoint_id,
         path=path,
     )

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sparkpoint.core.backend import RocksDBStateBackend
+from sparkpoint.core.paths import validate_name
 from sparkpoint.core.serde import BytesCodec, StructCodec
 from sparkpoint.core.state import ValueState
 
@@ -38,6 +39,9 @@ class KeyedOperator:
     export: ExportFn
     columns: tuple[str, ...] = ()  # other input columns `process` reads
     emits: bool = False  # its changed rows go to the exactly-once sink
+
+    def __post_init__(self) -> None:
+        validate_name(self.name, "operator name")  # it names directories and output files
 
     def input_columns(self) -> list[str]:
         return [self.key, *[c for c in self.columns if c != self.key]]

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.errors import CheckpointAlreadyExists, CheckpointCorrupted, SparkpointError
+from sparkpoint.core.errors import (
+    CheckpointAlreadyExists,
+    CheckpointCorrupted,
+    OperatorStateMismatch,
+    SparkpointError,
+    UnknownSharedState,
+)
 from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.core.rocksdb import RocksDBOptions
@@ -53,6 +59,8 @@ class PipelineConfig:
     incremental: bool = True
     local_recovery: bool = True
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
+    allow_non_restored_state: bool = False  # a checkpoint's operator this job lacks is dropped
+    allow_new_operators: bool = False  # an operator of this job the checkpoint lacks starts empty
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,6 @@ class _Start:
     offsets: SourceOffsets
     claim_mode: str = ClaimMode.CLAIM.value
     restore_job: tuple[str, str, dict[str, Any]] | None = None
-    older: list[CheckpointMetadata] = field(default_factory=list)  # fallbacks, newest first
     next_id: int | None = None  # K + 1 after our own checkpoint K: the id a zombie would race for
 
 
@@ -133,8 +140,9 @@ class StatefulPipeline:
             except CheckpointCorrupted as e:
                 start = self._fall_back(start, e)
                 continue
-            except CheckpointAlreadyExists as e:
-                # Another driver (a zombie, a retried run) committed this id first: resume from it.
+            except (CheckpointAlreadyExists, UnknownSharedState) as e:
+                # Another driver (a zombie, a retried run) committed this id first, or subsumed the
+                # checkpoint our state was based on: resume from the latest completed checkpoint.
                 lost_races += 1
                 if lost_races > 3:
                     raise PipelineError(f"another writer keeps committing to job {self.config.job_id}: {e}") from e
@@ -150,6 +158,8 @@ class StatefulPipeline:
 
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
+        if start.metadata is not None:
+            self._check_operators(start.metadata)
         coordinator = CheckpointCoordinator(
             self.storage, num_retained=self.config.num_retained, retention=self.config.retention,
             lineage=lineage, unowned=unowned,
@@ -176,7 +186,7 @@ class StatefulPipeline:
             local_dir=c.local_dir, input_options=c.input_options,
             restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,
             claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
-            local_recovery=c.local_recovery, rocksdb=c.rocksdb,
+            local_recovery=c.local_recovery, rocksdb=c.rocksdb, allow_new_operators=c.allow_new_operators,
         )
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:
@@ -216,7 +226,7 @@ class StatefulPipeline:
                     "job %s already has checkpoints; resuming from chk-%s, --from-checkpoint %s is ignored",
                     self.config.job_id, own[0].checkpoint_id, self.config.from_checkpoint,
                 )
-            start = _Start(own[0], _offsets_of(own[0]), older=own[1:], next_id=own[0].checkpoint_id + 1)
+            start = _Start(own[0], _offsets_of(own[0]), next_id=own[0].checkpoint_id + 1)
             return start, None, frozenset()
         if not self.config.from_checkpoint:
             return _Start(None, SourceOffsets(()), next_id=1), None, frozenset()
@@ -229,20 +239,63 @@ class StatefulPipeline:
         return _Start(meta, _offsets_of(meta), claim, restore_job), lineage, unowned
 
     def _fall_back(self, start: _Start, error: CheckpointCorrupted) -> _Start:
+        """Restore the next older retained checkpoint instead of `start`'s, loudly.
+
+        The candidates are read from the store each time (a long run has retained many since it
+        began). Every checkpoint newer than the one we fall back to is discarded *before* the
+        sink's output after it is rolled back: a checkpoint whose output is gone must never be
+        restored again (its offsets say its batch is consumed). A crash in between leaves output
+        above the latest checkpoint, which the next start rolls back (`_settle_sink`).
+        """
         failed = start.metadata.checkpoint_id if start.metadata else None
-        if not start.older:
+        listing = self.store.load_all()
+        older = [m for m in listing.checkpoints if failed is not None and m.checkpoint_id < failed]
+        if start.restore_job is not None or not older:
             raise PipelineError(
                 f"checkpoint {failed} cannot be restored and no older retained checkpoint is left: {error}"
             ) from error
-        older = start.older[0]
+        target = older[0]
+        self._check_operators(target)
         log.error(
             "FALLING BACK: checkpoint %s cannot be restored (%s); restoring checkpoint %s instead, "
-            "its batches after it are replayed", failed, error, older.checkpoint_id,
+            "its batches after it are replayed", failed, error, target.checkpoint_id,
         )
+        newer = [m.checkpoint_id for m in listing.checkpoints if m.checkpoint_id > target.checkpoint_id]
+        coordinator = CheckpointCoordinator(self.storage, num_retained=self.config.num_retained)
+        coordinator.discard(newer, reason=f"falling back to checkpoint {target.checkpoint_id}; their output is "
+                                          "rolled back and their batches replayed")
         if self.sink:
-            self.sink.rollback(after=older.checkpoint_id)
-        # next_id None: the ids after `older` are taken by the checkpoints that failed to restore.
-        return replace(start, metadata=older, offsets=_offsets_of(older), older=start.older[1:], next_id=None)
+            self.sink.rollback(after=target.checkpoint_id)
+        # next_id None: the highest id seen + 1, never an id a discarded checkpoint had.
+        return replace(start, metadata=target, offsets=_offsets_of(target), next_id=None)
+
+    def _check_operators(self, meta: CheckpointMetadata) -> None:
+        """The checkpoint must hold exactly the job's operators, at its max parallelism, unless the
+        user allows the difference (Flink's --allowNonRestoredState, and new operators)."""
+        have, want = set(meta.operators), {op.name for op in self.operators}
+        problems = []
+        if want - have and not self.config.allow_new_operators:
+            problems.append(
+                f"it has no state for {', '.join(sorted(want - have))} (these would start empty: allow with "
+                "--allow-new-operators)"
+            )
+        if have - want and not self.config.allow_non_restored_state:
+            problems.append(
+                f"it holds state of {', '.join(sorted(have - want))}, which this job does not run (it would be "
+                "dropped: allow with --allow-non-restored-state)"
+            )
+        for name in sorted(have & want):
+            if meta.operators[name].max_parallelism != self.config.max_parallelism:
+                problems.append(
+                    f"{name} has max parallelism {meta.operators[name].max_parallelism}, this job "
+                    f"{self.config.max_parallelism} (run with --max-parallelism "
+                    f"{meta.operators[name].max_parallelism})"
+                )
+        if problems:
+            raise OperatorStateMismatch(
+                f"checkpoint {meta.checkpoint_id} does not fit this job's operators "
+                f"({', '.join(sorted(want))}): " + "; ".join(problems)
+            )
 
     def _settle_sink(self, start: _Start) -> None:
         """Finish the sink commit of the checkpoint we resume from, drop abandoned staging."""
@@ -251,6 +304,16 @@ class StatefulPipeline:
         meta = start.metadata
         if meta is not None and start.restore_job is None and isinstance(meta.source_offsets, dict):
             self.sink.commit(meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
+            # Output of a checkpoint above the latest one whose `_metadata` is gone: a fallback
+            # discarded it and died before its rollback. Its batches are replayed, so the output
+            # goes. Output is listed before `_metadata`: a live writer commits `_metadata` first,
+            # so its fresh output is never taken for a discarded checkpoint's.
+            above = [cid for cid in self.sink.committed() if cid > meta.checkpoint_id]
+            if above:
+                live = set(self.storage.completed_checkpoint_ids())
+                dropped = self.sink.drop([cid for cid in above if cid not in live])
+                if dropped:
+                    log.warning("rolled back the output of discarded checkpoints %s", dropped)
         self.sink.discard_staging(up_to=meta.checkpoint_id if meta is not None and start.restore_job is None else 0)
 
 

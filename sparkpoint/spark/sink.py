@@ -2,10 +2,12 @@
 
 Tasks write their changed rows to `<output>/_staging/<job>/chk-<N>/` (readers skip `_`
 directories). The staged names travel in the checkpoint's `_metadata`; once `_metadata` is
-committed the driver moves them to `<output>/part-<job>-<N>-<operator>-<subtask>.parquet`. The
-move is idempotent, so a driver that died between the checkpoint and the move finishes it on
-restart; a batch that failed never leaves its staging directory, and its replay is committed
-under the replay's checkpoint. Several jobs may share one output directory.
+committed the driver moves them to `<output>/part-<job>~<N>~<operator>~<subtask>.parquet`
+(`~` appears in no job id, operator name or number, so a name parses one way only: job `etl`
+never takes job `etl-20240101`'s files for its own). The move is idempotent, so a driver that
+died between the checkpoint and the move finishes it on restart; a batch that failed never
+leaves its staging directory, and its replay is committed under the replay's checkpoint. Several
+jobs may share one output directory, and output directories may have `[` in their names.
 """
 
 from __future__ import annotations
@@ -13,17 +15,21 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
+import shutil
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 import pandas as pd
+from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.core.errors import SparkpointError
 
 log = logging.getLogger(__name__)
-_PART = re.compile(r"^(\d{8})-([A-Za-z0-9_.-]+-\d{5})\.parquet$")  # after "part-<job>-"
+_PART = re.compile(
+    r"^part-(?P<job>[A-Za-z0-9][A-Za-z0-9._-]*)~(?P<cid>[0-9]{8,})~(?P<op>[A-Za-z0-9][A-Za-z0-9._-]*)~[0-9]{5,}\.parquet$"
+)
 _STAGED = re.compile(r"^chk-(\d+)/([A-Za-z0-9_.-]+-\d{5})-[0-9a-f]{12}\.parquet$")  # after "_staging/<job>/"
 
 
@@ -79,9 +85,10 @@ class ExactlyOnceParquetSink:
             m = _STAGED.match(rel)
             if not m or int(m.group(1)) != checkpoint_id:
                 raise SinkError(f"{rel!r} is not a staged file of checkpoint {checkpoint_id}")
-            target = f"{root}/part-{self.job_id}-{checkpoint_id:08d}-{m.group(2)}.parquet"
+            operator, subtask = m.group(2).rsplit("-", 1)
+            target = f"{root}/{part_name(self.job_id, checkpoint_id, operator, int(subtask))}"
             if fs.exists(f"{root}/{self._staging}/{rel}"):
-                fs.mv(f"{root}/{self._staging}/{rel}", target)
+                _move(fs, f"{root}/{self._staging}/{rel}", target)
                 moved += 1
             elif not fs.exists(target):  # rolled back after a fallback, or removed by hand
                 log.warning("checkpoint %s: neither %s nor its staged file exists", checkpoint_id, target)
@@ -94,20 +101,24 @@ class ExactlyOnceParquetSink:
         if not fs.exists(root):
             return {}
         out: dict[int, list[str]] = {}
-        prefix = f"part-{self.job_id}-"
+        fs.invalidate_cache(root)
         for path in fs.ls(root, detail=False):
-            name = posixpath.basename(path)
-            m = _PART.match(name[len(prefix) :]) if name.startswith(prefix) else None
-            if m:
-                out.setdefault(int(m.group(1)), []).append(path)
+            m = _PART.match(posixpath.basename(path.rstrip("/")))
+            if m and m.group("job") == self.job_id:
+                out.setdefault(int(m.group("cid")), []).append(path)
         return out
 
     def rollback(self, after: int) -> list[int]:
         """Hide the output of checkpoints newer than `after` (they are about to be replayed)."""
+        return self.drop([cid for cid in self.committed() if cid > after])
+
+    def drop(self, checkpoint_ids: list[int]) -> list[int]:
+        """Delete the visible output of these checkpoints; returns the ids that had any."""
         fs, _ = self._fs()
-        dropped = sorted(cid for cid in self.committed() if cid > after)
+        committed = self.committed()
+        dropped = sorted(cid for cid in set(checkpoint_ids) if cid in committed)
         for cid in dropped:
-            for path in self.committed()[cid]:
+            for path in committed[cid]:
                 fs.rm_file(path)
         return dropped
 
@@ -124,7 +135,30 @@ class ExactlyOnceParquetSink:
 
     @staticmethod
     def _remove(fs: Any, path: str) -> None:
+        """Delete a staging directory without globbing its name (`fs.rm` would expand `[...]`)."""
+        if isinstance(fs, LocalFileSystem):
+            shutil.rmtree(fs._strip_protocol(path), ignore_errors=True)  # never follows links
+            return
         try:
-            fs.rm(path, recursive=True)
+            files = fs.find(path)
         except FileNotFoundError:
-            pass
+            return
+        for f in files:
+            try:
+                fs.rm_file(f)
+            except FileNotFoundError:
+                pass
+
+
+def part_name(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:
+    """The visible name of one subtask's output of one checkpoint."""
+    return f"part-{job_id}~{checkpoint_id:08d}~{operator}~{subtask:05d}.parquet"
+
+
+def _move(fs: Any, source: str, target: str) -> None:
+    """One file, no glob: a rename on local disks, copy + delete on object stores."""
+    if isinstance(fs, LocalFileSystem):
+        fs.mv(source, target)  # shutil.move: a rename within the output directory
+    else:
+        fs.cp_file(source, target)
+        fs.rm_file(source)

@@ -52,6 +52,7 @@ class TaskSpec:
     incremental: bool = True
     local_recovery: bool = True
     rocksdb: RocksDBOptions = RocksDBOptions()
+    allow_new_operators: bool = False
     inject_failure: str | None = None  # see sparkpoint.spark.faults
 
 
@@ -90,7 +91,9 @@ def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
     )
     with _exclusive(backend.dir):
         meta = CheckpointMetadata.loads(spec.restore_metadata) if spec.restore_metadata else None
-        restored = backend.restore(meta, claim_mode=spec.claim_mode, source=source)
+        restored = backend.restore(
+            meta, claim_mode=spec.claim_mode, source=source, allow_missing=spec.allow_new_operators
+        )
         try:
             changed = op.process(batch, backend) if len(batch) else None
             staged = None
