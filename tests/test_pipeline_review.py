@@ -145,3 +145,26 @@ def test_a_checkpoint_with_other_operators_than_the_job_is_refused_unless_allowe
     with pytest.raises(OperatorStateMismatch, match="no state for item_reach.*--allow-new-operators"):
         both._begin()
     StatefulPipeline(None, config(tmp_path, allow_new_operators=True), operators=(user_totals, item_reach))._begin()
+
+
+@pytest.mark.spark
+def test_a_checkpoints_directory_with_glob_characters_resumes_where_it_stopped(spark, tmp_path: Path):
+    input_dir = make_input(tmp_path, batches=3)
+    bracketed = replace(config(tmp_path), checkpoints_url=f"file://{tmp_path}/ck[prod]")
+    StatefulPipeline(spark, replace(bracketed, max_batches=2)).run()
+    reports = StatefulPipeline(spark, bracketed).run()
+    assert [r.files for r in reports] == [("batch-000002.parquet",)], "resumed, not restarted from empty state"
+    assert CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ck[prod]", "job")).checkpoint_ids() == [3, 2]
+    output = pd.read_parquet(tmp_path / "out")
+    assert len(output) == sum(len(e) for e in oracle.sink_rows(oracle.read_batches(input_dir)))
+
+
+def test_a_flipped_letter_in_the_latest_metadata_stops_the_resume_instead_of_starting_empty(tmp_path: Path):
+    from sparkpoint.spark.runtime import PipelineError
+
+    make_input(tmp_path, batches=1)
+    _checkpoint_of(tmp_path, ["user_totals", "item_reach"])
+    path = tmp_path / CKPT / "job" / "chk-1" / "_metadata"
+    path.write_text(path.read_text().replace('"user_totals"', '"user_totalr"', 1))
+    with pytest.raises(PipelineError, match=r"chk-1/_metadata cannot be read.*checksum"):
+        StatefulPipeline(None, config(tmp_path))._begin()

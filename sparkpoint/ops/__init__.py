@@ -37,7 +37,11 @@ def recover_op(
 ) -> Iterator[Any]:
     """Abort the failed attempt, rebuild the registry, verify (fall back loudly), re-process."""
     pipeline = pipeline_of(storage, registry, state_backend, source, spark.session)
-    report = maintenance.recover(pipeline)
+    failed = context.instance.get_run_record_by_id(config.failed_run_id) if config.failed_run_id else None
+    report = maintenance.recover(
+        pipeline, failed_before=failed.end_time if failed and failed.end_time else None,
+        orphan_grace_seconds=registry.orphan_grace_seconds,
+    )
     context.log.info(f"recovery of run {config.failed_run_id or '?'}: {report}")
     if report.fell_back_from:
         context.log.error(f"FELL BACK: checkpoints {list(report.fell_back_from)} failed verification")

@@ -120,15 +120,18 @@ class RecoveryReport:
     batch: tuple[BatchReport, CheckpointMetadata] | None  # the re-processed batch
 
 
-def recover(pipeline: StatefulPipeline, *, orphan_grace_seconds: float = 0.0) -> RecoveryReport:
+def recover(
+    pipeline: StatefulPipeline, *, failed_before: float | None = None, orphan_grace_seconds: float = 3600.0
+) -> RecoveryReport:
     """Heal the job after a failed batch, then process that batch again.
 
     1. Abort every persisted attempt whose checkpoint did not complete (its uploads, its sink
        staging); forget those whose checkpoint did.
-    2. Sweep orphans older than `orphan_grace_seconds` (uploads of attempts that never got
-       persisted, such as a Spark job that died mid-upload). The default 0 assumes no other
-       writer of this job is running, which the orchestrator guarantees (Dagster: the
-       `sparkpoint` concurrency pool); `_metadata`'s exclusive create fences the rest.
+    2. Sweep orphans (uploads of attempts that never got persisted, such as a Spark job that
+       died mid-upload): with `failed_before` (POSIX seconds, when the failed run ended) every
+       unreferenced file written before then, and nothing written after it: those may be a
+       live writer's pending uploads (a CLI run on the same job), which a sweep must never take.
+       Without it, files older than `orphan_grace_seconds`.
     3. Rebuild the registry from the retained `_metadata`.
     4. Verify the latest checkpoint; if it fails, fall back to the next older that verifies,
        loudly (its later sink output is rolled back and its batches replayed).
@@ -145,7 +148,10 @@ def recover(pipeline: StatefulPipeline, *, orphan_grace_seconds: float = 0.0) ->
         deleted += abort_attempt(storage, attempt, pipeline.sink if abandoned else None)
         if abandoned:
             aborted.append(attempt.checkpoint_id)
-    sweep: SweepReport = sweep_orphans(storage, grace_seconds=orphan_grace_seconds)
+    if failed_before is not None:
+        sweep: SweepReport = sweep_orphans(storage, grace_seconds=0.0, now=failed_before)
+    else:
+        sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds)
     counts = registry_counts(storage)
     start, coordinator = pipeline._begin()
     fell_back: list[int] = []
