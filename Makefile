@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 
-.PHONY: run test lint bench soak clean
+.PHONY: run ui test lint bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 
 run: $(RUN_STAMP)
 	$(BIN)/python -m sparkpoint.demo
+
+# The Dagster UI (webserver + daemon) on the embedded defaults; Ctrl-C stops it.
+DAGSTER_HOME ?= $(CURDIR)/.sparkpoint/dagster
+UI_PORT ?= 3000
+ui: $(RUN_STAMP)
+	@home=$$($(BIN)/python -c 'import sys; from sparkpoint.ops.instance import prepare_dagster_home; print(prepare_dagster_home(sys.argv[1]))' "$(DAGSTER_HOME)") && \
+	  echo "Dagster UI: http://127.0.0.1:$(UI_PORT)  (DAGSTER_HOME=$$home; Ctrl-C stops it)" && \
+	  DAGSTER_HOME=$$home PATH=$(CURDIR)/$(BIN):$$PATH exec $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 test: $(DEV_STAMP)
 	$(BIN)/ruff check sparkpoint tests benchmarks

@@ -1,0 +1,279 @@
+"""A real `dagster dev` (webserver + daemon) on 127.0.0.1 for the end-to-end and UI tests.
+
+It runs in its own process group (stopped by signalling the group) from a temporary working
+directory, so the resources' embedded defaults (`.sparkpoint/checkpoints`, `.sparkpoint/demo/input`,
+relative to the working directory) land there and never touch the checkout's `.sparkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint.ops.instance import prepare_dagster_home
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PREFIX = "sparkpoint"
+ASSET_NAMES = ("user_totals", "item_reach", "checkpoint")
+CHECKS = ("checkpoint_verifies", "registry_matches_metadata")
+INJECT_TAG = "sparkpoint/inject-failure"
+RECOVERS_TAG = "sparkpoint/recovers"
+DONE = {"SUCCESS", "FAILURE", "CANCELED"}
+
+WORKSPACE = """\
+load_from:
+  - python_module:
+      module_name: sparkpoint.definitions
+      attribute: defs
+      working_directory: {repo}
+"""
+
+LAUNCH = """
+mutation Launch($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
+  ... on LaunchRunSuccess { run { runId } }
+  ... on PythonError { message }
+  ... on RunConfigValidationInvalid { errors { message } }
+  ... on InvalidSubsetError { message }
+  ... on PipelineNotFoundError { message } } }
+"""
+
+RUN = """
+query Run($id: ID!) { runOrError(runId: $id) { __typename
+  ... on Run { runId jobName status tags { key value } stepStats { stepKey status } } } }
+"""
+
+RUNS = """
+query Runs($filter: RunsFilter) { runsOrError(filter: $filter, limit: 50) { __typename
+  ... on Runs { results { runId jobName status tags { key value } } } } }
+"""
+
+MATERIALIZATIONS = """
+query Mats($key: AssetKeyInput!) { assetOrError(assetKey: $key) { __typename
+  ... on Asset { assetMaterializations(limit: 50) { runId timestamp metadataEntries { __typename label
+    ... on IntMetadataEntry { intValue intRepr }
+    ... on FloatMetadataEntry { floatValue }
+    ... on TextMetadataEntry { text }
+    ... on JsonMetadataEntry { jsonString }
+    ... on PathMetadataEntry { path } } } } } }
+"""
+
+SENSOR = """
+query Sensor($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+  ... on Sensor { name minIntervalSeconds sensorState { status } } } }
+"""
+
+REPOSITORIES = """
+{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { name location { name }
+  assetNodes { assetKey { path } } sensors { name sensorState { status } } } } } }
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def entry_value(entry: dict[str, Any]) -> Any:
+    """A GraphQL metadata entry's value as Python."""
+    kind = entry["__typename"]
+    if kind == "IntMetadataEntry":
+        return entry["intValue"] if entry["intValue"] is not None else int(entry["intRepr"])
+    if kind == "FloatMetadataEntry":
+        return entry["floatValue"]
+    if kind == "TextMetadataEntry":
+        return entry["text"]
+    if kind == "JsonMetadataEntry":
+        return json.loads(entry["jsonString"])
+    if kind == "PathMetadataEntry":
+        return entry["path"]
+    return entry
+
+
+class DagsterServer:
+    """`dagster dev -w workspace.yaml -h 127.0.0.1 -p PORT` in `root`, stopped by process group."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.home = prepare_dagster_home(root / "dagster-home")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = root / "dagster-dev.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.location = ""
+        self.repository = ""
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, timeout: float = 120.0) -> None:
+        (self.root / "workspace.yaml").write_text(WORKSPACE.format(repo=REPO))
+        env = {**os.environ, "DAGSTER_HOME": str(self.home), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+               "PYTHONPATH": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
+        env.pop("SPARKPOINT_CHECKPOINT_CRON", None)
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
+                cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dagster dev exited with {self.proc.returncode}\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as r:
+                    if r.status == 200:
+                        repos = self.gql(REPOSITORIES)["repositoriesOrError"]
+                        if repos["__typename"] == "RepositoryConnection" and repos["nodes"]:
+                            node = repos["nodes"][0]
+                            self.location, self.repository = node["location"]["name"], node["name"]
+                            return
+            except (urllib.error.URLError, ConnectionError, OSError, AssertionError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"dagster dev did not answer within {timeout:.0f}s\n{self.log_tail()}")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group; once `dagster dev` has shut its services down (or
+        after 20 s), SIGKILL to whatever is left of the group (a code server respawned meanwhile)."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        left = subprocess.run(["ps", "-o", "pid,stat,etime,args", "-g", str(proc.pid)], capture_output=True,
+                              text=True, check=False).stdout
+        if len(left.splitlines()) > 1:
+            with open(self.log, "a") as log:
+                log.write(f"--- left in the process group after SIGTERM, sending SIGKILL ---\n{left}")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.wait(timeout=10)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "--- dagster dev log (tail) ---\n" + "\n".join(text[-lines:])
+
+    # -- GraphQL ---------------------------------------------------------------------------
+    def gql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        req = urllib.request.Request(f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.load(r)
+        if answer.get("errors"):
+            raise AssertionError(f"GraphQL errors: {answer['errors']}")
+        return dict(answer["data"])
+
+    def launch_all_assets(self, tags: dict[str, str] | None = None) -> str:
+        """What the UI's "Materialize all" does: `__ASSET_JOB` over every asset and its checks."""
+        keys = [{"path": [PREFIX, name]} for name in ASSET_NAMES]
+        checks = [{"assetKey": {"path": [PREFIX, "checkpoint"]}, "name": name} for name in CHECKS]
+        params = {
+            "selector": {"repositoryLocationName": self.location, "repositoryName": self.repository,
+                         "jobName": "__ASSET_JOB", "assetSelection": keys, "assetCheckSelection": checks},
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+        }
+        result = self.gql(LAUNCH, {"p": params})["launchRun"]
+        assert result["__typename"] == "LaunchRunSuccess", result
+        return str(result["run"]["runId"])
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        run = self.gql(RUN, {"id": run_id})["runOrError"]
+        assert run["__typename"] == "Run", run
+        return dict(run)
+
+    def runs(self, tags: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        flt = {"tags": [{"key": k, "value": v} for k, v in tags.items()]} if tags else None
+        result = self.gql(RUNS, {"filter": flt})["runsOrError"]
+        assert result["__typename"] == "Runs", result
+        return list(result["results"])
+
+    def sensor(self, name: str) -> dict[str, Any]:
+        selector = {"repositoryLocationName": self.location, "repositoryName": self.repository, "sensorName": name}
+        sensor = self.gql(SENSOR, {"s": selector})["sensorOrError"]
+        assert sensor["__typename"] == "Sensor", sensor
+        return dict(sensor)
+
+    def wait_for(self, what: str, probe: Callable[[], Any], timeout: float,
+                 last: Callable[[], Any] | None = None) -> Any:
+        """Poll `probe` until it returns something truthy; fail with the last state and the log tail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value:
+                return value
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"dagster dev exited while waiting for {what}\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                state = last() if last else None
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {state}\n"
+                                     f"{self.log_tail()}")
+            time.sleep(2)
+
+    def wait_run(self, run_id: str, timeout: float = 180.0) -> dict[str, Any]:
+        """The run once it is finished (SUCCESS, FAILURE or CANCELED)."""
+        return dict(self.wait_for(
+            f"run {run_id} to finish", lambda: (r if (r := self.run(run_id))["status"] in DONE else None),
+            timeout, last=lambda: self.run(run_id),
+        ))
+
+    def materializations(self, name: str) -> list[dict[str, Any]]:
+        """Newest first: {"runId", "timestamp", "metadata": {label: value}}."""
+        asset = self.gql(MATERIALIZATIONS, {"key": {"path": [PREFIX, name]}})["assetOrError"]
+        if asset["__typename"] != "Asset":
+            return []
+        return [{"runId": m["runId"], "timestamp": m["timestamp"],
+                 "metadata": {e["label"]: entry_value(e) for e in m["metadataEntries"]}}
+                for m in asset["assetMaterializations"]]
+
+    def checkpoint_ids(self) -> list[int]:
+        return sorted(int(m["metadata"]["checkpoint_id"]) for m in self.materializations("checkpoint"))
+
+    def ensure_checkpoint(self) -> None:
+        """At least one checkpoint materialized (the UI test may run without the e2e test)."""
+        if not self.checkpoint_ids():
+            run = self.wait_run(self.launch_all_assets())
+            assert run["status"] == "SUCCESS", f"{run}\n{self.log_tail()}"
+
+    @property
+    def checkpoints_url(self) -> str:
+        return (self.root / ".sparkpoint" / "checkpoints").resolve().as_uri()
+
+
+@pytest.fixture(scope="session")
+def dagster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServer]:
+    """One webserver + daemon for the session's end-to-end and UI tests."""
+    server = DagsterServer(tmp_path_factory.mktemp("dagster-e2e"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

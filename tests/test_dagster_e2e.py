@@ -1,0 +1,117 @@
+"""End to end through the real webserver and daemon: the UI's "Materialize all" over GraphQL, an
+injected failure healed by the recovery sensor's run, exactly-once state and output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sparkpoint.cli import main
+from sparkpoint.core import CompletedCheckpointStore
+from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.spark.maintenance import registry_counts
+from tests import oracle
+from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer
+
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
+
+JOB = "demo"  # the resources' embedded default job id
+METADATA_KEYS = {"checkpoint_id", "path", "state_size", "checkpointed_size", "incremental_ratio", "files_new",
+                 "files_reused", "files_deleted", "registry_files", "retained", "duration_s"}
+
+
+def export(server: DagsterServer, tmp_path: Path, operator: str) -> pd.DataFrame:
+    out = tmp_path / f"{operator}.parquet"
+    assert main(["state", "--checkpoints", server.checkpoints_url, "--job-id", JOB, "--operator", operator,
+                 "--format", "parquet", "--out", str(out)]) == 0
+    return pd.read_parquet(out)
+
+
+def assert_metadata_matches_storage(storage: CheckpointStorage, metadata: dict[str, Any], *,
+                                    registry_now: bool) -> None:
+    assert set(metadata) == METADATA_KEYS, sorted(metadata)
+    cid = metadata["checkpoint_id"]
+    assert isinstance(cid, int)
+    meta = CompletedCheckpointStore(storage).load(cid)
+    assert metadata["path"] == f"{storage.job_url}/{meta.metadata_path}"
+    assert metadata["state_size"] == meta.stats.state_size > 0
+    assert metadata["checkpointed_size"] == meta.stats.checkpointed_size > 0
+    assert metadata["incremental_ratio"] == pytest.approx(meta.stats.checkpointed_size / meta.stats.state_size,
+                                                          abs=1e-4)
+    assert metadata["files_new"] == meta.stats.files_new
+    assert metadata["files_reused"] == meta.stats.files_reused
+    assert metadata["files_new"] + metadata["files_reused"] > 0
+    assert isinstance(metadata["files_deleted"], int) and metadata["files_deleted"] >= 0
+    assert isinstance(metadata["duration_s"], float) and metadata["duration_s"] > 0
+    assert cid in metadata["retained"]
+    if registry_now:  # nothing has committed or pruned since
+        counts = registry_counts(storage)
+        assert metadata["registry_files"] == counts.files
+        assert sorted(metadata["retained"]) == sorted(counts.checkpoints)
+
+
+def test_materialize_fail_and_heal_through_the_webserver_and_daemon(dagster_server: DagsterServer,
+                                                                    tmp_path: Path) -> None:
+    server = dagster_server
+    storage = CheckpointStorage(server.checkpoints_url, JOB)
+    sensors = server.sensor("recovery_sensor")
+    assert sensors["sensorState"]["status"] == "RUNNING", "the recovery sensor runs by default"
+    before = server.checkpoint_ids()
+
+    # 1. "Materialize all", as the UI does it
+    run_id = server.launch_all_assets()
+    run = server.wait_run(run_id)
+    assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
+    assert run["jobName"] == "__ASSET_JOB"
+    mats = [m for m in server.materializations("checkpoint") if m["runId"] == run_id]
+    assert len(mats) == 1, mats
+    first = mats[0]["metadata"]
+    assert first["checkpoint_id"] == max(before, default=0) + 1
+    assert_metadata_matches_storage(storage, first, registry_now=True)
+    for name in ("user_totals", "item_reach"):
+        assert [m for m in server.materializations(name) if m["runId"] == run_id], name
+
+    # 2. an injected failure after the SSTs were uploaded: the run fails, nothing is committed
+    failed_id = server.launch_all_assets({INJECT_TAG: "after-upload"})
+    failed = server.wait_run(failed_id)
+    assert failed["status"] == "FAILURE", f"{failed}\n{server.log_tail()}"
+    assert storage.completed_checkpoint_ids()[-1] == first["checkpoint_id"]
+
+    # 3. the daemon's recovery sensor launches a `recover` run that commits a newer checkpoint
+    def recovery_runs() -> list[dict[str, Any]]:
+        return server.runs({RECOVERS_TAG: failed_id})
+
+    recovery = server.wait_for(f"the recovery run of {failed_id}", recovery_runs, timeout=90,
+                               last=lambda: [(r["jobName"], r["status"]) for r in server.runs()[:5]])
+    assert len(recovery) == 1 and recovery[0]["jobName"] == "recover", recovery
+    healed = server.wait_run(recovery[0]["runId"])
+    assert healed["status"] == "SUCCESS", f"{healed}\n{server.log_tail()}"
+    mats = [m for m in server.materializations("checkpoint") if m["runId"] == healed["runId"]]
+    assert len(mats) == 1, mats
+    newer = mats[0]["metadata"]
+    assert newer["checkpoint_id"] == first["checkpoint_id"] + 1
+    assert_metadata_matches_storage(storage, newer, registry_now=False)
+    assert len(recovery_runs()) == 1, "one recovery run per failed run"
+
+    # 4. exactly-once: the state equals a recomputation over every consumed batch; sink once per batch
+    latest = CompletedCheckpointStore(storage).latest()
+    assert latest is not None and latest.checkpoint_id == newer["checkpoint_id"]
+    input_dir = server.root / ".sparkpoint" / "demo" / "input"
+    batches = oracle.read_batches(str(input_dir))
+    consumed = latest.source_offsets["source"]["consumed"]
+    assert consumed == sorted(p.name for p in input_dir.glob("batch-*.parquet")), consumed
+    assert len(batches) == latest.checkpoint_id
+    events = pd.concat(batches, ignore_index=True)
+    oracle.assert_totals_equal(export(server, tmp_path, "user_totals"), oracle.user_totals(events))
+    oracle.assert_reach_equal(export(server, tmp_path, "item_reach"), oracle.item_reach(events))
+    output = pd.read_parquet(server.root / ".sparkpoint" / "demo" / "output")
+    ids = sorted(int(i) for i in output["checkpoint_id"].unique())
+    assert ids == list(range(1, latest.checkpoint_id + 1))
+    for cid, expected in zip(ids, oracle.sink_rows(batches)):
+        oracle.assert_totals_equal(output[output["checkpoint_id"] == cid].drop(columns="checkpoint_id"), expected)
+
+    # 5. every retained checkpoint verifies (present, size, CRC32)
+    assert main(["verify", "--checkpoints", server.checkpoints_url, "--job-id", JOB]) == 0
