@@ -484,3 +484,37 @@ def test_restore_failure_names_only_a_checkpoint_that_verifies(tmp_path: Path, c
     _flip(storage, 1)
     assert main(args) == 2
     assert "no retained checkpoint older than 3 verifies" in capsys.readouterr().err
+
+
+class FlakyListing(CheckpointStorage):
+    """The `fail_on`-th listing of the checkpoints fails (a 503 right after a commit)."""
+
+    calls = 0
+    fail_on = 0
+
+    def completed_checkpoint_ids(self) -> list[int]:
+        type(self).calls += 1
+        if type(self).calls == type(self).fail_on:
+            raise OSError("503 Slow Down")
+        return super().completed_checkpoint_ids()
+
+
+def test_a_listing_error_right_after_the_commit_leaves_the_checkpoint_complete(tmp_path: Path):
+    storage = FlakyListing(f"file://{tmp_path}/ck", "job")
+    coord = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("a.sst")
+    sub.write("b.sst")
+    first = coord.trigger(expected={"op": 1}).checkpoint_id
+    coord.acknowledge(first, sub.snapshot(first, ["a.sst"]))
+    coord.complete(first)
+    sub.confirm(first)
+    cid = coord.trigger(expected={"op": 1}).checkpoint_id
+    coord.acknowledge(cid, sub.snapshot(cid, ["b.sst"]))
+    FlakyListing.calls, FlakyListing.fail_on = 0, 2  # the first listing is the check before the commit
+    done = coord.complete(cid)
+    assert FlakyListing.calls >= 2
+    assert done.checkpoint_id == cid and done.deletion_blocked and "503" in done.deletion_blocked
+    assert done.subsumed == (), "in doubt about other writers: nothing is subsumed"
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [cid, first]
+    assert verify_checkpoint(storage, CompletedCheckpointStore(storage).load(cid)) == []

@@ -175,17 +175,20 @@ class CheckpointCoordinator:
             raise
         known = set(self._kinds) | self._unreadable
         self._commit(meta)
-        self._withdraw_if_broken(meta, known)
-        del self.pending[checkpoint_id]
         subsumed: list[int] = []
         deleted, blocked = 0, None
         try:
+            self._withdraw_if_broken(meta, known)
+            self.pending.pop(checkpoint_id, None)
             if meta.kind == "checkpoint":  # Flink: a completed checkpoint subsumes older pending ones
                 for older in [c for c, p in self.pending.items() if c < checkpoint_id and p.kind == "checkpoint"]:
                     self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
             self._register(meta, known)
             subsumed, deleted, blocked = self._subsume()
+        except UnknownSharedState:  # withdrawn: it was never a usable checkpoint
+            raise
         except Exception as e:  # the checkpoint is committed: what is left undone is the sweep's
+            self.pending.pop(checkpoint_id, None)
             self._stale = True
             blocked = f"bookkeeping after committing checkpoint {checkpoint_id} failed ({e}); the sweep cleans up"
             log.error("checkpoint %s is complete, but %s", checkpoint_id, blocked)
@@ -240,9 +243,13 @@ class CheckpointCoordinator:
         if not gone:
             return
         log.error("checkpoint %s reuses %s, which another writer deleted: withdrawing it", cid, gone)
-        self.storage.delete([meta.metadata_path])
-        self._rebuild()
-        self.abort(cid, reason="it reuses files another writer deleted")
+        self.storage.delete([meta.metadata_path])  # if this fails, it stays committed and nothing is subsumed
+        try:  # its own uploads: best effort, the sweep gets what is left
+            self._rebuild()
+            self.abort(cid, reason="it reuses files another writer deleted")
+        except Exception as e:
+            self._stale = True
+            log.warning("checkpoint %s was withdrawn, its uploads are left to the sweep: %s", cid, e)
         raise UnknownSharedState(
             f"checkpoint {cid} re-references {gone[0]}, which another writer deleted while it committed; "
             "it was withdrawn. Restore the latest checkpoint and take the next one."
