@@ -518,3 +518,15 @@ def test_a_listing_error_right_after_the_commit_leaves_the_checkpoint_complete(t
     assert done.subsumed == (), "in doubt about other writers: nothing is subsumed"
     assert CompletedCheckpointStore(storage).checkpoint_ids() == [cid, first]
     assert verify_checkpoint(storage, CompletedCheckpointStore(storage).load(cid)) == []
+
+
+def test_discarding_staged_files_refuses_names_that_leave_the_staging_directory(tmp_path: Path):
+    from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkError
+
+    precious = tmp_path / "precious.parquet"
+    precious.write_bytes(b"keep")
+    sink = ExactlyOnceParquetSink.at(f"file://{tmp_path}/out", "etl")
+    hostile = ["chk-3/user_totals-00000-0123456789ab.parquet", "../../../precious.parquet"]
+    with pytest.raises(SinkError, match="precious"):
+        sink.discard_staged(3, hostile)  # e.g. from a tampered _pending/*.json
+    assert precious.read_bytes() == b"keep"

@@ -184,7 +184,7 @@ class CheckpointCoordinator:
                 for older in [c for c, p in self.pending.items() if c < checkpoint_id and p.kind == "checkpoint"]:
                     self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
             self._register(meta, known)
-            subsumed, deleted, blocked = self._subsume()
+            subsumed, deleted, blocked = self.subsume()
         except UnknownSharedState:  # withdrawn: it was never a usable checkpoint
             raise
         except Exception as e:  # the checkpoint is committed: what is left undone is the sweep's
@@ -377,7 +377,9 @@ class CheckpointCoordinator:
         self.registry.register_checkpoint(meta.checkpoint_id, meta.references())
         self._kinds[meta.checkpoint_id] = meta.kind
 
-    def _subsume(self) -> tuple[list[int], int, str | None]:
+    def subsume(self) -> tuple[list[int], int, str | None]:
+        """Apply retention now (e.g. after `num_retained` was lowered): (subsumed ids, files
+        deleted, why deletion was blocked or None)."""
         doomed = checkpoints_to_subsume(list(self._kinds.items()), self.num_retained)
         try:
             deleted = self._discard(doomed)

@@ -30,17 +30,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-
 from sparkpoint.core.coordinator import CheckpointCoordinator
 from sparkpoint.core.errors import CheckpointCorrupted, CheckpointDeclined, DeletionBlocked, SparkpointError
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore
-from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at, injected_in
-from sparkpoint.spark.runtime import BatchReport, _corruption_in, _Start
+from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
+from sparkpoint.spark.runtime import BatchReport, _Start
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceOffsets
+from sparkpoint.spark.tasks import raised_in_task
 
 if TYPE_CHECKING:
     from sparkpoint.spark.runtime import StatefulPipeline
@@ -201,11 +200,11 @@ def run_spark_half(
     try:
         results = pipeline._run_spark(spec, [pipeline.source.url_of(f) for f in files])
     except BaseException as e:
-        injected = injected_in(e)
+        injected = raised_in_task(e, InjectedFailure)
         if injected is not None:
             raise injected from e
         coordinator.abort(cid, reason=f"batch {files} failed: {type(e).__name__}")
-        corrupted = _corruption_in(e)
+        corrupted = raised_in_task(e, CheckpointCorrupted)
         if corrupted is not None:
             raise corrupted from e
         raise
@@ -279,7 +278,7 @@ def abort_attempt(storage: CheckpointStorage, attempt: PendingAttempt, sink: Exa
     and safe on an attempt whose checkpoint did complete (its files are referenced)."""
     deleted = _delete_unreferenced(storage, attempt)
     if sink is not None:
-        _discard_staged(sink, attempt)
+        sink.discard_staged(attempt.checkpoint_id, list(attempt.staged))
     _forget(storage, attempt)
     log.warning("aborted the pending attempt of checkpoint %s (%s): %d uploads deleted", attempt.checkpoint_id,
                 attempt.attempt_id, deleted)
@@ -352,15 +351,6 @@ def _delete_unreferenced(storage: CheckpointStorage, attempt: PendingAttempt) ->
     storage.remove_empty_dirs(f"chk-{attempt.checkpoint_id}")
     return deleted
 
-
-def _discard_staged(sink: ExactlyOnceParquetSink, attempt: PendingAttempt) -> None:
-    """This attempt's staged sink files only: another attempt at the same id may be live."""
-    fs, root = fsspec.core.url_to_fs(sink.url, **dict(sink.storage_options))
-    for rel in attempt.staged:
-        try:
-            fs.rm_file(f"{root.rstrip('/')}/_staging/{sink.job_id}/{rel}")
-        except FileNotFoundError:
-            pass
 
 
 def pending_files(pipeline: StatefulPipeline, start: _Start) -> list[str]:

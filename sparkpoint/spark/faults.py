@@ -17,7 +17,6 @@ from __future__ import annotations
 from sparkpoint.core.errors import SparkpointError
 
 INJECTION_POINTS = ("before-upload", "after-upload", "before-commit")
-_MARKER = "InjectedFailure: "
 
 
 class InjectedFailure(SparkpointError):
@@ -39,12 +38,3 @@ def fail_at(point: str, inject_failure: str | None, where: str) -> None:
     if inject_failure == point:
         raise InjectedFailure(f"injected failure {point}: {where}")
 
-
-def injected_in(error: BaseException) -> InjectedFailure | None:
-    """An InjectedFailure raised in a Spark task reaches the driver as text in a Py4J error."""
-    if isinstance(error, InjectedFailure):
-        return error
-    text = str(error)
-    if _MARKER in text:
-        return InjectedFailure(text.split(_MARKER, 1)[1].splitlines()[0])
-    return None

@@ -197,7 +197,7 @@ def prune(
     attempts of completed checkpoints, sweep orphans older than the grace period (files of
     attempts still pending are kept whatever their age)."""
     coordinator = CheckpointCoordinator(storage, num_retained=num_retained)
-    subsumed, files_deleted, blocked = coordinator._subsume()
+    subsumed, files_deleted, blocked = coordinator.subsume()
     if blocked:
         log.warning("prune: retention skipped: %s", blocked)
     latest = max(storage.completed_checkpoint_ids(), default=0)

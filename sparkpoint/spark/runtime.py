@@ -322,17 +322,6 @@ def _offsets_of(meta: CheckpointMetadata) -> SourceOffsets:
     return SourceOffsets.from_json(raw.get("source") if isinstance(raw, dict) else raw)
 
 
-def _corruption_in(error: BaseException) -> CheckpointCorrupted | None:
-    """A CheckpointCorrupted raised in a Spark task reaches the driver as text in a Py4J error."""
-    if isinstance(error, CheckpointCorrupted):
-        return error
-    text = str(error)
-    marker = "CheckpointCorrupted: "
-    if marker in text:
-        detail = text.split(marker, 1)[1].splitlines()[0]
-        return CheckpointCorrupted(detail)
-    return None
-
 
 def load_external_checkpoint(
     path: str, storage_options: dict[str, Any]

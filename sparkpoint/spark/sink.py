@@ -82,10 +82,7 @@ class ExactlyOnceParquetSink:
         fs, root = self._fs()
         moved = 0
         for rel in staged:
-            m = _STAGED.match(rel)
-            if not m or int(m.group(1)) != checkpoint_id:
-                raise SinkError(f"{rel!r} is not a staged file of checkpoint {checkpoint_id}")
-            operator, subtask = m.group(2).rsplit("-", 1)
+            operator, subtask = _staged_of(rel, checkpoint_id)
             target = f"{root}/{part_name(self.job_id, checkpoint_id, operator, int(subtask))}"
             if fs.exists(f"{root}/{self._staging}/{rel}"):
                 _move(fs, f"{root}/{self._staging}/{rel}", target)
@@ -94,6 +91,18 @@ class ExactlyOnceParquetSink:
                 log.warning("checkpoint %s: neither %s nor its staged file exists", checkpoint_id, target)
         self._remove(fs, f"{root}/{self._staging}/chk-{checkpoint_id}")
         return moved
+
+    def discard_staged(self, checkpoint_id: int, staged: list[str]) -> None:
+        """Delete these staged files of checkpoint N only: another attempt at N may be live.
+        Every name must be one `stage` makes (never a path that leaves the staging directory)."""
+        fs, root = self._fs()
+        for rel in staged:
+            _staged_of(rel, checkpoint_id)
+        for rel in staged:
+            try:
+                fs.rm_file(f"{root}/{self._staging}/{rel}")
+            except FileNotFoundError:
+                pass
 
     def committed(self) -> dict[int, list[str]]:
         """This job's visible part files by checkpoint id."""
@@ -148,6 +157,15 @@ class ExactlyOnceParquetSink:
                 fs.rm_file(f)
             except FileNotFoundError:
                 pass
+
+
+def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
+    """(operator, subtask) of a staged name of checkpoint N; SinkError for anything else."""
+    m = _STAGED.match(rel)
+    if not m or int(m.group(1)) != checkpoint_id:
+        raise SinkError(f"{rel!r} is not a staged file of checkpoint {checkpoint_id}")
+    operator, subtask = m.group(2).rsplit("-", 1)
+    return operator, subtask
 
 
 def part_name(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import pyarrow as pa
@@ -129,6 +129,21 @@ def _to_ipc(frame: pd.DataFrame) -> bytes:
 def _from_ipc(data: bytes) -> pd.DataFrame:
     with pa.ipc.open_stream(io.BytesIO(data)) as reader:
         return reader.read_all().to_pandas()
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def raised_in_task(error: BaseException, kind: type[E]) -> E | None:
+    """`kind` raised in a Spark task reaches the driver only as text in a Py4J error: rebuild it
+    from its `Kind: message` line (None when the error is not one)."""
+    if isinstance(error, kind):
+        return error
+    marker = f"{kind.__name__}: "
+    text = str(error)
+    if marker not in text:
+        return None
+    return kind(text.split(marker, 1)[1].splitlines()[0])
 
 
 @contextmanager
