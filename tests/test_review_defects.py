@@ -530,3 +530,14 @@ def test_discarding_staged_files_refuses_names_that_leave_the_staging_directory(
     with pytest.raises(SinkError, match="precious"):
         sink.discard_staged(3, hostile)  # e.g. from a tampered _pending/*.json
     assert precious.read_bytes() == b"keep"
+
+
+def test_a_pending_attempt_whose_id_is_a_path_is_refused():
+    from sparkpoint.spark.attempt import AttemptError, PendingAttempt
+
+    raw = {"format": "sparkpoint-pending-attempt", "version": 1, "job_id": "job", "checkpoint_id": 3,
+           "attempt_id": "x/../../chk-2/_metadata", "expected": {}, "handles": [], "staged": [],
+           "source_offsets": {"version": 1, "consumed": []}, "files": [], "subtasks": [], "rows": 0,
+           "started_at": 0.0}
+    with pytest.raises(AttemptError, match="attempt id"):
+        PendingAttempt.from_json(raw)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.core.coordinator import CheckpointCoordinator
 from sparkpoint.core.errors import CheckpointCorrupted, CheckpointDeclined, DeletionBlocked, SparkpointError
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
+from sparkpoint.core.paths import validate_name
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
@@ -136,7 +137,7 @@ class PendingAttempt:
                 raise ValueError(f"version {raw.get('version')!r}, this sparkpoint reads version {ATTEMPT_VERSION}")
             attempt = cls(
                 job_id=str(raw["job_id"]), checkpoint_id=_int(raw["checkpoint_id"]),
-                attempt_id=str(raw["attempt_id"]),
+                attempt_id=validate_name(str(raw["attempt_id"]), "attempt id"),
                 expected={str(k): _int(v) for k, v in dict(raw["expected"]).items()},
                 handles=tuple(str(h) for h in raw["handles"]), staged=tuple(str(s) for s in raw["staged"]),
                 source_offsets=dict(raw["source_offsets"]), files=tuple(str(f) for f in raw["files"]),
