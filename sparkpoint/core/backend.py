@@ -17,6 +17,10 @@ Invariants:
    `chk-<N>/<operator>/<subtask>/<attempt>/` (rule 1), so racing attempts never overwrite or
    delete each other's files.
 3. Nothing is opened by RocksDB before every file was checked against `_metadata` (rule 7).
+4. With the changelog on (see `changelog`), a checkpoint that only writes a changelog file
+   builds on the confirmed base, and only when the changes logged since are exactly the
+   changes since that base; anything else materializes. Such handles hold no private files:
+   everything a later checkpoint re-references lives under `shared/`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any, TypeVar
 
 from rocksdict import Checkpoint, Rdict
 
+from sparkpoint.core import changelog
+from sparkpoint.core.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
 from sparkpoint.core.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from sparkpoint.core.errors import (
     CheckpointCorrupted,
@@ -103,6 +109,7 @@ class RocksDBStateBackend:
         options: RocksDBOptions | None = None,
         incremental: bool = True,
         local_recovery: bool = True,
+        changelog: ChangelogOptions | None = None,
     ):
         if not operator or "/" in operator or operator in (".", ".."):
             raise ValueError(f"invalid operator name {operator!r}")
@@ -117,10 +124,14 @@ class RocksDBStateBackend:
         self.local_recovery = local_recovery
         self.dir = Path(local_dir) / storage.job_id / operator / str(subtask)
         self.db: Rdict | None = None
+        self.changelog = changelog or ChangelogOptions()
         self._states: dict[str, _KeyedState[Any]] = {}
         self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
         self._base_id: int | None = None
-        self._pending: dict[int, dict[str, FileHandle]] = {}
+        self._base_handle: SubtaskStateHandle | None = None
+        self._pending: dict[int, SubtaskStateHandle] = {}
+        self._log = ChangeLog() if self.changelog.enabled else None
+        self._log_base: int | None = None  # the checkpoint the logged changes start from
         self._clean = False  # db/ equals the checkpoint named in working.json
         self._source = storage  # the job directory the last restore read from
 
@@ -161,7 +172,7 @@ class RocksDBStateBackend:
         db = self._open_db()
         ensure_column_families(db, str(self.db_path), [name], self.options)
         state: _KeyedState[Any] = kind(
-            db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write
+            db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write, log=self._log
         )
         self._states[name] = state
         return state
@@ -204,6 +215,7 @@ class RocksDBStateBackend:
         self.close()
         self._states.clear()
         self._pending.clear()
+        self._forget_log()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._drop_leftovers()
         claim = ClaimMode(claim_mode)
@@ -229,11 +241,12 @@ class RocksDBStateBackend:
             result = self._restore_one(handles[0], cid, started)
             if claim is ClaimMode.CLAIM and not foreign:
                 self._confirm_base(cid, handles[0])
+                self._log_base = cid
             else:  # NO_CLAIM: the first checkpoint is full, it owns nothing of the restored one
-                self._base, self._base_id = {}, None
+                self.forget_base()
         else:
             result = self._restore_rescaled(handles, cid, started)
-            self._base, self._base_id = {}, None  # a fresh incremental history
+            self.forget_base()  # a fresh incremental history
         self._drop_local_checkpoints(keep={cid} if self.local_recovery and result.source != "rescale" else set())
         return result
 
@@ -254,15 +267,13 @@ class RocksDBStateBackend:
         if self.local_recovery and local.is_dir():
             bad = local_copy_matches(local, handle)
             if not bad:
-                materialize(local, self.db_path, [f.local_name for f in handle.files()])
-                self._open_restored(cid)
+                self._install(local, handle, cid)
                 self._write_marker(cid, handle)
                 return RestoreResult(cid, "local", files=files, seconds=time.monotonic() - started)
             problems = tuple(str(p) for p in bad)
             log.warning("task-local copy of checkpoint %s fails verification, using stable storage: %s", cid, bad)
             shutil.rmtree(local, ignore_errors=True)
         downloaded = self._download(handle, cid)
-        self._open_restored(cid)
         self._write_marker(cid, handle)
         return RestoreResult(
             cid, "primary", files=files, downloaded_bytes=downloaded, seconds=time.monotonic() - started,
@@ -272,14 +283,43 @@ class RocksDBStateBackend:
     def _download(self, handle: SubtaskStateHandle, cid: int) -> int:
         target = self.dir / f"download-{uuid.uuid4().hex[:8]}"
         downloaded = download_verified(self._source, handle, cid, target)
-        names = [f.local_name for f in handle.files()]
-        if self.local_recovery:  # keep the verified files as the task-local copy
-            local = self.dir / f"chk-{cid}"
-            shutil.rmtree(local, ignore_errors=True)
-            materialize(target, local, names)
-        materialize(target, self.db_path, names)
-        shutil.rmtree(target, ignore_errors=True)
+        try:
+            if self.local_recovery:  # keep the verified files as the task-local copy
+                local = self.dir / f"chk-{cid}"
+                shutil.rmtree(local, ignore_errors=True)
+                materialize(target, local, [f.local_name for f in handle.files()])
+            self._install(target, handle, cid)
+        finally:
+            shutil.rmtree(target, ignore_errors=True)
         return downloaded
+
+    def _install(self, source: Path, handle: SubtaskStateHandle, cid: int) -> Rdict:
+        """Make db/ the state of `handle` from its verified files in `source`: the materialized
+        RocksDB files, then the changelog chain replayed in checkpoint order."""
+        names = [f.local_name for f in handle.files()]
+        materialize(source, self.db_path, [n for n in names if not changelog.is_changelog(n)])
+        db = self._open_restored(cid)
+        self._replay_chain(db, self.db_path, source, handle, cid)
+        return db
+
+    def _replay_chain(self, db: Rdict, db_path: Path, source: Path, handle: SubtaskStateHandle, cid: int) -> None:
+        chain = sorted(f.local_name for f in handle.files() if changelog.is_changelog(f.local_name))
+        if not chain:
+            return
+        ensure = lambda names: ensure_column_families(db, str(db_path), names, self.options)  # noqa: E731
+        try:
+            for name in chain:
+                changelog.replay(db, source / name, ensure)
+        except ChangelogFormatError as e:
+            self._forget_working()
+            raise CheckpointCorrupted(
+                f"checkpoint {cid} cannot be restored: the changelog of {self.operator} subtask {self.subtask} "
+                f"does not decode although it matches _metadata ({e}); run `sparkpoint verify`",
+                checkpoint_id=cid,
+            ) from e
+        # The marker written next says db/ is checkpoint `cid`: without a WAL, that holds only
+        # once the replayed entries are in SSTs.
+        flush_all(db, list_states(str(db_path)))
 
     def _restore_rescaled(self, handles: list[SubtaskStateHandle], cid: int, started: float) -> RestoreResult:
         """Merge the old subtasks overlapping our key-group range (Flink's rescaling)."""
@@ -300,8 +340,9 @@ class RocksDBStateBackend:
                 target = work / str(i)
                 downloaded += download_verified(self._source, h, cid, target)
                 sources.append(target)
-            materialize(sources[0], self.db_path, [f.local_name for f in handles[0].files()])
-            db = self._open_restored(cid)
+            db = self._install(sources[0], handles[0], cid)
+            for source, h in zip(sources[1:], handles[1:]):
+                self._replay_in_place(source, h, cid)
             names = self.state_names()
             for name in names:
                 cf = db.get_column_family(name)
@@ -318,6 +359,19 @@ class RocksDBStateBackend:
             cid, "rescale", files=sum(len(h.shared) + len(h.private) for h in handles),
             downloaded_bytes=downloaded, seconds=time.monotonic() - started,
         )
+
+    def _replay_in_place(self, source: Path, handle: SubtaskStateHandle, cid: int) -> None:
+        """Apply a rescale source's changelog chain to its own (scratch) directory."""
+        if not any(changelog.is_changelog(f.local_name) for f in handle.files()):
+            return
+        try:
+            db = open_db(str(source), [], self.options, create=False)
+        except StateBackendError as e:
+            raise CheckpointCorrupted(f"RocksDB refuses a verified subtask directory while rescaling: {e}") from e
+        try:
+            self._replay_chain(db, source, source, handle, cid)
+        finally:
+            db.close()
 
     def _open_restored(self, checkpoint_id: int) -> Rdict:
         """Files that match `_metadata` and still do not open are a bad checkpoint, not a bad
@@ -365,7 +419,7 @@ class RocksDBStateBackend:
 
     def _reset_empty(self) -> None:
         self._forget_working()
-        self._base, self._base_id = {}, None
+        self.forget_base()
         self._drop_local_checkpoints(keep=set())
         self._open_db(create=True)
 
@@ -381,15 +435,52 @@ class RocksDBStateBackend:
         """Take checkpoint N of this subtask and upload what the confirmed base lacks.
 
         `full` (or `incremental=False`) uploads every file: the baseline, and what the first
-        checkpoint after a NO_CLAIM restore does anyway (its base is empty).
+        checkpoint after a NO_CLAIM restore does anyway (its base is empty). With the changelog
+        on, a checkpoint uploads one changelog file until the chain calls for a materialization.
         """
         db = self._open_db()
         names = self.state_names()
-        flush_all(db, names)
+        flush_all(db, names)  # db/ on disk must be checkpoint N before the marker says so
         local = self.dir / f"chk-{checkpoint_id}"
         shutil.rmtree(local, ignore_errors=True)  # an earlier attempt at the same id
-        Checkpoint(db).create_checkpoint(str(local))
+        base = None if full else self._chain_base()
+        try:
+            if base is not None:
+                handle = self._snapshot_changelog(checkpoint_id, base, names, local)
+            else:
+                handle = self._snapshot_files(checkpoint_id, full, local)
+        except BaseException:
+            shutil.rmtree(local, ignore_errors=True)
+            raise
+        self._pending[checkpoint_id] = handle
+        self._write_marker(checkpoint_id, handle, self.storage.job_url)
+        if self._log is not None:
+            self._log.clear()
+            self._log_base = checkpoint_id
+        if not self.local_recovery:
+            shutil.rmtree(local, ignore_errors=True)
+        return handle
+
+    def _chain_base(self) -> SubtaskStateHandle | None:
+        """The confirmed handle the next changelog file can extend (None: materialize)."""
+        base = self._base_handle
+        if self._log is None or not self.incremental or base is None or base.private:
+            return None  # a handle with private files was written without the changelog
+        if self._log_base != self._base_id:  # the log does not start at the base
+            return None
+        chain = [f for f in base.shared if changelog.is_changelog(f.local_name)]
+        materialized = sum(f.size for f in base.shared if not changelog.is_changelog(f.local_name))
+        if self.changelog.should_materialize(materialized, sum(f.size for f in chain), len(chain)):
+            return None
+        return base
+
+    def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
+        """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
+        Checkpoint(self._open_db()).create_checkpoint(str(local))
         base = {} if full or not self.incremental else self._base
+        # With the changelog on, later checkpoints re-reference MANIFEST, CURRENT and OPTIONS
+        # too: they go to shared/ (never reused by name, their content changes).
+        everything_shared = self._log is not None
         attempt = uuid.uuid4().hex[:12]
         reused: list[FileHandle] = []
         shared_up: list[tuple[str, str]] = []
@@ -400,9 +491,10 @@ class RocksDBStateBackend:
                 prev = base.get(name)
                 if prev is not None and prev.size == os.path.getsize(path):
                     reused.append(prev)
-                else:
-                    ext = os.path.splitext(name)[1]
-                    shared_up.append((path, f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}{ext}"))
+                    continue
+            if name.endswith(SHARED_SUFFIXES) or everything_shared:
+                ext = os.path.splitext(name)[1]
+                shared_up.append((path, f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}{ext}"))
             else:
                 private_up.append((path, f"{private_dir(checkpoint_id, self.operator, self.subtask)}/{attempt}/{name}"))
         try:
@@ -410,23 +502,47 @@ class RocksDBStateBackend:
             private = self.storage.upload(private_up, checkpoint_id)
         except BaseException:
             self._delete_quietly([rel for _, rel in shared_up + private_up])
-            shutil.rmtree(local, ignore_errors=True)
             raise
-        shared = sorted(reused + new_shared, key=lambda f: f.local_name)
-        handle = SubtaskStateHandle(
+        return self._handle(checkpoint_id, reused + new_shared, private)
+
+    def _snapshot_changelog(
+        self, checkpoint_id: int, base: SubtaskStateHandle, names: list[str], local: Path
+    ) -> SubtaskStateHandle:
+        """The base's files plus one changelog file of what changed since the base."""
+        assert self._log is not None
+        local.mkdir(parents=True)
+        log_name = changelog.local_name(checkpoint_id)
+        self._log.write(local / log_name, names)
+        rel = f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}{changelog.SUFFIX}"
+        try:
+            new = self.storage.upload([(str(local / log_name), rel)], checkpoint_id)
+        except BaseException:
+            self._delete_quietly([rel])
+            raise
+        if self.local_recovery and not self._link_local_copy(base, local):
+            shutil.rmtree(local, ignore_errors=True)  # no task-local copy of the base: restore from storage
+        return self._handle(checkpoint_id, list(base.shared) + new, [])
+
+    def _link_local_copy(self, base: SubtaskStateHandle, local: Path) -> bool:
+        """The task-local copy of a changelog checkpoint: the base's copy, linked, plus the new file."""
+        previous = self.dir / f"chk-{self._base_id}"
+        try:
+            for f in base.files():
+                os.link(previous / f.local_name, local / f.local_name)
+        except OSError:
+            return False
+        return True
+
+    def _handle(self, checkpoint_id: int, shared: list[FileHandle], private: list[FileHandle]) -> SubtaskStateHandle:
+        return SubtaskStateHandle(
             operator=self.operator,
             subtask=self.subtask,
             checkpoint_id=checkpoint_id,
             key_group_range=self.key_group_range,
             max_parallelism=self.max_parallelism,
-            shared=tuple(shared),
+            shared=tuple(sorted(shared, key=lambda f: f.local_name)),
             private=tuple(private),
         )
-        self._pending[checkpoint_id] = {f.local_name: f for f in shared}
-        self._write_marker(checkpoint_id, handle, self.storage.job_url)
-        if not self.local_recovery:
-            shutil.rmtree(local, ignore_errors=True)
-        return handle
 
     def confirm(self, checkpoint_id: int) -> None:
         """Checkpoint N completed: its files become the base of the next incremental snapshot.
@@ -435,8 +551,7 @@ class RocksDBStateBackend:
         checks its local files against N's handle before taking them as the base.)
         """
         if checkpoint_id in self._pending:
-            self._base = self._pending[checkpoint_id]
-            self._base_id = checkpoint_id
+            self._confirm_base(checkpoint_id, self._pending[checkpoint_id])
         elif checkpoint_id != self._base_id:
             raise CheckpointDeclined(f"{self}: checkpoint {checkpoint_id} is not pending here, cannot confirm it")
         self._pending = {k: v for k, v in self._pending.items() if k > checkpoint_id}
@@ -446,17 +561,25 @@ class RocksDBStateBackend:
     def abort(self, checkpoint_id: int) -> None:
         """Checkpoint N will never complete: forget it (the coordinator deletes its uploads)."""
         self._pending.pop(checkpoint_id, None)
+        if self._log_base == checkpoint_id:  # the changes logged since are relative to nothing retained
+            self._log_base = None
         if checkpoint_id != self._base_id:
             shutil.rmtree(self.dir / f"chk-{checkpoint_id}", ignore_errors=True)
 
     def forget_base(self) -> None:
         """The confirmed base can no longer be trusted (the coordinator declined a reference to it,
         another writer subsumed it): the next snapshot uploads every file again."""
-        self._base, self._base_id = {}, None
+        self._base, self._base_id, self._base_handle = {}, None, None
 
     def _confirm_base(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
         self._base = {f.local_name: f for f in handle.shared}
         self._base_id = checkpoint_id
+        self._base_handle = handle
+
+    def _forget_log(self) -> None:
+        if self._log is not None:
+            self._log.clear()
+        self._log_base = None
 
     # --- housekeeping --------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ FLINK_ALIASES = {
     "parallelism.default": "parallelism",
     "execution.state-recovery.ignore-unclaimed-state": "allow_non_restored_state",
     "execution.savepoint.ignore-unclaimed-state": "allow_non_restored_state",
+    "state.backend.changelog.enabled": "changelog",
 }
 
 _PARSERS: dict[str, Any] = {
@@ -35,6 +36,9 @@ _PARSERS: dict[str, Any] = {
     "parallelism": int,
     "allow_non_restored_state": parse_bool,
     "allow_new_operators": parse_bool,
+    "changelog": parse_bool,
+    "changelog_materialize_share": float,
+    "changelog_max_chain": int,
 }
 
 

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
+from sparkpoint.core.changelog import ChangeLog
 from sparkpoint.core.keygroups import key_bytes, key_group_for
 from sparkpoint.core.metadata import KeyGroupRange
 from sparkpoint.core.serde import Codec
@@ -48,8 +49,10 @@ class _KeyedState(Generic[V]):
         max_parallelism: int,
         kg_range: KeyGroupRange,
         on_write: Callable[[], None] = lambda: None,
+        log: ChangeLog | None = None,
     ):
         self.name = name
+        self._log = log  # the changelog of the subtask, when it keeps one
         self.codec = codec
         self._on_write = on_write
         self._db = db
@@ -87,23 +90,42 @@ class _KeyedState(Generic[V]):
         return self._scan(*key_group_bounds(self._kg_range))
 
     def _write(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes] = ()) -> int:
+        puts, deletes = list(puts), list(deletes)
+        if not puts and not deletes:
+            return 0
         batch = WriteBatch(raw_mode=True)
-        n = 0
+        handle = self._handle
         for k, v in puts:
-            batch.put(k, v, self._handle)
-            n += 1
+            batch.put(k, v, handle)
         for k in deletes:
-            batch.delete(k, self._handle)
-            n += 1
-        if n:
-            self._on_write()
-            self._db.write(batch)
-        return n
+            batch.delete(k, handle)
+        self._on_write()
+        self._db.write(batch)
+        if self._log is not None:
+            self._log.write_batch(self.name, puts, deletes)
+        return len(puts) + len(deletes)
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self._on_write()
+        self._cf.put(key, value)
+        if self._log is not None:
+            self._log.put(self.name, key, value)
+
+    def _delete(self, key: bytes) -> None:
+        self._on_write()
+        self._cf.delete(key)
+        if self._log is not None:
+            self._log.delete(self.name, key)
+
+    def _delete_range(self, lower: bytes, upper: bytes) -> None:
+        self._on_write()
+        self._cf.delete_range(lower, upper)
+        if self._log is not None:
+            self._log.delete_range(self.name, lower, upper)
 
     def clear(self) -> None:
         """Delete every entry of this state in this subtask's key-group range."""
-        self._on_write()
-        self._cf.delete_range(*key_group_bounds(self._kg_range))
+        self._delete_range(*key_group_bounds(self._kg_range))
 
 
 class ValueState(_KeyedState[V]):
@@ -114,12 +136,10 @@ class ValueState(_KeyedState[V]):
         return None if data is None else self.codec.decode(data)
 
     def put(self, key: bytes | str, value: V) -> None:
-        self._on_write()
-        self._cf.put(self._prefixed(key), self.codec.encode(value))
+        self._put(self._prefixed(key), self.codec.encode(value))
 
     def delete(self, key: bytes | str) -> None:
-        self._on_write()
-        self._cf.delete(self._prefixed(key))
+        self._delete(self._prefixed(key))
 
     def get_many(self, keys: Sequence[bytes | str]) -> list[V | None]:
         if not keys:
@@ -175,12 +195,10 @@ class MapState(_KeyedState[V]):
         return self._cf.get(self._entry_key(key, user_key)) is not None
 
     def put(self, key: bytes | str, user_key: bytes | str, value: V) -> None:
-        self._on_write()
-        self._cf.put(self._entry_key(key, user_key), self.codec.encode(value))
+        self._put(self._entry_key(key, user_key), self.codec.encode(value))
 
     def delete(self, key: bytes | str, user_key: bytes | str) -> None:
-        self._on_write()
-        self._cf.delete(self._entry_key(key, user_key))
+        self._delete(self._entry_key(key, user_key))
 
     def get_many(self, pairs: Sequence[tuple[bytes | str, bytes | str]]) -> list[V | None]:
         if not pairs:
@@ -203,8 +221,7 @@ class MapState(_KeyedState[V]):
     def remove_key(self, key: bytes | str) -> None:
         """Delete the whole map of one key."""
         prefix = self._map_prefix(key)
-        self._on_write()
-        self._cf.delete_range(prefix, _next_prefix(prefix))
+        self._delete_range(prefix, _next_prefix(prefix))
 
     def items(self) -> Iterator[tuple[bytes, bytes, V]]:
         """Every (key, user key, value) of this subtask."""

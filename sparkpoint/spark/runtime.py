@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sparkpoint.core.changelog import ChangelogOptions
 from sparkpoint.core.coordinator import CheckpointCoordinator
 from sparkpoint.core.errors import (
     CheckpointAlreadyExists,
@@ -59,6 +60,15 @@ class PipelineConfig:
     incremental: bool = True
     local_recovery: bool = True
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
+    changelog: bool = False  # FLIP-158: upload changed entries, materialize RocksDB files now and then
+    changelog_materialize_share: float = 1.0  # materialize when the chain reaches this share of the files
+    changelog_max_chain: int = 64  # ... or this many changelog files
+
+    def changelog_options(self) -> ChangelogOptions:
+        return ChangelogOptions(
+            enabled=self.changelog, materialize_share=self.changelog_materialize_share,
+            max_chain=self.changelog_max_chain,
+        )
     allow_non_restored_state: bool = False  # a checkpoint's operator this job lacks is dropped
     allow_new_operators: bool = False  # an operator of this job the checkpoint lacks starts empty
 
@@ -109,6 +119,10 @@ class StatefulPipeline:
     def __init__(self, spark: Any, config: PipelineConfig, operators: tuple[KeyedOperator, ...] = SAMPLE_OPERATORS):
         if config.files_per_checkpoint < 1:
             raise PipelineError("files per checkpoint must be at least 1")
+        try:
+            config.changelog_options()
+        except ValueError as e:
+            raise PipelineError(str(e)) from e
         names = [op.name for op in operators]
         if len(set(names)) != len(names):
             raise PipelineError(f"operator names must be unique, got {names}")
@@ -187,6 +201,7 @@ class StatefulPipeline:
             restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,
             claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
             local_recovery=c.local_recovery, rocksdb=c.rocksdb, allow_new_operators=c.allow_new_operators,
+            changelog=c.changelog_options(),
         )
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from sparkpoint.core.backend import RocksDBStateBackend
+from sparkpoint.core.changelog import ChangelogOptions
 from sparkpoint.core.keygroups import subtask_for_key
 from sparkpoint.core.metadata import CheckpointMetadata
 from sparkpoint.core.rocksdb import RocksDBOptions
@@ -53,6 +54,7 @@ class TaskSpec:
     local_recovery: bool = True
     rocksdb: RocksDBOptions = RocksDBOptions()
     allow_new_operators: bool = False
+    changelog: ChangelogOptions = ChangelogOptions()
     inject_failure: str | None = None  # see sparkpoint.spark.faults
 
 
@@ -87,7 +89,7 @@ def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
     backend = RocksDBStateBackend(
         storage, op.name, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
         local_dir=spec.local_dir, options=spec.rocksdb, incremental=spec.incremental,
-        local_recovery=spec.local_recovery,
+        local_recovery=spec.local_recovery, changelog=spec.changelog,
     )
     with _exclusive(backend.dir):
         meta = CheckpointMetadata.loads(spec.restore_metadata) if spec.restore_metadata else None

@@ -1,0 +1,331 @@
+"""The changelog mode (FLIP-158) on real RocksDB files: what a checkpoint uploads, when it
+materializes, and that every way of restoring gives exactly the state that was checkpointed."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
+from sparkpoint.core import changelog as cl
+from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.core.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
+from sparkpoint.core.errors import CheckpointCorrupted
+from sparkpoint.core.keygroups import key_group_for
+from sparkpoint.core.serde import StructCodec
+
+COUNTS = StructCodec[tuple[int]]("<q")
+Model = dict[tuple[str, str, str], int]  # (state, key, user key or "") -> value
+
+
+def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1, **kw):
+    kw.setdefault("max_parallelism", 32)
+    kw.setdefault("changelog", ChangelogOptions(enabled=True, materialize_share=10.0, max_chain=4))
+    return RocksDBStateBackend(storage, "ops", subtask, parallelism=parallelism, local_dir=local, **kw)
+
+
+def mutate(b: RocksDBStateBackend, model: Model, rng: random.Random, n: int = 400, keyspace: int = 3000) -> None:
+    """Random puts, deletes, map entries, whole-map removals and an occasional clear."""
+    values, maps = b.value_state("values", COUNTS), b.map_state("maps", COUNTS)
+    mine = [k for k in (f"k{i}" for i in range(keyspace)) if key_group_for(k, b.max_parallelism) in b.key_group_range]
+    for _ in range(n):
+        key = rng.choice(mine)
+        op = rng.random()
+        if op < 0.5:
+            v = rng.randrange(1 << 40)
+            values.put(key, (v,))
+            model[("values", key, "")] = v
+        elif op < 0.6:
+            values.delete(key)
+            model.pop(("values", key, ""), None)
+        elif op < 0.9:
+            user, v = f"u{rng.randrange(20)}", rng.randrange(1000)
+            maps.put(key, user, (v,))
+            model[("maps", key, user)] = v
+        elif op < 0.99:
+            maps.remove_key(key)
+            for k in [k for k in model if k[0] == "maps" and k[1] == key]:
+                del model[k]
+        else:
+            maps.clear()
+            for k in [k for k in model if k[0] == "maps"]:
+                del model[k]
+    # a batched write too, the path the sample operators take
+    batch = {rng.choice(mine): rng.randrange(1 << 40) for _ in range(50)}
+    values.put_many((k, (v,)) for k, v in batch.items())
+    model.update({("values", k, ""): v for k, v in batch.items()})
+
+
+class Subtask:
+    """One subtask taking checkpoints with the changelog on, the model of its state, and the
+    model as of every checkpoint taken."""
+
+    def __init__(self, storage: CheckpointStorage, local: Path, seed: int, retained: int = 2):
+        self.rng = random.Random(seed)
+        self.coord = CheckpointCoordinator(storage, num_retained=retained)
+        self.model: Model = {}
+        self.states: list[Model] = []
+        self.b = backend(storage, local)
+        self.b.restore(None)
+
+    def checkpoint(self):
+        mutate(self.b, self.model, self.rng)
+        done = take_checkpoint(self.coord, [self.b])
+        self.states.append(dict(self.model))
+        return done
+
+
+def read_all(b: RocksDBStateBackend) -> Model:
+    out: Model = {("values", k.decode(), ""): v[0] for k, v in b.value_state("values", COUNTS).items()}
+    out.update({("maps", k.decode(), u.decode()): v[0] for k, u, v in b.map_state("maps", COUNTS).items()})
+    return out
+
+
+def test_changelog_file_round_trips_puts_deletes_and_range_deletes(tmp_path: Path):
+    log = ChangeLog()
+    log.put("a", b"\x00\x01k1", b"v1")
+    log.put("a", b"\x00\x01k2", b"v2")
+    log.delete("a", b"\x00\x01k3")
+    log.put("b", b"\x00\x05m", b"")
+    log.delete_range("a", b"\x00\x01k2", b"\x00\x01k3")  # drops k2 written before it
+    log.put("a", b"\x00\x01k2x", b"after")
+    path = tmp_path / cl.local_name(7)
+    size = log.write(path, ["a", "b", "empty"])
+    assert size == path.stat().st_size
+    sections = {s.name: s for s in cl.read(path)}
+    assert set(sections) == {"a", "b", "empty"}
+    assert sections["a"].ranges == [(b"\x00\x01k2", b"\x00\x01k3")]
+    assert sections["a"].entries == [(b"\x00\x01k1", b"v1"), (b"\x00\x01k2x", b"after"), (b"\x00\x01k3", None)]
+    assert sections["b"].entries == [(b"\x00\x05m", b"")]
+    assert sections["empty"].entries == [] and sections["empty"].ranges == []
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: b"NOTACHLG" + d[8:], "bad magic"),
+        (lambda d: d[:-5], "malformed|truncated|decompress"),
+        (lambda d: d[:12] + b"[" + d[13:], "malformed"),  # the JSON header no longer parses
+    ],
+)
+def test_a_damaged_changelog_file_is_a_specific_error(tmp_path: Path, damage, message):
+    log = ChangeLog()
+    for i in range(100):
+        log.put("s", b"key-%d" % i, b"value-%d" % i)
+    path = tmp_path / "changelog-000000000001"
+    log.write(path, ["s"])
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ChangelogFormatError, match=message):
+        cl.read(path)
+
+
+@pytest.mark.parametrize(
+    "materialized, chain_bytes, chain_files, expected",
+    [
+        (0, 0, 0, True),  # nothing materialized yet
+        (1000, 0, 0, False),
+        (1000, 999, 3, False),
+        (1000, 1000, 3, True),  # the chain reached the share
+        (1000, 10, 4, True),  # the chain reached max_chain files
+    ],
+)
+def test_materialization_policy(materialized, chain_bytes, chain_files, expected):
+    options = ChangelogOptions(enabled=True, materialize_share=1.0, max_chain=4)
+    assert options.should_materialize(materialized, chain_bytes, chain_files) is expected
+
+
+def test_changelog_checkpoints_upload_one_small_file_and_materialize_on_schedule(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    s = Subtask(local_storage, tmp_path / "local", seed=1)
+    kinds = []
+    for _ in range(11):
+        done = s.checkpoint()
+        (handle,) = done.metadata.operators["ops"].subtasks
+        assert handle.private == ()  # everything a later checkpoint may re-reference is shared
+        new = [f for f in handle.shared if f.created_by == done.checkpoint_id]
+        if all(cl.is_changelog(f.local_name) for f in new):
+            assert len(new) == 1 and new[0].path.endswith(cl.SUFFIX)
+            assert new[0].size < sum(f.size for f in handle.shared if not cl.is_changelog(f.local_name))
+            kinds.append("log")
+        else:
+            assert not any(cl.is_changelog(f.local_name) for f in handle.shared)  # a chain starts anew
+            kinds.append("files")
+    # max_chain=4: materialize, 4 changelog checkpoints, materialize, ...
+    assert kinds == ["files", "log", "log", "log", "log", "files", "log", "log", "log", "log", "files"]
+    assert read_all(s.b) == s.model
+    s.b.close()
+    # Retention 2 after a materialization: the old chain's files are gone from storage.
+    referenced = {f.path for cp in CompletedCheckpointStore(local_storage).load_all().checkpoints for f in cp.files()}
+    stored = {f.path for f in local_storage.walk("shared")}
+    assert stored == referenced
+
+
+@pytest.mark.parametrize("how", ["working", "local", "primary"])
+def test_every_restore_path_replays_the_chain_exactly(any_storage: CheckpointStorage, tmp_path: Path, how):
+    s = Subtask(any_storage, tmp_path / "local", seed=2, retained=3)
+    for _ in range(3):  # a materialization and a chain of two
+        s.checkpoint()
+    s.b.close()
+    b, model, rng, coord = s.b, s.model, s.rng, s.coord
+    latest = CompletedCheckpointStore(any_storage).latest()
+    assert latest is not None
+    local = tmp_path / "local"
+    if how == "local":
+        (b.dir / "working.json").unlink()
+    elif how == "primary":
+        local = tmp_path / "elsewhere"
+    again = backend(any_storage, local)
+    result = again.restore(latest)
+    assert result.source == how
+    assert read_all(again) == model
+    # and the chain goes on from the restored state
+    mutate(again, model, rng)
+    done = take_checkpoint(coord, [again])
+    again.dispose()
+    fresh = backend(any_storage, tmp_path / "third")
+    fresh.restore(done.metadata)
+    assert read_all(fresh) == model
+    fresh.dispose()
+
+
+@pytest.mark.parametrize("old_p, new_p", [(2, 3), (3, 1)])
+def test_rescale_from_changelog_checkpoints(local_storage: CheckpointStorage, tmp_path: Path, old_p, new_p):
+    rng = random.Random(3)
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    models = [dict() for _ in range(old_p)]
+    olds = [backend(local_storage, tmp_path / "old", s, old_p) for s in range(old_p)]
+    for b in olds:
+        b.restore(None)
+    for _ in range(3):
+        for b, m in zip(olds, models):
+            mutate(b, m, rng, n=200)
+        take_checkpoint(coord, olds)
+    for b in olds:
+        b.dispose()
+    everything: Model = {k: v for m in models for k, v in m.items()}
+    latest = CompletedCheckpointStore(local_storage).latest()
+    news = [backend(local_storage, tmp_path / "new", s, new_p) for s in range(new_p)]
+    got: Model = {}
+    for b in news:
+        assert b.restore(latest).source == "rescale"
+        part = read_all(b)
+        assert not set(part) & set(got)
+        got.update(part)
+        b.dispose()
+    assert got == everything
+
+
+def test_an_aborted_checkpoint_breaks_no_chain(local_storage: CheckpointStorage, tmp_path: Path):
+    s = Subtask(local_storage, tmp_path / "local", seed=4)
+    s.checkpoint()
+    b, model, rng, coord = s.b, s.model, s.rng, s.coord
+    mutate(b, model, rng)
+    pending = coord.trigger(expected={"ops": 1})
+    b.snapshot(pending.checkpoint_id)  # its changelog holds the second batch of changes ...
+    coord.abort(pending.checkpoint_id, reason="test")
+    b.abort(pending.checkpoint_id)  # ... and is gone: the next one cannot extend it
+    mutate(b, model, rng)
+    done = take_checkpoint(coord, [b])
+    (handle,) = done.metadata.operators["ops"].subtasks
+    assert not any(cl.is_changelog(f.local_name) for f in handle.shared)  # materialized
+    b.dispose()
+    fresh = backend(local_storage, tmp_path / "fresh")
+    fresh.restore(done.metadata)
+    assert read_all(fresh) == model
+    fresh.dispose()
+
+
+def test_switching_the_changelog_on_and_off_keeps_the_state(local_storage: CheckpointStorage, tmp_path: Path):
+    rng = random.Random(5)
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    model: Model = {}
+    for round_, enabled in enumerate([False, True, True, False, True]):
+        b = backend(local_storage, tmp_path / f"local{round_ % 2}", changelog=ChangelogOptions(enabled=enabled))
+        b.restore(CompletedCheckpointStore(local_storage).latest())
+        assert read_all(b) == model
+        mutate(b, model, rng)
+        take_checkpoint(coord, [b])
+        b.close()
+    fresh = backend(local_storage, tmp_path / "fresh")
+    fresh.restore(CompletedCheckpointStore(local_storage).latest())
+    assert read_all(fresh) == model
+    fresh.dispose()
+
+
+def test_a_corrupt_changelog_on_storage_falls_back_to_an_older_checkpoint(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    s = Subtask(local_storage, tmp_path / "local", seed=6, retained=3)
+    for _ in range(3):
+        s.checkpoint()
+    s.b.dispose()
+    newest = CompletedCheckpointStore(local_storage).latest()
+    assert newest is not None
+    (handle,) = newest.operators["ops"].subtasks
+    last = max((f for f in handle.shared if cl.is_changelog(f.local_name)), key=lambda f: f.local_name)
+    path = Path(local_storage.abspath(last.path))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    fresh = backend(local_storage, tmp_path / "fresh")
+    with pytest.raises(CheckpointCorrupted, match=last.path):
+        fresh.restore(newest)
+    retained = CompletedCheckpointStore(local_storage).load_all().checkpoints  # newest first
+    (result,) = restore_with_fallback([fresh], retained)
+    assert result.checkpoint_id == newest.checkpoint_id - 1 and result.fell_back_from == (newest.checkpoint_id,)
+    assert read_all(fresh) == s.states[-2]
+    fresh.dispose()
+
+
+def test_task_local_copy_of_a_changelog_checkpoint_is_verified(local_storage: CheckpointStorage, tmp_path: Path):
+    s = Subtask(local_storage, tmp_path / "local", seed=8)
+    for _ in range(2):
+        done = s.checkpoint()
+    s.b.close()
+    (s.b.dir / "working.json").unlink()
+    local_log = s.b.dir / f"chk-{done.checkpoint_id}" / cl.local_name(done.checkpoint_id)
+    data = bytearray(local_log.read_bytes())
+    data[-3] ^= 0xFF
+    local_log.write_bytes(bytes(data))
+    again = backend(local_storage, tmp_path / "local")
+    result = again.restore(done.metadata)
+    assert result.source == "primary" and any(cl.local_name(done.checkpoint_id) in p for p in result.problems)
+    assert read_all(again) == s.model
+    again.dispose()
+    shutil.rmtree(tmp_path / "local", ignore_errors=True)
+
+
+_RESTORE_AND_DIE = """
+import os, sys
+from sparkpoint.core import CheckpointStorage, CompletedCheckpointStore
+from sparkpoint.core.backend import RocksDBStateBackend
+from sparkpoint.core.changelog import ChangelogOptions
+storage = CheckpointStorage(sys.argv[1], "job")
+b = RocksDBStateBackend(storage, "ops", 0, parallelism=1, max_parallelism=32, local_dir=sys.argv[2],
+                        changelog=ChangelogOptions(enabled=True, materialize_share=10.0, max_chain=4))
+assert b.restore(CompletedCheckpointStore(storage).latest()).source == "primary"
+os._exit(0)  # killed right after the restore: no close, no flush
+"""
+
+
+def test_a_process_killed_after_replaying_leaves_a_working_database_that_is_the_checkpoint(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    import subprocess
+    import sys
+
+    s = Subtask(local_storage, tmp_path / "local", seed=9)
+    for _ in range(3):
+        done = s.checkpoint()
+    s.b.dispose()
+    subprocess.run(
+        [sys.executable, "-c", _RESTORE_AND_DIE, local_storage.url, str(tmp_path / "other")], check=True
+    )
+    again = backend(local_storage, tmp_path / "other")
+    assert again.restore(done.metadata).source == "working"
+    assert read_all(again) == s.model
+    again.dispose()
