@@ -11,6 +11,7 @@ import pytest
 
 from sparkpoint.cli import main
 from sparkpoint.core import CompletedCheckpointStore
+from sparkpoint.core.changelog import is_changelog
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.spark.generate import generate
 from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
@@ -99,7 +100,9 @@ def test_corrupt_latest_checkpoint_falls_back_and_replays_exactly_once(spark, tm
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     store = CompletedCheckpointStore(storage)
     latest = store.load(3)
-    victim = next(f for f in latest.files() if f.created_by == 3 and f.local_name.endswith(".sst"))
+    victim = next(
+        f for f in latest.files() if f.created_by == 3 and (f.local_name.endswith(".sst") or is_changelog(f.local_name))
+    )
     data = bytearray(storage.read_bytes(victim.path))
     data[len(data) // 2] ^= 0xFF
     storage.fs.pipe_file(storage.abspath(victim.path), bytes(data))

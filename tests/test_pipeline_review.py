@@ -14,6 +14,7 @@ import pytest
 
 from sparkpoint.core import CheckpointCoordinator, CompletedCheckpointStore, OperatorStateMismatch
 from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.core.changelog import is_changelog
 from sparkpoint.core.metadata import content_checksum
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.spark.operators import item_reach, user_totals
@@ -34,9 +35,13 @@ def storage_of(tmp_path: Path) -> CheckpointStorage:
     return CheckpointStorage(f"file://{tmp_path}/{CKPT}", "job")
 
 
-def new_sst(storage: CheckpointStorage, checkpoint_id: int) -> str:
+def new_state_file(storage: CheckpointStorage, checkpoint_id: int) -> str:
+    """A file of state that checkpoint N uploaded: an SST, or with the changelog on its changelog."""
     meta = CompletedCheckpointStore(storage).load(checkpoint_id)
-    return next(f.path for f in meta.files() if f.created_by == checkpoint_id and f.local_name.endswith(".sst"))
+    return next(
+        f.path for f in meta.files()
+        if f.created_by == checkpoint_id and (f.local_name.endswith(".sst") or is_changelog(f.local_name))
+    )
 
 
 def flip(storage: CheckpointStorage, path: str) -> None:
@@ -61,16 +66,16 @@ def test_output_survives_two_fallbacks_in_a_row(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=5)
     StatefulPipeline(spark, config(tmp_path, num_retained=3, max_batches=3)).run()
     storage = storage_of(tmp_path)
-    hidden = new_sst(storage, 3)
+    hidden = new_state_file(storage, 3)
     job_dir = tmp_path / CKPT / "job"
-    (job_dir / hidden).rename(tmp_path / "hidden.sst")  # a transient read error of checkpoint 3
+    (job_dir / hidden).rename(tmp_path / "hidden-file")  # a transient read error of checkpoint 3
     reports = StatefulPipeline(spark, config(tmp_path, num_retained=3, max_batches=1,
                                              local_dir=str(tmp_path / "machine-2"))).run()
     assert [r.files for r in reports] == [("batch-000002.parquet",)]
-    (tmp_path / "hidden.sst").rename(job_dir / hidden)  # checkpoint 3 would read fine again
+    (tmp_path / "hidden-file").rename(job_dir / hidden)  # checkpoint 3 would read fine again
     assert 3 not in CompletedCheckpointStore(storage).checkpoint_ids(), "a rolled-back checkpoint is discarded"
     latest = CompletedCheckpointStore(storage).checkpoint_ids()[0]
-    flip(storage, new_sst(storage, latest))
+    flip(storage, new_state_file(storage, latest))
     StatefulPipeline(spark, config(tmp_path, num_retained=3, local_dir=str(tmp_path / "machine-3"))).run()
     assert_exactly_once(tmp_path, input_dir)
 
@@ -86,7 +91,7 @@ def test_fallback_late_in_a_run_finds_the_checkpoints_retained_since_it_began(sp
     def corrupt_once(report) -> None:  # the first checkpoint of this run goes bad on storage and locally
         if not corrupted:
             corrupted.append(report.checkpoint_id)
-            flip(storage, new_sst(storage, report.checkpoint_id))
+            flip(storage, new_state_file(storage, report.checkpoint_id))
             shutil.rmtree(local)
 
     reports = StatefulPipeline(spark, config(tmp_path, num_retained=3)).run(on_checkpoint=corrupt_once)
@@ -99,7 +104,8 @@ def test_fallback_late_in_a_run_finds_the_checkpoints_retained_since_it_began(sp
 @pytest.mark.spark
 def test_rocksdb_refusing_a_restored_directory_in_a_task_falls_back(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=3)
-    StatefulPipeline(spark, config(tmp_path, max_batches=2)).run()
+    # RocksDB's own files only: a changelog checkpoint shares its MANIFEST with the one before it
+    StatefulPipeline(spark, config(tmp_path, max_batches=2, changelog=False)).run()
     storage = storage_of(tmp_path)
     meta_path = tmp_path / CKPT / "job" / "chk-2" / "_metadata"
     raw = json.loads(meta_path.read_bytes())
@@ -112,7 +118,7 @@ def test_rocksdb_refusing_a_restored_directory_in_a_task_falls_back(spark, tmp_p
                     f.update(size=len(garbage), crc32=zlib.crc32(garbage))
     raw["checksum"] = content_checksum(raw)
     meta_path.write_bytes(json.dumps(raw).encode())  # verifies, and RocksDB will not open it
-    reports = StatefulPipeline(spark, replace(config(tmp_path), local_dir=str(tmp_path / "new"))).run()
+    reports = StatefulPipeline(spark, config(tmp_path, local_dir=str(tmp_path / "new"), changelog=False)).run()
     assert [r.files[0] for r in reports] == ["batch-000001.parquet", "batch-000002.parquet"]
     assert_exactly_once(tmp_path, input_dir)
 

@@ -67,7 +67,7 @@ class ChangelogOptions:
     (the working database and the task-local copy restore without replaying anything)."""
 
     enabled: bool = False
-    materialize_share: float = 1.0
+    materialize_share: float = 2.0
     max_chain: int = 64
 
     def __post_init__(self) -> None:

@@ -134,6 +134,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     local_dir: str = DEFAULT_LOCAL_DIR
     local_recovery: bool = True
     incremental: bool = True
+    changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.core.changelog)
     parallelism: int = 2
     max_parallelism: int = 128
 
@@ -194,7 +195,7 @@ def pipeline_of(
         max_parallelism=backend.max_parallelism, output_url=_url(source.output_url) if source.output_url else None,
         files_per_checkpoint=source.files_per_checkpoint, local_dir=str(Path(backend.local_dir).resolve()),
         restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
-        incremental=backend.incremental, local_recovery=backend.local_recovery,
+        incremental=backend.incremental, local_recovery=backend.local_recovery, changelog=backend.changelog,
     )
     try:
         return StatefulPipeline(spark, config)
