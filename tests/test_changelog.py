@@ -107,7 +107,7 @@ def test_changelog_file_round_trips_puts_deletes_and_range_deletes(tmp_path: Pat
     "damage, message",
     [
         (lambda d: b"NOTACHLG" + d[8:], "bad magic"),
-        (lambda d: d[:-5], "malformed|truncated|decompress"),
+        (lambda d: d[:-5], "frame sizes do not add up"),
         (lambda d: d[:12] + b"[" + d[13:], "malformed"),  # the JSON header no longer parses
     ],
 )
@@ -329,3 +329,106 @@ def test_a_process_killed_after_replaying_leaves_a_working_database_that_is_the_
     assert again.restore(done.metadata).source == "working"
     assert read_all(again) == s.model
     again.dispose()
+
+
+def test_range_deletes_drop_only_the_entries_written_before_them(tmp_path: Path):
+    log = ChangeLog()
+    log.put("s", b"a1", b"before")  # covered by the range below: dropped
+    log.put("s", b"b1", b"outside")
+    log.put("s", b"a2", b"before, rewritten after")
+    log.delete_range("s", b"a", b"b")
+    log.write_batch("s", [(b"a2", b"after")], [b"a3"])  # after the range: kept
+    log.delete_range("s", b"a0", b"a1x")  # a later, nested range
+    log.put("s", b"a1", b"last")  # ... and a write after it
+    path = tmp_path / cl.local_name(1)
+    log.write(path, ["s"])
+    (section,) = cl.read(path)
+    assert section.entries == [(b"a1", b"last"), (b"a2", b"after"), (b"a3", None), (b"b1", b"outside")]
+    assert section.ranges == [(b"a", b"b"), (b"a0", b"a1x")]
+
+
+def test_many_map_removals_in_one_checkpoint_stay_linear(local_storage: CheckpointStorage, tmp_path: Path):
+    b = backend(local_storage, tmp_path / "local", max_parallelism=1)
+    b.restore(None)
+    maps = b.map_state("sessions", COUNTS)
+    keys = [f"user-{i:06d}" for i in range(20_000)]
+    maps.put_many((k, "e", (1,)) for k in keys)
+    for k in keys[::2]:
+        maps.remove_key(k)  # 10,000 range deletes over 20,000 logged entries
+    coord = CheckpointCoordinator(local_storage)
+    take_checkpoint(coord, [b])  # materializes: the first checkpoint
+    maps.put_many((k, "f", (2,)) for k in keys[:4])
+    for k in keys[:2]:
+        maps.remove_key(k)
+    done = take_checkpoint(coord, [b])
+    b.dispose()
+    fresh = backend(local_storage, tmp_path / "fresh", max_parallelism=1)
+    fresh.restore(done.metadata)
+    got = {(k.decode(), u.decode()) for k, u, _ in fresh.map_state("sessions", COUNTS).items()}
+    assert got == {(k, "e") for k in keys[3::2]} | {(keys[2], "f"), (keys[3], "f")}
+    fresh.dispose()
+
+
+def test_a_changelog_that_compresses_very_well_and_spans_frames_reads_back(tmp_path: Path):
+    log = ChangeLog()
+    for i in range(9_000):  # 72 MiB of zero values: more than one 64 MiB frame, compressed ~10,000x
+        log.put("sketches", b"k%06d" % i, bytes(8192))
+    path = tmp_path / cl.local_name(3)
+    size = log.write(path, ["sketches"])
+    assert size < 200_000
+    (section,) = cl.read(path)
+    assert len(section.entries) == 9_000 and section.entries[-1] == (b"k008999", bytes(8192))
+
+
+def test_hostile_changelog_contents_are_refused(tmp_path: Path):
+    log = ChangeLog()
+    log.put("s", b"k", b"v")
+    log.delete_range("s", b"z", b"a")  # ends before it starts
+    path = tmp_path / cl.local_name(1)
+    log.write(path, ["s"])
+    with pytest.raises(ChangelogFormatError, match="ends before it starts"):
+        cl.read(path)
+
+
+def test_metadata_of_a_chain_is_version_3_and_a_version_2_file_listing_one_is_refused(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    import json
+
+    from sparkpoint.core.errors import MetadataError
+    from sparkpoint.core.metadata import CheckpointMetadata, content_checksum
+
+    s = Subtask(local_storage, tmp_path / "local", seed=10)
+    first, second = s.checkpoint(), s.checkpoint()
+    s.b.dispose()
+    assert json.loads(first.metadata.dumps())["version"] == 2  # no chain: older readers still read it
+    raw = json.loads(second.metadata.dumps())
+    assert raw["version"] == 3
+    raw["version"] = 2
+    raw["checksum"] = content_checksum(raw)
+    with pytest.raises(MetadataError, match="version.*changelog files"):
+        CheckpointMetadata.loads(json.dumps(raw).encode())
+
+
+def test_deep_verify_decodes_changelog_files(local_storage: CheckpointStorage, tmp_path: Path):
+    import json
+    import zlib
+
+    from sparkpoint.core.inspect import verify_checkpoint
+    from sparkpoint.core.metadata import CheckpointMetadata, content_checksum
+
+    s = Subtask(local_storage, tmp_path / "local", seed=11)
+    s.checkpoint()
+    done = s.checkpoint()
+    s.b.dispose()
+    assert verify_checkpoint(local_storage, done.metadata) == []
+    raw = json.loads(done.metadata.dumps())
+    garbage = cl.MAGIC + b"\x05\x00\x00\x00{}}}}"
+    for sub in raw["operators"]["ops"]["subtasks"]:  # a changelog written wrong, recorded faithfully
+        for f in sub["shared"]:
+            if cl.is_changelog(f["local_name"]) and f["created_by"] == done.checkpoint_id:
+                local_storage.fs.pipe_file(local_storage.abspath(f["path"]), garbage)
+                f.update(size=len(garbage), crc32=zlib.crc32(garbage))
+    raw["checksum"] = content_checksum(raw)
+    problems = verify_checkpoint(local_storage, CheckpointMetadata.loads(json.dumps(raw).encode()))
+    assert len(problems) == 1 and "does not decode" in problems[0].problem

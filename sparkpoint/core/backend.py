@@ -299,7 +299,13 @@ class RocksDBStateBackend:
         names = [f.local_name for f in handle.files()]
         materialize(source, self.db_path, [n for n in names if not changelog.is_changelog(n)])
         db = self._open_restored(cid)
-        self._replay_chain(db, self.db_path, source, handle, cid)
+        try:
+            self._replay_chain(db, self.db_path, source, handle, cid)
+        except CheckpointCorrupted:
+            self.db = None
+            db.close()
+            self._forget_working()
+            raise
         return db
 
     def _replay_chain(self, db: Rdict, db_path: Path, source: Path, handle: SubtaskStateHandle, cid: int) -> None:
@@ -311,7 +317,6 @@ class RocksDBStateBackend:
             for name in chain:
                 changelog.replay(db, source / name, ensure)
         except ChangelogFormatError as e:
-            self._forget_working()
             raise CheckpointCorrupted(
                 f"checkpoint {cid} cannot be restored: the changelog of {self.operator} subtask {self.subtask} "
                 f"does not decode although it matches _metadata ({e}); run `sparkpoint verify`",

@@ -14,17 +14,20 @@ sorted and zstd-compressed.
 
 The file format (version 1):
 
-    MAGIC (8 bytes) | header length (u32 LE) | header (JSON) | body (zstd)
+    MAGIC (8 bytes) | header length (u32 LE) | header (JSON) | body: zstd frames
 
-    header: {"version": 1, "raw_size": n, "states": [{"name", "ranges", "entries"}, ...]}
-    body, per state in header order:
-        ranges × (u32 len, lower, u32 len, upper)      range deletes, applied first
+    header: {"version": 1, "raw_size": n, "frames": [[compressed, raw], ...],
+             "states": [{"name", "ranges", "entries"}, ...]}
+    every frame decompresses to at most 64 MiB, so a reader's memory is bounded by what it
+    reads, never by a size the file claims; the raw body, per state in header order:
+        ranges × (u32 len, lower, u32 len, upper)      range deletes (lower <= upper), applied first
         entries × u32 key length, entries × i32 value length (-1: delete),
         the keys, then the values                       sorted by key, last write wins
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import struct
 from collections.abc import Callable, Iterable
@@ -36,15 +39,17 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import Rdict, WriteBatch
 
+from sparkpoint.core.paths import CHANGELOG_PREFIX, is_changelog_name
+
 MAGIC = b"SPKCHLG1"
 FORMAT_VERSION = 1
-LOCAL_PREFIX = "changelog-"  # the local name of a changelog file: changelog-<checkpoint id, 12 digits>
 SUFFIX = ".changelog"  # the suffix of its name on stable storage
 _U32 = struct.Struct("<I")
 _CODEC = pa.Codec("zstd", compression_level=3)
 _REPLAY_BATCH = 50_000
-_MAX_HEADER = 1 << 20
-_MAX_RATIO = 1000  # zstd compresses no real changelog more than this
+_MAX_HEADER = 16 << 20
+_FRAME = 64 << 20  # raw bytes per zstd frame, at most
+_MAX_STATES = 4096
 
 
 class ChangelogFormatError(ValueError):
@@ -52,19 +57,18 @@ class ChangelogFormatError(ValueError):
 
 
 def local_name(checkpoint_id: int) -> str:
-    return f"{LOCAL_PREFIX}{checkpoint_id:012d}"
+    return f"{CHANGELOG_PREFIX}{checkpoint_id:012d}"
 
 
-def is_changelog(name: str) -> bool:
-    return name.startswith(LOCAL_PREFIX)
+is_changelog = is_changelog_name
 
 
 @dataclass(frozen=True)
 class ChangelogOptions:
     """When to materialize: the chain's bytes reach `materialize_share` of the materialized
     files' bytes, or the chain reaches `max_chain` files. A longer chain uploads less (each
-    materialization re-uploads what compaction rewrote) and restores slower from stable storage
-    (the working database and the task-local copy restore without replaying anything)."""
+    materialization re-uploads what compaction rewrote) and takes longer to restore from the
+    task-local copy or stable storage, which replay it (the working database replays nothing)."""
 
     enabled: bool = False
     materialize_share: float = 2.0
@@ -86,7 +90,27 @@ class ChangelogOptions:
 @dataclass
 class _StateChanges:
     entries: dict[bytes, bytes | None] = field(default_factory=dict)  # None: deleted
-    ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
+    stamps: dict[bytes, int] = field(default_factory=dict)  # key -> when it was last written
+    ranges: list[tuple[bytes, bytes, int]] = field(default_factory=list)  # (lower, upper, when)
+
+    def surviving(self) -> list[tuple[bytes, bytes | None]]:
+        """The entries, sorted, without those a later range delete covers: one sweep over the
+        sorted keys with a heap of the ranges open at each key, newest on top."""
+        items = sorted(self.entries.items())
+        if not self.ranges:
+            return items
+        ranges = sorted(self.ranges)
+        open_ranges: list[tuple[int, bytes]] = []  # (-when, upper)
+        out, i = [], 0
+        for key, value in items:
+            while i < len(ranges) and ranges[i][0] <= key:
+                heapq.heappush(open_ranges, (-ranges[i][2], ranges[i][1]))
+                i += 1
+            while open_ranges and open_ranges[0][1] <= key:  # the newest open range ended before key
+                heapq.heappop(open_ranges)
+            if not open_ranges or -open_ranges[0][0] < self.stamps[key]:
+                out.append((key, value))
+        return out
 
 
 class ChangeLog:
@@ -98,6 +122,7 @@ class ChangeLog:
 
     def __init__(self) -> None:
         self._states: dict[str, _StateChanges] = {}
+        self._clock = 0  # orders writes against range deletes
 
     def __len__(self) -> int:
         return sum(len(s.entries) + len(s.ranges) for s in self._states.values())
@@ -108,25 +133,34 @@ class ChangeLog:
             changes = self._states[state] = _StateChanges()
         return changes
 
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
     def put(self, state: str, key: bytes, value: bytes) -> None:
-        self._of(state).entries[key] = value
+        changes = self._of(state)
+        changes.entries[key] = value
+        changes.stamps[key] = self._tick()
 
     def delete(self, state: str, key: bytes) -> None:
-        self._of(state).entries[key] = None
+        changes = self._of(state)
+        changes.entries[key] = None
+        changes.stamps[key] = self._tick()
 
     def write_batch(self, state: str, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
-        entries = self._of(state).entries
-        entries.update(puts)
-        entries.update(dict.fromkeys(deletes))
+        changes, now = self._of(state), self._tick()
+        changes.entries.update(puts)
+        changes.entries.update(dict.fromkeys(deletes))
+        changes.stamps.update(dict.fromkeys([k for k, _ in puts], now))
+        changes.stamps.update(dict.fromkeys(deletes, now))
 
     def delete_range(self, state: str, lower: bytes, upper: bytes) -> None:
-        changes = self._of(state)
-        for key in [k for k in changes.entries if lower <= k < upper]:
-            del changes.entries[key]
-        changes.ranges.append((lower, upper))
+        """O(1): the entries it covers are dropped when the log is written (`surviving`)."""
+        self._of(state).ranges.append((lower, upper, self._tick()))
 
     def clear(self) -> None:
         self._states.clear()
+        self._clock = 0
 
     def write(self, path: Path, state_names: Iterable[str]) -> int:
         """Write the changes to `path` (every state named, changed or not); returns its size."""
@@ -135,10 +169,10 @@ class ChangeLog:
         parts: list[bytes] = []
         for name in names:
             changes = self._states.get(name, _StateChanges())
-            items = sorted(changes.entries.items())
+            items = changes.surviving()
             keys = [k for k, _ in items]
             values = [v for _, v in items]
-            for lower, upper in changes.ranges:
+            for lower, upper, _ in changes.ranges:
                 parts += [_U32.pack(len(lower)), lower, _U32.pack(len(upper)), upper]
             parts.append(np.fromiter(map(len, keys), dtype="<u4", count=len(keys)).tobytes())
             parts.append(
@@ -148,12 +182,15 @@ class ChangeLog:
             parts.append(b"".join(v for v in values if v is not None))
             header["states"].append({"name": name, "ranges": len(changes.ranges), "entries": len(items)})
         raw = b"".join(parts)
+        frames = [_CODEC.compress(raw[i : i + _FRAME], asbytes=True) for i in range(0, len(raw), _FRAME)]
         header["raw_size"] = len(raw)
+        header["frames"] = [[len(f), min(_FRAME, len(raw) - i * _FRAME)] for i, f in enumerate(frames)]
         head = json.dumps(header, separators=(",", ":")).encode()
-        body = _CODEC.compress(raw, asbytes=True) if raw else b""
         with open(path, "wb") as f:
-            f.write(MAGIC + _U32.pack(len(head)) + head + body)
-        return len(MAGIC) + 4 + len(head) + len(body)
+            f.write(MAGIC + _U32.pack(len(head)) + head)
+            for frame in frames:
+                f.write(frame)
+        return len(MAGIC) + 4 + len(head) + sum(len(f) for f in frames)
 
 
 @dataclass(frozen=True)
@@ -167,32 +204,47 @@ class StateChanges:
 
 def read(path: Path) -> list[StateChanges]:
     """Decode a changelog file; ChangelogFormatError says what is wrong with it."""
-    data = path.read_bytes()
+    return decode(path.read_bytes(), path.name)
+
+
+def decode(data: bytes, name: str) -> list[StateChanges]:
+    """Decode the bytes of changelog file `name` (`sparkpoint verify` checks them with this)."""
     if data[: len(MAGIC)] != MAGIC:
-        raise ChangelogFormatError(f"{path.name}: not a sparkpoint changelog file (bad magic bytes)")
+        raise ChangelogFormatError(f"{name}: not a sparkpoint changelog file (bad magic bytes)")
     try:
         (head_len,) = _U32.unpack_from(data, len(MAGIC))
         if head_len > _MAX_HEADER:
-            raise ChangelogFormatError(f"{path.name}: header of {head_len} bytes")
+            raise ChangelogFormatError(f"{name}: header of {head_len} bytes")
         start = len(MAGIC) + 4
         header = json.loads(data[start : start + head_len])
         if not isinstance(header, dict) or header.get("version") != FORMAT_VERSION:
-            raise ChangelogFormatError(f"{path.name}: unknown changelog format version")
-        raw_size = header["raw_size"]
-        body = data[start + head_len :]
-        if not isinstance(raw_size, int) or not 0 <= raw_size <= _MAX_RATIO * len(body):
-            raise ChangelogFormatError(f"{path.name}: header claims {raw_size!r} bytes from a {len(body)}-byte body")
-        try:
-            raw = _CODEC.decompress(body, decompressed_size=raw_size, asbytes=True) if raw_size else b""
-        except (OSError, pa.ArrowException) as e:
-            raise ChangelogFormatError(f"{path.name}: body does not decompress ({e})") from e
-        if len(raw) != raw_size:
-            raise ChangelogFormatError(f"{path.name}: body decompresses to {len(raw)} bytes, header says {raw_size}")
-        return _decode(raw, header["states"], path.name)
+            raise ChangelogFormatError(f"{name}: unknown changelog format version")
+        raw = _decompress(data[start + head_len :], header["frames"], header["raw_size"], name)
+        states = header["states"]
+        if not isinstance(states, list) or len(states) > _MAX_STATES:
+            raise ChangelogFormatError(f"{name}: the header's state list is malformed")
+        return _decode(raw, states, name)
     except ChangelogFormatError:
         raise
-    except (ValueError, KeyError, TypeError, struct.error, pa.ArrowException) as e:
-        raise ChangelogFormatError(f"{path.name}: malformed changelog ({e})") from e
+    except (ValueError, KeyError, TypeError, struct.error) as e:
+        raise ChangelogFormatError(f"{name}: malformed changelog ({e})") from e
+
+
+def _decompress(body: bytes, frames: list[list[int]], raw_size: int, name: str) -> bytes:
+    if sum(c for c, _ in frames) != len(body) or sum(r for _, r in frames) != raw_size:
+        raise ChangelogFormatError(f"{name}: frame sizes do not add up to the body ({len(body)} bytes)")
+    out, pos = [], 0
+    for compressed, raw in frames:
+        if not (isinstance(compressed, int) and isinstance(raw, int) and compressed > 0 and 0 < raw <= _FRAME):
+            raise ChangelogFormatError(f"{name}: a frame of {compressed!r} -> {raw!r} bytes")
+        try:
+            out.append(_CODEC.decompress(body[pos : pos + compressed], decompressed_size=raw, asbytes=True))
+        except (OSError, pa.ArrowException) as e:
+            raise ChangelogFormatError(f"{name}: body does not decompress ({e})") from e
+        if len(out[-1]) != raw:
+            raise ChangelogFormatError(f"{name}: a frame decompresses to {len(out[-1])} bytes, not {raw}")
+        pos += compressed
+    return b"".join(out)
 
 
 def _decode(raw: bytes, states: list[dict[str, Any]], name: str) -> list[StateChanges]:
@@ -208,14 +260,21 @@ def _decode(raw: bytes, states: list[dict[str, Any]], name: str) -> list[StateCh
         return chunk
 
     for state in states:
+        state_name = state["name"]
+        if not isinstance(state_name, str) or not state_name or state_name == "default" or len(state_name) > 255:
+            raise ChangelogFormatError(f"{name}: invalid state name {state_name!r}")
         ranges = []
         for _ in range(int(state["ranges"])):
             lower = take(_U32.unpack(take(4))[0])
             upper = take(_U32.unpack(take(4))[0])
+            if lower > upper:
+                raise ChangelogFormatError(f"{name}: a range delete of state {state_name!r} ends before it starts")
             ranges.append((lower, upper))
         n = int(state["entries"])
         key_lens = np.frombuffer(take(4 * n), dtype="<u4").astype(np.int64)
         value_lens = np.frombuffer(take(4 * n), dtype="<i4").astype(np.int64)
+        if n and value_lens.min() < -1:
+            raise ChangelogFormatError(f"{name}: a negative value length in state {state_name!r}")
         keys_blob = take(int(key_lens.sum()))
         values_blob = take(int(value_lens[value_lens > 0].sum()))
         key_ends = np.cumsum(key_lens).tolist()
@@ -225,7 +284,7 @@ def _decode(raw: bytes, states: list[dict[str, Any]], name: str) -> list[StateCh
         for k1, v1, vl in zip(key_ends, value_ends, value_lens.tolist()):
             entries.append((keys_blob[k0:k1], None if vl < 0 else values_blob[v0:v1]))
             k0, v0 = k1, v1
-        out.append(StateChanges(str(state["name"]), ranges, entries))
+        out.append(StateChanges(state_name, ranges, entries))
     if pos != len(raw):
         raise ChangelogFormatError(f"{name}: {len(raw) - pos} bytes after the last state")
     return out
@@ -234,6 +293,13 @@ def _decode(raw: bytes, states: list[dict[str, Any]], name: str) -> list[StateCh
 def replay(db: Rdict, path: Path, ensure_states: Callable[[list[str]], None]) -> int:
     """Apply one changelog file to an open database; returns the number of entries written."""
     sections = read(path)
+    try:
+        return _apply(db, sections, ensure_states)
+    except Exception as e:  # rocksdict raises bare Exception with RocksDB's status text
+        raise ChangelogFormatError(f"{path.name}: RocksDB refuses its entries ({e})") from e
+
+
+def _apply(db: Rdict, sections: list[StateChanges], ensure_states: Callable[[list[str]], None]) -> int:
     ensure_states([s.name for s in sections])
     written = 0
     for section in sections:

@@ -10,8 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sparkpoint.core.backend import RocksDBStateBackend
+from sparkpoint.core.changelog import ChangelogFormatError, decode
 from sparkpoint.core.errors import OperatorStateMismatch, PathEscapesJobDirectory
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
+from sparkpoint.core.paths import is_changelog_name
 from sparkpoint.core.restore import FileProblem, mismatch
 from sparkpoint.core.storage import CheckpointStorage
 
@@ -33,7 +35,18 @@ def _check(storage: CheckpointStorage, f: FileHandle, deep: bool) -> FileProblem
     except PathEscapesJobDirectory as e:  # a link: reported, never read through
         return FileProblem(f.path, f.local_name, str(e))
     problem = mismatch(f, size, (lambda: _stored_crc32(storage, f.path)) if deep else None)
+    if deep and problem is None and is_changelog_name(f.local_name):
+        problem = _changelog_problem(storage, f)
     return FileProblem(f.path, f.local_name, problem) if problem else None
+
+
+def _changelog_problem(storage: CheckpointStorage, f: FileHandle) -> str | None:
+    """A changelog whose CRC32 matches may still not decode (written wrong): restoring would fail."""
+    try:
+        decode(storage.read_bytes(f.path), f.local_name)
+    except ChangelogFormatError as e:
+        return f"does not decode: {e}"
+    return None
 
 
 def _stored_crc32(storage: CheckpointStorage, rel: str) -> int:

@@ -16,12 +16,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sparkpoint.core.errors import MetadataError
-from sparkpoint.core.paths import check_encodable, validate_name, validate_relative
+from sparkpoint.core.paths import check_encodable, is_changelog_name, validate_name, validate_relative
 
 FORMAT_NAME = "sparkpoint-checkpoint"
 # Version 2 added `checksum`: a SHA-256 over the canonical JSON of every other field, so that a
 # flipped byte which still parses (an operator renamed, a size changed) is caught on load.
-FORMAT_VERSION = 2
+# Version 3: a subtask may list a changelog chain (files named changelog-<id>, replayed on the
+# materialized files). A checkpoint without one is still written as version 2, so that it stays
+# readable by older sparkpoint; a version-2 reader would restore a chain's base and drop the chain,
+# which is why a chain is written as version 3 only and a version-2 file listing one is refused.
+FORMAT_VERSION = 3
+CHAIN_FREE_VERSION = 2
 MAX_OFFSETS_DEPTH = 32  # source offsets deeper than this are refused, not recursed into
 KINDS = ("checkpoint", "savepoint")
 CLAIM_MODES = ("CLAIM", "NO_CLAIM")
@@ -212,10 +217,13 @@ class CheckpointMetadata:
         refs[self.metadata_path] = self.checkpoint_id
         return refs
 
+    def has_changelog(self) -> bool:
+        return any(is_changelog_name(f.local_name) for f in self.files())
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": FORMAT_VERSION if self.has_changelog() else CHAIN_FREE_VERSION,
             "job_id": self.job_id,
             "checkpoint_id": self.checkpoint_id,
             "kind": self.kind,
@@ -432,10 +440,11 @@ def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
     if fmt != FORMAT_NAME:
         raise v.fail("format", f"must be {FORMAT_NAME!r}, got {fmt!r}: this is not a sparkpoint checkpoint")
     version = v.integer(obj, "version", "")
-    if version != FORMAT_VERSION:
+    if version not in (CHAIN_FREE_VERSION, FORMAT_VERSION):
         raise v.fail(
             "version",
-            f"is {version}, this sparkpoint reads version {FORMAT_VERSION}; upgrade sparkpoint to read it",
+            f"is {version}, this sparkpoint reads versions {CHAIN_FREE_VERSION} and {FORMAT_VERSION}; "
+            "upgrade sparkpoint to read it",
         )
     checkpoint_id = v.integer(obj, "checkpoint_id", "", minimum=1)
     lineage_raw = obj.get("lineage")
@@ -499,6 +508,8 @@ def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
         lineage=lineage,
         unowned=frozenset(unowned_raw),
     )
+    if version == CHAIN_FREE_VERSION and meta.has_changelog():
+        raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
     # Last, so that a hostile file is told by the field it breaks; this catches what still parses.
     if v.string(obj, "checksum", "") != content_checksum(obj):
         raise v.fail(

@@ -68,3 +68,11 @@ def shared_dir(operator: str, subtask: int) -> str:
 
 def private_dir(checkpoint_id: int, operator: str, subtask: int) -> str:
     return f"chk-{checkpoint_id}/{operator}/{subtask}"
+
+
+CHANGELOG_PREFIX = "changelog-"  # the local name of a changelog file: changelog-<checkpoint id, 12 digits>
+
+
+def is_changelog_name(local_name: str) -> bool:
+    """A subtask's file that is a changelog to replay, not a RocksDB file (see core.changelog)."""
+    return local_name.startswith(CHANGELOG_PREFIX)
