@@ -41,10 +41,16 @@ import os
 import platform
 import random
 import shutil
+import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,9 +60,12 @@ import rocksdict
 
 from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpoint
 from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.core.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle
+from sparkpoint.core.restore import download_verified, local_copy_matches
 from sparkpoint.core.rocksdb import flush_all
 from sparkpoint.core.serde import StructCodec
 from sparkpoint.core.state import ValueState
+from sparkpoint.core.storage import CRC32_IMPLEMENTATION
 
 RESULTS = Path(__file__).parent / "results"
 OPERATOR = "bench"
@@ -223,58 +232,137 @@ def timed_restore(backend: RocksDBStateBackend, meta: Any, expected: str, probe:
 
 
 def restores(
-    storage: CheckpointStorage, backend: RocksDBStateBackend, meta: Any, work: Path, probe: list[int]
+    storage: CheckpointStorage, backend: RocksDBStateBackend, meta: Any, work: Path, probe: list[int], repeat: int
 ) -> dict[str, Any]:
-    """Restore `meta` three ways: working db as is, task-local copy, primary storage."""
-    out = {"working": timed_restore(backend, meta, "working", probe)}
-    (backend.dir / "working.json").unlink()  # db/ no longer counts as checkpoint N: use chk-N/
-    out["local"] = timed_restore(backend, meta, "local", probe)
-    fresh = RocksDBStateBackend(
-        storage, OPERATOR, 0, parallelism=1, max_parallelism=backend.max_parallelism, local_dir=work / "fresh"
-    )
-    try:
-        out["primary"] = timed_restore(fresh, meta, "primary", probe)
-    finally:
-        fresh.dispose()
+    """Restore `meta` three ways: working db as is, task-local copy, primary storage (the last two
+    `repeat` times, interleaved; medians)."""
+    out: dict[str, Any] = {"working": timed_restore(backend, meta, "working", probe)}
+    runs: dict[str, list[dict[str, Any]]] = {"local": [], "primary": []}
+    for n in range(repeat):
+        (backend.dir / "working.json").unlink()  # db/ no longer counts as checkpoint N: use chk-N/
+        runs["local"].append(timed_restore(backend, meta, "local", probe))
+        fresh = RocksDBStateBackend(
+            storage, OPERATOR, 0, parallelism=1, max_parallelism=backend.max_parallelism, local_dir=work / f"fresh-{n}"
+        )
+        try:
+            runs["primary"].append(timed_restore(fresh, meta, "primary", probe))
+        finally:
+            fresh.dispose()
+    for source, results in runs.items():
+        out[source] = {**results[0], "wall_s": statistics.median(r["wall_s"] for r in results),
+                       "runs_s": [r["wall_s"] for r in results]}
+    # What the task-local restore spends reading and checksumming every file (rule 7), timed alone.
+    handle = next(h for h in meta.subtask_handles() if h.operator == OPERATOR)
+    verify = []
+    for _ in range(repeat):
+        settle()
+        started = time.perf_counter()
+        assert not local_copy_matches(backend.dir / f"chk-{meta.checkpoint_id}", handle)
+        verify.append(time.perf_counter() - started)
+    out["local"]["verify_s"] = statistics.median(verify)
     return out
 
 
-def reference_copy(storage: CheckpointStorage, local_checkpoint: Path, work: Path) -> dict[str, Any]:
-    """Plain fsspec put/get of the native checkpoint's files: the floor for upload and download."""
+def transfer(storage: CheckpointStorage, local_checkpoint: Path, work: Path, repeat: int) -> dict[str, Any]:
+    """The same files through sparkpoint and through plain fsspec, `repeat` times, interleaved:
+
+    * upload: `CheckpointStorage.upload` (CRC32 of every file, fsync on a local disk) against
+      fsspec `put` of the list;
+    * download: `restore.download_verified` (download, CRC32 and size checked against the handle)
+      against fsspec `get` of the list.
+
+    `+sync` times run until the page cache is written back: the fair comparison for uploads to a
+    local disk, which fsync every file while `put` does not.
+    """
     files = sorted(p for p in local_checkpoint.iterdir() if p.is_file())
     total = sum(p.stat().st_size for p in files)
     fs = storage.fs
-    remote = f"{storage.root}-reference-{uuid.uuid4().hex[:8]}"
-    fs.makedirs(remote, exist_ok=True)
-    back = work / "reference-get"
-    back.mkdir()
+    runs: dict[str, list[float]] = {k: [] for k in ("upload", "upload_sync", "put", "put_sync", "download", "get")}
+    for n in range(repeat):
+        tag = uuid.uuid4().hex[:8]
+        ours, theirs = f"transfer-{tag}", f"{storage.root}-reference-{tag}"
+        fs.makedirs(theirs, exist_ok=True)
+        back = work / f"transfer-{tag}"
+        back.mkdir()
+        try:
+            handles: list[FileHandle] = []
+
+            def upload(ours: str = ours, handles: list[FileHandle] = handles) -> None:
+                handles.extend(storage.upload([(str(p), f"{ours}/{p.name}") for p in files], checkpoint_id=1))
+
+            def put(theirs: str = theirs) -> None:
+                fs.put([str(p) for p in files], [f"{theirs}/{p.name}" for p in files])
+
+            pair = (("upload", upload), ("put", put))
+            for name, fn in pair if n % 2 == 0 else pair[::-1]:
+                settle()
+                started = time.perf_counter()
+                fn()
+                runs[name].append(time.perf_counter() - started)
+                settle()
+                runs[f"{name}_sync"].append(time.perf_counter() - started)
+            handle = SubtaskStateHandle(
+                operator=OPERATOR, subtask=0, checkpoint_id=1, key_group_range=KeyGroupRange(0, 127),
+                max_parallelism=128,
+                shared=tuple(h for h in handles if h.local_name.endswith(".sst")),
+                private=tuple(h for h in handles if not h.local_name.endswith(".sst")),
+            )
+
+            def download(back: Path = back, handle: SubtaskStateHandle = handle) -> None:
+                download_verified(storage, handle, 1, back / "ours")
+
+            def get(back: Path = back, theirs: str = theirs) -> None:
+                (back / "theirs").mkdir()
+                fs.get([f"{theirs}/{p.name}" for p in files], [str(back / "theirs" / p.name) for p in files])
+
+            pair = (("download", download), ("get", get))
+            for name, fn in pair if n % 2 == 0 else pair[::-1]:
+                settle()
+                started = time.perf_counter()
+                fn()
+                runs[name].append(time.perf_counter() - started)
+        finally:
+            fs.rm(theirs, recursive=True)
+            if storage.exists(f"{ours}/CURRENT"):
+                fs.rm(storage.abspath(ours), recursive=True)
+            shutil.rmtree(back, ignore_errors=True)
+    out: dict[str, Any] = {"files": len(files), "bytes": total, "repeat": repeat, "runs_s": runs}
+    out.update({f"{k}_s": statistics.median(v) for k, v in runs.items()})
+    out["upload_vs_put"] = out["put_s"] / out["upload_s"]
+    out["upload_vs_put_sync"] = out["put_sync_s"] / out["upload_sync_s"]
+    out["download_vs_get"] = out["get_s"] / out["download_s"]
+    log(f"transfer on {storage.fs.protocol}: upload {out['upload_s']:.2f} s vs put {out['put_s']:.2f} s "
+        f"(+sync {out['upload_sync_s']:.2f} vs {out['put_sync_s']:.2f}), download {out['download_s']:.2f} s vs get "
+        f"{out['get_s']:.2f} s")
+    return out
+
+
+@contextmanager
+def moto_s3(work: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A moto S3 server in its own process on 127.0.0.1 (so it does not share our GIL), and an
+    empty bucket: yields the checkpoints URL and its storage options."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
     try:
-        settle()
-        started = time.perf_counter()
-        fs.put([str(p) for p in files], [f"{remote}/{p.name}" for p in files])
-        put_s = time.perf_counter() - started
-        settle()
-        put_sync_s = time.perf_counter() - started
-        started = time.perf_counter()
-        fs.get([f"{remote}/{p.name}" for p in files], [str(back / p.name) for p in files])
-        get_s = time.perf_counter() - started
-        settle()
-        get_sync_s = time.perf_counter() - started
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(endpoint, timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        options: dict[str, Any] = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        fsspec.filesystem("s3", **options).mkdir(bucket)
+        yield f"s3://{bucket}/checkpoints", options
     finally:
-        fs.rm(remote, recursive=True)
-        shutil.rmtree(back, ignore_errors=True)
-    log(f"reference: put {total / MB:.0f} MB in {put_s:.2f} s ({put_sync_s:.2f} s with sync), get in {get_s:.2f} s "
-        f"({get_sync_s:.2f} s with sync)")
-    return {
-        "files": len(files),
-        "bytes": total,
-        "put_s": put_s,
-        "put_mb_s": total / MB / put_s,
-        "put_sync_s": put_sync_s,
-        "get_s": get_s,
-        "get_mb_s": total / MB / get_s,
-        "get_sync_s": get_sync_s,
-    }
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def storage_bytes(storage: CheckpointStorage) -> int:
@@ -334,27 +422,40 @@ def report(r: dict[str, Any]) -> str:
             ],
         )
     )
-    ref = r["reference"]
+    file_ref = next(iter(r["transfer"].values()))
+    restore_bytes = file_ref["bytes"]
     rows = [
-        [name, f"{x['wall_s']:.2f}", str(x["files"]), mb(x["downloaded_bytes"]), rate(ref["bytes"], x["wall_s"])]
+        [name, f"{x['wall_s']:.2f}", " ".join(f"{t:.2f}" for t in x.get("runs_s", [x["wall_s"]])), str(x["files"]),
+         mb(x["downloaded_bytes"]), rate(restore_bytes, x["wall_s"])]
         for name, x in r["restore"].items()
     ]
     out.append(
-        table(f"Restore of chk-{r['restore_checkpoint']} ({mb(ref['bytes'])} MB)",
-              ["source", "wall s", "files", "downloaded MB", "state MB/s"], rows)
+        table(f"Restore of chk-{r['restore_checkpoint']} ({mb(restore_bytes)} MB; median of the runs)",
+              ["source", "wall s", "runs s", "files", "downloaded MB", "state MB/s"], rows)
+    )
+    local = r["restore"]["local"]
+    out.append(
+        f"task-local restore: {local['verify_s']:.2f} s of its {local['wall_s']:.2f} s read and checksum every file "
+        f"(rule 7); the rest is hard links and opening RocksDB\n"
     )
     out.append(
         table(
-            "Physical reference: plain fsspec copy of the same checkpoint's files (no CRC; +sync: until written back)",
-            ["op", "files", "MB", "wall s", "MB/s", "+sync s", "+sync MB/s"],
-            [
-                [op, str(ref["files"]), mb(ref["bytes"]), f"{t:.2f}", rate(ref["bytes"], t), f"{ts:.2f}",
-                 rate(ref["bytes"], ts)]
-                for op, t, ts in (
-                    ("put (upload)", ref["put_s"], ref["put_sync_s"]),
-                    ("get (download)", ref["get_s"], ref["get_sync_s"]),
-                )
-            ],
+            "Transfers: sparkpoint (CRC32 of every file, checked on download) against plain fsspec put/get of the "
+            "same files (median; +sync: until written back)",
+            ["storage", "MB", "upload s", "+sync", "put s", "+sync", "upload/put", "+sync", "download s", "get s",
+             "download/get"],
+            [[name, mb(x["bytes"]), f"{x['upload_s']:.2f}", f"{x['upload_sync_s']:.2f}", f"{x['put_s']:.2f}",
+              f"{x['put_sync_s']:.2f}", f"{x['upload_vs_put']:.0%}", f"{x['upload_vs_put_sync']:.0%}",
+              f"{x['download_s']:.2f}", f"{x['get_s']:.2f}", f"{x['download_vs_get']:.0%}"]
+             for name, x in r["transfer"].items()],
+        )
+    )
+    out.append(
+        table(
+            "Targets (throughput ratios; the upload on a local disk is compared until durable, +sync)",
+            ["target", "measured", "goal", "verdict"],
+            [[t["name"], f"{t['measured']:.2f}", f">= {t['goal']:g}", "met" if t["met"] else "MISSED"]
+             for t in r["targets"]],
         )
     )
     out.append(
@@ -386,8 +487,14 @@ def run(args: argparse.Namespace, work: Path, url: str) -> dict[str, Any]:
             phases.append(phase)
         latest = coordinator.store.load_all().checkpoints[0]
         probe = rng.sample(range(loaded["keys"]), min(1000, loaded["keys"]))
-        restored = restores(storage, backend, latest, work, probe)
-        reference = reference_copy(storage, backend.dir / f"chk-{latest.checkpoint_id}", work)
+        restored = restores(storage, backend, latest, work, probe, args.repeat)
+        local_checkpoint = backend.dir / f"chk-{latest.checkpoint_id}"
+        transfers = {storage.fs.protocol if isinstance(storage.fs.protocol, str) else storage.fs.protocol[0]:
+                     transfer(storage, local_checkpoint, work, args.repeat)}
+        if args.s3:
+            with moto_s3(work) as (s3_url, options):
+                s3 = CheckpointStorage(s3_url, storage.job_id, options)
+                transfers["s3 (moto)"] = transfer(s3, local_checkpoint, work, args.repeat)
     finally:
         backend.dispose()
         if args.storage and storage.job_dir_exists():  # the temp dir goes as a whole
@@ -398,8 +505,31 @@ def run(args: argparse.Namespace, work: Path, url: str) -> dict[str, Any]:
         "phases": phases,
         "restore_checkpoint": latest.checkpoint_id,
         "restore": restored,
-        "reference": reference,
+        "transfer": transfers,
     }
+
+
+def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The performance targets of issue 10, from this run's figures."""
+    out = []
+
+    def add(name: str, measured: float, goal: float) -> None:
+        out.append({"name": name, "measured": measured, "goal": goal, "met": measured >= goal})
+
+    for p in r["phases"]:
+        if p["fraction"] == 0.01:
+            add("incremental (1%) x faster than full", p["full"]["wall_s"] / p["mean_wall_s"], 10)
+    for name, x in r["transfer"].items():
+        local = name == "file"
+        add(f"upload / put on {name}" + (" (+sync)" if local else ""),
+            x["upload_vs_put_sync"] if local else x["upload_vs_put"], 0.8)
+        add(f"download verified / get on {name}", x["download_vs_get"], 0.8)
+    file_get = next((x["get_s"] for n, x in r["transfer"].items() if n == "file"), None)
+    if file_get is not None:
+        add("primary restore / get on file", file_get / r["restore"]["primary"]["wall_s"], 0.8)
+    add("task-local restore x faster than primary", r["restore"]["primary"]["wall_s"] / r["restore"]["local"]["wall_s"],
+        20)
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -408,6 +538,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--changes", default="0.01,0.1", help="fractions of keys changed per checkpoint (default 0.01,0.1)")
     p.add_argument("--checkpoints", type=int, default=5, help="incremental checkpoints per fraction (default 5)")
     p.add_argument("--storage", metavar="URL", help="fsspec URL for checkpoints (default: file:// in a temp dir)")
+    p.add_argument("--repeat", type=int, default=3, help="repetitions of each restore and transfer (default 3)")
+    p.add_argument("--no-s3", dest="s3", action="store_false", help="skip the transfers to S3 (moto on 127.0.0.1)")
     p.add_argument("--quick", action="store_true", help="smoke test: 64 MB, 2 checkpoints per fraction")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, help="JSON output (default benchmarks/results/state_backend[_quick].json)")
@@ -415,8 +547,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.state_mb, args.checkpoints = 64, 2
     args.changes = [float(c) for c in args.changes.split(",")]
-    if not all(0 < c <= 1 for c in args.changes) or args.checkpoints < 1 or args.state_mb < 1:
-        p.error("--changes must be fractions in (0, 1], --checkpoints and --state-mb positive")
+    if not all(0 < c <= 1 for c in args.changes) or min(args.checkpoints, args.state_mb, args.repeat) < 1:
+        p.error("--changes must be fractions in (0, 1], --checkpoints, --state-mb and --repeat positive")
     args.out = args.out or RESULTS / ("state_backend_quick.json" if args.quick else "state_backend.json")
     return args
 
@@ -432,12 +564,14 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["runtime_s"] = time.perf_counter() - started
+    results["targets"] = targets(results)
     results["config"] = {
         "state_mb": args.state_mb,
         "changes": args.changes,
         "checkpoints": args.checkpoints,
         "storage": args.storage or "file:// temp dir",
         "seed": args.seed,
+        "repeat": args.repeat,
         "key_bytes": 16,
         "value_bytes": len(CODEC.encode((0, 0.0, 0.0, b""))),
     }
@@ -446,6 +580,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpus": os.cpu_count(),
         "rocksdict": getattr(rocksdict, "__version__", "unknown"),
         "fsspec": fsspec.__version__,
+        "crc32": CRC32_IMPLEMENTATION,
     }
     print(report(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,13 +75,20 @@ def check_handle_shape(handle: SubtaskStateHandle, checkpoint_id: int) -> None:
 
 
 def local_copy_matches(directory: Path, handle: SubtaskStateHandle) -> list[FileProblem]:
-    """Compare a task-local directory with the handle; empty list when every file matches."""
-    problems = []
-    for f in handle.files():
-        problem = check_local_file(directory / f.local_name, f)
-        if problem:
-            problems.append(FileProblem(f.path, f.local_name, problem))
-    return problems
+    """Compare a task-local directory with the handle; empty list when every file matches.
+
+    Every byte of every file is read and checksummed, every time: a fingerprint of the inode
+    (size, mtime, ctime) would not survive the hard links that snapshots, confirmations, RocksDB
+    compactions and restores add to and remove from these very inodes (each moves ctime), and
+    without ctime an in-place rewrite that puts the old mtime back would go unseen. The files are
+    checksummed on several threads, largest first (CRC32 releases the GIL).
+    """
+    files = list(handle.files())
+    by_size = sorted(range(len(files)), key=lambda i: -files[i].size)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 2))) as pool:
+        checked = pool.map(lambda i: (i, check_local_file(directory / files[i].local_name, files[i])), by_size)
+        problems = dict(checked)
+    return [FileProblem(f.path, f.local_name, p) for i, f in enumerate(files) if (p := problems[i])]
 
 
 def download_verified(
@@ -95,19 +103,23 @@ def download_verified(
     files = list(handle.files())
     try:
         try:
-            storage.get_files([(f.path, str(target / f.local_name)) for f in files])
+            written = storage.download([(f.path, str(target / f.local_name)) for f in files])
         except FileNotFoundError as e:
             missing = next((f for f in files if not storage.exists(f.path)), None)
             name = missing.path if missing else str(e)
             raise _corrupted(checkpoint_id, handle, name, "is missing from stable storage") from e
-        for f in files:
-            problem = check_local_file(target / f.local_name, f)
+        for f, (size, crc) in zip(files, written):  # size and CRC32 of each copy, taken as it was written
+            problem = mismatch(f, size, _known(crc))
             if problem:
                 raise _corrupted(checkpoint_id, handle, f.path, f"differs: {problem}")
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
     return sum(f.size for f in files)
+
+
+def _known(crc: int) -> Callable[[], int]:
+    return lambda: crc
 
 
 def materialize(source: Path, target: Path, local_names: Iterable[str]) -> None:

@@ -14,9 +14,10 @@ import os
 import posixpath
 import re
 import stat
+import threading
 import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,19 +28,83 @@ from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.core.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
 from sparkpoint.core.metadata import FileHandle
-from sparkpoint.core.paths import checkpoint_id_of_dir, validate_relative
+from sparkpoint.core.paths import MAX_PATH_CHARS, checkpoint_id_of_dir, validate_relative
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Plain names joined by single slashes: every such path passes `validate_relative` (no `.` or `..`
+# component, nothing absolute, no URL or drive, no control character, normalized). Matching it
+# first spares the general checks on the hot paths, listing and deleting 100,000 files.
+_PLAIN_RELATIVE = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,254}/)*[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 _CHUNK = 4 * 1024 * 1024
 log = logging.getLogger(__name__)
 
+# CRC-32 (zlib's polynomial, initial value and result: the values in `_metadata` do not depend on
+# it). ISA-L computes it with carry-less multiplication, several times faster than zlib 1.2, and
+# CRC32 is what bounds a verified copy on a local disk; zlib is the fallback when isal is absent.
+def _fastest_crc32() -> tuple[Callable[[Any, int], int], str]:
+    try:
+        from isal import isal_zlib
+    except ImportError:  # pragma: no cover - depends on the environment
+        return zlib.crc32, "zlib"
+    return isal_zlib.crc32, "isal"
+
+
+_crc32, CRC32_IMPLEMENTATION = _fastest_crc32()
+
+
+def checked_relative(rel: str) -> str:
+    """`validate_relative`, quicker for the plain paths sparkpoint writes itself."""
+    if isinstance(rel, str) and len(rel) <= MAX_PATH_CHARS and _PLAIN_RELATIVE.fullmatch(rel):
+        return rel
+    return validate_relative(rel)
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """CRC32 of a bytes-like object, continuing from `value`; same results as `zlib.crc32`."""
+    return _crc32(data, value) & 0xFFFFFFFF
+
+
+def size_and_crc32(local_path: str) -> tuple[int, int]:
+    """Bytes read and CRC32 of a local file, in one pass."""
+    size, crc = 0, 0
+    with open(local_path, "rb", buffering=0) as f, _buffer() as view:
+        while n := f.readinto(view):
+            with view[:n] as chunk:
+                crc = _crc32(chunk, crc)
+            size += n
+    return size, crc & 0xFFFFFFFF
+
 
 def crc32_of_file(local_path: str) -> int:
-    crc = 0
-    with open(local_path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc & 0xFFFFFFFF
+    return size_and_crc32(local_path)[1]
+
+
+def copy_with_crc32(source: str, target: str, *, fsync: bool = False) -> tuple[int, int]:
+    """Copy a local file to `target` (created or truncated) in one pass; returns the size and CRC32
+    of the bytes written, so what the checksum vouches for is exactly what the copy holds."""
+    size, crc = 0, 0
+    with open(source, "rb", buffering=0) as src, open(target, "wb") as dst, _buffer() as view:
+        while n := src.readinto(view):
+            with view[:n] as chunk:
+                crc = _crc32(chunk, crc)
+                dst.write(chunk)  # a buffered writer: all of it or an error
+            size += n
+        if fsync:
+            dst.flush()
+            os.fsync(dst.fileno())
+    return size, crc & 0xFFFFFFFF
+
+
+_buffers = threading.local()
+
+
+def _buffer() -> memoryview:
+    """This thread's copy buffer, allocated once (zero-filling 4 MB per file costs more than a
+    small file's copy)."""
+    buffer = getattr(_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _buffers.buffer = bytearray(_CHUNK)
+    return memoryview(buffer)
 
 
 @dataclass(frozen=True)
@@ -91,28 +156,38 @@ class CheckpointStorage:
     # --- paths ---------------------------------------------------------------------------------
 
     def abspath(self, rel: str) -> str:
+        return self._abspath(rel, None)
+
+    def _abspath(self, rel: str, plain_dirs: set[str] | None) -> str:
+        """`abspath`; `plain_dirs` remembers directories already found to be no link (one batch)."""
         try:
-            validate_relative(rel)
+            checked_relative(rel)
         except ValueError as e:
             raise PathEscapesJobDirectory(
                 f"refusing to touch {rel!r}: it is not inside the job directory {self.job_url} ({e})"
             ) from e
         path = f"{self.root}/{rel}"
         if self._local:
-            self._refuse_symlinks(rel)
+            self._refuse_symlinks(rel, plain_dirs)
         return path
 
-    def _refuse_symlinks(self, rel: str) -> None:
+    def _refuse_symlinks(self, rel: str, plain_dirs: set[str] | None = None) -> None:
         """A link below the job directory may lead anywhere: never read, write or delete through it."""
         current = self.root
-        for part in rel.split("/"):
+        parts = rel.split("/")
+        for i, part in enumerate(parts):
             current = f"{current}/{part}"
+            is_dir = i < len(parts) - 1
+            if is_dir and plain_dirs is not None and current in plain_dirs:
+                continue
             if os.path.islink(current):
                 raise PathEscapesJobDirectory(
                     f"refusing to touch {rel!r}: {self.relpath_unchecked(current)} in {self.job_url} is a symbolic "
                     f"link to {os.readlink(current)!r}; sparkpoint never follows links in a job directory. "
                     "Replace the link with the real files, or remove it."
                 )
+            if is_dir and plain_dirs is not None:
+                plain_dirs.add(current)
 
     def relpath_unchecked(self, absolute: str) -> str:
         return absolute[len(self.root.rstrip("/")) + 1 :]
@@ -185,29 +260,50 @@ class CheckpointStorage:
         self.upload(pairs, checkpoint_id=0)
 
     def upload(self, pairs: Sequence[tuple[str, str]], checkpoint_id: int) -> list[FileHandle]:
-        """Upload (local path, relative target) pairs in parallel; return handles with size and CRC32."""
+        """Upload (local path, relative target) pairs in parallel; return handles with size and CRC32.
+
+        On a local filesystem each file is copied, checksummed and fsynced in one pass. Elsewhere
+        the CRC32 pass over the local file (from the page cache) is cheap next to the transfer,
+        which the filesystem's own `put_file` does best.
+        """
         targets = [(local, rel, self.abspath(rel)) for local, rel in pairs]
         self._makedirs([t for _, _, t in targets])
 
         def one(item: tuple[str, str, str]) -> FileHandle:
             local, rel, target = item
-            handle = FileHandle(
-                local_name=os.path.basename(local),
-                path=rel,
-                size=os.path.getsize(local),
-                crc32=crc32_of_file(local),
-                created_by=checkpoint_id,
-            )
-            self.fs.put_file(local, target)
             if self._local:
-                _fsync_file(target)
-            return handle
+                size, crc = copy_with_crc32(local, target, fsync=True)
+            else:
+                size, crc = size_and_crc32(local)
+                self.fs.put_file(local, target)
+            return FileHandle(local_name=os.path.basename(local), path=rel, size=size, crc32=crc,
+                              created_by=checkpoint_id)
 
-        handles = self.parallel(one, targets)
+        handles = self.parallel(one, targets)  # waits on fsync: all the workers (measured faster)
         if self._local:
             for d in {posixpath.dirname(t) for _, _, t in targets}:
                 fsync_dir(d)
         return handles
+
+    def download(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
+        """Download (relative source, local path) pairs in parallel; return the size and CRC32 of
+        each local copy as written. A missing source raises FileNotFoundError.
+
+        On a local filesystem the copy and its checksum are one pass; elsewhere the filesystem's
+        `get_file` transfers and the copy is checksummed right after, from the page cache.
+        """
+        sources = [(self.abspath(rel), local) for rel, local in pairs]
+        for d in {os.path.dirname(local) or "." for _, local in sources}:
+            os.makedirs(d, exist_ok=True)
+
+        def one(item: tuple[str, str]) -> tuple[int, int]:
+            source, local = item
+            if self._local:
+                return copy_with_crc32(source, local)
+            self.fs.get_file(source, local)
+            return size_and_crc32(local)
+
+        return self.parallel(one, sources, workers=self._copy_workers)
 
     def get_files(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Download (relative source, local path) pairs in parallel."""
@@ -222,9 +318,14 @@ class CheckpointStorage:
         Every path is checked before the first delete: one that is not safely inside the job
         directory (`..`, a link) raises PathEscapesJobDirectory and nothing is deleted.
         """
-        paths = {self.abspath(rel) for rel in rels}
+        plain_dirs: set[str] = set()
+        paths = sorted({self._abspath(rel, plain_dirs) for rel in rels})
         if not paths:
             return 0
+        if self._local:  # a thread per run of neighbouring paths: unlinks in one directory queue up anyway
+            n = max(1, min(self.max_workers, len(paths) // 256))
+            self.parallel(_unlink_all, [paths[i * len(paths) // n : (i + 1) * len(paths) // n] for i in range(n)])
+            return len(paths)
 
         def rm(path: str) -> None:
             try:
@@ -232,15 +333,21 @@ class CheckpointStorage:
             except FileNotFoundError:
                 pass
 
-        self.parallel(rm, sorted(paths))
+        self.parallel(rm, paths)
         return len(paths)
 
-    def parallel(self, fn: Any, items: Sequence[Any]) -> list[Any]:
-        """`fn` over `items` on this storage's worker threads, results in order."""
+    def parallel(self, fn: Any, items: Sequence[Any], *, workers: int | None = None) -> list[Any]:
+        """`fn` over `items` on this storage's worker threads (at most `workers`), results in order."""
         if len(items) <= 1:
             return [fn(item) for item in items]
-        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(items))) as pool:
+        with ThreadPoolExecutor(max_workers=min(workers or self.max_workers, self.max_workers, len(items))) as pool:
             return list(pool.map(fn, items))
+
+    @property
+    def _copy_workers(self) -> int | None:
+        """Copies into the page cache are bound by memory and CPU: more threads than cores only
+        contend (measured on 2 cores: 8 threads ~60%, 2 threads ~100% of one `sendfile` copy)."""
+        return (os.cpu_count() or 2) if self._local else None
 
     def _makedirs(self, paths: Iterable[str]) -> None:
         for d in sorted({posixpath.dirname(p) for p in paths}):
@@ -292,23 +399,36 @@ class CheckpointStorage:
 
     def _walk_local(self, top: str) -> list[StoredFile]:
         validate_relative(top)
-        base = f"{self.root}/{top}"
         parts = top.split("/")
         for i in range(len(parts)):  # `top` itself, or a directory above it, may be a link
             head = f"{self.root}/{'/'.join(parts[: i + 1])}"
             if os.path.islink(head):
                 return [self._lstat(head)]
         out: list[StoredFile] = []
-        for dirpath, dirnames, filenames in os.walk(base):  # followlinks=False: linked dirs not entered
-            for name in dirnames + filenames:
-                full = os.path.join(dirpath, name)
-                try:
-                    entry = self._lstat(full)
-                except FileNotFoundError:
+        self._scan_local(f"{self.root}/{top}", top, out)
+        return out
+
+    def _scan_local(self, directory: str, rel_dir: str, out: list[StoredFile]) -> None:
+        """Files and links below `directory`, one lstat each; linked directories are not entered."""
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}"
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    self._scan_local(entry.path, rel, out)
                     continue
-                if entry.symlink or name in filenames:
-                    out.append(entry)
-        return [f for f in out if f.path]
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # deleted while we looked
+                continue
+            try:
+                checked_relative(rel)
+            except ValueError as e:
+                log.warning("skipping %s in %s: %s", rel, self.job_url, e)
+                continue
+            out.append(StoredFile(rel, st.st_size, st.st_mtime, symlink=stat.S_ISLNK(st.st_mode)))
 
     def _lstat(self, full: str) -> StoredFile:
         st = os.lstat(full)
@@ -324,10 +444,13 @@ class CheckpointStorage:
         """Local filesystems keep empty directories after deletes; object stores have none."""
         if not self._local:
             return
-        base = self.abspath(top)
-        for dirpath, _, _ in sorted(os.walk(base), key=lambda t: -len(t[0])):
+        removed: set[str] = set()
+        for dirpath, dirnames, filenames in os.walk(self.abspath(top), topdown=False):
+            if filenames or any(os.path.join(dirpath, d) not in removed for d in dirnames):
+                continue  # not empty (a link to a directory counts as content): no failing rmdir
             try:
                 os.rmdir(dirpath)
+                removed.add(dirpath)
             except OSError:
                 pass
 
@@ -355,6 +478,14 @@ def _modified(info: dict[str, Any]) -> float:
             except ValueError:
                 continue
     return 0.0
+
+
+def _unlink_all(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _fsync_file(path: str) -> None:
