@@ -52,7 +52,8 @@ after every batch):
   Spark's own Python UDF profiler (`spark.sql.pyspark.udf.profiler=perf`) in the tasks, job and
   stage times from Spark's REST API. Spark's side from its progress reports.
 
-Run (about 15-25 minutes; --quick: tiny data, 3 batches, under 2 minutes):
+Run (about 15-25 minutes after a short warm-up of every system; --quick: 3,000 users, 3 batches per
+workload, one cold restart run in the background, about 1.5 minutes, timings meaningless):
 
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_vs_spark
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_vs_spark --quick --out /tmp/results
@@ -129,6 +130,11 @@ UPLOADED = (
 AMPLIFICATION = (
     "sum of bytes uploaded by the update batches / sum over them of (share of the state's entries changed "
     "or added by the batch x state bytes), per operator; 1.0 = only what changed is uploaded"
+)
+AMPLIFICATION_COMPACT = (
+    "the same with the state a compact one: changed or added entries x the bytes per entry of the first "
+    "checkpoint (one flush of every entry); a state bloated by uncompacted overwrites does not lower it "
+    "('-' for Spark's changelog mode: its first checkpoint is a changelog, not SSTs)"
 )
 
 
@@ -678,43 +684,57 @@ def summarize_profile(system: System, batches: list[dict[str, Any]], per_batch: 
         "Python in the subtasks: 'seconds' summed over subtasks": sum(task_seconds) / n,
         "Python in the subtasks: slowest subtask": mean([max(b["task_seconds"]) for b in per_batch]),
     }
+    last_stage_tasks = [max(stage_s)[2]] if stage_s else []
     return {"system": system.label, "profiled_batches": len(per_batch), "phases_s": phases,
+            "groups": len(system.operators) * PARALLELISM, "last_stage_tasks": last_stage_tasks[0] if stage_s else 0,
             "worker_functions": worker, "driver_functions": driver, "per_batch": per_batch}
 
 
 # --- summaries ---------------------------------------------------------------------------------------
 
 
-def summarize(batches: list[dict[str, Any]], workload: Workload) -> dict[str, Any]:
-    updates = batches[1:]
+def summarize(batches: list[dict[str, Any]], shares: list[dict[str, float]],
+              entries: list[dict[str, int]]) -> dict[str, Any]:
+    """Figures over the update batches (all but the first) of one system on one workload."""
+    updates, first, last = batches[1:], batches[0], batches[-1]
     ratios = [b["upload_over_state"] for b in updates]
     wall = sum(b["wall_s"] for b in updates)
     amp: dict[str, float] = {}
-    ops = sorted({op for b in updates for op in b["operators"]})
-    expected_total = 0.0
-    for op in ops:
-        expected = sum(workload.shares[b["batch"]][op] * b["operators"][op]["state"] for b in updates)
-        amp[op] = sum(b["operators"][op]["uploaded"] for b in updates) / expected if expected else 0.0
-        expected_total += expected
-    last = batches[-1]
+    amp_compact: dict[str, float | None] = {}
+    # Without SSTs in the first checkpoint (Spark's changelog mode) there is no compact size to use.
+    has_compact = first["state_sst_bytes"] > 0
+    expected_total = expected_compact_total = 0.0
+    for op in sorted(first["operators"]):
+        uploaded = sum(b["operators"][op]["uploaded"] for b in updates)
+        expected = sum(shares[b["batch"]][op] * b["operators"][op]["state"] for b in updates)
+        # The first batch's state is one flush of every entry it holds: the compact size per entry.
+        per_entry = first["operators"][op]["state"] / entries[0][op]
+        compact = sum(shares[b["batch"]][op] * entries[b["batch"]][op] * per_entry for b in updates)
+        amp[op] = uploaded / expected if expected else 0.0
+        amp_compact[op] = uploaded / compact if compact and has_compact else None
+        expected_total, expected_compact_total = expected_total + expected, expected_compact_total + compact
+    uploaded_total = sum(b["uploaded_bytes"] for b in updates)
     return {
         "update_batches": len(updates),
         "upload_over_state_mean": statistics.fmean(ratios) if ratios else 0.0,
         "upload_over_state_median": statistics.median(ratios) if ratios else 0.0,
         "upload_over_state_max": max(ratios, default=0.0),
         "rewrites": sum(1 for r in ratios if r > 0.5),
-        "uploaded_bytes_mean": statistics.fmean([b["uploaded_bytes"] for b in updates]) if updates else 0,
-        "uploaded_bytes_total": sum(b["uploaded_bytes"] for b in updates),
+        "uploaded_bytes_mean": uploaded_total / len(updates) if updates else 0.0,
+        "uploaded_bytes_total": uploaded_total,
+        "state_bytes_first": first["state_bytes"],
         "state_bytes_final": last["state_bytes"],
         "ckpt_bytes_final": last["ckpt_bytes"],
         "ckpt_files_final": last["ckpt_files"],
         "ckpt_over_state": last["ckpt_bytes"] / last["state_bytes"],
         "events_per_s": sum(b["events"] for b in updates) / wall if wall else 0.0,
         "batch_s_median": statistics.median([b["wall_s"] for b in updates]) if updates else 0.0,
-        "first_batch_s": batches[0]["wall_s"],
+        "first_batch_s": first["wall_s"],
         "amplification": amp,
-        "amplification_total": (sum(b["uploaded_bytes"] for b in updates) / expected_total
-                                if expected_total else 0.0),
+        "amplification_total": uploaded_total / expected_total if expected_total else 0.0,
+        "amplification_compact": amp_compact,
+        "amplification_compact_total": (uploaded_total / expected_compact_total
+                                        if expected_compact_total and has_compact else None),
     }
 
 
@@ -728,43 +748,71 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> str:
                       *(fmt.format(*r) for r in rows), ""])
 
 
+def ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def mb(n: float) -> str:
     return f"{n / MB:,.2f}"
 
 
 def report(results: dict[str, Any]) -> str:
-    out = [f"live state = {LIVE_STATE}\nuploaded = {UPLOADED}\n"]
+    out = [f"live state = {LIVE_STATE}\nuploaded = {UPLOADED}\namplification = {AMPLIFICATION}\n"
+           f"amp (compact) = {AMPLIFICATION_COMPACT}\n"]
     for name, w in results["workloads"].items():
-        rows = []
+        out.append(f"{name}: {w['description']}")
+    out.append("")
+    rows = []
+    for name, w in results["workloads"].items():
+        for label, s in w["systems"].items():
+            x = s["summary"]
+            rows.append([
+                name, label, str(x["update_batches"]), f"{x['upload_over_state_mean']:.3f}",
+                f"{x['upload_over_state_median']:.3f}", f"{x['upload_over_state_max']:.3f}", str(x["rewrites"]),
+                mb(x["uploaded_bytes_mean"]), mb(x["state_bytes_final"]),
+                f"{x['state_bytes_final'] / x['state_bytes_first']:.2f}", mb(x["ckpt_bytes_final"]),
+                str(x["ckpt_files_final"]), f"{x['ckpt_over_state']:.2f}", f"{x['amplification_total']:.2f}",
+                ratio(x["amplification_compact_total"]),
+            ])
+    out.append(table(
+        "Checkpoint bytes, from storage listings (up/state mean, median, max over the update batches)",
+        ["workload", "system", "upd", "up/state", "median", "max", ">half", "MB up/batch", "state MB",
+         "state/1st", "dir MB", "files", "dir/state", "amplif.", "amp (compact)"],
+        rows,
+    ))
+    rows = []
+    for name, w in results["workloads"].items():
         for label, s in w["systems"].items():
             x, r = s["summary"], s.get("restart") or {}
-            rows.append([
-                label, str(x["update_batches"]), f"{x['upload_over_state_mean']:.3f}",
-                f"{x['upload_over_state_median']:.3f}", f"{x['upload_over_state_max']:.3f}", str(x["rewrites"]),
-                mb(x["state_bytes_final"]), mb(x["ckpt_bytes_final"]), str(x["ckpt_files_final"]),
-                f"{x['ckpt_over_state']:.2f}", f"{x['events_per_s']:,.0f}", f"{x['batch_s_median']:.2f}",
-                f"{x['first_batch_s']:.1f}", f"{r['total_s']:.1f}" if r else "-",
-                f"{x['amplification_total']:.2f}",
-            ])
-        out.append(table(
-            f"{name}: {w['description']}",
-            ["system", "upd", "up/state", "median", "max", ">half", "state MB", "dir MB", "files", "dir/state",
-             "events/s", "batch s", "1st s", "restart s", "amplif."],
-            rows,
-        ))
+            rows.append([name, label, f"{x['events_per_s']:,.0f}", f"{x['batch_s_median']:.2f}",
+                         f"{x['first_batch_s']:.1f}", f"{r['total_s']:.1f}" if r else "-",
+                         f"{r['session_s']:.1f}" if r else "-", f"{r['batch_s']:.1f}" if r else "-"])
+    out.append(table(
+        "Speed (events/s over the update batches; median batch wall; cold restart: session + one batch, in a "
+        "fresh process)",
+        ["workload", "system", "events/s", "batch s", "1st batch s", "restart s", "of it session s",
+         "of it batch s"], rows,
+    ))
     rows = []
     for name, w in results["workloads"].items():
         for label, s in w["systems"].items():
             for op, a in s["summary"]["amplification"].items():
                 ups = [b["operators"][op] for b in s["batches"][1:]]
-                rows.append([name, label, op, f"{a:.2f}", mb(sum(u["uploaded"] for u in ups)),
+                rows.append([name, label, op, f"{a:.2f}", ratio(s["summary"]["amplification_compact"][op]),
+                             mb(sum(u["uploaded"] for u in ups)), mb(s["batches"][0]["operators"][op]["state"]),
                              mb(ups[-1]["state"] if ups else 0)])
-    out.append(table("Amplification per operator (update batches)",
-                     ["workload", "system", "operator", "amplif.", "uploaded MB", "final state MB"], rows))
+    out.append(table("Amplification per operator (update batches; the operator's own state files)",
+                     ["workload", "system", "operator", "amplif.", "amp (compact)", "uploaded MB",
+                      "1st state MB", "final state MB"], rows))
     for prof in results.get("profile", []):
         out.append(table(f"Where a batch's time goes: {prof['system']}, {prof['profiled_batches']} profiled "
-                         "update batches (mean seconds per batch)",
+                         "update batches (mean s per batch; the profilers slow it down against the tables above)",
                          ["phase", "s"], [[k, f"{v:.3f}"] for k, v in prof["phases_s"].items()]))
+        if 0 < prof.get("last_stage_tasks", 0) < prof.get("groups", 0):
+            out.append(f"  NOTE: the last stage ran {prof['groups']} (operator, subtask) groups in "
+                       f"{prof['last_stage_tasks']} task(s): with one input file the routed rows sit in one "
+                       "partition, which satisfies groupBy(op, subtask) without a shuffle, so routing and every "
+                       "subtask run one after another on one core.\n")
         out.append(table("  ... inside the tasks (cProfile in the Python workers, cumulative s per batch, summed "
                          "over tasks)", ["function", "s", "calls"],
                          [[f["what"], f"{f['seconds_per_batch']:.3f}", str(f["calls"])]
@@ -861,7 +909,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 store = run_dir / "checkpoints" / (JOB if system.kind == "ours" else "")
                 entry["systems"][system.label] = {
                     "kind": system.kind, "settings": system.settings, "operators": list(system.operators),
-                    "changelog": system.changelog, "batches": batches, "summary": summarize(batches, workload),
+                    "changelog": system.changelog, "batches": batches,
+                    "summary": summarize(batches, workload.shares, workload.entries),
                     "hidden_bytes_final": hidden_bytes(store),
                 }
             if args.restart and not args.quick:
@@ -927,9 +976,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-updates", type=int, default=4, help="profiled update batches (default 4)")
     p.add_argument("--keep", action="store_true", help="keep the temp directory (data, checkpoints)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--report-from", type=Path, metavar="JSON",
+                   help="no run: summaries, tables and plot again from a results JSON (written to --out)")
     p.add_argument("--restart-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.restart_child:
+        return args
+    args.out = args.out or RESULTS
+    if args.report_from:
         return args
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = set(args.workloads) - {"fixed-1pct", "fixed-10pct", "growing"}
@@ -947,7 +1001,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.growing = {"batches": 3, "events": 2_000, "users": 2_000, "items": 200}
     if args.users < 10 or args.updates < 1 or args.profile_updates < 1:
         p.error("--users must be at least 10, --updates and --profile-updates at least 1")
-    args.out = args.out or RESULTS
     return args
 
 
@@ -955,6 +1008,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.restart_child:
         restart_child(json.loads(args.restart_child))
+        return
+    if args.report_from:  # summaries, tables and plot again from a run's raw per-batch figures
+        results = json.loads(args.report_from.read_text())
+        for w in results["workloads"].values():
+            for system in w["systems"].values():
+                system["summary"] = summarize(system["batches"], w["shares"], w["entries"])
+        results["definitions"] = definitions()
+        write(results, args.out, args.report_from.stem)
         return
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="sparkpoint-vs-spark-"))
@@ -969,8 +1030,7 @@ def main(argv: list[str] | None = None) -> None:
     import rocksdict
 
     results["runtime_s"] = time.perf_counter() - started
-    results["definitions"] = {"live_state": LIVE_STATE, "uploaded": UPLOADED, "amplification": AMPLIFICATION,
-                              "update_batches": "every batch after the first"}
+    results["definitions"] = definitions()
     results["config"] = {
         "quick": args.quick, "master": "local[2]", "parallelism": PARALLELISM, "num_retained": RETAINED,
         "ours_variants": [{"label": label, "settings": s} for label, s in args.ours_variants],
@@ -981,12 +1041,20 @@ def main(argv: list[str] | None = None) -> None:
     }
     results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
                           "pyspark": pyspark.__version__, "rocksdict": getattr(rocksdict, "__version__", "unknown")}
+    write(results, args.out, "vs_spark_quick" if args.quick else "vs_spark")
+
+
+def definitions() -> dict[str, str]:
+    return {"live_state": LIVE_STATE, "uploaded": UPLOADED, "amplification": AMPLIFICATION,
+            "amplification_compact": AMPLIFICATION_COMPACT, "update_batches": "every batch after the first"}
+
+
+def write(results: dict[str, Any], out: Path, stem: str) -> None:
     print(report(results))
-    stem = "vs_spark_quick" if args.quick else "vs_spark"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-    plot(results, args.out / f"{stem}.png")
-    print(f"wrote {args.out / f'{stem}.json'} and {stem}.png")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+    plot(results, out / f"{stem}.png")
+    print(f"wrote {out / f'{stem}.json'} and {stem}.png")
 
 
 if __name__ == "__main__":
