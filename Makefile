@@ -46,6 +46,8 @@ lint: $(DEV_STAMP)
 bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_rmw
 	$(BIN)/python -m benchmarks.bench_state_backend
+	$(BIN)/python -m benchmarks.bench_bookkeeping
+	$(BIN)/python -m benchmarks.bench_vs_spark
 
 clean:
 	rm -rf $(VENV) .sparkpoint
