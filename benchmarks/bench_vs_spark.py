@@ -102,8 +102,8 @@ JOB = "bench"
 
 # Variants of our engine: (label, settings resolved by sparkpoint.core.config.resolve_settings).
 OURS_VARIANTS: list[tuple[str, dict[str, str]]] = [
-    ("ours/changelog", {"state.backend.changelog.enabled": "true"}),  # the default
-    ("ours/files", {"state.backend.changelog.enabled": "false"}),  # RocksDB files only
+    ("ours", {"state.backend.changelog.enabled": "true"}),  # the default: changelog checkpoints
+    # RocksDB files only: --ours-setting ours-files:state.backend.changelog.enabled=false (make bench adds it)
 ]
 OPERATOR_SETS: dict[str, tuple[KeyedOperator, ...]] = {"both": SAMPLE_OPERATORS, "user_totals": (user_totals,)}
 SPARK_VARIANTS: list[tuple[str, bool]] = [("spark/changelog-off", False), ("spark/changelog-on", True)]
