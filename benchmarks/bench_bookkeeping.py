@@ -8,14 +8,17 @@ writes (`_metadata`, registry, subsumption, deletes) is the real thing. Three me
 
 a. registry rebuild (what every start does): a new `CheckpointCoordinator` over 100 retained
    checkpoints of 1,000 shared files each -- list the checkpoints, read and validate every
-   `_metadata`, count the references. Target < 1 s.
+   `_metadata`, count the references. Target < 1 s. "parse alone" times `CheckpointMetadata.loads`
+   of the same bytes, to show how much of the rebuild is the `_metadata` parser.
 b. complete + subsume of a 10,000-file checkpoint with `num_retained=1`: commit `_metadata`,
    register, subsume the previous checkpoint and delete its files. Target < 100 ms of our own
    code. Our own time is measured on `memory://` (storage is a dict in this process) as the
    wall time minus the time spent inside the filesystem's methods (a proxy around `storage.fs`
    adds up the time of every call; one storage worker thread, so calls never overlap our code).
    That still charges our own code for fsspec's in-memory bookkeeping of open files, so it is an
-   upper bound. The same run on `file://` shows what real I/O adds.
+   upper bound. "_metadata dumps" times `CheckpointMetadata.dumps` of the same checkpoint alone (the
+   serializer in metadata.py); "own - dumps" is the coordinator, registry and storage code. The
+   same run on `file://` shows what real I/O adds.
 c. orphan sweep over 100,000 files on `file://`: the retained checkpoints reference most of
    them, the rest are orphans of failed attempts (older than the grace) that get deleted.
    Target < 10 s.
@@ -56,7 +59,13 @@ from unittest import mock
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpoint, CompletedCheckpointStore
+from sparkpoint.core import (
+    CheckpointCoordinator,
+    CheckpointMetadata,
+    CheckpointStorage,
+    CompletedCheckpoint,
+    CompletedCheckpointStore,
+)
 from sparkpoint.core.keygroups import key_group_range
 from sparkpoint.core.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.core.paths import private_dir, shared_dir
@@ -266,7 +275,7 @@ def bench_rebuild(args: argparse.Namespace, work: Path, kind: str) -> dict[str, 
     for _ in range(args.rebuild_checkpoints):
         job.checkpoint()
     log(f"rebuild ({kind}): {args.rebuild_checkpoints} checkpoints built in {time.perf_counter() - started:.1f} s")
-    runs: dict[str, list[float]] = {"list_s": [], "load_s": [], "count_s": [], "coordinator_s": []}
+    runs: dict[str, list[float]] = {"list_s": [], "load_s": [], "count_s": [], "coordinator_s": [], "parse_s": []}
     for n in range(args.repeat):
         fresh = storage_at(storage.url, storage.job_id)
         store = CompletedCheckpointStore(fresh)
@@ -285,6 +294,11 @@ def bench_rebuild(args: argparse.Namespace, work: Path, kind: str) -> dict[str, 
             args.profile and n == 0, f"registry rebuild on {kind}",
         )
         runs["coordinator_s"].append(time.perf_counter() - t3)
+        raw = [fresh.read_bytes(m.metadata_path) for m in listing.checkpoints]
+        started = time.perf_counter()
+        for data in raw:  # the parse and validation of `_metadata` (metadata.py) alone
+            CheckpointMetadata.loads(data)
+        runs["parse_s"].append(time.perf_counter() - started)
         assert len(ids) == args.rebuild_checkpoints and not listing.unreadable
         assert coordinator.registry.paths() == registry.paths()
     meta = listing.checkpoints[0]
@@ -324,8 +338,12 @@ def bench_complete(args: argparse.Namespace, work: Path, kind: str) -> dict[str,
         done = profiled(lambda c=cid: job.complete(c), args.profile and n == 0, f"complete + subsume on {kind}")
         wall = time.perf_counter() - started
         assert done.subsumed == (cid - 1,) and done.deletion_blocked is None
+        started = time.perf_counter()
+        done.metadata.dumps()  # what `complete` spends serializing `_metadata` (metadata.py), timed alone
+        dumps = time.perf_counter() - started
         rows.append({
             "wall_s": wall, "storage_s": timed.seconds, "own_s": wall - timed.seconds, "storage_calls": timed.calls,
+            "metadata_dumps_s": dumps, "own_without_dumps_s": wall - timed.seconds - dumps,
             "files": len(done.metadata.paths()), "files_new": done.files_new, "files_deleted": done.files_deleted,
         })
     storage.fs = timed._fs
@@ -412,18 +430,20 @@ def report(r: dict[str, Any]) -> str:
         table(
             "a. Registry rebuild (a new coordinator over the retained checkpoints; ms, median)",
             ["storage", "ckpts", "files/ckpt", "references", "distinct", "_metadata KB", "list", "read+validate",
-             "count", "coordinator", f"target {ms(TARGETS['rebuild_s'])}"],
+             "(parse alone)", "count", "coordinator", f"target {ms(TARGETS['rebuild_s'])}"],
             [[x["storage"], str(x["checkpoints"]), f"{x['files_per_checkpoint']:,}", f"{x['references']:,}",
               f"{x['distinct_files']:,}", f"{x['metadata_bytes'] / 1024:,.0f}", ms(x["list_s"]), ms(x["load_s"]),
-              ms(x["count_s"]), ms(x["coordinator_s"]), verdict(x["coordinator_s"], TARGETS["rebuild_s"])]
+              ms(x["parse_s"]), ms(x["count_s"]), ms(x["coordinator_s"]),
+              verdict(x["coordinator_s"], TARGETS["rebuild_s"])]
              for x in r["rebuild"]],
         ),
         table(
             "b. complete + subsume (num_retained=1; ms, median; own = wall - time inside the filesystem)",
-            ["storage", "files", "new", "deleted", "fs calls", "wall", "in fs", "own",
-             f"target {ms(TARGETS['complete_own_s'])}"],
+            ["storage", "files", "new", "deleted", "fs calls", "wall", "in fs", "own", "(_metadata dumps)",
+             "(own - dumps)", f"target {ms(TARGETS['complete_own_s'])}"],
             [[x["storage"], f"{x['files']:,}", f"{x['files_new']:,}", f"{x['files_deleted']:,}",
               f"{x['storage_calls']:,}", ms(x["wall_s"]), ms(x["storage_s"]), ms(x["own_s"]),
+              ms(x["metadata_dumps_s"]), ms(x["own_without_dumps_s"]),
               verdict(x["own_s"], TARGETS["complete_own_s"]) if x["storage"] == "memory" else "(I/O incl.)"]
              for x in r["complete"]],
         ),
