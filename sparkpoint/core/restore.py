@@ -108,7 +108,7 @@ def download_verified(
             missing = next((f for f in files if not storage.exists(f.path)), None)
             name = missing.path if missing else str(e)
             raise _corrupted(checkpoint_id, handle, name, "is missing from stable storage") from e
-        for f, (size, crc) in zip(files, written):  # size and CRC32 of each copy, taken as it was written
+        for f, (size, crc) in zip(files, written):  # size and CRC32 of each local copy
             problem = mismatch(f, size, _known(crc))
             if problem:
                 raise _corrupted(checkpoint_id, handle, f.path, f"differs: {problem}")

@@ -287,10 +287,12 @@ class CheckpointStorage:
 
     def download(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
         """Download (relative source, local path) pairs in parallel; return the size and CRC32 of
-        each local copy as written. A missing source raises FileNotFoundError.
+        each local copy, read back from the page cache right after it was written: the bytes
+        RocksDB will open. A missing source raises FileNotFoundError.
 
-        On a local filesystem the copy and its checksum are one pass; elsewhere the filesystem's
-        `get_file` transfers and the copy is checksummed right after, from the page cache.
+        The filesystem's own `get_file` copies (in the kernel on a local disk); measured on a
+        local disk, it and a CRC32 pass over the copy beat copying and checksumming through a
+        user-space buffer in one pass (~110-130% against ~30-130% of a plain `get`, erratic).
         """
         sources = [(self.abspath(rel), local) for rel, local in pairs]
         for d in {os.path.dirname(local) or "." for _, local in sources}:
@@ -298,8 +300,6 @@ class CheckpointStorage:
 
         def one(item: tuple[str, str]) -> tuple[int, int]:
             source, local = item
-            if self._local:
-                return copy_with_crc32(source, local)
             self.fs.get_file(source, local)
             return size_and_crc32(local)
 
