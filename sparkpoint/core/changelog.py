@@ -295,7 +295,11 @@ def replay(db: Rdict, path: Path, ensure_states: Callable[[list[str]], None]) ->
     sections = read(path)
     try:
         return _apply(db, sections, ensure_states)
-    except Exception as e:  # rocksdict raises bare Exception with RocksDB's status text
+    except Exception as e:
+        # rocksdict raises a bare Exception with RocksDB's status text. Anything else is a bug of
+        # ours, not a damaged checkpoint: it must not send the job falling back (and discarding).
+        if type(e) is not Exception:
+            raise
         raise ChangelogFormatError(f"{path.name}: RocksDB refuses its entries ({e})") from e
 
 
