@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core.paths import validate_relative
+from sparkpoint.core.paths import is_plain_relative, validate_relative, validate_relative_slowly
 from sparkpoint.core.storage import (
     CheckpointStorage,
-    checked_relative,
     copy_with_crc32,
     crc32,
     crc32_of_file,
@@ -60,18 +59,21 @@ def test_download_returns_size_and_crc32_of_every_copy(any_storage: CheckpointSt
     "path",
     ["shared/op/0/0a1b.sst", "chk-7/op/3/abc/MANIFEST-000005", "_pending/x.json", "a", "a/b_c.d-e", "-x/y",
      ".hidden/x", "a..b/c", "x" * 255, "x" * 256, "a/" * 500 + "b", "a//b", "a/./b", "a/../b", "../a", "/a",
-     "a/", "", "C:/x", "s3://b/k", "a\\b", "a\x00b", "a\nb", "ü/x", "a b/c", "a:b", "~x", "chk-1/.", "\ud800"],
+     "a/", "", "C:/x", "s3://b/k", "a\\b", "a\x00b", "a\nb", "ü/x", "a b/c", "a:b", "~x", "chk-1/.", "\ud800",
+     "a\n", "chk-1/x\n"],
 )
-def test_quick_path_check_accepts_and_refuses_exactly_what_validate_relative_does(path: str):
+def test_quick_path_check_accepts_and_refuses_exactly_what_the_full_checks_do(path: str):
     try:
-        expected: str | None = validate_relative(path)
+        expected: str | None = validate_relative_slowly(path)
     except ValueError:
         expected = None
     try:
-        got: str | None = checked_relative(path)
+        got: str | None = validate_relative(path)
     except ValueError:
         got = None
     assert got == expected
+    if is_plain_relative(path):
+        assert expected == path
 
 
 def run_benchmark(module: str, out: Path, *args: str) -> dict:

@@ -91,3 +91,32 @@ def test_invalid_field_is_named(path, value, message):
 def test_garbage_is_a_metadata_error(data):
     with pytest.raises(MetadataError):
         CheckpointMetadata.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ([*SUB, "shared", 0, "local_name"], "000012.sst\n"),
+        ([*SUB, "shared", 0, "path"], "shared/op/0/abc.sst\n"),
+        ([*SUB, "shared", 0, "path"], "shared//op/abc.sst"),
+        ([*SUB, "shared", 0, "path"], "shared/op/../abc.sst"),
+        ([*SUB, "shared", 0, "path"], "shared\\op\\abc.sst"),
+        ([*SUB, "shared", 0, "path"], "shared/op/\x00abc.sst"),
+    ],
+)
+def test_the_fast_path_refuses_what_the_checks_refuse(path, value):
+    """Plain names are accepted by a regex fast path; a trailing newline (`$` matches before it) must not pass."""
+    with pytest.raises(MetadataError, match=r"shared\[0\]"):
+        CheckpointMetadata.loads(mutate(path, value))
+
+
+def test_checksum_covers_the_written_bytes_and_other_layouts():
+    data = sample().dumps()
+    assert data.endswith(b'"}') and b'"checksum":"sha256:' in data
+    # Indented (as earlier sparkpoint wrote it) and with the same checksum: still the same checkpoint.
+    assert CheckpointMetadata.loads(json.dumps(json.loads(data), indent=1).encode()) == sample()
+    # One changed byte ahead of an intact checksum field is refused.
+    flipped = data.replace(b'"job":', b'"jpb":', 1) if b'"job":' in data else data.replace(b'"job"', b'"jab"', 1)
+    assert flipped != data
+    with pytest.raises(MetadataError, match="checksum"):
+        CheckpointMetadata.loads(flipped)

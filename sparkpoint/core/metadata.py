@@ -16,7 +16,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sparkpoint.core.errors import MetadataError
-from sparkpoint.core.paths import check_encodable, is_changelog_name, validate_name, validate_relative
+from sparkpoint.core.paths import (
+    check_encodable,
+    is_changelog_name,
+    is_plain_name,
+    is_plain_relative,
+    validate_name,
+    validate_relative,
+)
 
 FORMAT_NAME = "sparkpoint-checkpoint"
 # Version 2 added `checksum`: a SHA-256 over the canonical JSON of every other field, so that a
@@ -250,20 +257,25 @@ class CheckpointMetadata:
         }
 
     def dumps(self) -> bytes:
-        body = self.to_json()
-        body["checksum"] = content_checksum(body)
-        return json.dumps(body, indent=1, allow_nan=False).encode("utf-8")
+        """The canonical JSON of every field, then `checksum` over exactly that text as the last field.
+
+        Compact on purpose: `indent` selects json's pure-Python encoder, ~6x slower on 10,000 files.
+        """
+        canonical = _canonical(self.to_json())
+        checksum = "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+        return (canonical[:-1] + f',"checksum":"{checksum}"}}').encode("ascii")
 
     @classmethod
     def loads(cls, data: bytes, *, where: str = "_metadata") -> CheckpointMetadata:
         try:
-            raw = json.loads(data.decode("utf-8"))
+            text = data.decode("utf-8")
+            raw = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise MetadataError(
                 f"{where} is not valid UTF-8 JSON ({e}); the checkpoint cannot be used. "
                 "Restore an older checkpoint or run `sparkpoint verify`."
             ) from e
-        return _metadata_from_json(_Validator(where), raw)
+        return _metadata_from_json(_Validator(where), raw, text=text)
 
 
 def checkpoint_dir(checkpoint_id: int) -> str:
@@ -276,11 +288,24 @@ def metadata_path(checkpoint_id: int) -> str:
 
 def content_checksum(body: Mapping[str, Any]) -> str:
     """`sha256:<hex>` of the canonical JSON of every field but `checksum` itself."""
-    canonical = json.dumps(
-        {k: v for k, v in body.items() if k != "checksum"},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False,
-    )
+    canonical = _canonical({k: v for k, v in body.items() if k != "checksum"})
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def _checksum_of_written_text(text: str | None, stored: str) -> str | None:
+    """The checksum of `text` as `dumps` wrote it (canonical JSON, `checksum` appended last), if it is.
+
+    Hashing the bytes as read skips serializing the parsed body again; a file written any other way
+    (by hand, or indented as earlier sparkpoint did) is checked by `content_checksum`.
+    """
+    suffix = f',"checksum":"{stored}"}}'
+    if text is None or not text.endswith(suffix):
+        return None
+    return "sha256:" + hashlib.sha256((text[: -len(suffix)] + "}").encode("utf-8")).hexdigest()
+
+
+def _canonical(body: Mapping[str, Any]) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def coverage_problem(ranges: list[KeyGroupRange], max_parallelism: int) -> str | None:
@@ -383,6 +408,17 @@ def _json_only(v: _Validator, value: Any, name: str) -> Any:
 
 
 def _file_from_json(v: _Validator, raw: Any, name: str) -> FileHandle:
+    if type(raw) is dict:  # what sparkpoint writes, at once; anything else field by field below
+        get = raw.get
+        local, path, size = get("local_name"), get("path"), get("size")
+        crc, created_by = get("crc32"), get("created_by")
+        if (
+            type(size) is int and 0 <= size <= MAX_FILE_SIZE
+            and type(crc) is int and 0 <= crc <= MAX_CRC32
+            and type(created_by) is int and created_by >= 0
+            and is_plain_name(local) and is_plain_relative(path)
+        ):
+            return FileHandle(local, path, size, crc, created_by)
     obj = v.obj(raw, name)
     path = v.string(obj, "path", name)
     try:
@@ -434,7 +470,7 @@ def _subtask_from_json(
     )
 
 
-def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
+def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> CheckpointMetadata:
     obj = v.obj(raw, "(root)")
     fmt = v.get(obj, "format", "")
     if fmt != FORMAT_NAME:
@@ -511,7 +547,8 @@ def _metadata_from_json(v: _Validator, raw: Any) -> CheckpointMetadata:
     if version == CHAIN_FREE_VERSION and meta.has_changelog():
         raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
     # Last, so that a hostile file is told by the field it breaks; this catches what still parses.
-    if v.string(obj, "checksum", "") != content_checksum(obj):
+    stored = v.string(obj, "checksum", "")
+    if stored != _checksum_of_written_text(text, stored) and stored != content_checksum(obj):
         raise v.fail(
             "checksum",
             "does not match the content: the file was changed or damaged after it was written. "

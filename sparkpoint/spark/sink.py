@@ -161,7 +161,7 @@ class ExactlyOnceParquetSink:
 
 def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
     """(operator, subtask) of a staged name of checkpoint N; SinkError for anything else."""
-    m = _STAGED.match(rel)
+    m = _STAGED.fullmatch(rel)
     if not m or int(m.group(1)) != checkpoint_id:
         raise SinkError(f"{rel!r} is not a staged file of checkpoint {checkpoint_id}")
     operator, subtask = m.group(2).rsplit("-", 1)
