@@ -39,6 +39,10 @@ test: $(DEV_STAMP)
 	  status=$$?; rm -rf $$home; exit $$status
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# Long reliability variants (crash points x seeds, storage faults over hundreds of checkpoints, load).
+soak: $(DEV_STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m soak -s
+
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check sparkpoint tests benchmarks
 	$(BIN)/mypy
