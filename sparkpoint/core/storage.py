@@ -14,13 +14,15 @@ import os
 import posixpath
 import stat
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -31,6 +33,7 @@ from sparkpoint.core.paths import checkpoint_id_of_dir, is_plain_name, validate_
 
 _CHUNK = 4 * 1024 * 1024
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # CRC-32 (zlib's polynomial, initial value and result: the values in `_metadata` do not depend on
 # it). ISA-L computes it with carry-less multiplication, several times faster than zlib 1.2, and
@@ -95,6 +98,30 @@ def _buffer() -> memoryview:
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """How often an idempotent storage operation is tried on a transient error, and how long to wait.
+
+    Transient: an OSError that says nothing about the file itself (a timeout, a reset connection,
+    a 5xx). FileNotFoundError, FileExistsError, PermissionError and the like are answers, not
+    accidents, and are never retried.
+    """
+
+    attempts: int = 5
+    first_wait: float = 0.05
+    max_wait: float = 2.0
+
+    def wait(self, attempt: int) -> float:
+        return min(self.max_wait, self.first_wait * 2.0**attempt)
+
+
+_ANSWERS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def is_transient(error: BaseException) -> bool:
+    return isinstance(error, OSError) and not isinstance(error, _ANSWERS)
+
+
+@dataclass(frozen=True)
 class StoredFile:
     path: str  # relative to the job directory
     size: int
@@ -112,7 +139,11 @@ class CheckpointStorage:
         storage_options: dict[str, Any] | None = None,
         *,
         max_workers: int = 8,
+        filesystem: Any = None,
+        retry: RetryPolicy | None = None,
     ):
+        """`filesystem`: an fsspec filesystem to use instead of the one `checkpoints_dir` names (e.g.
+        `sparkpoint.testing.FaultyFileSystem` around it); the URL still gives the path."""
         if not is_plain_name(job_id):
             raise StorageError(
                 f"job id {job_id!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
@@ -120,6 +151,7 @@ class CheckpointStorage:
             )
         try:
             fs, base = fsspec.core.url_to_fs(checkpoints_dir, **(storage_options or {}))
+            fs = filesystem if filesystem is not None else fs
         except (ValueError, ImportError) as e:
             raise StorageError(
                 f"cannot open checkpoint storage {checkpoints_dir!r}: {e}. "
@@ -131,10 +163,27 @@ class CheckpointStorage:
         self.fs = fs
         self.root = posixpath.join(base.rstrip("/") or "/", job_id)
         self.max_workers = max_workers
+        self.retry = retry or RetryPolicy()
+        self.retried = 0  # transient errors retried so far (the fault tests read it)
         self._local = isinstance(fs, LocalFileSystem)
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r}, job_id={self.job_id!r})"
+
+    def _retrying(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)`, tried again on a transient error (only for operations that are idempotent:
+        reads, listings, deletes, and writes of a whole file under a name nobody else writes)."""
+        for attempt in range(self.retry.attempts):
+            try:
+                return fn(*args)
+            except Exception as e:
+                if not is_transient(e) or attempt == self.retry.attempts - 1:
+                    raise
+                self.retried += 1
+                log.info("%s in %s failed (%r); trying again (%d of %d)", what, self.job_url, e, attempt + 2,
+                         self.retry.attempts)
+                time.sleep(self.retry.wait(attempt))
+        raise AssertionError("unreachable")
 
     @property
     def job_url(self) -> str:
@@ -189,25 +238,38 @@ class CheckpointStorage:
     # --- single files --------------------------------------------------------------------------
 
     def exists(self, rel: str) -> bool:
-        return bool(self.fs.exists(self.abspath(rel)))
+        """Only "not found" means absent: fsspec's own `exists` says False on any error, and a
+        `_metadata` that a timeout hid would drop a retained checkpoint from the registry's count."""
+        path = self.abspath(rel)
+        try:
+            self._retrying(f"looking up {rel}", self.fs.info, path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True
 
     def read_bytes(self, rel: str) -> bytes:
-        return bytes(self.fs.cat_file(self.abspath(rel)))
+        return bytes(self._retrying(f"reading {rel}", self.fs.cat_file, self.abspath(rel)))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         path = self.abspath(rel)
         self._makedirs([path])
+        self._retrying(f"writing {rel}", self._write, path, data)
+
+    def _write(self, path: str, data: bytes) -> None:
         with self.fs.open(path, "wb") as f:
             f.write(data)
 
     def info(self, rel: str) -> StoredFile:
-        info = self.fs.info(self.abspath(rel))
+        info = self._retrying(f"looking up {rel}", self.fs.info, self.abspath(rel))
         return StoredFile(path=rel, size=int(info.get("size") or 0), modified=_modified(info))
 
     def commit_exclusive(self, rel: str, data: bytes) -> None:
         """Create `rel` with `data` if and only if it does not exist yet; all or nothing.
 
-        Raises CheckpointAlreadyExists when another writer created it first.
+        Raises CheckpointAlreadyExists when the file exists. A transient error is tried again;
+        when the first try did write before its response was lost, the next one finds the file and
+        raises CheckpointAlreadyExists too: only the caller can tell (by reading it back) whether
+        the file holds its own bytes, so the error is never taken for a win or a loss here.
         """
         path = self.abspath(rel)
         self._makedirs([path])
@@ -215,10 +277,13 @@ class CheckpointStorage:
             self._commit_local(path, data)
             return
         try:
-            with self.fs.open(path, "xb") as f:
-                f.write(data)
+            self._retrying(f"committing {rel}", self._create_exclusive, path, data)
         except FileExistsError as e:
             raise CheckpointAlreadyExists(f"{self.job_url}/{rel} was already written by another writer") from e
+
+    def _create_exclusive(self, path: str, data: bytes) -> None:
+        with self.fs.open(path, "xb") as f:
+            f.write(data)
 
     def _commit_local(self, path: str, data: bytes) -> None:
         # Write a temporary file, fsync it, then link it into place: the link is atomic and
@@ -262,7 +327,7 @@ class CheckpointStorage:
                 size, crc = copy_with_crc32(local, target, fsync=True)
             else:
                 size, crc = size_and_crc32(local)
-                self.fs.put_file(local, target)
+                self._retrying(f"uploading {rel}", self.fs.put_file, local, target)  # a fresh name: idempotent
             return FileHandle(local_name=os.path.basename(local), path=rel, size=size, crc32=crc,
                               created_by=checkpoint_id)
 
@@ -287,7 +352,7 @@ class CheckpointStorage:
 
         def one(item: tuple[str, str]) -> tuple[int, int]:
             source, local = item
-            self.fs.get_file(source, local)
+            self._retrying(f"downloading {source}", self.fs.get_file, source, local)
             return size_and_crc32(local)
 
         return self.parallel(one, sources, workers=self._copy_workers)
@@ -297,7 +362,7 @@ class CheckpointStorage:
         sources = [(self.abspath(rel), local) for rel, local in pairs]
         for _, local in sources:
             os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        self.parallel(lambda p: self.fs.get_file(p[0], p[1]), sources)
+        self.parallel(lambda p: self._retrying(f"downloading {p[0]}", self.fs.get_file, p[0], p[1]), sources)
 
     def delete(self, rels: Iterable[str]) -> int:
         """Delete files in parallel; files already gone are fine. Returns how many were asked.
@@ -316,8 +381,8 @@ class CheckpointStorage:
 
         def rm(path: str) -> None:
             try:
-                self.fs.rm_file(path)
-            except FileNotFoundError:
+                self._retrying(f"deleting {path}", self.fs.rm_file, path)
+            except FileNotFoundError:  # gone already (or by an earlier try whose response was lost)
                 pass
 
         self.parallel(rm, paths)
@@ -338,7 +403,7 @@ class CheckpointStorage:
 
     def _makedirs(self, paths: Iterable[str]) -> None:
         for d in sorted({posixpath.dirname(p) for p in paths}):
-            self.fs.makedirs(d, exist_ok=True)
+            self._retrying(f"creating {d}", self.fs.makedirs, d, True)
 
     # --- listing -------------------------------------------------------------------------------
 
@@ -349,7 +414,7 @@ class CheckpointStorage:
         """Ids of every `chk-N` directory, with or without `_metadata`, ascending."""
         self.fs.invalidate_cache(self.root)  # another writer may have committed since we last looked
         try:
-            entries = self.fs.ls(self.root, detail=False)
+            entries = self._retrying("listing the checkpoints", self.fs.ls, self.root, False)
         except FileNotFoundError:
             return []
         ids = [checkpoint_id_of_dir(posixpath.basename(e.rstrip("/"))) for e in entries]
@@ -378,7 +443,7 @@ class CheckpointStorage:
             return self._walk_local(top)
         base = self.abspath(top)
         try:
-            found = self.fs.find(base, detail=True)
+            found = self._retrying(f"listing {top}", partial(self.fs.find, base, detail=True))
         except FileNotFoundError:
             return []
         stored = [self._stored(info) for info in found.values() if info.get("type", "file") == "file"]

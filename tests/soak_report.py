@@ -1,0 +1,30 @@
+"""Figures of the reliability tests: a small table on stdout and JSON in build/soak/<name>.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scale(name: str, default: int) -> int:
+    """A scale knob from the environment (`SPARKPOINT_SOAK_<NAME>`), else the soak default."""
+    return int(os.environ.get(f"SPARKPOINT_SOAK_{name.upper()}", default))
+
+
+def report(name: str, rows: list[dict[str, Any]]) -> Path:
+    """Print `rows` as a table and write them (and their totals) to build/soak/<name>.json."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    widths = {k: max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys}
+    print(f"\n{name}")
+    print("  ".join(k.rjust(widths[k]) for k in keys))
+    for r in rows:
+        print("  ".join(str(r.get(k, "")).rjust(widths[k]) for k in keys))
+    totals = {k: sum(r[k] for r in rows) for k in keys if all(isinstance(r.get(k), int) for r in rows)}
+    out = ROOT / "build" / "soak" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "totals": totals}, indent=1, default=str))
+    return out

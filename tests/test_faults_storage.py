@@ -1,0 +1,222 @@
+"""Storage faults (issue 11, item 2): hundreds of checkpoints of real RocksDB state over a
+filesystem that fails a random fraction of its operations (errors, timeouts, truncated writes,
+writes whose response is lost, listing and read errors).
+
+What must hold: every checkpoint that completed restores exactly (against a dict model of the
+state at its trigger), the failed ones are aborted and what they left is swept, retries make
+progress, and nothing a retained checkpoint references is ever deleted.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore, sweep_orphans
+from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.core.errors import SparkpointError
+from sparkpoint.core.inspect import verify_checkpoint
+from sparkpoint.core.keygroups import key_group_for
+from sparkpoint.core.serde import StructCodec
+from sparkpoint.core.storage import RetryPolicy
+from sparkpoint.testing import FaultyFileSystem, faulty_storage
+from tests.soak_report import report, scale
+
+COUNT = StructCodec[tuple[int]]("<q")
+MAX_P = 16
+FAST_RETRY = RetryPolicy(attempts=2, first_wait=0.0005, max_wait=0.002)
+
+
+class RecordingCoordinator(CheckpointCoordinator):
+    """Remembers every id it triggered, so the test knows which state each id must hold."""
+
+    triggered: list[int]
+
+    def trigger(self, **kwargs: Any):  # type: ignore[no-untyped-def]
+        pending = super().trigger(**kwargs)
+        self.__dict__.setdefault("triggered", []).append(pending.checkpoint_id)
+        return pending
+
+
+def backends(storage: CheckpointStorage, local: Path, **kw: Any) -> list[RocksDBStateBackend]:
+    return [RocksDBStateBackend(storage, "counts", i, parallelism=2, max_parallelism=MAX_P, local_dir=local, **kw)
+            for i in range(2)]
+
+
+def restored_state(storage: CheckpointStorage, meta: Any, local: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for b in backends(storage, local, local_recovery=False):
+        with b:
+            b.restore(meta)
+            out.update({k.decode(): v[0] for k, v in b.value_state("count", COUNT).items()})
+    return out
+
+
+def retained_paths(clean: CheckpointStorage) -> tuple[list[Any], set[str]]:
+    listing = CompletedCheckpointStore(clean).load_all()
+    assert not listing.unreadable, listing.unreadable
+    return listing.checkpoints, {p for m in listing.checkpoints for p in m.references()}
+
+
+def run_under_faults(
+    tmp_path: Path, *, checkpoints: int, seed: int, rate: float, restore_every: int = 1
+) -> dict[str, Any]:
+    """`checkpoints` rounds of writes + checkpoint; each `restore_every`-th completed one is restored
+    right away (RocksDB opens dominate the run time), every retained one at restarts and at the end."""
+    url = f"memory://faults-{uuid.uuid4().hex}"
+    storage, fs = faulty_storage(url, "job", rate=rate, seed=seed, retry=FAST_RETRY)
+    clean = CheckpointStorage(url, "job")  # the same files, no faults: the test's own eyes
+    rng = random.Random(seed)
+    with fs.paused():
+        coord = RecordingCoordinator(storage, num_retained=2)
+        subtasks = backends(storage, tmp_path / "local")
+        for b in subtasks:
+            b.restore(None)
+    model: dict[str, int] = {}
+    expected: dict[int, dict[str, int]] = {}
+    completed: list[int] = []
+    failed = restarts = 0
+    for round_ in range(checkpoints):
+        keys = sorted({f"k{rng.randrange(3000):05d}" for _ in range(60)})
+        for k in keys:
+            model[k] = model.get(k, 0) + 1
+        for b in subtasks:
+            b.value_state("count", COUNT).put_many(
+                (k, (model[k],)) for k in keys if key_group_for(k, MAX_P) in b.key_group_range
+            )
+        if round_ % 25 == 24:
+            subtasks[round_ % 2].compact()  # rewritten SSTs: the next checkpoint uploads them again
+        before = len(coord.__dict__.get("triggered", []))
+        try:
+            done = take_checkpoint(coord, subtasks)
+            completed.append(done.checkpoint_id)
+        except (OSError, SparkpointError):
+            failed += 1
+        for cid in coord.__dict__.get("triggered", [])[before:]:
+            expected[cid] = dict(model)
+        retained, referenced = retained_paths(clean)
+        # Nothing a retained checkpoint references was ever deleted, and every one of them is whole.
+        assert not referenced & set(map(clean.relpath, fs.deleted))
+        for meta in retained:
+            assert verify_checkpoint(clean, meta, deep=False) == [], meta.checkpoint_id
+        newest = max((m.checkpoint_id for m in retained), default=None)
+        if completed and completed[-1] == newest and len(completed) % restore_every == 0:
+            latest = retained[0]
+            assert restored_state(clean, latest, tmp_path / f"check-{latest.checkpoint_id}") == expected[
+                latest.checkpoint_id
+            ]
+        if round_ % 50 == 49:  # a restart: a new coordinator and a restore, both under faults
+            restarts += 1
+            subtasks, coord = restart(storage, tmp_path / f"restart-{round_}", model, expected)
+    # Every retained checkpoint restores exactly what was in the state when it was triggered.
+    retained, referenced = retained_paths(clean)
+    for meta in retained:
+        assert verify_checkpoint(clean, meta, deep=True) == []
+        assert restored_state(clean, meta, tmp_path / f"final-{meta.checkpoint_id}") == expected[meta.checkpoint_id]
+    for b in subtasks:
+        b.close()
+    # What failed checkpoints left is the sweep's; after it, only referenced files remain.
+    orphans = len(sweep_orphans(clean, grace_seconds=0).orphans)
+    left = {f.path for top in ["shared", *[f"chk-{c}" for c in clean.checkpoint_dirs()]] for f in clean.walk(top)}
+    assert left == referenced, (left ^ referenced)
+    assert fs.total_injected > 0 and storage.retried > 0
+    assert len(completed) >= checkpoints // 2, f"retries made too little progress: {len(completed)} of {checkpoints}"
+    return {
+        "seed": seed, "rate": rate, "checkpoints": checkpoints, "completed": len(completed), "failed": failed,
+        "restarts": restarts, "faults": fs.total_injected, "retried": storage.retried, "swept_orphans": orphans,
+        **{f"fault_{k}": v for k, v in sorted(fs.injected.items())}, "failures_found": 0,
+    }
+
+
+def restart(
+    storage: CheckpointStorage, local: Path, model: dict[str, int], expected: dict[int, dict[str, int]]
+) -> tuple[list[RocksDBStateBackend], RecordingCoordinator]:
+    """Start over from the latest checkpoint through the faulty storage; retry what the faults break."""
+    for attempt in range(20):
+        try:
+            coord = RecordingCoordinator(storage, num_retained=2)
+            latest = coord.store.latest()
+            subtasks = backends(storage, local / str(attempt))
+            for b in subtasks:
+                b.restore(latest)
+            break
+        except (OSError, SparkpointError):
+            continue
+    else:
+        raise AssertionError("no restart succeeded in 20 attempts")
+    restored = {k.decode(): v[0] for b in subtasks for k, v in b.value_state("count", COUNT).items()}
+    assert latest is not None and restored == expected[latest.checkpoint_id]
+    model.clear()
+    model.update(restored)  # the writes after the latest checkpoint are lost with the "crash"
+    return subtasks, coord
+
+
+def test_two_hundred_checkpoints_under_storage_faults_restore_exactly_and_leave_no_orphan(tmp_path: Path):
+    row = run_under_faults(tmp_path, checkpoints=200, seed=11, rate=0.06, restore_every=5)
+    assert row["failed"] > 0, "the fault rate should make some checkpoints fail"
+    report("faults_storage_quick", [row])
+
+
+@pytest.mark.soak
+def test_storage_faults_soak(tmp_path: Path):
+    rows = [
+        run_under_faults(tmp_path / str(seed), checkpoints=scale("fault_checkpoints", 500), seed=seed, rate=rate)
+        for seed in range(scale("fault_seeds", 6))
+        for rate in (0.03, 0.1)
+    ]
+    report("faults_storage", rows)
+
+
+def test_lost_response_to_the_metadata_commit_is_still_one_outcome(tmp_path: Path):
+    """The exclusive create of `_metadata` wrote, then timed out: the retry finds the file, the
+    coordinator reads it back, sees its own bytes and completes; nothing it uploaded is deleted."""
+    url = f"memory://lost-{uuid.uuid4().hex}"
+    fs = FaultyFileSystem(url, rate=1.0, kinds=["lost_response"])
+    storage = CheckpointStorage(url, "job", filesystem=fs, retry=FAST_RETRY)
+    with fs.paused():
+        coord = CheckpointCoordinator(storage)
+        subtasks = backends(storage, tmp_path / "local")
+        for b in subtasks:
+            b.restore(None)
+            b.value_state("count", COUNT).put_many(
+                (k, (1,)) for k in ("a", "b", "c") if key_group_for(k, MAX_P) in b.key_group_range
+            )
+        pending = coord.trigger(expected={"counts": 2})
+        for b in subtasks:
+            coord.acknowledge(pending.checkpoint_id, b.snapshot(pending.checkpoint_id))
+    fs.rate = 0.0
+
+    def lose_only_the_commit(path: str, mode: str = "rb", *a: Any, **kw: Any) -> Any:
+        fs.rate = 1.0 if path.endswith("_metadata") and "x" in mode else 0.0
+        try:
+            return FaultyFileSystem.open(fs, path, mode, *a, **kw)
+        finally:
+            fs.rate = 0.0
+
+    fs.open = lose_only_the_commit  # type: ignore[method-assign]
+    done = coord.complete(pending.checkpoint_id)
+    assert fs.injected["lost_response"] == 1 and storage.retried == 1
+    clean = CheckpointStorage(url, "job")
+    assert CompletedCheckpointStore(clean).checkpoint_ids() == [done.checkpoint_id]
+    assert verify_checkpoint(clean, done.metadata) == []
+    assert restored_state(clean, done.metadata, tmp_path / "check") == {"a": 1, "b": 1, "c": 1}
+
+
+def test_a_timeout_on_lookup_is_not_taken_for_a_missing_metadata(tmp_path: Path):
+    """fsspec's `exists` answers False on any error: a retained checkpoint hidden by one timeout
+    would drop out of the registry's count and its files could be deleted by retention."""
+    url = f"memory://exists-{uuid.uuid4().hex}"
+    fs = FaultyFileSystem(url, rate=1.0, kinds=["timeout"])
+    storage = CheckpointStorage(url, "job", filesystem=fs, retry=RetryPolicy(attempts=1))
+    with fs.paused():
+        storage.write_bytes("chk-1/_metadata", b"{}")
+    with pytest.raises(TimeoutError):
+        storage.exists("chk-1/_metadata")
+    with pytest.raises(TimeoutError):
+        storage.completed_checkpoint_ids()
+    fs.rate = 0.0
+    assert storage.completed_checkpoint_ids() == [1] and not storage.exists("chk-2/_metadata")
