@@ -165,13 +165,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise UsageError(f"{store.storage.job_url} holds no completed checkpoint")
     else:
         checkpoints = [store.load(args.checkpoint)]
+    repair = _repair(store, checkpoints, args) if args.repair else None
     for meta in checkpoints:
         problems = verify_checkpoint(store.storage, meta, deep=not args.shallow)
         results.append({"checkpoint_id": meta.checkpoint_id, "ok": not problems, "files": len(meta.paths()),
                         "problems": [str(p) for p in problems]})
     results.sort(key=lambda r: -int(r["checkpoint_id"]))
     if args.json:
-        _print_json(results)
+        _print_json(results if repair is None else {"checkpoints": results, **repair})
     else:
         for r in results:
             status = "ok" if r["ok"] else "BAD"
@@ -179,6 +180,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for p in r["problems"]:
                 print(f"  {p}")
     return 0 if all(r["ok"] for r in results) else EXIT_BAD_FILES
+
+
+def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadata], args: argparse.Namespace) -> Any:
+    """`verify --repair`: rewrite bad primary files from good task-local copies, before verifying."""
+    from sparkpoint.core.repair import repair_checkpoints
+
+    retained = store.load_all().checkpoints if args.checkpoint is not None else checkpoints
+    report = repair_checkpoints(store.storage, args.local_dir, checkpoints, deep=not args.shallow, retained=retained)
+    if not args.json:
+        for f in report.repaired:
+            print(f"repaired {f.path} from the task-local copy {f.source}")
+    for message in report.lost:
+        print(f"sparkpoint verify: error: {message}", file=sys.stderr)
+    return {"repaired": [{"path": f.path, "source": f.source} for f in report.repaired],
+            "unrepairable": report.unrepairable, "lost": report.lost}
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -302,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     _job_args(p)
     p.add_argument("--checkpoint", type=_positive, metavar="N", help="default: every retained checkpoint")
     p.add_argument("--shallow", action="store_true", help="check sizes only, do not read the files")
+    p.add_argument("--repair", action="store_true",
+                   help="rewrite missing or damaged files from task-local copies with the recorded size and CRC32")
+    p.add_argument("--local-dir", default=".sparkpoint/local", metavar="DIR",
+                   help="the task-local directory of `run` (where --repair looks for copies)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_verify)
 

@@ -20,13 +20,10 @@ from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedC
 from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.core.errors import SparkpointError
 from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.core.serde import StructCodec
 from sparkpoint.core.storage import RetryPolicy
 from sparkpoint.testing import FaultyFileSystem, faulty_storage
-from tests.soak_report import report, scale
+from tests.reliability import count_round, counts, report, scale
 
-COUNT = StructCodec[tuple[int]]("<q")
 MAX_P = 16
 FAST_RETRY = RetryPolicy(attempts=2, first_wait=0.0005, max_wait=0.002)
 
@@ -48,12 +45,14 @@ def backends(storage: CheckpointStorage, local: Path, **kw: Any) -> list[RocksDB
 
 
 def restored_state(storage: CheckpointStorage, meta: Any, local: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for b in backends(storage, local, local_recovery=False):
-        with b:
+    subtasks = backends(storage, local, local_recovery=False)
+    try:
+        for b in subtasks:
             b.restore(meta)
-            out.update({k.decode(): v[0] for k, v in b.value_state("count", COUNT).items()})
-    return out
+        return counts(subtasks)
+    finally:
+        for b in subtasks:
+            b.close()
 
 
 def retained_paths(clean: CheckpointStorage) -> tuple[list[Any], set[str]]:
@@ -81,13 +80,7 @@ def run_under_faults(
     completed: list[int] = []
     failed = restarts = 0
     for round_ in range(checkpoints):
-        keys = sorted({f"k{rng.randrange(3000):05d}" for _ in range(60)})
-        for k in keys:
-            model[k] = model.get(k, 0) + 1
-        for b in subtasks:
-            b.value_state("count", COUNT).put_many(
-                (k, (model[k],)) for k in keys if key_group_for(k, MAX_P) in b.key_group_range
-            )
+        count_round(subtasks, model, sorted({f"k{rng.randrange(3000):05d}" for _ in range(60)}))
         if round_ % 25 == 24:
             subtasks[round_ % 2].compact()  # rewritten SSTs: the next checkpoint uploads them again
         before = len(coord.__dict__.get("triggered", []))
@@ -148,7 +141,7 @@ def restart(
             continue
     else:
         raise AssertionError("no restart succeeded in 20 attempts")
-    restored = {k.decode(): v[0] for b in subtasks for k, v in b.value_state("count", COUNT).items()}
+    restored = counts(subtasks)
     assert latest is not None and restored == expected[latest.checkpoint_id]
     model.clear()
     model.update(restored)  # the writes after the latest checkpoint are lost with the "crash"
@@ -182,9 +175,7 @@ def test_lost_response_to_the_metadata_commit_is_still_one_outcome(tmp_path: Pat
         subtasks = backends(storage, tmp_path / "local")
         for b in subtasks:
             b.restore(None)
-            b.value_state("count", COUNT).put_many(
-                (k, (1,)) for k in ("a", "b", "c") if key_group_for(k, MAX_P) in b.key_group_range
-            )
+        count_round(subtasks, {}, ["a", "b", "c"])
         pending = coord.trigger(expected={"counts": 2})
         for b in subtasks:
             coord.acknowledge(pending.checkpoint_id, b.snapshot(pending.checkpoint_id))

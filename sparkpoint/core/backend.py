@@ -45,6 +45,7 @@ from sparkpoint.core.errors import (
     CheckpointCorrupted,
     CheckpointDeclined,
     OperatorStateMismatch,
+    SparkpointError,
     StateBackendError,
     UnknownSharedState,
 )
@@ -269,10 +270,11 @@ class RocksDBStateBackend:
             if not bad:
                 self._install(local, handle, cid)
                 self._write_marker(cid, handle)
+                self._repair_primary(handle, deep=False)  # a missing or truncated primary file: rewritten
                 return RestoreResult(cid, "local", files=files, seconds=time.monotonic() - started)
             problems = tuple(str(p) for p in bad)
             log.warning("task-local copy of checkpoint %s fails verification, using stable storage: %s", cid, bad)
-            shutil.rmtree(local, ignore_errors=True)
+            # kept until the download replaces it: its good files may repair a bad primary copy
         downloaded = self._download(handle, cid)
         self._write_marker(cid, handle)
         return RestoreResult(
@@ -282,7 +284,12 @@ class RocksDBStateBackend:
 
     def _download(self, handle: SubtaskStateHandle, cid: int) -> int:
         target = self.dir / f"download-{uuid.uuid4().hex[:8]}"
-        downloaded = download_verified(self._source, handle, cid, target)
+        try:
+            downloaded = download_verified(self._source, handle, cid, target)
+        except CheckpointCorrupted:
+            if not self._repair_primary(handle, deep=True):
+                raise
+            downloaded = download_verified(self._source, handle, cid, target)
         try:
             if self.local_recovery:  # keep the verified files as the task-local copy
                 local = self.dir / f"chk-{cid}"
@@ -292,6 +299,26 @@ class RocksDBStateBackend:
         finally:
             shutil.rmtree(target, ignore_errors=True)
         return downloaded
+
+    def _repair_primary(self, handle: SubtaskStateHandle, *, deep: bool) -> bool:
+        """Rewrite the handle's bad files in stable storage from good task-local copies (see
+        `repair`); True when every bad file was repaired. `deep` checks CRC32s, else sizes only.
+        Never writes into another job's directory; a failure here is logged, not raised."""
+        from sparkpoint.core.repair import problems_of_handle_files, repair_files
+
+        if self._source.job_url != self.storage.job_url:
+            return False
+        files = {f.path: f for f in handle.files()}
+        try:
+            bad = problems_of_handle_files(self.storage, list(files.values()), deep=deep)
+            report = repair_files(self.storage, self.dir.parent, [(files[p.path], p.problem) for p in bad])
+        except (SparkpointError, OSError) as e:
+            log.warning("could not check or repair the primary copy of %s subtask %s: %s", self.operator,
+                        self.subtask, e)
+            return False
+        for path, why in sorted(report.unrepairable.items()):
+            log.error("%s/%s cannot be repaired: %s", self.storage.job_url, path, why)
+        return bool(report.repaired) and not report.unrepairable
 
     def _install(self, source: Path, handle: SubtaskStateHandle, cid: int) -> Rdict:
         """Make db/ the state of `handle` from its verified files in `source`: the materialized
@@ -677,6 +704,12 @@ def restore_with_fallback(
         except (CheckpointCorrupted, StateBackendError) as e:
             if not fallback:
                 raise
+            path = getattr(e, "path", None)
+            if path and all(path in m.paths() for m in checkpoints):  # falling back cannot help
+                from sparkpoint.core.repair import every_checkpoint_needs
+
+                ids = [m.checkpoint_id for m in checkpoints]
+                raise CheckpointCorrupted(every_checkpoint_needs(path, ids, str(e)), path=path) from e
             log.error("checkpoint %s cannot be restored, falling back to an older one: %s", meta.checkpoint_id, e)
             failed.append(meta.checkpoint_id)
             problems.append(str(e))

@@ -40,6 +40,9 @@ def _check(storage: CheckpointStorage, f: FileHandle, deep: bool) -> FileProblem
     return FileProblem(f.path, f.local_name, problem) if problem else None
 
 
+check_stored_file = _check  # one file, for the repair of a subtask's files
+
+
 def _changelog_problem(storage: CheckpointStorage, f: FileHandle) -> str | None:
     """A changelog whose CRC32 matches may still not decode (written wrong): restoring would fail."""
     try:

@@ -1,4 +1,5 @@
-"""Figures of the reliability tests: a small table on stdout and JSON in build/soak/<name>.json."""
+"""Shared by the reliability tests: writing a round of counts into RocksDB subtasks against a dict
+model, and the figures (a small table on stdout, JSON in build/soak/<name>.json)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sparkpoint.core.backend import RocksDBStateBackend
+from sparkpoint.core.keygroups import key_group_for
+from sparkpoint.core.serde import StructCodec
+
 ROOT = Path(__file__).resolve().parent.parent
+COUNT = StructCodec[tuple[int]]("<q")
+
+
+def count_round(subtasks: list[RocksDBStateBackend], model: dict[str, int], keys: list[str]) -> None:
+    """Add 1 to each key's count, in the model and in the subtask that owns the key."""
+    for k in keys:
+        model[k] = model.get(k, 0) + 1
+    for b in subtasks:
+        b.value_state("count", COUNT).put_many(
+            (k, (model[k],)) for k in keys if key_group_for(k, b.max_parallelism) in b.key_group_range
+        )
+
+
+def counts(subtasks: list[RocksDBStateBackend]) -> dict[str, int]:
+    return {k.decode(): v[0] for b in subtasks for k, v in b.value_state("count", COUNT).items()}
 
 
 def scale(name: str, default: int) -> int:
