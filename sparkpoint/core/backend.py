@@ -727,13 +727,15 @@ def take_checkpoint(
     source_offsets: Any = None,
     kind: str = "checkpoint",
     full: bool = False,
+    checkpoint_id: int | None = None,
 ) -> CompletedCheckpoint:
     """One whole checkpoint of in-process subtasks: trigger, snapshot, acknowledge, complete,
-    confirm; any failure aborts it everywhere. (Spark runs the snapshots in its tasks instead.)"""
+    confirm; any failure aborts it everywhere. (Spark runs the snapshots in its tasks instead.)
+    `checkpoint_id`: take exactly that id (see `CheckpointCoordinator.trigger`)."""
     expected: dict[str, int] = {}
     for b in backends:
         expected[b.operator] = b.parallelism
-    pending = coordinator.trigger(kind=kind, expected=expected)
+    pending = coordinator.trigger(kind=kind, expected=expected, checkpoint_id=checkpoint_id)
     cid = pending.checkpoint_id
     try:
         for b in backends:
