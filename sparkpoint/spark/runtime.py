@@ -24,10 +24,11 @@ from sparkpoint.core.errors import (
     UnknownSharedState,
 )
 from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage
+from sparkpoint.core.repair import repair_checkpoints
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.core.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import ParquetDirectorySource, SourceOffsets
@@ -264,6 +265,8 @@ class StatefulPipeline:
         """
         failed = start.metadata.checkpoint_id if start.metadata else None
         listing = self.store.load_all()
+        if start.metadata is not None and start.restore_job is None and self._repaired(start.metadata, listing):
+            return start  # its bad files were rewritten from task-local copies: restore it again
         older = [m for m in listing.checkpoints if failed is not None and m.checkpoint_id < failed]
         if start.restore_job is not None or not older:
             raise PipelineError(
@@ -283,6 +286,16 @@ class StatefulPipeline:
             self.sink.rollback(after=target.checkpoint_id)
         # next_id None: the highest id seen + 1, never an id a discarded checkpoint had.
         return replace(start, metadata=target, offsets=_offsets_of(target), next_id=None)
+
+    def _repaired(self, failed: CheckpointMetadata, listing: StoreListing) -> bool:
+        """Rewrite the failed checkpoint's bad files from task-local copies (True: all of them).
+
+        A bad file every retained checkpoint needs, with no good copy, stops the run here, before
+        a fallback discards checkpoints that it could not help anyway."""
+        report = repair_checkpoints(self.storage, self.config.local_dir, [failed], retained=listing.checkpoints)
+        if report.lost:
+            raise PipelineError(report.lost[0])
+        return bool(report.repaired) and not report.unrepairable
 
     def _check_operators(self, meta: CheckpointMetadata) -> None:
         """The checkpoint must hold exactly the job's operators, at its max parallelism, unless the
