@@ -104,6 +104,8 @@ def run_under_faults(
             ]
         if round_ % 50 == 49:  # a restart: a new coordinator and a restore, both under faults
             restarts += 1
+            for b in subtasks:  # the "crashed" process's databases
+                b.close()
             subtasks, coord = restart(storage, tmp_path / f"restart-{round_}", model, expected)
     # Every retained checkpoint restores exactly what was in the state when it was triggered.
     retained, referenced = retained_paths(clean)
@@ -130,19 +132,21 @@ def restart(
 ) -> tuple[list[RocksDBStateBackend], RecordingCoordinator]:
     """Start over from the latest checkpoint through the faulty storage; retry what the faults break."""
     for attempt in range(20):
+        subtasks = backends(storage, local / str(attempt))
         try:
             coord = RecordingCoordinator(storage, num_retained=2)
-            latest = coord.store.latest()
-            subtasks = backends(storage, local / str(attempt))
+            latest = coord.store.latest()  # raises on an I/O error: never quietly an older checkpoint
             for b in subtasks:
                 b.restore(latest)
             break
         except (OSError, SparkpointError):
-            continue
+            for b in subtasks:
+                b.close()
     else:
         raise AssertionError("no restart succeeded in 20 attempts")
     restored = counts(subtasks)
-    assert latest is not None and restored == expected[latest.checkpoint_id]
+    newest = max(CompletedCheckpointStore(CheckpointStorage(storage.url, storage.job_id)).checkpoint_ids())
+    assert latest is not None and latest.checkpoint_id == newest and restored == expected[newest]
     model.clear()
     model.update(restored)  # the writes after the latest checkpoint are lost with the "crash"
     return subtasks, coord
@@ -157,7 +161,7 @@ def test_two_hundred_checkpoints_under_storage_faults_restore_exactly_and_leave_
 @pytest.mark.soak
 def test_storage_faults_soak(tmp_path: Path):
     rows = [
-        run_under_faults(tmp_path / str(seed), checkpoints=scale("fault_checkpoints", 500), seed=seed, rate=rate)
+        run_under_faults(tmp_path / f"{seed}-{rate}", checkpoints=scale("fault_checkpoints", 500), seed=seed, rate=rate)
         for seed in range(scale("fault_seeds", 6))
         for rate in (0.03, 0.1)
     ]

@@ -157,7 +157,7 @@ def mutations(draw: st.DrawFn, world_other: str) -> list[tuple[tuple[Any, ...], 
         else:
             where = draw(st.sampled_from(TOP_FIELDS))
         value = draw(hostile_values(world_other))
-        if where[-1] == "unowned" and draw(st.booleans()):
+        if where[-1] == "unowned" and not isinstance(value, Nested) and draw(st.booleans()):
             value = [value]
         out.append((where, value))
     return out

@@ -88,11 +88,14 @@ class CompletedCheckpointStore:
         return listing
 
     def latest(self) -> CheckpointMetadata | None:
-        """The newest completed checkpoint whose `_metadata` reads; None when there is none."""
+        """The newest completed checkpoint whose `_metadata` reads; None when there is none.
+
+        A damaged `_metadata` is skipped; an I/O error is raised: a timeout must never quietly
+        send a restore back to an older checkpoint."""
         for cid in self.checkpoint_ids():
             try:
                 return self.load(cid)
-            except (MetadataError, OSError) as e:
+            except (MetadataError, CheckpointNotFound) as e:
                 log.warning("skipping checkpoint %s: %s", cid, e)
         return None
 
