@@ -151,6 +151,7 @@ def test_fuzzed_damage_is_detected_before_use_and_restore_falls_back_to_one_that
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(6 * 3600)  # the scale comes from the environment
 def test_corruption_soak(tmp_path: Path):
     jobs = fuzz_jobs(tmp_path)
     report("corruption", [fuzz(jobs, tmp_path / str(s), cases=scale("corruption_cases", 200), seed=s)

@@ -166,6 +166,7 @@ def test_two_hundred_checkpoints_under_storage_faults_restore_exactly_and_leave_
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(6 * 3600)  # the scale comes from the environment
 def test_storage_faults_soak(tmp_path: Path):
     rows = [
         run_under_faults(tmp_path / f"{seed}-{rate}", checkpoints=scale("fault_checkpoints", 500), seed=seed, rate=rate)

@@ -268,6 +268,7 @@ def test_hostile_metadata_gets_a_specific_error_and_nothing_outside_the_job_is_t
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(6 * 3600)  # the scale comes from the environment
 def test_hostile_metadata_soak(tmp_path: Path, capsys):
     from tests.reliability import report
 

@@ -102,6 +102,7 @@ def test_two_coordinators_in_two_processes_commit_each_id_once_on_s3(tmp_path: P
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(6 * 3600)  # the scale comes from the environment
 def test_zombie_writers_soak(tmp_path: Path):
     rows = [race(tmp_path / str(seed), f"file://{tmp_path}/{seed}/ck", {}, batches=scale("zombie_batches", 60),
                  seed=seed) for seed in range(scale("zombie_seeds", 5))]
