@@ -14,6 +14,7 @@ from sparkpoint.core.changelog import ChangelogFormatError, decode
 from sparkpoint.core.errors import OperatorStateMismatch, PathEscapesJobDirectory
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
 from sparkpoint.core.paths import is_changelog_name
+from sparkpoint.core.progress import ProgressCounter, ProgressFn, reporting
 from sparkpoint.core.restore import FileProblem, mismatch
 from sparkpoint.core.storage import CheckpointStorage
 
@@ -77,19 +78,22 @@ def restore_hint(storage: CheckpointStorage, failed: int) -> str:
 
 @contextmanager
 def operator_states(
-    storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None
+    storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None,
+    progress: ProgressFn | None = None,
 ) -> Iterator[list[RocksDBStateBackend]]:
-    """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir."""
+    """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir;
+    `progress` hears of the bytes downloaded."""
     if operator not in meta.operators:
         known = ", ".join(sorted(meta.operators)) or "none"
         raise OperatorStateMismatch(f"checkpoint {meta.checkpoint_id} has no operator {operator!r}; it has: {known}")
     op = meta.operators[operator]
+    source = reporting(storage, ProgressCounter(sum(f.size for h in op.subtasks for f in h.files()), progress))
     scratch = Path(tempfile.mkdtemp(prefix="sparkpoint-export-", dir=work_dir))
     backends = []
     try:
         for handle in op.subtasks:
             b = RocksDBStateBackend(
-                storage, operator, handle.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
+                source, operator, handle.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
                 local_dir=scratch, local_recovery=False,
             )
             b.restore(meta)
