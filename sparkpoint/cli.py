@@ -68,6 +68,13 @@ def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=1, default=str))
 
 
+def _printed_json(args: argparse.Namespace, data: Any) -> bool:
+    """With --json, print `data` as JSON (and the caller prints nothing else)."""
+    if args.json:
+        _print_json(data)
+    return bool(args.json)
+
+
 # --- terminal output: rich tables, and progress bars on a terminal only ------------------------
 
 
@@ -244,8 +251,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from sparkpoint.core.catalog import checkpoint_rows
 
     rows, unreadable = checkpoint_rows(_storage(args))
-    if args.json:
-        _print_json({"checkpoints": rows, "unreadable": unreadable})
+    if _printed_json(args, {"checkpoints": rows, "unreadable": unreadable}):
         return 0
     _table(
         f"{len(rows)} retained checkpoint(s) of {args.job_id}",
@@ -264,8 +270,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from sparkpoint.core.catalog import describe_checkpoint, load_checkpoint_at
 
     info = describe_checkpoint(load_checkpoint_at(args.path, _storage_options(args.storage_options)))
-    if args.json:
-        _print_json(info)
+    if _printed_json(args, info):
         return 0
     lineage = f", restored from {info['restored_from']} ({info['claim_mode']})" if info["restored_from"] else ""
     print(f"{info['path']}\n  chk-{info['checkpoint_id']} {info['kind']} of job {info['job_id']}, created "
@@ -293,8 +298,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
     from sparkpoint.core.catalog import registry_rows
 
     rows, totals = registry_rows(_storage(args))
-    if args.json:
-        _print_json({"files": rows, "totals": totals})
+    if _printed_json(args, {"files": rows, "totals": totals}):
         return 0
     _table(
         f"shared-state registry of {args.job_id}, rebuilt from checkpoints {totals['checkpoints']}",
@@ -317,8 +321,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     meta = _checkpoints(store, args.checkpoint)[0]
     with _progress(args, f"restoring {args.operator}/{args.subtask}") as progress:
         info = restore_subtask(store.storage, meta, args.operator, args.subtask, args.to, progress=progress)
-    if args.json:
-        _print_json(info)
+    if _printed_json(args, info):
         return 0
     states = ", ".join(f"{name}: {n} entries" for name, n in info["states"].items()) or "no state"
     print(f"chk-{info['checkpoint_id']} {info['operator']} subtask {info['subtask']} (key groups "
@@ -334,8 +337,7 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     storage = _existing_store(args).storage
     with _progress(args, "savepoint") as progress:
         result = take_savepoint(storage, checkpoint_id=args.from_checkpoint, target=args.to, progress=progress)
-    if args.json:
-        _print_json(result.to_json())
+    if _printed_json(args, result.to_json()):
         return 0
     print(f"savepoint {result.url} of chk-{result.source_checkpoint}: {result.files} files, {_size(result.bytes)}, "
           f"verified\n  start a job from it: sparkpoint run --from-checkpoint {result.url} "

@@ -59,13 +59,17 @@ class Job:
         return CompletedCheckpointStore(self.storage)
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """Three checkpoints, two retained (read-only for the tests that use it)."""
-    j = Job(tmp_path_factory.mktemp("operator"))
-    j.checkpoint(3)
+def closed_job(root: Path, checkpoints: int) -> Job:
+    """A job with this many checkpoints taken (two retained), its backends closed: read it, do not extend it."""
+    j = Job(root)
+    j.checkpoint(checkpoints)
     j.close()
     return j
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return closed_job(tmp_path_factory.mktemp("operator"), 3)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_operator_cli import JOB, Job
+from tests.test_operator_cli import JOB, Job, closed_job
 
 BAR = "━"  # what rich draws a progress bar with
 
@@ -42,10 +42,7 @@ def in_a_pipe(cmd: list[str]) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    j = Job(tmp_path_factory.mktemp("terminal"))
-    j.checkpoint(2)
-    j.close()
-    return j
+    return closed_job(tmp_path_factory.mktemp("terminal"), 2)
 
 
 def sparkpoint(*args: str) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparkpoint.core.backend import RocksDBStateBackend
 from sparkpoint.core.errors import CheckpointAlreadyExists, OperatorStateMismatch
+from sparkpoint.core.inspect import operator_state_of
 from sparkpoint.core.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.core.progress import ProgressCounter, ProgressFn, reporting
 from sparkpoint.core.rocksdb import RocksDBOptions, list_states, open_db
@@ -23,10 +24,7 @@ from sparkpoint.core.storage import CheckpointStorage
 
 def subtask_handle_of(meta: CheckpointMetadata, operator: str, subtask: int) -> SubtaskStateHandle:
     """The handle of (operator, subtask) in `meta`; an unknown one is named with what exists."""
-    if operator not in meta.operators:
-        known = ", ".join(sorted(meta.operators)) or "none"
-        raise OperatorStateMismatch(f"checkpoint {meta.checkpoint_id} has no operator {operator!r}; it has: {known}")
-    op = meta.operators[operator]
+    op = operator_state_of(meta, operator)
     if not 0 <= subtask < op.parallelism:
         raise OperatorStateMismatch(
             f"checkpoint {meta.checkpoint_id} has subtasks 0..{op.parallelism - 1} of {operator}, not {subtask}"
