@@ -111,7 +111,8 @@ def _size(n: int | None) -> str:
 
 @contextmanager
 def _progress(args: argparse.Namespace, what: str) -> Iterator[ProgressFn | None]:
-    """A rich progress bar on standard error when it is a terminal and `--json` is off; else None."""
+    """A rich progress bar of bytes on standard error when it is a terminal and `--json` is off; else
+    None. The function it yields takes (bytes done, bytes in total), total 0 when it is not known."""
     if getattr(args, "json", False) or not sys.stderr.isatty():
         yield None
         return
@@ -121,8 +122,8 @@ def _progress(args: argparse.Namespace, what: str) -> Iterator[ProgressFn | None
                   TimeRemainingColumn(), console=_console(stderr=True)) as bar:
         task = bar.add_task(what, total=None)
 
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+        def update(done: int, total: int) -> None:  # total 0: not known in advance
+            bar.update(task, completed=done, total=total or None)
 
         yield update
 
@@ -167,11 +168,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     pipeline = StatefulPipeline(None, config)  # validates input and storage before Spark starts
     pipeline.spark = spark_session(args.master, verbose=args.verbose)
 
+    uploaded = 0
+
     def show(report: Any) -> None:
+        nonlocal uploaded
         print(json.dumps(report.to_json()) if args.json else report.line(), flush=True)
+        uploaded += report.checkpointed_size
+        if progress is not None:  # the bytes the subtasks uploaded, checkpoint by checkpoint
+            progress(uploaded, 0)
 
     try:
-        reports = pipeline.run(on_checkpoint=show)
+        with _progress(args, "checkpoints uploaded") as progress:
+            reports = pipeline.run(on_checkpoint=show)
     finally:
         pipeline.spark.stop()
     if not reports and not args.json:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import uuid
 from pathlib import Path
 
+import fsspec
 import pandas as pd
 import pytest
 from rocksdict import AccessType, Options, Rdict
@@ -21,6 +23,7 @@ from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.core.changelog import ChangelogOptions, is_changelog
 from sparkpoint.core.keygroups import key_group_for
 from sparkpoint.spark.operators import TOTALS
+from tests.conftest import s3_options
 
 JOB = "job"
 
@@ -28,10 +31,11 @@ JOB = "job"
 class Job:
     """A job of `user_totals` at parallelism 2 whose checkpoints are taken through the core."""
 
-    def __init__(self, root: Path, retain: int = 2):
+    def __init__(self, root: Path, retain: int = 2, url: str | None = None, options: dict[str, object] | None = None):
         self.root = root
-        self.url = f"file://{root}/ckpt"
-        self.storage = CheckpointStorage(self.url, JOB)
+        self.url = url or f"file://{root}/ckpt"
+        self.options = options or {}
+        self.storage = CheckpointStorage(self.url, JOB, self.options)
         self.coordinator = CheckpointCoordinator(self.storage, num_retained=retain)
         self.rng = random.Random(7)
         self.backends = [
@@ -334,3 +338,26 @@ def test_savepoint_of_a_damaged_checkpoint_fails_and_leaves_nothing(fresh_job: J
     code, _, err = cli(capsys, "savepoint", *job_args(j))
     assert code == 2 and victim.path in err
     assert tree(j.root) == before and j.store().checkpoint_ids() == [2, 1]
+
+
+@pytest.mark.s3
+def test_object_store_through_storage_options(s3_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    options = s3_options(s3_endpoint)
+    bucket = "b" + uuid.uuid4().hex[:12]
+    fsspec.filesystem("s3", **options).mkdir(bucket)
+    j = Job(tmp_path, url=f"s3://{bucket}/checkpoints", options=options)
+    j.checkpoint(2)
+    j.close()
+    flag = ["--storage-options", json.dumps(options)]
+    listed = cli_json(capsys, "list", *job_args(j), *flag)
+    frame = sparkpoint.list_checkpoints(j.url, JOB, storage_options=options)
+    assert isinstance(listed, dict) and frame.to_dict("records") == listed["checkpoints"] and len(frame) == 2
+    assert sparkpoint.registry(j.url, JOB, storage_options=options)["count"].max() == 2
+    sp = cli_json(capsys, "savepoint", *job_args(j), *flag, "--to", f"s3://{bucket}/savepoints/sp-1")
+    assert isinstance(sp, dict) and sp["savepoint"] == f"s3://{bucket}/savepoints/sp-1/chk-2"
+    info = cli_json(capsys, "inspect", sp["savepoint"], *flag)
+    assert isinstance(info, dict) and info["kind"] == "savepoint"
+    pd.testing.assert_frame_equal(
+        sparkpoint.read_state(f"s3://{bucket}/savepoints", "sp-1", "user_totals", storage_options=options),
+        sparkpoint.read_state(j.url, JOB, "user_totals", storage_options=options),
+    )
