@@ -361,3 +361,12 @@ def test_object_store_through_storage_options(s3_endpoint: str, tmp_path: Path, 
         sparkpoint.read_state(f"s3://{bucket}/savepoints", "sp-1", "user_totals", storage_options=options),
         sparkpoint.read_state(j.url, JOB, "user_totals", storage_options=options),
     )
+
+
+@pytest.mark.parametrize("command", ["list", "inspect", "registry", "restore", "savepoint"])
+def test_every_operator_command_has_help(command: str, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert f"usage: sparkpoint {command}" in out and "--verbose" in out

@@ -46,21 +46,22 @@ def spark_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     local = master.startswith("local")
+    settings = {
+        "spark.ui.enabled": str(ui).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Keep one group per task: coalescing would serialize subtasks in one task.
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    }
+    if local:  # nothing outside this machine needs to reach the driver
+        settings.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
     if not verbose:
         _quiet_python_loggers()
-        _launch_quiet_gateway(local)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", str(ui).lower())
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        # Keep one group per task: coalescing would serialize subtasks in one task.
-        .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
-    )
-    if local:  # nothing outside this machine needs to reach the driver
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        _launch_quiet_gateway(master, app_name, settings)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")
@@ -72,18 +73,19 @@ def _quiet_python_loggers() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def _launch_quiet_gateway(local: bool) -> None:
-    """Start the JVM ourselves (once per process), with the quiet log4j configuration and its
-    standard error filtered line by line; PySpark then uses this gateway."""
+def _launch_quiet_gateway(master: str, app_name: str, settings: dict[str, str]) -> None:
+    """Start the JVM as PySpark would (once per process, with the same settings), but with the quiet
+    log4j configuration and its standard error filtered line by line; PySpark then uses it."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     with SparkContext._lock:
         if SparkContext._gateway is not None:
             return
-        if local:  # the driver binds to loopback anyway; this spares the hostname note
+        if master.startswith("local"):  # the driver binds to loopback anyway; this spares the hostname note
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        conf = SparkConf().set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
+        conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+        conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
         gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
         proc = getattr(gateway, "proc", None)
         if proc is not None and proc.stderr is not None:
