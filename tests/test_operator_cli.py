@@ -370,3 +370,13 @@ def test_every_operator_command_has_help(command: str, capsys: pytest.CaptureFix
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert f"usage: sparkpoint {command}" in out and "--verbose" in out
+
+
+def test_savepoint_in_the_job_directory_never_takes_the_id_of_a_pending_attempt(
+    fresh_job: Job, capsys: pytest.CaptureFixture[str]
+):
+    j = fresh_job
+    j.close()
+    j.storage.write_bytes("_pending/chk-3-0123456789ab.json", b"{}")  # a Dagster step's attempt at chk-3
+    sp = cli_json(capsys, "savepoint", *job_args(j))
+    assert isinstance(sp, dict) and sp["checkpoint_id"] == 4 and j.store().checkpoint_ids() == [4, 2, 1]

@@ -19,6 +19,7 @@ Where it goes:
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -93,7 +94,7 @@ def take_savepoint(
             f"a savepoint of checkpoint {meta.checkpoint_id} cannot go into the job directory, where the job would "
             f"resume from it and replay what checkpoints {meta.checkpoint_id + 1}..{ids[0]} committed; give --to URL"
         )
-    new_id = max(dest.checkpoint_dirs(), default=0) + 1 if target is None else meta.checkpoint_id
+    new_id = _next_free_id(dest) if target is None else meta.checkpoint_id
     copies = [(f, private_dir(new_id, h.operator, h.subtask) + "/" + f.local_name)
               for h in meta.subtask_handles() for f in h.files()]
     counter = ProgressCounter(sum(f.size for f, _ in copies), progress)
@@ -111,6 +112,16 @@ def take_savepoint(
         raise
     return SavepointResult(saved, meta.checkpoint_id, f"{dest.job_url}/{saved.directory}", len(copies),
                            counter.total)
+
+
+_PENDING = re.compile(r"chk-([1-9][0-9]*)-.*\.json")  # `_pending/chk-<N>-<attempt>.json` (sparkpoint.spark.attempt)
+
+
+def _next_free_id(storage: CheckpointStorage) -> int:
+    """An id above every `chk-N` directory and every pending attempt's: a savepoint never takes the id
+    a running job is about to commit (if it did, the exclusive create of `_metadata` would fence one)."""
+    pending = [m.group(1) for f in storage.walk("_pending") if (m := _PENDING.fullmatch(posixpath.basename(f.path)))]
+    return max([*storage.checkpoint_dirs(), *map(int, pending)], default=0) + 1
 
 
 def _copy_verified(
