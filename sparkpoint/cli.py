@@ -98,6 +98,10 @@ def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[An
     _console().print(table)
 
 
+def _range(key_groups: dict[str, int]) -> str:
+    return f"{key_groups['start']}..{key_groups['end']}"
+
+
 def _size(n: int | None) -> str:
     if n is None:
         return ""
@@ -289,14 +293,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         _table(
             f"operator {name}: parallelism {op['parallelism']}, max parallelism {op['max_parallelism']}",
             ["subtask", "key groups", "files", "size"],
-            [[s["subtask"], f"{s['key_groups']['start']}..{s['key_groups']['end']}", len(s["files"]),
+            [[s["subtask"], _range(s["key_group_range"]), len(s["shared"]) + len(s["private"]),
               _size(s["state_size"])] for s in op["subtasks"]],
             right=2,
         )
         _table(
-            None, ["subtask", "file", "path", "created by", "size"],
-            [[s["subtask"], f["local_name"], f["path"], f"chk-{f['created_by']}", _size(f["size"])]
-             for s in op["subtasks"] for f in s["files"]],
+            None, ["subtask", "file", "path", "shared", "created by", "size"],
+            [[s["subtask"], f["local_name"], f["path"], "yes" if group == "shared" else "no",
+              f"chk-{f['created_by']}", _size(f["size"])]
+             for s in op["subtasks"] for group in ("shared", "private") for f in s[group]],
             right=1,
         )
     return 0
@@ -333,7 +338,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         return 0
     states = ", ".join(f"{name}: {n} entries" for name, n in info["states"].items()) or "no state"
     print(f"chk-{info['checkpoint_id']} {info['operator']} subtask {info['subtask']} (key groups "
-          f"{info['key_groups']['start']}..{info['key_groups']['end']}): {info['files']} files verified, "
+          f"{_range(info['key_group_range'])}): {info['files']} files verified, "
           f"{_size(info['downloaded_bytes'])} -> {info['directory']}\n  {states}\n"
           f"  open it with: Rdict({info['directory']!r}, access_type=AccessType.read_only())")
     return 0

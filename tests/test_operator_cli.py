@@ -99,6 +99,13 @@ def job_args(j: Job, job_id: str = JOB) -> list[str]:
     return ["--checkpoints", j.url, "--job-id", job_id]
 
 
+def files_of(info: object) -> list[dict[str, object]]:
+    """Every file of an `inspect --json`, shared and private."""
+    assert isinstance(info, dict)
+    return [f for op in info["operators"].values() for s in op["subtasks"] for g in ("shared", "private")
+            for f in s[g]]
+
+
 def tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -132,14 +139,18 @@ def test_inspect_json_shows_subtasks_key_groups_and_the_creator_of_every_file(
     meta = job.store().load(3)
     assert info["checkpoint_id"] == 3 and info["path"] == f"{job.storage.job_url}/chk-3/_metadata"
     subtasks = info["operators"]["user_totals"]["subtasks"]
-    assert [(s["key_groups"]["start"], s["key_groups"]["end"]) for s in subtasks] == [(0, 63), (64, 127)]
-    listed = {(f["path"], f["size"], f["created_by"]) for s in subtasks for f in s["files"]}
-    assert listed == {(f.path, f.size, f.created_by) for f in meta.files()}
-    for f in (f for s in subtasks for f in s["files"]):
+    assert [s["key_group_range"] for s in subtasks] == [{"start": 0, "end": 63}, {"start": 64, "end": 127}]
+    raw = json.loads(job.storage.read_bytes("chk-3/_metadata"))["operators"]["user_totals"]["subtasks"]
+    for shown, stored in zip(subtasks, raw):
+        for group in ("shared", "private"):
+            assert [{k: v for k, v in f.items() if k != "kind"} for f in shown[group]] == stored[group]
+    for f in files_of(info):
         assert job.storage.info(f["path"]).size == f["size"]
-    creators = {f["created_by"] for s in subtasks for f in s["files"] if f["kind"] == "changelog"}
+    assert {(f["path"], f["size"], f["created_by"]) for f in files_of(info)} == {
+        (f.path, f.size, f.created_by) for f in meta.files()}
+    creators = {f["created_by"] for f in files_of(info) if f["kind"] == "changelog"}
     assert creators == {2, 3}, "the chain's files were created by the checkpoints that wrote them"
-    assert all(f["created_by"] == 1 for s in subtasks for f in s["files"] if f["kind"] == "rocksdb")
+    assert all(f["created_by"] == 1 for f in files_of(info) if f["kind"] == "rocksdb")
 
 
 def test_inspect_reads_a_metadata_file_outside_any_job_layout(job: Job, tmp_path: Path,
@@ -204,7 +215,8 @@ def test_restore_writes_a_verified_directory_rocksdict_opens(job: Job, tmp_path:
     target = tmp_path / "debug" / "sub1"
     info = cli_json(capsys, "restore", *job_args(job), "--operator", "user_totals", "--subtask", "1",
                     "--to", str(target), "--checkpoint", "2")
-    assert isinstance(info, dict) and info["checkpoint_id"] == 2 and info["key_groups"] == {"start": 64, "end": 127}
+    assert isinstance(info, dict) and info["checkpoint_id"] == 2
+    assert info["key_group_range"] == {"start": 64, "end": 127}
     expected = sparkpoint.read_state(job.url, JOB, "user_totals", checkpoint=2)
     mine = sorted(k for k in expected["user_id"] if key_group_for(k, 128) >= 64)
     db = Rdict(str(target), options=Options(raw_mode=True), access_type=AccessType.read_only(),
@@ -256,8 +268,7 @@ def test_savepoint_elsewhere_survives_the_deletion_of_the_job(fresh_job: Job, tm
     pd.testing.assert_frame_equal(after, before)
     info = cli_json(capsys, "inspect", sp["savepoint"])
     assert isinstance(info, dict) and info["kind"] == "savepoint"
-    assert not [f for s in info["operators"]["user_totals"]["subtasks"] for f in s["files"]
-                if not f["path"].startswith("chk-1/")]
+    assert files_of(info) and all(f["path"].startswith("chk-1/") for f in files_of(info))
 
 
 # --- errors on bad input: a specific message, exit 2, nothing written ------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 import fsspec
 
 from sparkpoint.core.errors import CheckpointNotFound, MetadataError, StorageError
-from sparkpoint.core.metadata import CheckpointMetadata
+from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
 from sparkpoint.core.paths import checkpoint_id_of_dir, is_changelog_name, is_plain_name
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import MAX_METADATA_BYTES, CompletedCheckpointStore, StoreListing
@@ -98,24 +98,22 @@ def load_checkpoint_at(path: str, storage_options: dict[str, Any] | None = None)
 
 
 def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
-    """One `_metadata` in full: operators, subtasks, key-group ranges, files with sizes and creators."""
+    """One `_metadata` in full, in its own field names (`key_group_range`, `shared`, `private`, each
+    file's `size` and `created_by`), with each file's kind (`rocksdb` or `changelog`) and each
+    subtask's size added."""
     meta = located.meta
     operators = {}
     for name, op in sorted(meta.operators.items()):
-        subtasks = []
-        for h in op.subtasks:
-            files: list[dict[str, Any]] = [
-                {"path": f.path, "local_name": f.local_name, "size": f.size, "crc32": f"{f.crc32:08x}",
-                 "created_by": f.created_by, "shared": shared,
-                 "kind": "changelog" if is_changelog_name(f.local_name) else "rocksdb"}
-                for shared, group in ((True, h.shared), (False, h.private)) for f in group
-            ]
-            subtasks.append({
+        subtasks = [
+            {
                 "subtask": h.subtask,
-                "key_groups": {"start": h.key_group_range.start, "end": h.key_group_range.end},
-                "state_size": sum(f["size"] for f in files),
-                "files": files,
-            })
+                "key_group_range": h.key_group_range.to_json(),
+                "state_size": sum(f.size for f in h.files()),
+                "shared": [_file(f) for f in h.shared],
+                "private": [_file(f) for f in h.private],
+            }
+            for h in op.subtasks
+        ]
         operators[name] = {"max_parallelism": op.max_parallelism, "parallelism": op.parallelism,
                            "subtasks": subtasks}
     return {
@@ -128,6 +126,10 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
         "unowned": sorted(meta.unowned),
         "operators": operators,
     }
+
+
+def _file(f: FileHandle) -> dict[str, Any]:
+    return {**f.to_json(), "kind": "changelog" if is_changelog_name(f.local_name) else "rocksdb"}
 
 
 # --- registry --------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def restore_subtask(
         shutil.rmtree(scratch, ignore_errors=True)
     return {
         "checkpoint_id": meta.checkpoint_id, "operator": operator, "subtask": subtask, "directory": str(out),
-        "key_groups": {"start": handle.key_group_range.start, "end": handle.key_group_range.end},
+        "key_group_range": handle.key_group_range.to_json(),
         "files": result.files, "downloaded_bytes": result.downloaded_bytes, "states": count_entries(out),
     }
 
