@@ -90,12 +90,15 @@ def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[An
     """Print a table; the last `right` columns (numbers) are right-aligned."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(header_style="bold")
     for i, name in enumerate(columns):
         table.add_column(name, justify="right" if i >= len(columns) - right else "left", overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
-    _console().print(table)
+    console = _console()
+    if title:  # above the table, not as its title: a title wider than the table would wrap
+        console.print(title, markup=False)
+    console.print(table)
 
 
 def _range(key_groups: dict[str, int]) -> str:
