@@ -8,6 +8,8 @@ import warnings
 
 from pyspark.sql import SparkSession
 
+from sparkpoint.spark.faults import arm_crash_points
+
 
 def spark_session(master: str = "local[*]", *, app_name: str = "sparkpoint", ui: bool = False) -> SparkSession:
     # pandas 3 works for what sparkpoint asks of PySpark (Arrow batches in and out); PySpark 4.3
@@ -27,6 +29,8 @@ def spark_session(master: str = "local[*]", *, app_name: str = "sparkpoint", ui:
         # Keep one group per task: coalescing would serialize subtasks in one task.
         .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
     )
+    for key, value in arm_crash_points().items():  # tests only: named crash points reach the executors
+        builder = builder.config(f"spark.executorEnv.{key}", value)
     if master.startswith("local"):  # nothing outside this machine needs to reach the driver
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
     spark = builder.getOrCreate()

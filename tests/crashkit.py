@@ -1,0 +1,143 @@
+"""Running a process until a named crash point kills it, and checking what it leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pandas as pd
+
+from sparkpoint.cli import main
+from sparkpoint.core import CompletedCheckpointStore, sweep_orphans
+from sparkpoint.core.crash import CRASH_AT, CRASH_DIR
+from sparkpoint.core.storage import CheckpointStorage
+from tests import oracle
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    crashed: dict[str, Any] | None  # crashed.json: where the crash point killed the run
+
+    def completed(self) -> list[int]:
+        """Checkpoint ids the run printed as completed (`chk-N ...` lines)."""
+        return [int(line.split()[0][4:]) for line in self.stdout.splitlines() if line.startswith("chk-")]
+
+
+def run(cmd: list[str], *, crash_at: str | None = None, crash_dir: Path | None = None, timeout: float = 600,
+        env: dict[str, str] | None = None) -> Outcome:
+    """Run `cmd` in a session of its own (a crash point kills its whole process group); with
+    `crash_at` set, a fresh `crash_dir` counts the hits of every process of the run."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SPARKPOINT_CRASH")}
+    environ.update(env or {})
+    if crash_at:
+        assert crash_dir is not None and not crash_dir.exists(), "one fresh crash directory per run"
+        environ.update({CRASH_AT: crash_at, CRASH_DIR: str(crash_dir)})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{cmd[:4]}... did not finish in {timeout}s; stderr: {err[-3000:]}") from None
+    finally:
+        _reap(proc.pid)
+    marker = crash_dir / "crashed.json" if crash_dir else None
+    crashed = json.loads(marker.read_text()) if marker is not None and marker.exists() else None
+    return Outcome(proc.returncode, out, err, crashed)
+
+
+def _reap(pgid: int) -> None:
+    """Whatever of the run's group outlived it (Spark's Python daemon dies with its JVM, mostly)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def assert_died_at(outcome: Outcome, point: str) -> None:
+    assert outcome.crashed is not None and outcome.crashed["point"] == point, (
+        f"the run should have died at {point}: rc={outcome.returncode}, stderr: {outcome.stderr[-3000:]}"
+    )
+    assert outcome.returncode == -signal.SIGKILL, f"killed by SIGKILL, got rc={outcome.returncode}"
+
+
+def assert_finished(outcome: Outcome) -> None:
+    assert outcome.returncode == 0 and outcome.crashed is None, outcome.stderr[-3000:]
+
+
+def job_args(url: str, job_id: str, options: dict[str, Any] | None = None) -> list[str]:
+    args = ["--checkpoints", url, "--job-id", job_id]
+    return args + (["--storage-options", json.dumps(options)] if options else [])
+
+
+def assert_storage_settled(url: str, job_id: str, options: dict[str, Any] | None = None) -> int:
+    """Every retained checkpoint verifies, and after `gc --grace 0` storage holds exactly the
+    files the retained checkpoints reference. Returns how many checkpoints are retained."""
+    args = job_args(url, job_id, options)
+    assert main(["verify", *args]) == 0, "every retained checkpoint verifies"
+    assert main(["gc", *args, "--grace", "0"]) == 0
+    storage = CheckpointStorage(url, job_id, options or {})
+    listing = CompletedCheckpointStore(storage).load_all()
+    assert not listing.unreadable
+    referenced = set()
+    for meta in listing.checkpoints:
+        referenced |= meta.paths() | {meta.metadata_path}
+    on_storage = {f.path for f in storage.walk("shared")}
+    on_storage |= {f.path for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")}
+    assert on_storage == referenced, (
+        f"after gc --grace 0 unreferenced: {sorted(on_storage - referenced)[:5]}, missing: "
+        f"{sorted(referenced - on_storage)[:5]}"
+    )
+    assert sweep_orphans(storage, grace_seconds=0, dry_run=True).orphans == ()
+    return len(listing.checkpoints)
+
+
+# --- the sample pipeline (`sparkpoint run`) ------------------------------------------------------
+
+
+def run_command(input_url: str, ckpt_url: str, output_url: str, local_dir: Path, *, master: str = "local[2]",
+                options: dict[str, Any] | None = None, retain: int = 2) -> list[str]:
+    return [
+        sys.executable, "-m", "sparkpoint.cli", "run", "--input", input_url, *job_args(ckpt_url, "job", options),
+        "--retain", str(retain), "--parallelism", "2", "--output", output_url, "--local-dir", str(local_dir),
+        "--master", master,
+    ]
+
+
+def assert_pipeline_result(input_dir: str, ckpt_url: str, output_url: str, work: Path,
+                           options: dict[str, Any] | None = None) -> None:
+    """State and sink output equal what `tests.oracle` recomputes from every input batch."""
+    batches = oracle.read_batches(input_dir)
+    events = pd.concat(batches, ignore_index=True)
+    store = CompletedCheckpointStore(CheckpointStorage(ckpt_url, "job", options or {}))
+    latest = store.load(store.checkpoint_ids()[0])
+    assert len(latest.source_offsets["source"]["consumed"]) == len(batches), "every batch consumed once"
+    for operator, expected, check in [
+        ("user_totals", oracle.user_totals(events), oracle.assert_totals_equal),
+        ("item_reach", oracle.item_reach(events), oracle.assert_reach_equal),
+    ]:
+        out = work / f"{operator}.parquet"
+        assert main(["state", *job_args(ckpt_url, "job", options), "--operator", operator, "--format", "parquet",
+                     "--out", str(out)]) == 0
+        check(pd.read_parquet(out), expected)
+    fs, root = fsspec.core.url_to_fs(output_url, **(options or {}))
+    parts = sorted(p for p in fs.ls(root, detail=False) if posixpath.basename(p).startswith("part-"))
+    output = pd.concat([pd.read_parquet(fs.open(p, "rb")) for p in parts], ignore_index=True)
+    per_checkpoint = [g for _, g in sorted(output.groupby("checkpoint_id"), key=lambda t: t[0])]
+    assert len(per_checkpoint) == len(batches), "every batch is in the output exactly once"
+    for got, expected in zip(per_checkpoint, oracle.sink_rows(batches)):
+        oracle.assert_totals_equal(got, expected)
+    staging = f"{root}/_staging/job"
+    assert not fs.exists(staging) or not fs.ls(staging, detail=False), "no staged output is left"
