@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,8 +19,9 @@ import pandas as pd
 
 from sparkpoint.cli import main
 from sparkpoint.core import CompletedCheckpointStore, sweep_orphans
-from sparkpoint.core.crash import CRASH_AT, CRASH_DIR
+from sparkpoint.core.crash import CRASH_AT, CRASH_DIR, CRASH_POINTS
 from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.spark.generate import generate
 from tests import oracle
 
 
@@ -141,3 +144,73 @@ def assert_pipeline_result(input_dir: str, ckpt_url: str, output_url: str, work:
         oracle.assert_totals_equal(got, expected)
     staging = f"{root}/_staging/job"
     assert not fs.exists(staging) or not fs.ls(staging, detail=False), "no staged output is left"
+
+
+# --- chains of crashes of `sparkpoint run` ------------------------------------------------------
+
+# Points a process may reach right after a crash that left a subtask's database ahead of its
+# checkpoint (so the next start restores a copy, which `mid-restore` needs).
+DIRTY = ("after-native-checkpoint", "mid-upload", "after-upload", "before-metadata", "mid-task-local-copy")
+DRIVER_POINTS = ("before-metadata", "after-metadata-before-registry", "mid-subsumption-deletes",
+                 "after-metadata-before-sink-commit")
+# Hits of a point per batch of the sample pipeline (2 operators x 2 subtasks), so `n` stays
+# within the first batch a run processes.
+SPARK_HITS = {"after-native-checkpoint": 4, "mid-upload": 4, "after-upload": 4, "mid-task-local-copy": 4}
+
+
+@dataclass(frozen=True)
+class Job:
+    """Where a pipeline run reads, checkpoints and writes (input stays local: the oracle reads it)."""
+
+    input_dir: Path
+    ckpt_url: str
+    output_url: str
+    local_dir: Path
+    options: dict[str, Any] | None = None
+
+
+def file_job(root: Path) -> Job:
+    return Job(root / "in", f"file://{root}/ckpt", f"file://{root}/out", root / "local")
+
+
+def spark_chain(tmp_path: Path, job: Job, chain: list[str], seed: int, *, warm_up: bool,
+                lose_local_before: tuple[str, ...] = (), master: str = "local[2]") -> list[dict[str, object]]:
+    """Kill `sparkpoint run` at each point of `chain` in turn (each run resumes from the previous
+    crash), then let a last run finish, and check everything. Each crash comes within the first
+    batch or two its run processes; `warm_up` first completes two checkpoints (`mid-restore`
+    needs a checkpoint to restore). Before the points in `lose_local_before` the task-local
+    directory is deleted (a lost disk: restores come from checkpoint storage)."""
+    rng = random.Random(seed)
+    batches = 3 + 2 * len(chain) + 2 * warm_up
+    generate(str(job.input_dir), batches=batches, events_per_batch=300, users=60, items=20, seed=seed)
+    cmd = run_command(str(job.input_dir), job.ckpt_url, job.output_url, job.local_dir, master=master,
+                      options=job.options)
+    if warm_up:
+        assert_finished(run([*cmd, "--max-batches", "2"], timeout=400))
+    store = CompletedCheckpointStore(CheckpointStorage(job.ckpt_url, "job", job.options or {}))
+    rows = []
+    for i, point in enumerate(chain):
+        if point in lose_local_before:
+            shutil.rmtree(job.local_dir, ignore_errors=True)
+        hit = rng.randint(1, SPARK_HITS.get(point, 1))
+        crashed = run(cmd, crash_at=f"{point}:{hit}", crash_dir=tmp_path / f"crash-{i}", timeout=400)
+        assert_died_at(crashed, point)
+        if store.checkpoint_ids():
+            assert main(["verify", *job_args(job.ckpt_url, "job", job.options)]) == 0, f"all verify after {point}"
+        rows.append({"seed": seed, "step": i, "point": point, "hit": hit,
+                     "process": "driver" if point in DRIVER_POINTS else "worker",
+                     "checkpoints": len(crashed.completed()), "lost_local": point in lose_local_before})
+    assert_finished(run(cmd, timeout=400))
+    assert_pipeline_result(str(job.input_dir), job.ckpt_url, job.output_url, tmp_path, job.options)
+    assert assert_storage_settled(job.ckpt_url, "job", job.options) == 2
+    return rows
+
+
+def seeded_chain(seed: int) -> tuple[list[str], tuple[str, ...]]:
+    """Every point once, in a seeded order where `mid-restore` follows a point that leaves a
+    subtask's database ahead of its checkpoint; whether the disk is lost before it, seeded too."""
+    rng = random.Random(seed)
+    rest = [p for p in CRASH_POINTS if p != "mid-restore"]
+    rng.shuffle(rest)
+    at = rng.choice([i for i, p in enumerate(rest) if p in DIRTY]) + 1
+    return rest[:at] + ["mid-restore"] + rest[at:], ("mid-restore",) if rng.random() < 0.5 else ()

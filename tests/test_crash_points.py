@@ -6,8 +6,8 @@ storage holds exactly what the retained checkpoints reference.
 
 Two drivers are killed: `tests.crash_driver` (the core protocol without Spark: a process starts
 in ~1 s, so every point x several seeds fits in `make test`), and `sparkpoint run` on local Spark
-(a JVM per run: a short chain of points in `make test`; every point, chained in a seeded order,
-x 5 seeds in `make soak`).
+(a JVM per run: every point, chained in a seeded order, x 5 seeds in `make soak`; in `make test`
+`tests/test_s3_e2e.py` kills it at three points on S3).
 """
 
 from __future__ import annotations
@@ -22,25 +22,22 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.cli import main
 from sparkpoint.core import CompletedCheckpointStore
 from sparkpoint.core.crash import CRASH_POINTS, crash_point, parse
-from sparkpoint.spark.generate import generate
 from tests import crash_driver
 from tests.crashkit import (
+    DIRTY,
     assert_died_at,
     assert_finished,
-    assert_pipeline_result,
     assert_storage_settled,
+    file_job,
     run,
-    run_command,
+    seeded_chain,
+    spark_chain,
 )
 
 SOAK_SEEDS = int(os.environ.get("SPARKPOINT_SOAK_SEEDS", "5"))
 CORE_POINTS = tuple(p for p in CRASH_POINTS if p != "after-metadata-before-sink-commit")  # that one is Spark's
-# Points a process may reach right after a crash that left a subtask's database ahead of its
-# checkpoint (so the next start restores a copy, which `mid-restore` needs).
-DIRTY = ("after-native-checkpoint", "mid-upload", "after-upload", "before-metadata", "mid-task-local-copy")
 
 
 def test_crash_point_names_are_checked():
@@ -116,58 +113,6 @@ def test_soak_core_protocol_killed_at_every_point_x_seeds(tmp_path: Path):
 
 # --- sparkpoint run on local Spark ----------------------------------------------------------------
 
-# Hits of a point per batch of the sample pipeline (2 operators x 2 subtasks), so `n` stays
-# within the first batch a run processes.
-SPARK_HITS = {"after-native-checkpoint": 4, "mid-upload": 4, "after-upload": 4, "mid-task-local-copy": 4}
-
-
-def spark_chain(tmp_path: Path, chain: list[str], seed: int) -> list[dict[str, object]]:
-    """Kill `sparkpoint run` at each point of `chain` in turn (each run resumes from the previous
-    crash), then let a last run finish, and check everything."""
-    rng = random.Random(seed)
-    batches = 3 + 2 * len(chain)
-    generate(str(tmp_path / "in"), batches=batches, events_per_batch=300, users=60, items=20, seed=seed)
-    ckpt, out = f"file://{tmp_path}/ckpt", f"file://{tmp_path}/out"
-    cmd = run_command(str(tmp_path / "in"), ckpt, out, tmp_path / "local")
-    rows = []
-    for i, point in enumerate(chain):
-        hit = rng.randint(1, SPARK_HITS.get(point, 1))
-        crashed = run(cmd, crash_at=f"{point}:{hit}", crash_dir=tmp_path / f"crash-{i}", timeout=400)
-        assert_died_at(crashed, point)
-        assert main(["verify", "--checkpoints", ckpt, "--job-id", "job"]) in (0, 2), "verify runs after any crash"
-        rows.append({"seed": seed, "step": i, "point": point, "hit": hit, "pid_role": role(crashed.crashed),
-                     "checkpoints": len(crashed.completed())})
-    assert_finished(run(cmd, timeout=400))
-    assert_pipeline_result(str(tmp_path / "in"), ckpt, out, tmp_path)
-    assert assert_storage_settled(ckpt, "job") == 2
-    return rows
-
-
-def role(crashed: dict[str, object] | None) -> str:
-    """Which process died first: the driver, or one of Spark's Python workers."""
-    return "driver" if crashed and crashed["point"] in DRIVER_POINTS else "worker"
-
-
-DRIVER_POINTS = ("before-metadata", "after-metadata-before-registry", "mid-subsumption-deletes",
-                 "after-metadata-before-sink-commit")
-
-
-def seeded_chain(seed: int) -> list[str]:
-    """Every point once, in a seeded order where `mid-restore` follows a point that leaves a
-    subtask's database ahead of its checkpoint."""
-    rng = random.Random(seed)
-    rest = [p for p in CRASH_POINTS if p != "mid-restore"]
-    rng.shuffle(rest)
-    dirty = [i for i, p in enumerate(rest) if p in DIRTY]
-    at = rng.choice(dirty) + 1
-    return rest[:at] + ["mid-restore"] + rest[at:]
-
-
-@pytest.mark.spark
-def test_sparkpoint_run_killed_in_a_worker_mid_restore_and_before_the_sink_commit(tmp_path: Path):
-    rows = spark_chain(tmp_path, ["mid-upload", "mid-restore", "after-metadata-before-sink-commit"], seed=3)
-    assert [r["pid_role"] for r in rows] == ["worker", "worker", "driver"]
-
 
 @pytest.mark.spark
 @pytest.mark.soak
@@ -175,8 +120,10 @@ def test_soak_sparkpoint_run_killed_at_every_point_x_seeds(tmp_path: Path):
     started = time.monotonic()
     rows = []
     for seed in range(1, SOAK_SEEDS + 1):
-        rows += spark_chain(tmp_path / f"seed-{seed}", seeded_chain(seed), seed)
-    report("crash_points_spark", rows, started, ["seed", "step", "point", "hit", "pid_role", "checkpoints"])
+        where = tmp_path / f"seed-{seed}"
+        chain, lose_local = seeded_chain(seed)
+        rows += spark_chain(where, file_job(where), chain, seed, warm_up=True, lose_local_before=lose_local)
+    report("crash_points_spark", rows, started, ["seed", "step", "point", "hit", "process", "checkpoints"])
 
 
 def report(name: str, rows: list[dict[str, object]], started: float, columns: list[str]) -> None:
