@@ -156,6 +156,9 @@ DRIVER_POINTS = ("before-metadata", "after-metadata-before-registry", "mid-subsu
 # Hits of a point per batch of the sample pipeline (2 operators x 2 subtasks), so `n` stays
 # within the first batch a run processes.
 SPARK_HITS = {"after-native-checkpoint": 4, "mid-upload": 4, "after-upload": 4, "mid-task-local-copy": 4}
+# Points hit exactly this often in every batch (the others vary with the files a snapshot has).
+EXACT_PER_BATCH = {"after-native-checkpoint": 4, "after-upload": 4, "before-metadata": 1,
+                   "after-metadata-before-registry": 1, "after-metadata-before-sink-commit": 1}
 
 
 @dataclass(frozen=True)
@@ -174,12 +177,15 @@ def file_job(root: Path) -> Job:
 
 
 def spark_chain(tmp_path: Path, job: Job, chain: list[str], seed: int, *, warm_up: bool,
-                lose_local_before: tuple[str, ...] = (), master: str = "local[2]") -> list[dict[str, object]]:
+                lose_local_before: tuple[str, ...] = (), lose_local_after: bool = False, first_hit_batch: int = 1,
+                master: str = "local[2]") -> list[dict[str, object]]:
     """Kill `sparkpoint run` at each point of `chain` in turn (each run resumes from the previous
     crash), then let a last run finish, and check everything. Each crash comes within the first
     batch or two its run processes; `warm_up` first completes two checkpoints (`mid-restore`
-    needs a checkpoint to restore). Before the points in `lose_local_before` the task-local
-    directory is deleted (a lost disk: restores come from checkpoint storage)."""
+    needs a checkpoint to restore). Before the points in `lose_local_before` (and with
+    `lose_local_after`, before the last run) the task-local directory is deleted (a lost disk:
+    restores come from checkpoint storage). `first_hit_batch` moves the first crash to that batch
+    of a fresh job (for points hit equally often in every batch)."""
     rng = random.Random(seed)
     batches = 3 + 2 * len(chain) + 2 * warm_up
     generate(str(job.input_dir), batches=batches, events_per_batch=300, users=60, items=20, seed=seed)
@@ -193,6 +199,8 @@ def spark_chain(tmp_path: Path, job: Job, chain: list[str], seed: int, *, warm_u
         if point in lose_local_before:
             shutil.rmtree(job.local_dir, ignore_errors=True)
         hit = rng.randint(1, SPARK_HITS.get(point, 1))
+        if i == 0 and first_hit_batch > 1:
+            hit += EXACT_PER_BATCH[point] * (first_hit_batch - 1)
         crashed = run(cmd, crash_at=f"{point}:{hit}", crash_dir=tmp_path / f"crash-{i}", timeout=400)
         assert_died_at(crashed, point)
         if store.checkpoint_ids():
@@ -200,6 +208,8 @@ def spark_chain(tmp_path: Path, job: Job, chain: list[str], seed: int, *, warm_u
         rows.append({"seed": seed, "step": i, "point": point, "hit": hit,
                      "process": "driver" if point in DRIVER_POINTS else "worker",
                      "checkpoints": len(crashed.completed()), "lost_local": point in lose_local_before})
+    if lose_local_after:
+        shutil.rmtree(job.local_dir, ignore_errors=True)
     assert_finished(run(cmd, timeout=400))
     assert_pipeline_result(str(job.input_dir), job.ckpt_url, job.output_url, tmp_path, job.options)
     assert assert_storage_settled(job.ckpt_url, "job", job.options) == 2

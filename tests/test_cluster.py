@@ -104,7 +104,7 @@ def wait_and_kill(cluster, proc, reports, kill_after: int) -> int:  # type: igno
 
 
 def test_worker_killed_mid_batch_on_a_standalone_cluster(tmp_path: Path):
-    figures = cluster_run(tmp_path, batches=6, kill_after=3)
+    figures = cluster_run(tmp_path, batches=5, kill_after=2)
     print(json.dumps(figures))
     restored = figures["before_kill"] | figures["after_kill"]  # type: ignore[operator]
     assert set(restored) <= {"empty", "working", "local", "primary"}

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint.cli import main
 from sparkpoint.core import CompletedCheckpointStore
 from sparkpoint.core.crash import CRASH_POINTS, crash_point, parse
 from tests import crash_driver
 from tests.crashkit import (
-    DIRTY,
     assert_died_at,
     assert_finished,
     assert_storage_settled,
@@ -70,8 +70,9 @@ def core_scenario(tmp_path: Path, point: str, seed: int) -> dict[str, object]:
     cmd = [sys.executable, "-m", "tests.crash_driver", str(root), "--seed", str(seed), "--batches", str(CORE_BATCHES)]
     runs = 0
     if point == "mid-restore":  # first leave a subtask ahead of its checkpoint, maybe lose the local disk too
-        prelude = rng.choice(DIRTY)
-        at = f"{prelude}:{core_hit(prelude, rng) + 2}"
+        per_checkpoint = {"after-native-checkpoint": 2, "after-upload": 2, "before-metadata": 1}  # exactly
+        prelude = rng.choice(sorted(per_checkpoint))
+        at = f"{prelude}:{per_checkpoint[prelude] * rng.randint(1, CORE_BATCHES - 1) + 1}"  # chk-1 completed
         assert_died_at(run(cmd, crash_at=at, crash_dir=tmp_path / f"crash-{point}-{seed}-0", timeout=120), prelude)
         runs += 1
         if rng.random() < 0.5:
@@ -79,10 +80,12 @@ def core_scenario(tmp_path: Path, point: str, seed: int) -> dict[str, object]:
     hit = core_hit(point, rng)
     crashed = run(cmd, crash_at=f"{point}:{hit}", crash_dir=tmp_path / f"crash-{point}-{seed}", timeout=120)
     assert_died_at(crashed, point)
+    storage = crash_driver.storage_of(str(root))
+    if storage.completed_checkpoint_ids():  # what the crash left: every retained checkpoint verifies
+        assert main(["verify", "--checkpoints", storage.url, "--job-id", "job"]) == 0, f"all verify after {point}"
     resumed = run(cmd, timeout=120)
     assert_finished(resumed)
     runs += 2
-    storage = crash_driver.storage_of(str(root))
     store = CompletedCheckpointStore(storage)
     latest = store.load(store.checkpoint_ids()[0])
     assert latest.source_offsets == {"next_batch": CORE_BATCHES}
