@@ -108,6 +108,7 @@ def check_flat(rows: list[dict[str, int]], window: int) -> dict[str, float]:
         "files_max": max(r["files"] for r in rows), "bytes_max": max(r["bytes"] for r in rows),
         "files_first_max": max(r["files"] for r in first), "files_last_max": max(r["files"] for r in last),
     }
+    figures = {k: round(v, 1) for k, v in figures.items()}
     assert figures["heap_last_kib"] - figures["heap_first_kib"] < 256, f"driver heap grows: {figures}"
     assert figures["rss_last_mib"] - figures["rss_first_mib"] < 64, f"driver RSS grows: {figures}"
     assert figures["files_last_max"] <= 2 * figures["files_first_max"], f"files on storage grow: {figures}"
