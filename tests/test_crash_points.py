@@ -133,12 +133,13 @@ def report(name: str, rows: list[dict[str, object]], started: float, columns: li
     """Print the table and write build/soak/<name>.json."""
     seconds = round(time.monotonic() - started, 1)
     points = sorted({str(r["point"]) for r in rows})
-    summary = {"name": name, "crashes": len(rows), "points": len(points), "seeds": SOAK_SEEDS, "failures": 0,
+    seeds = len({r["seed"] for r in rows})
+    summary = {"name": name, "crashes": len(rows), "points": len(points), "seeds": seeds, "failures": 0,
                "seconds": seconds, "runs": rows}
     out = Path("build/soak")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(summary, indent=1))
-    print(f"\n{name}: {len(rows)} crashes at {len(points)} points x {SOAK_SEEDS} seeds, 0 failures, {seconds}s")
+    print(f"\n{name}: {len(rows)} crashes at {len(points)} points x {seeds} seeds, 0 failures, {seconds}s")
     print("  ".join(f"{c:>16}" for c in columns))
     for r in rows:
         print("  ".join(f"{str(r[c]):>16}" for c in columns))
