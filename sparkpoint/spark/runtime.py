@@ -94,7 +94,7 @@ class BatchReport:
     files_reused: int
     files_deleted: int
     seconds: float
-    restored: tuple[str, ...]  # how the subtasks got their state: working | local | primary | ...
+    restored: tuple[str, ...]  # per (operator, subtask), how it got its state: working | local | primary | ...
 
     def line(self) -> str:
         return (
@@ -109,6 +109,7 @@ class BatchReport:
             "state_size": self.state_size, "checkpointed_size": self.checkpointed_size,
             "files_new": self.files_new, "files_reused": self.files_reused, "files_deleted": self.files_deleted,
             "seconds": round(self.seconds, 3), "restored": sorted(set(self.restored)),
+            "restored_by_subtask": list(self.restored),  # in (operator, subtask) order
         }
 
 

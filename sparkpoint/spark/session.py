@@ -22,6 +22,8 @@ from typing import IO
 
 from pyspark.sql import SparkSession
 
+from sparkpoint.spark.faults import arm_crash_points
+
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 # What the JVM prints before log4j is configured, or outside it.
 _CHATTER = re.compile(
@@ -56,6 +58,8 @@ def spark_session(
     }
     if local:  # nothing outside this machine needs to reach the driver
         settings.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
+    # Tests only: named crash points reach the executors (set before the JVM starts: it inherits them).
+    settings.update({f"spark.executorEnv.{k}": v for k, v in arm_crash_points().items()})
     if not verbose:
         _quiet_python_loggers()
         _launch_quiet_gateway(master, app_name, settings)
