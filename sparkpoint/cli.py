@@ -1,4 +1,4 @@
-"""The `sparkpoint` command: generate, run, state, verify, gc, list.
+"""The `sparkpoint` command: generate, run, state, verify, gc, list, inspect, registry, restore, savepoint.
 
 Exit status: 0 fine, 1 `verify` found bad files, 2 bad input (the message says what to fix),
 3 the work failed while running (e.g. a Spark task raised; the message names the cause).
@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from sparkpoint.core.errors import CheckpointCorrupted, SparkpointError
+from sparkpoint.core.catalog import existing_store
+from sparkpoint.core.errors import SparkpointError
 from sparkpoint.core.metadata import CheckpointMetadata
+from sparkpoint.core.progress import ProgressFn
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore
 
@@ -44,10 +48,7 @@ def _storage(args: argparse.Namespace) -> CheckpointStorage:
 
 
 def _existing_store(args: argparse.Namespace) -> CompletedCheckpointStore:
-    storage = _storage(args)
-    if not storage.job_dir_exists():
-        raise UsageError(f"no job directory {storage.job_url}: check --checkpoints and --job-id")
-    return CompletedCheckpointStore(storage)
+    return existing_store(_storage(args))
 
 
 def _checkpoints(store: CompletedCheckpointStore, wanted: int | None) -> list[CheckpointMetadata]:
@@ -65,6 +66,73 @@ def _checkpoints(store: CompletedCheckpointStore, wanted: int | None) -> list[Ch
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=1, default=str))
+
+
+def _printed_json(args: argparse.Namespace, data: Any) -> bool:
+    """With --json, print `data` as JSON (and the caller prints nothing else)."""
+    if args.json:
+        _print_json(data)
+    return bool(args.json)
+
+
+# --- terminal output: rich tables, and progress bars on a terminal only ------------------------
+
+
+def _console(*, stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # In a pipe rich would assume 80 columns and squeeze the tables; a file gets whole lines.
+    return Console(file=stream, width=None if stream.isatty() else 200, highlight=False)
+
+
+def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: int = 0) -> None:
+    """Print a table; the last `right` columns (numbers) are right-aligned."""
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="right" if i >= len(columns) - right else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console = _console()
+    if title:  # above the table, not as its title: a title wider than the table would wrap
+        console.print(title, markup=False)
+    console.print(table)
+
+
+def _range(key_groups: dict[str, int]) -> str:
+    return f"{key_groups['start']}..{key_groups['end']}"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+@contextmanager
+def _progress(args: argparse.Namespace, what: str) -> Iterator[ProgressFn | None]:
+    """A rich progress bar of bytes on standard error when it is a terminal and `--json` is off; else
+    None. The function it yields takes (bytes done, bytes in total), total 0 when it is not known."""
+    if getattr(args, "json", False) or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=_console(stderr=True)) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(done: int, total: int) -> None:  # total 0: not known in advance
+            bar.update(task, completed=done, total=total or None)
+
+        yield update
 
 
 # --- commands ------------------------------------------------------------------------------------
@@ -105,13 +173,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.num_retained < 1:
         raise UsageError("--retain must be at least 1")
     pipeline = StatefulPipeline(None, config)  # validates input and storage before Spark starts
-    pipeline.spark = spark_session(args.master)
+    pipeline.spark = spark_session(args.master, verbose=args.verbose)
+
+    uploaded = 0
 
     def show(report: Any) -> None:
+        nonlocal uploaded
         print(json.dumps(report.to_json()) if args.json else report.line(), flush=True)
+        uploaded += report.checkpointed_size
+        if progress is not None:  # the bytes the subtasks uploaded, checkpoint by checkpoint
+            progress(uploaded, 0)
 
     try:
-        reports = pipeline.run(on_checkpoint=show)
+        with _progress(args, "checkpoints uploaded") as progress:
+            reports = pipeline.run(on_checkpoint=show)
     finally:
         pipeline.spark.stop()
     if not reports and not args.json:
@@ -120,23 +195,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_state(args: argparse.Namespace) -> int:
-    import pandas as pd
+    from sparkpoint.api import state_table
 
-    from sparkpoint.core.inspect import operator_states, restore_hint
-    from sparkpoint.spark.operators import operator_by_name
-
-    try:
-        op = operator_by_name(args.operator)
-    except KeyError as e:
-        raise UsageError(str(e.args[0])) from e
-    store = _existing_store(args)
-    meta = _checkpoints(store, args.checkpoint)[0]
-    try:
-        with operator_states(store.storage, meta, op.name) as backends:
-            frames = [op.export(b) for b in backends]
-    except CheckpointCorrupted as e:
-        raise CheckpointCorrupted(f"{e}. {restore_hint(store.storage, meta.checkpoint_id)}") from e
-    table = pd.concat(frames, ignore_index=True).sort_values(op.key, kind="stable").reset_index(drop=True)
+    with _progress(args, f"reading {args.operator}") as progress:
+        meta, table = state_table(_storage(args), args.operator, args.checkpoint, progress=progress)
     if args.format == "parquet":
         if not args.out:
             raise UsageError("--format parquet needs --out FILE")
@@ -147,7 +209,7 @@ def cmd_state(args: argparse.Namespace) -> int:
     else:
         _write_text(args.out, table.to_csv(index=False))
     if args.out:
-        print(f"chk-{meta.checkpoint_id}: {len(table)} rows of {op.name} written to {args.out}", file=sys.stderr)
+        print(f"chk-{meta.checkpoint_id}: {len(table)} rows of {args.operator} written to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -217,22 +279,101 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from sparkpoint.core.catalog import checkpoint_rows
+
+    rows, unreadable = checkpoint_rows(_storage(args))
+    if _printed_json(args, {"checkpoints": rows, "unreadable": unreadable}):
+        return 0
+    _table(
+        f"{len(rows)} retained checkpoint(s) of {args.job_id}",
+        ["id", "kind", "created", "restored from", "state size", "checkpointed size", "files"],
+        [[f"chk-{r['checkpoint_id']}", r["kind"], r["created_at"],
+          f"{r['restored_from']} ({r['claim_mode']})" if r["restored_from"] else "",
+          _size(r["state_size"]), _size(r["checkpointed_size"]), r["files"]] for r in rows],
+        right=3,
+    )
+    for cid, why in unreadable.items():
+        print(f"chk-{cid} UNREADABLE: {why}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from sparkpoint.core.catalog import describe_checkpoint, load_checkpoint_at
+
+    info = describe_checkpoint(load_checkpoint_at(args.path, _storage_options(args.storage_options)))
+    if _printed_json(args, info):
+        return 0
+    lineage = f", restored from {info['restored_from']} ({info['claim_mode']})" if info["restored_from"] else ""
+    print(f"{info['path']}\n  chk-{info['checkpoint_id']} {info['kind']} of job {info['job_id']}, created "
+          f"{info['created_at']}{lineage}\n  state {_size(info['state_size'])}, checkpointed "
+          f"{_size(info['checkpointed_size'])}, {info['files']} files ({info['files_new']} new, "
+          f"{info['files_reused']} reused)")
+    for name, op in info["operators"].items():
+        _table(
+            f"operator {name}: parallelism {op['parallelism']}, max parallelism {op['max_parallelism']}",
+            ["subtask", "key groups", "files", "size"],
+            [[s["subtask"], _range(s["key_group_range"]), len(s["shared"]) + len(s["private"]),
+              _size(s["state_size"])] for s in op["subtasks"]],
+            right=2,
+        )
+        _table(
+            None, ["subtask", "file", "path", "shared", "created by", "size"],
+            [[s["subtask"], f["local_name"], f["path"], "yes" if group == "shared" else "no",
+              f"chk-{f['created_by']}", _size(f["size"])]
+             for s in op["subtasks"] for group in ("shared", "private") for f in s[group]],
+            right=1,
+        )
+    return 0
+
+
+def cmd_registry(args: argparse.Namespace) -> int:
+    from sparkpoint.core.catalog import registry_rows
+
+    rows, totals = registry_rows(_storage(args))
+    if _printed_json(args, {"files": rows, "totals": totals}):
+        return 0
+    _table(
+        f"shared-state registry of {args.job_id}, rebuilt from checkpoints {totals['checkpoints']}",
+        ["path", "kind", "owned", "created by", "last used", "references", "size"],
+        [[r["path"], r["kind"], "yes" if r["owned"] else "no (NO_CLAIM)", f"chk-{r['created_by']}",
+          f"chk-{r['last_used']}", r["count"], _size(r["size"])] for r in rows],
+        right=2,
+    )
+    print(f"{totals['files']} files ({totals['shared_files']} shared), {_size(totals['bytes'])}, "
+          f"{totals['references']} references; owned: {totals['owned_files']} files, {_size(totals['owned_bytes'])}")
+    for reason in totals["deletion_blocked"]:
+        print(f"deletion blocked: {reason}")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from sparkpoint.core.extract import restore_subtask
+
     store = _existing_store(args)
-    listing = store.load_all()
-    rows = [
-        {"checkpoint_id": m.checkpoint_id, "kind": m.kind, "created_at": m.created_at,
-         "state_size": m.stats.state_size, "checkpointed_size": m.stats.checkpointed_size,
-         "files": len(m.paths()), "operators": {n: o.parallelism for n, o in sorted(m.operators.items())}}
-        for m in listing.checkpoints
-    ]
-    if args.json:
-        _print_json({"checkpoints": rows, "unreadable": listing.unreadable})
-    else:
-        for r in rows:
-            print(f"chk-{r['checkpoint_id']} {r['kind']} {r['created_at']} state={r['state_size']}B "
-                  f"uploaded={r['checkpointed_size']}B files={r['files']} operators={r['operators']}")
-        for cid, why in sorted(listing.unreadable.items()):
-            print(f"chk-{cid} UNREADABLE: {why}")
+    meta = _checkpoints(store, args.checkpoint)[0]
+    with _progress(args, f"restoring {args.operator}/{args.subtask}") as progress:
+        info = restore_subtask(store.storage, meta, args.operator, args.subtask, args.to, progress=progress)
+    if _printed_json(args, info):
+        return 0
+    states = ", ".join(f"{name}: {n} entries" for name, n in info["states"].items()) or "no state"
+    print(f"chk-{info['checkpoint_id']} {info['operator']} subtask {info['subtask']} (key groups "
+          f"{_range(info['key_group_range'])}): {info['files']} files verified, "
+          f"{_size(info['downloaded_bytes'])} -> {info['directory']}\n  {states}\n"
+          f"  open it with: Rdict({info['directory']!r}, access_type=AccessType.read_only())")
+    return 0
+
+
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    from sparkpoint.core.savepoint import take_savepoint
+
+    storage = _existing_store(args).storage
+    with _progress(args, "savepoint") as progress:
+        result = take_savepoint(storage, checkpoint_id=args.from_checkpoint, target=args.to, progress=progress)
+    if _printed_json(args, result.to_json()):
+        return 0
+    print(f"savepoint {result.url} of chk-{result.source_checkpoint}: {result.files} files, {_size(result.bytes)}, "
+          f"verified\n  start a job from it: sparkpoint run --from-checkpoint {result.url} "
+          "--restore-mode CLAIM|NO_CLAIM ...")
     return 0
 
 
@@ -269,7 +410,8 @@ def _job_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkpoint", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show what happens, Spark's and py4j's own logs included")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="write the sample event stream")
@@ -332,18 +474,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_gc)
 
-    p = sub.add_parser("list", help="the job's completed checkpoints, newest first")
+    p = sub.add_parser("list", help="the job's retained checkpoints, newest first")
     _job_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_list)
+
+    p = sub.add_parser("inspect", help="one _metadata: operators, subtasks, key groups, files")
+    p.add_argument("path", metavar="PATH", help="<checkpoints-dir>/<job-id>/chk-<N>, or its _metadata (fsspec URL)")
+    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser("registry", help="the shared-state registry rebuilt from the retained checkpoints")
+    _job_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_registry)
+
+    p = sub.add_parser("restore", help="one subtask's state as a verified RocksDB directory, for debugging")
+    _job_args(p)
+    p.add_argument("--operator", required=True, metavar="OP")
+    p.add_argument("--subtask", required=True, type=int, metavar="I")
+    p.add_argument("--to", required=True, metavar="DIR", help="a new local directory")
+    p.add_argument("--checkpoint", type=_positive, metavar="N", help="default: the latest")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_restore)
+
+    p = sub.add_parser("savepoint", help="a self-contained copy of a checkpoint, never deleted by retention")
+    _job_args(p)
+    p.add_argument("--from-checkpoint", type=_positive, metavar="N", help="default: the latest")
+    p.add_argument("--to", metavar="URL",
+                   help="a new directory for it (default: the job's own directory, as the next checkpoint id)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_savepoint)
+
+    for command in sub.choices.values():  # `sparkpoint run --verbose` as well as `sparkpoint --verbose run`
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="show what happens, Spark's and py4j's own logs included")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    if args.verbose:
+        os.environ["SPARKPOINT_VERBOSE"] = "1"  # also for the processes it starts
     try:
         return int(args.fn(args))
+    except BrokenPipeError:  # `sparkpoint list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (UsageError, SparkpointError, ValueError, FileNotFoundError) as e:
         print(f"sparkpoint {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

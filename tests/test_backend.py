@@ -63,6 +63,21 @@ def test_key_outside_the_subtask_range_is_refused(local_storage: CheckpointStora
             b.value_state("s", COUNTS).put(foreign, (1,))
 
 
+def test_state_keys_carry_the_key_group_of_key_group_for(local_storage: CheckpointStorage, tmp_path: Path):
+    """The hot path computes key groups inline; it must agree with `key_group_for` (rescaling relies on it)."""
+    rng = random.Random(11)
+    keys = [bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
+    keys += [f"user-{i:07d}" for i in range(2000)] + ["ü", "", "\u4e2d\u6587"]
+    with backend(local_storage, tmp_path / "local", subtask=0, parallelism=1) as b:
+        b.restore(None)
+        state = b.value_state("s", COUNTS)
+        state.put_many((k, (i,)) for i, k in enumerate(keys))
+        stored = [k for k, _ in state._all()]
+    raw = [k.encode() if isinstance(k, str) else k for k in keys]
+    expected = sorted({key_group_for(k, 32).to_bytes(2, "big") + k for k in raw})
+    assert stored == expected
+
+
 def test_incremental_checkpoints_upload_only_what_the_base_lacks_and_restore_exactly(
     any_storage: CheckpointStorage, tmp_path: Path
 ):

@@ -88,3 +88,24 @@ def test_verify_check_fails_on_a_corrupted_file_and_registry_check_passes(spark,
     assert not result.passed
     assert victim.path in json.dumps(result.metadata["problems"].value)
     assert registry_matches_metadata(storage=resource).passed
+
+
+def test_the_savepoint_job_writes_a_self_contained_savepoint_the_pipeline_resumes_from(spark, tmp_path: Path):
+    from sparkpoint.ops import savepoint_job
+    from tests.dagster_setup import resources
+
+    make_input(tmp_path, batches=2)
+    instance = dg.DagsterInstance.ephemeral()
+    materialize(tmp_path, instance)
+    result = savepoint_job.execute_in_process(instance=instance, resources=resources(tmp_path))
+    assert result.success
+    (event,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    got = {k: v.value for k, v in event.event_specific_data.metadata.items()}  # type: ignore[union-attr]
+    sp = CompletedCheckpointStore(storage_of(tmp_path)).load(got["savepoint_id"])
+    assert sp.kind == "savepoint" and got["from_checkpoint"] == 1 and got["savepoint_id"] == 2
+    assert sp.paths() and all(p.startswith("chk-2/") for p in sp.paths()), "nothing referenced in shared/"
+    assert got["path"] == f"file://{tmp_path}/ckpt/{JOB}/chk-2/_metadata"
+    materialize(tmp_path, instance)  # the next batch resumes from the savepoint
+    latest = CompletedCheckpointStore(storage_of(tmp_path)).load(3)
+    assert latest.source_offsets != sp.source_offsets
+    assert 2 in CompletedCheckpointStore(storage_of(tmp_path)).checkpoint_ids(), "retention keeps the savepoint"

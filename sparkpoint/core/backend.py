@@ -41,6 +41,7 @@ from rocksdict import Checkpoint, Rdict
 from sparkpoint.core import changelog
 from sparkpoint.core.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
 from sparkpoint.core.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from sparkpoint.core.crash import crash_point
 from sparkpoint.core.errors import (
     CheckpointCorrupted,
     CheckpointDeclined,
@@ -325,6 +326,7 @@ class RocksDBStateBackend:
         RocksDB files, then the changelog chain replayed in checkpoint order."""
         names = [f.local_name for f in handle.files()]
         materialize(source, self.db_path, [n for n in names if not changelog.is_changelog(n)])
+        crash_point("mid-restore")
         db = self._open_restored(cid)
         try:
             self._replay_chain(db, self.db_path, source, handle, cid)
@@ -491,6 +493,7 @@ class RocksDBStateBackend:
             self._log_base = checkpoint_id
         if not self.local_recovery:
             shutil.rmtree(local, ignore_errors=True)
+        crash_point("after-upload")
         return handle
 
     def _chain_base(self) -> SubtaskStateHandle | None:
@@ -509,6 +512,7 @@ class RocksDBStateBackend:
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
         Checkpoint(self._open_db()).create_checkpoint(str(local))
+        crash_point("after-native-checkpoint")
         base = {} if full or not self.incremental else self._base
         # With the changelog on, later checkpoints re-reference MANIFEST, CURRENT and OPTIONS
         # too: they go to shared/ (never reused by name, their content changes).
@@ -545,6 +549,7 @@ class RocksDBStateBackend:
         local.mkdir(parents=True)
         log_name = changelog.local_name(checkpoint_id)
         self._log.write(local / log_name, names)
+        crash_point("after-native-checkpoint")
         rel = f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}{changelog.SUFFIX}"
         try:
             new = self.storage.upload([(str(local / log_name), rel)], checkpoint_id)
@@ -561,6 +566,7 @@ class RocksDBStateBackend:
         try:
             for f in base.files():
                 os.link(previous / f.local_name, local / f.local_name)
+                crash_point("mid-task-local-copy")
         except OSError:
             return False
         return True

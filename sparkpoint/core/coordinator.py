@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkpoint.core.crash import crash_point
 from sparkpoint.core.errors import CheckpointDeclined, DeletionBlocked, UnknownSharedState
 from sparkpoint.core.metadata import (
     CheckpointMetadata,
@@ -174,7 +175,9 @@ class CheckpointCoordinator:
             self.abort(checkpoint_id, reason="completion failed before the commit")
             raise
         known = set(self._kinds) | self._unreadable
+        crash_point("before-metadata")
         self._commit(meta)
+        crash_point("after-metadata-before-registry")
         subsumed: list[int] = []
         deleted, blocked = 0, None
         try:
@@ -399,6 +402,7 @@ class CheckpointCoordinator:
             if meta_path in paths:  # the commit point goes first
                 self.storage.delete([meta_path])
                 paths.discard(meta_path)
+            crash_point("mid-subsumption-deletes")
             deleted += self.storage.delete(paths)
             self.storage.remove_empty_dirs(checkpoint_dir(cid))
         return deleted

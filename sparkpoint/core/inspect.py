@@ -12,8 +12,9 @@ from pathlib import Path
 from sparkpoint.core.backend import RocksDBStateBackend
 from sparkpoint.core.changelog import ChangelogFormatError, decode
 from sparkpoint.core.errors import OperatorStateMismatch, PathEscapesJobDirectory
-from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
+from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, OperatorState
 from sparkpoint.core.paths import is_changelog_name
+from sparkpoint.core.progress import ProgressCounter, ProgressFn, reporting
 from sparkpoint.core.restore import FileProblem, mismatch
 from sparkpoint.core.storage import CheckpointStorage
 
@@ -78,21 +79,29 @@ def restore_hint(storage: CheckpointStorage, failed: int) -> str:
     return f"checkpoint {good} verifies: restore it with --checkpoint {good}"
 
 
-@contextmanager
-def operator_states(
-    storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None
-) -> Iterator[list[RocksDBStateBackend]]:
-    """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir."""
+def operator_state_of(meta: CheckpointMetadata, operator: str) -> OperatorState:
+    """The state of `operator` in `meta`; an operator it does not hold is named with those it does."""
     if operator not in meta.operators:
         known = ", ".join(sorted(meta.operators)) or "none"
         raise OperatorStateMismatch(f"checkpoint {meta.checkpoint_id} has no operator {operator!r}; it has: {known}")
-    op = meta.operators[operator]
+    return meta.operators[operator]
+
+
+@contextmanager
+def operator_states(
+    storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None,
+    progress: ProgressFn | None = None,
+) -> Iterator[list[RocksDBStateBackend]]:
+    """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir;
+    `progress` hears of the bytes downloaded."""
+    op = operator_state_of(meta, operator)
+    source = reporting(storage, ProgressCounter(sum(f.size for h in op.subtasks for f in h.files()), progress))
     scratch = Path(tempfile.mkdtemp(prefix="sparkpoint-export-", dir=work_dir))
     backends = []
     try:
         for handle in op.subtasks:
             b = RocksDBStateBackend(
-                storage, operator, handle.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
+                source, operator, handle.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
                 local_dir=scratch, local_recovery=False,
             )
             b.restore(meta)

@@ -15,13 +15,14 @@ read-modify-write of a whole micro-batch close to RocksDB's own batched throughp
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
 from sparkpoint.core.changelog import ChangeLog
-from sparkpoint.core.keygroups import key_bytes, key_group_for
+from sparkpoint.core.keygroups import key_bytes
 from sparkpoint.core.metadata import KeyGroupRange
 from sparkpoint.core.serde import Codec
 
@@ -62,14 +63,28 @@ class _KeyedState(Generic[V]):
         self._kg_range = kg_range
 
     def _prefixed(self, key: bytes | str) -> bytes:
-        raw = key_bytes(key)
-        kg = key_group_for(raw, self._max_parallelism)
-        if kg not in self._kg_range:
-            raise KeyError(
-                f"key {raw!r} belongs to key group {kg}, outside this subtask's range "
-                f"[{self._kg_range.start}, {self._kg_range.end}]: rows were routed to the wrong subtask"
-            )
-        return key_group_prefix(kg) + raw
+        return self._prefixed_many((key,))[0]
+
+    def _prefixed_many(self, keys: Iterable[bytes | str]) -> list[bytes]:
+        """Each key behind the two-byte prefix of its key group: `key_group_for` inlined, as this is the
+        hot loop of every batch (tests/test_backend.py checks the two agree)."""
+        max_p, start, end = self._max_parallelism, self._kg_range.start, self._kg_range.end
+        out = []
+        for key in keys:
+            raw = key.encode("utf-8") if type(key) is str else key_bytes(key)
+            h = zlib.crc32(raw)
+            h ^= h >> 16
+            h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+            h ^= h >> 13
+            h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+            kg = (h ^ (h >> 16)) % max_p
+            if not start <= kg <= end:
+                raise KeyError(
+                    f"key {raw!r} belongs to key group {kg}, outside this subtask's range "
+                    f"[{start}, {end}]: rows were routed to the wrong subtask"
+                )
+            out.append(kg.to_bytes(2, "big") + raw)
+        return out
 
     def _scan(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
         opts = ReadOptions()
@@ -144,20 +159,21 @@ class ValueState(_KeyedState[V]):
     def get_many(self, keys: Sequence[bytes | str]) -> list[V | None]:
         if not keys:
             return []
-        found = self._multi_get([self._prefixed(k) for k in keys])
+        found = self._multi_get(self._prefixed_many(keys))
         decode = self.codec.decode
         return [None if d is None else decode(d) for d in found]
 
     def put_many(self, items: Iterable[tuple[bytes | str, V]]) -> int:
+        pairs = list(items)
         encode = self.codec.encode
-        return self._write((self._prefixed(k), encode(v)) for k, v in items)
+        return self._write(zip(self._prefixed_many(k for k, _ in pairs), [encode(v) for _, v in pairs]))
 
     def update_many(self, keys: Sequence[bytes | str], fn: Callable[[bytes | str, V | None], V | None]) -> int:
         """Read-modify-write of many keys: one multi-get, one WriteBatch.
 
         `fn(key, old)` returns the new value, or None to delete the key.
         """
-        prefixed = [self._prefixed(k) for k in keys]
+        prefixed = self._prefixed_many(keys)
         old = self._multi_get(prefixed)
         decode, encode = self.codec.decode, self.codec.encode
         puts: list[tuple[bytes, bytes]] = []
@@ -187,6 +203,17 @@ class MapState(_KeyedState[V]):
     def _entry_key(self, key: bytes | str, user_key: bytes | str) -> bytes:
         return self._map_prefix(key) + key_bytes(user_key)
 
+    def _entry_keys(self, pairs: Iterable[tuple[bytes | str, bytes | str]]) -> list[bytes]:
+        """`_entry_key` of many pairs, each distinct key's prefix computed once (keys repeat a lot)."""
+        prefixes: dict[bytes | str, bytes] = {}
+        out = []
+        for key, user_key in pairs:
+            prefix = prefixes.get(key)
+            if prefix is None:
+                prefix = prefixes[key] = self._map_prefix(key)
+            out.append(prefix + (user_key.encode("utf-8") if type(user_key) is str else key_bytes(user_key)))
+        return out
+
     def get(self, key: bytes | str, user_key: bytes | str) -> V | None:
         data = self._cf.get(self._entry_key(key, user_key))
         return None if data is None else self.codec.decode(data)
@@ -203,13 +230,14 @@ class MapState(_KeyedState[V]):
     def get_many(self, pairs: Sequence[tuple[bytes | str, bytes | str]]) -> list[V | None]:
         if not pairs:
             return []
-        found = self._multi_get([self._entry_key(k, u) for k, u in pairs])
+        found = self._multi_get(self._entry_keys(pairs))
         decode = self.codec.decode
         return [None if d is None else decode(d) for d in found]
 
     def put_many(self, entries: Iterable[tuple[bytes | str, bytes | str, V]]) -> int:
         encode = self.codec.encode
-        return self._write((self._entry_key(k, u), encode(v)) for k, u, v in entries)
+        triples = list(entries)
+        return self._write(zip(self._entry_keys((k, u) for k, u, _ in triples), [encode(v) for _, _, v in triples]))
 
     def entries(self, key: bytes | str) -> Iterator[tuple[bytes, V]]:
         """(user key, value) pairs of one key, in user-key order."""

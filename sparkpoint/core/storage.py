@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from sparkpoint.core.crash import crash_point
 from sparkpoint.core.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
 from sparkpoint.core.metadata import FileHandle
 from sparkpoint.core.paths import checkpoint_id_of_dir, is_plain_name, validate_relative
@@ -328,6 +329,7 @@ class CheckpointStorage:
             else:
                 size, crc = size_and_crc32(local)
                 self._retrying(f"uploading {rel}", self.fs.put_file, local, target)  # a fresh name: idempotent
+            crash_point("mid-upload")  # this file is stored, the others of the batch maybe not
             return FileHandle(local_name=os.path.basename(local), path=rel, size=size, crc32=crc,
                               created_by=checkpoint_id)
 

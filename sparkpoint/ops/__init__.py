@@ -12,6 +12,7 @@ from typing import Any
 import dagster as dg
 
 from sparkpoint.assets import CHECKPOINT_GROUP, CHECKPOINT_KEY, POOL, SSTABLE_GROUP, plain_metadata
+from sparkpoint.core.savepoint import take_savepoint
 from sparkpoint.resources import (
     CheckpointRegistryResource,
     CheckpointStorageResource,
@@ -88,10 +89,12 @@ def rebuild_registry_op(context: dg.OpExecutionContext, storage: CheckpointStora
 
 @dg.op(pool=POOL)
 def savepoint_op(context: dg.OpExecutionContext, storage: CheckpointStorageResource) -> dg.Output[None]:
-    """A full copy of the latest checkpoint's state that retention never deletes."""
-    meta = maintenance.take_savepoint(storage.open(), work_dir=None)
-    return dg.Output(None, metadata={"savepoint_id": meta.checkpoint_id, "state_size": meta.stats.state_size,
-                                     "path": f"{storage.open().job_url}/{meta.metadata_path}"})
+    """A self-contained, verified copy of the latest checkpoint that retention never deletes."""
+    result = take_savepoint(storage.open())
+    return dg.Output(None, metadata={"savepoint_id": result.metadata.checkpoint_id,
+                                     "state_size": result.metadata.stats.state_size,
+                                     "from_checkpoint": result.source_checkpoint, "files": result.files,
+                                     "path": f"{result.url}/_metadata"})
 
 
 @dg.job(name="recover", tags={"sparkpoint/job": "recover"})

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.core.coordinator import CheckpointCoordinator
+from sparkpoint.core.crash import crash_point
 from sparkpoint.core.errors import CheckpointCorrupted, CheckpointDeclined, DeletionBlocked, SparkpointError
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
 from sparkpoint.core.paths import validate_name
@@ -260,6 +261,7 @@ def complete_attempt(
         except Exception as cleanup:  # best effort: the orphan sweep gets what is left
             log.warning("checkpoint %s: could not delete every upload of the attempt: %s", cid, cleanup)
         raise
+    crash_point("after-metadata-before-sink-commit")
     if pipeline.sink:
         pipeline.sink.commit(cid, list(attempt.staged))
     _forget(pipeline.storage, attempt)

@@ -10,11 +10,22 @@ cleanup), so what follows is the real recovery path.
   persisted, before the checkpoint is completed.
 - `before-commit`: in the completing half, after every handle was acknowledged, right before
   `_metadata` is written.
+
+Crash points (`CRASH_POINTS`, `crash_point`) stop the whole process instead, SIGKILL, at named
+points of the protocol in the driver or in Spark's Python workers, when the environment asks for
+it (`SPARKPOINT_CRASH_AT=<point>[:<n>]`, see `sparkpoint.core.crash`). `spark_session` arms them:
+it records the driver's process group and passes the variables to executors.
 """
 
 from __future__ import annotations
 
+from sparkpoint.core.crash import CRASH_POINTS, crash_point
+from sparkpoint.core.crash import arm as arm_crash_points
 from sparkpoint.core.errors import SparkpointError
+
+__all__ = [
+    "CRASH_POINTS", "INJECTION_POINTS", "InjectedFailure", "arm_crash_points", "check_point", "crash_point", "fail_at",
+]
 
 INJECTION_POINTS = ("before-upload", "after-upload", "before-commit")
 

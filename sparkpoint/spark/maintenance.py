@@ -8,14 +8,11 @@ calls.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.errors import CheckpointCorrupted, CheckpointNotFound
+from sparkpoint.core.errors import CheckpointCorrupted
 from sparkpoint.core.inspect import verify_checkpoint
 from sparkpoint.core.metadata import CheckpointMetadata
 from sparkpoint.core.restore import FileProblem
@@ -206,32 +203,3 @@ def prune(
         abort_attempt(storage, attempt, None)
     sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=pending_paths(storage))
     return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale))
-
-
-def take_savepoint(storage: CheckpointStorage, *, work_dir: str | None = None) -> CheckpointMetadata:
-    """A full, self-contained copy of the latest checkpoint's state, kind `savepoint`: never
-    subsumed by retention. The next checkpoint resumes from it (same offsets)."""
-    store = CompletedCheckpointStore(storage)
-    latest = store.latest()
-    if latest is None:
-        raise CheckpointNotFound(f"{storage.job_url} has no completed checkpoint to take a savepoint of")
-    scratch = tempfile.mkdtemp(prefix="sparkpoint-savepoint-", dir=work_dir)
-    backends = [
-        RocksDBStateBackend(
-            storage, name, h.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
-            local_dir=scratch, local_recovery=False,
-        )
-        for name, op in sorted(latest.operators.items())
-        for h in op.subtasks
-    ]
-    try:
-        for b in backends:
-            b.restore(latest)
-        coordinator = CheckpointCoordinator(storage, num_retained=max(1, len(store.checkpoint_ids())))
-        done = take_checkpoint(coordinator, backends, source_offsets=latest.source_offsets, kind="savepoint",
-                               full=True)
-    finally:
-        for b in backends:
-            b.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    return done.metadata

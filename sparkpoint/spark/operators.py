@@ -62,7 +62,8 @@ def from_micros(values: list[int] | np.ndarray) -> pd.Series:
 
 # --- user_totals: per user count, sum, min, max of amount and the latest ts ----------------------
 
-TOTALS = StructCodec[tuple[int, float, float, float, int]]("<qdddq")
+Totals = tuple[int, float, float, float, int]  # count, amount sum, min, max, latest ts (µs)
+TOTALS = StructCodec[Totals]("<qdddq")
 TOTALS_COLUMNS = ["user_id", "count", "amount_sum", "amount_min", "amount_max", "last_ts"]
 
 
@@ -73,21 +74,25 @@ def _user_totals_process(batch: pd.DataFrame, state: RocksDBStateBackend) -> pd.
         amount_max=("amount", "max"), last_ts=("ts", "max"),
     )
     keys = agg.index.tolist()
-    totals = state.value_state("totals", TOTALS)
-    merged = []
-    for old, c, s, lo, hi, ts in zip(
-        totals.get_many(keys), agg["count"].tolist(), agg["amount_sum"].tolist(), agg["amount_min"].tolist(),
-        agg["amount_max"].tolist(), agg["last_ts"].tolist(),
-    ):
-        if old is None:
-            merged.append((int(c), s, lo, hi, int(ts)))
-        else:
-            merged.append((old[0] + int(c), old[1] + s, min(old[2], lo), max(old[3], hi), max(old[4], int(ts))))
-    totals.put_many(zip(keys, merged))
+    rows = zip(
+        agg["count"].tolist(), agg["amount_sum"].tolist(), agg["amount_min"].tolist(), agg["amount_max"].tolist(),
+        agg["last_ts"].tolist(),
+    )
+    merged: list[Totals] = []
+
+    def merge(_key: bytes | str, old: Totals | None) -> Totals:
+        c, s, lo, hi, ts = next(rows)  # update_many calls merge once per key, in order
+        new = (c, s, lo, hi, ts)
+        if old is not None:
+            new = (old[0] + c, old[1] + s, min(old[2], lo), max(old[3], hi), max(old[4], ts))
+        merged.append(new)
+        return new
+
+    state.value_state("totals", TOTALS).update_many(keys, merge)
     return _totals_frame(keys, merged)
 
 
-def _totals_frame(keys: list[str], rows: list[tuple[int, float, float, float, int]]) -> pd.DataFrame:
+def _totals_frame(keys: list[str], rows: list[Totals]) -> pd.DataFrame:
     columns = list(zip(*rows)) if rows else [[], [], [], [], []]
     return pd.DataFrame(
         {

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pyspark.sql import functions as F
+
 from sparkpoint.core.changelog import ChangelogOptions
 from sparkpoint.core.coordinator import CheckpointCoordinator
 from sparkpoint.core.errors import (
@@ -30,11 +32,17 @@ from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator
+from sparkpoint.spark.partitioning import partition_keys
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, ROUTED_SCHEMA, TaskSpec, route_files, run_subtask
 
 log = logging.getLogger(__name__)
+
+
+def spark_job_group(job_id: str, checkpoint_id: int) -> str:
+    """The Spark job group of checkpoint N's Spark job: find it in the Spark UI or `statusTracker()`."""
+    return f"sparkpoint-{job_id}-chk-{checkpoint_id}"
 
 
 class PipelineError(SparkpointError):
@@ -87,7 +95,7 @@ class BatchReport:
     files_reused: int
     files_deleted: int
     seconds: float
-    restored: tuple[str, ...]  # how the subtasks got their state: working | local | primary | ...
+    restored: tuple[str, ...]  # per (operator, subtask), how it got its state: working | local | primary | ...
 
     def line(self) -> str:
         return (
@@ -102,6 +110,7 @@ class BatchReport:
             "state_size": self.state_size, "checkpointed_size": self.checkpointed_size,
             "files_new": self.files_new, "files_reused": self.files_reused, "files_deleted": self.files_deleted,
             "seconds": round(self.seconds, 3), "restored": sorted(set(self.restored)),
+            "restored_by_subtask": list(self.restored),  # in (operator, subtask) order
         }
 
 
@@ -215,8 +224,20 @@ class StatefulPipeline:
         def subtask(group):  # type: ignore[no-untyped-def]
             return run_subtask(spec, group)
 
-        routed = files.mapInPandas(route, ROUTED_SCHEMA)
-        results = routed.groupBy("op", "subtask").applyInPandas(subtask, RESULT_SCHEMA).collect()
+        # One task per (operator, subtask), each in its own partition: see sparkpoint.spark.partitioning.
+        keys = F.array(*[F.lit(k).cast("long") for k in partition_keys(groups)])
+        group_key = F.element_at(keys, F.col("op") * spec.parallelism + F.col("subtask") + 1)
+        routed = files.mapInPandas(route, ROUTED_SCHEMA).withColumn("group_key", group_key)
+        grouped = routed.repartition(groups, "group_key").groupBy("group_key")
+        sc = self.spark.sparkContext
+        previous = {k: sc.getLocalProperty(k) for k in ("spark.jobGroup.id", "spark.job.description")}
+        description = f"sparkpoint {spec.job_id}: checkpoint {spec.checkpoint_id}"
+        sc.setJobGroup(spark_job_group(spec.job_id, spec.checkpoint_id), description)
+        try:
+            results = grouped.applyInPandas(subtask, RESULT_SCHEMA).collect()
+        finally:
+            for key, value in previous.items():
+                sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes it
         rows = [r.asDict() for r in results]
         if len(rows) != groups:
             raise PipelineError(f"expected {groups} subtask results, Spark returned {len(rows)}")

@@ -1,15 +1,45 @@
-"""A Spark session set up for sparkpoint: one shuffle partition per (operator, subtask)."""
+"""A Spark session set up for sparkpoint: one shuffle partition per (operator, subtask).
+
+Quiet by default: the JVM starts with `log4j2-quiet.properties` (errors only) and a local master
+binds to 127.0.0.1, so Spark's start-up chatter (log4j WARN lines, the note that the hostname
+resolves to a loopback address, the JVM's incubator-module warning) never reaches the terminal;
+any other line the JVM writes to standard error is passed through. `verbose=True` (or the
+environment variable SPARKPOINT_VERBOSE=1, which `sparkpoint --verbose` sets) keeps Spark's own
+logging as it is.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import subprocess
 import sys
+import threading
 import warnings
+from pathlib import Path
+from typing import IO
 
 from pyspark.sql import SparkSession
 
+from sparkpoint.spark.faults import arm_crash_points
 
-def spark_session(master: str = "local[*]", *, app_name: str = "sparkpoint", ui: bool = False) -> SparkSession:
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+# What the JVM prints before log4j is configured, or outside it.
+_CHATTER = re.compile(
+    r"^(WARNING: Using incubator modules|Using Spark's default log4j profile|Setting default log level to"
+    r"|To adjust logging level use|\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) )"
+)
+
+
+def verbose_from_env() -> bool:
+    return os.environ.get("SPARKPOINT_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def spark_session(
+    master: str = "local[*]", *, app_name: str = "sparkpoint", ui: bool = False, verbose: bool | None = None
+) -> SparkSession:
+    verbose = verbose_from_env() if verbose is None else verbose
     # pandas 3 works for what sparkpoint asks of PySpark (Arrow batches in and out); PySpark 4.3
     # warns on every UDF all the same.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
@@ -17,18 +47,64 @@ def spark_session(master: str = "local[*]", *, app_name: str = "sparkpoint", ui:
     # Executors run the same Python as the driver (and so find sparkpoint installed).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", str(ui).lower())
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    local = master.startswith("local")
+    settings = {
+        "spark.ui.enabled": str(ui).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Keep one group per task: coalescing would serialize subtasks in one task.
-        .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
-    )
-    if master.startswith("local"):  # nothing outside this machine needs to reach the driver
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    }
+    if local:  # nothing outside this machine needs to reach the driver
+        settings.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})
+    # Tests only: named crash points reach the executors (set before the JVM starts: it inherits them).
+    settings.update({f"spark.executorEnv.{k}": v for k, v in arm_crash_points().items()})
+    if not verbose:
+        _quiet_python_loggers()
+        _launch_quiet_gateway(master, app_name, settings)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if not verbose:
+        spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _quiet_python_loggers() -> None:
+    for name in ("py4j", "pyspark"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _launch_quiet_gateway(master: str, app_name: str, settings: dict[str, str]) -> None:
+    """Start the JVM as PySpark would (once per process, with the same settings), but with the quiet
+    log4j configuration and its standard error filtered line by line; PySpark then uses it."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        if master.startswith("local"):  # the driver binds to loopback anyway; this spares the hostname note
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+        conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+        proc = getattr(gateway, "proc", None)
+        if proc is not None and proc.stderr is not None:
+            threading.Thread(target=_filter_lines, args=(proc.stderr, sys.stderr), daemon=True,
+                             name="spark-stderr").start()
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm
+
+
+def _filter_lines(source: IO[bytes], target: IO[str]) -> None:
+    for raw in iter(source.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if not _CHATTER.match(line):
+            try:
+                target.write(line)
+                target.flush()
+            except (OSError, ValueError):  # the terminal went away: keep draining the pipe
+                pass

@@ -88,7 +88,7 @@ def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
     source = CheckpointStorage(*spec.restore_job) if spec.restore_job else None
     backend = RocksDBStateBackend(
         storage, op.name, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
-        local_dir=spec.local_dir, options=spec.rocksdb, incremental=spec.incremental,
+        local_dir=task_local_dir(spec), options=spec.rocksdb, incremental=spec.incremental,
         local_recovery=spec.local_recovery, changelog=spec.changelog,
     )
     with _exclusive(backend.dir):
@@ -112,6 +112,16 @@ def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
             "restore": restored.source, "seconds": time.monotonic() - started,
         }]
     )
+
+
+LOCAL_DIR_ENV = "SPARKPOINT_LOCAL_DIR"
+
+
+def task_local_dir(spec: TaskSpec) -> str:
+    """Where this machine keeps working databases and task-local copies: on a cluster each worker
+    names its own disk in its environment (`SPARKPOINT_LOCAL_DIR`, inherited by its executors and
+    their Python workers); otherwise the job's `local_dir`."""
+    return os.environ.get(LOCAL_DIR_ENV) or spec.local_dir
 
 
 def _subtasks_of(keys: pd.Series, max_parallelism: int, parallelism: int) -> pd.Series:

@@ -1,0 +1,130 @@
+"""A Spark standalone cluster on 127.0.0.1, started from the pyspark distribution: one master and
+workers that each look like a separate machine (own work dir, own Spark local dir, own sparkpoint
+task-local dir through SPARKPOINT_LOCAL_DIR), each in a process group of its own."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyspark
+
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+MACHINE = "SPARKPOINT_TEST_MACHINE"  # every process of a "machine" carries it: killing one kills all
+
+
+@dataclass
+class Cluster:
+    root: Path
+    master_url: str
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def local_dir(self, worker: str) -> Path:
+        return self.root / worker / "sparkpoint-local"
+
+    def env(self) -> dict[str, str]:
+        """For the driver: Spark's conf dir (executor memory, retries), loopback only."""
+        return {"SPARK_CONF_DIR": str(self.root / "conf"), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_HOME": SPARK_HOME}
+
+    def busy(self, worker: str) -> bool:
+        """A subtask runs on `worker` right now (it holds the lock of its task-local directory)."""
+        for lock in self.local_dir(worker).glob("*/*/*/.lock"):
+            with open(lock) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+    def kill_machine(self, name: str) -> int:
+        """SIGKILL every process of `name`: the daemon's group and whatever it started (the executor
+        JVM, Spark's Python daemon and workers, which run in groups of their own)."""
+        with suppress(ProcessLookupError):
+            os.killpg(self.procs[name].pid, signal.SIGKILL)
+        victims = machine_pids(name)
+        for pid in victims:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.procs[name].wait(timeout=30)
+        return len(victims) + 1
+
+
+def machine_pids(name: str) -> list[int]:
+    tag = f"{MACHINE}={name}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):
+                if tag in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(path: Path, pattern: str, count: int, timeout: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if len(re.findall(pattern, text)) >= count:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{path.name}: the process exited ({proc.returncode}): {text[-2000:]}")
+        time.sleep(0.3)
+    raise TimeoutError(f"{path.name}: no {pattern!r} x{count} after {timeout}s: {text[-2000:]}")
+
+
+@contextmanager
+def standalone_cluster(root: Path, workers: int = 2, *, timeout: float = 180) -> Iterator[Cluster]:
+    """Master + `workers` workers (1 core, 1 GB each); every process is killed on the way out."""
+    (root / "conf").mkdir(parents=True)
+    (root / "conf" / "spark-defaults.conf").write_text(
+        "spark.executor.memory 512m\nspark.executor.cores 1\nspark.task.maxFailures 4\n"
+        "spark.driver.host 127.0.0.1\nspark.driver.bindAddress 127.0.0.1\n"
+    )
+    port = free_port()
+    cluster = Cluster(root, f"spark://127.0.0.1:{port}")
+    spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
+    base = {**os.environ, **cluster.env(), "PYSPARK_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
+
+    def start(name: str, args: list[str], extra: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = open(root / f"{name}.log", "wb")  # noqa: SIM115  (the process owns it)
+        proc = subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**base, **extra, MACHINE: name})
+        cluster.procs[name] = proc
+        return proc
+
+    try:
+        master = start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                                  str(port), "--webui-port", str(free_port())], {})
+        _wait_for(root / "master.log", r"I have been elected leader", 1, timeout, master)
+        for i in range(1, workers + 1):
+            name = f"worker{i}"
+            (root / name).mkdir()
+            start(name, ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1", "--memory",
+                         "1g", "--work-dir", str(root / name / "work"), "--webui-port", str(free_port()),
+                         cluster.master_url],
+                  {"SPARK_LOCAL_DIRS": str(root / name / "spark-local"),
+                   "SPARKPOINT_LOCAL_DIR": str(cluster.local_dir(name))})
+        _wait_for(root / "master.log", r"Registering worker 127\.0\.0\.1", workers, timeout, master)
+        yield cluster
+    finally:
+        for name in reversed(list(cluster.procs)):
+            with suppress(ProcessLookupError):
+                cluster.kill_machine(name)
