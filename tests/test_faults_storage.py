@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 
 from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore, sweep_orphans
@@ -22,6 +23,7 @@ from sparkpoint.core.errors import SparkpointError
 from sparkpoint.core.inspect import verify_checkpoint
 from sparkpoint.core.storage import RetryPolicy
 from sparkpoint.testing import FaultyFileSystem, faulty_storage
+from tests.conftest import s3_options
 from tests.reliability import count_round, counts, report, scale
 
 MAX_P = 16
@@ -63,13 +65,14 @@ def retained_paths(clean: CheckpointStorage) -> tuple[list[Any], set[str]]:
 
 
 def run_under_faults(
-    tmp_path: Path, *, checkpoints: int, seed: int, rate: float, restore_every: int = 1
+    tmp_path: Path, *, checkpoints: int, seed: int, rate: float, restore_every: int = 1,
+    url: str | None = None, options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`checkpoints` rounds of writes + checkpoint; each `restore_every`-th completed one is restored
     right away (RocksDB opens dominate the run time), every retained one at restarts and at the end."""
-    url = f"memory://faults-{uuid.uuid4().hex}"
-    storage, fs = faulty_storage(url, "job", rate=rate, seed=seed, retry=FAST_RETRY)
-    clean = CheckpointStorage(url, "job")  # the same files, no faults: the test's own eyes
+    url = url or f"memory://faults-{uuid.uuid4().hex}"
+    storage, fs = faulty_storage(url, "job", options, rate=rate, seed=seed, retry=FAST_RETRY)
+    clean = CheckpointStorage(url, "job", options)  # the same files, no faults: the test's own eyes
     rng = random.Random(seed)
     with fs.paused():
         coord = RecordingCoordinator(storage, num_retained=2)
@@ -152,7 +155,8 @@ def restart(
     else:
         raise AssertionError(f"no restart succeeded in 20 attempts: {errors}")
     restored = counts(subtasks)
-    newest = max(CompletedCheckpointStore(CheckpointStorage(storage.url, storage.job_id)).checkpoint_ids())
+    newest = max(CompletedCheckpointStore(CheckpointStorage(storage.url, storage.job_id, storage.storage_options))
+                 .checkpoint_ids())
     assert latest is not None and latest.checkpoint_id == newest and restored == expected[newest]
     model.clear()
     model.update(restored)  # the writes after the latest checkpoint are lost with the "crash"
@@ -163,6 +167,17 @@ def test_two_hundred_checkpoints_under_storage_faults_restore_exactly_and_leave_
     row = run_under_faults(tmp_path, checkpoints=200, seed=11, rate=0.06, restore_every=5)
     assert row["failed"] > 0, "the fault rate should make some checkpoints fail"
     report("faults_storage_quick", [row])
+
+
+@pytest.mark.s3
+def test_storage_faults_on_s3_restore_exactly_and_leave_no_orphan(tmp_path: Path, s3_endpoint: str):
+    """The same over s3fs against moto in server mode: the faults come on top of real HTTP."""
+    options = s3_options(s3_endpoint)
+    bucket = "faults" + uuid.uuid4().hex[:10]
+    fsspec.filesystem("s3", **options).mkdir(bucket)
+    row = run_under_faults(tmp_path, checkpoints=scale("fault_s3_checkpoints", 40), seed=5, rate=0.06,
+                           restore_every=5, url=f"s3://{bucket}/checkpoints", options=options)
+    report("faults_storage_s3", [row])
 
 
 @pytest.mark.soak
