@@ -287,3 +287,45 @@ def test_a_huge_metadata_file_is_refused_unread(tmp_path: Path, capsys):
         CompletedCheckpointStore(CheckpointStorage(world.url, "job")).load(2)
     exercise_every_consumer(world, capsys, tmp_path / "work")
     assert world.snapshot() == world.before
+
+
+def error_text(error: Any) -> str:
+    """A Dagster error with its causes (an op's own exception is the cause of Dagster's wrapper)."""
+    parts = []
+    while error is not None:
+        parts.append(error.message)
+        error = error.cause
+    return " <- ".join(parts)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["shared/user_totals/0/evil.sst", "../other/shared/x.sst", "/etc/passwd", "s3://elsewhere/x.sst",
+     "shared\\user_totals\\0\\x.sst", "../../outside/secret.sst"],
+)
+def test_the_dagster_maintenance_jobs_refuse_hostile_metadata_and_touch_nothing_outside(tmp_path: Path, path: str):
+    """verify, prune (retention + sweep), rebuild_registry and savepoint, as Dagster runs them."""
+    import dagster as dg
+
+    from sparkpoint.ops import prune_job, rebuild_registry_job, savepoint_job, verify_job
+    from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource
+
+    world = World(tmp_path / "w")
+    raw = json.loads(json.dumps(world.raw))
+    raw["operators"]["user_totals"]["subtasks"][0]["shared"][0]["path"] = path
+    world.write_metadata(apply(raw, []))
+    storage = CheckpointStorageResource(checkpoints_url=world.url, job_id="job")
+    resources = {"storage": storage,
+                 "registry": CheckpointRegistryResource(storage=storage, num_retained=1, orphan_grace_seconds=0)}
+    outcomes = {}
+    for job in (verify_job, rebuild_registry_job, savepoint_job, prune_job):
+        result = job.execute_in_process(resources=resources, instance=dg.DagsterInstance.ephemeral(),
+                                        raise_on_error=False)
+        failures = [error_text(e.event_specific_data.error) for e in result.all_events  # type: ignore[union-attr]
+                    if e.event_type_value == "STEP_FAILURE"]
+        outcomes[job.name] = (result.success, failures)
+        if not result.success:  # a specific message, not a crash deep inside
+            assert failures and any(w in failures[0] for w in ("chk-2", "symbolic link", "path", "_metadata")), failures
+    assert not outcomes["verify"][0], "a checkpoint naming a file outside the job does not verify"
+    assert not outcomes["savepoint"][0], "no savepoint is taken of it"
+    assert world.snapshot() == world.before, "something outside the job directory was read or changed"

@@ -71,7 +71,9 @@ def verify_op(context: dg.OpExecutionContext, storage: CheckpointStorageResource
     problems = maintenance.verify_all(storage.open())
     bad = {cid: [str(p) for p in ps] for cid, ps in problems.items() if ps}
     if bad:
-        raise dg.Failure(f"checkpoints {sorted(bad)} do not verify", metadata={"problems": dg.MetadataValue.json(bad)})
+        first = min(bad)
+        raise dg.Failure(f"checkpoints {sorted(bad)} do not verify; chk-{first}: {bad[first][0]}",
+                         metadata={"problems": dg.MetadataValue.json(bad)})
     return dg.Output(None, metadata={"verified": dg.MetadataValue.json(sorted(problems))})
 
 
