@@ -46,6 +46,7 @@ def test_value_and_map_state_round_trip(local_storage: CheckpointStorage, tmp_pa
         totals.update_many(["a", "b", "new"], lambda k, old: None if k == "b" else {"n": (old or {"n": 0})["n"] + 10})
         assert dict((k.decode(), v) for k, v in totals.items()) == {"a": {"n": 11}, "new": {"n": 10}}
         users.put_many([("item1", "u1", (1,)), ("item1", "u2", (2,)), ("item2", "u1", (5,))])
+        assert users.get_many([(bytearray(b"item1"), b"u2"), (memoryview(b"item2"), bytearray(b"u1"))]) == [(2,), (5,)]
         assert users.contains("item1", "u2") and not users.contains("item2", "u2")
         assert users.get_many([("item1", "u1"), ("item2", "u9")]) == [(1,), None]
         assert list(users.entries("item1")) == [(b"u1", (1,)), (b"u2", (2,))]

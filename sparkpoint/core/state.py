@@ -208,9 +208,10 @@ class MapState(_KeyedState[V]):
         prefixes: dict[bytes | str, bytes] = {}
         out = []
         for key, user_key in pairs:
-            prefix = prefixes.get(key)
+            seen = key if type(key) is str or type(key) is bytes else key_bytes(key)  # bytearray: unhashable
+            prefix = prefixes.get(seen)
             if prefix is None:
-                prefix = prefixes[key] = self._map_prefix(key)
+                prefix = prefixes[seen] = self._map_prefix(seen)
             out.append(prefix + (user_key.encode("utf-8") if type(user_key) is str else key_bytes(user_key)))
         return out
 
