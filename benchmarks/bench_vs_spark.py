@@ -429,7 +429,7 @@ def spark_query(spark: Any, run_dir: Path) -> Any:
 
 
 def start_spark(spark: Any, system: System, run_dir: Path) -> Any:
-    for key, value in SPARK_CONF.items():  # ours changes the shuffle partitions of the shared session
+    for key, value in SPARK_CONF.items():  # set again: a run of ours may have changed the shared session
         spark.conf.set(key, value)
     spark.conf.set(SPARK_CHANGELOG, str(system.changelog).lower())
     (run_dir / "in").mkdir(parents=True, exist_ok=True)
@@ -545,11 +545,10 @@ def restart_child(spec: dict[str, Any]) -> None:
 
 # (file, function) -> what it is; cumulative seconds come from cProfile in the tasks.
 WORKER_FUNCS = [
-    ("tasks.py", "route_files", "route stage: read Parquet, split, Arrow IPC"),
-    ("source.py", "read_parquet", "  read Parquet"),
-    ("tasks.py", "_to_ipc", "  Arrow IPC encode"),
-    ("tasks.py", "run_subtask", "subtask stage: all Python in run_subtask"),
-    ("tasks.py", "_from_ipc", "  Arrow IPC decode"),
+    ("tasks.py", "run_slots", "subtask tasks: all Python in the tasks"),
+    ("tasks.py", "run_subtask", "  one operator's subtask: restore, process, snapshot"),
+    ("tasks.py", "read_batch", "  read Parquet (once per task)"),
+    ("tasks.py", "rows_of_subtask", "  keep each operator's keys of the subtask"),
     ("backend.py", "restore", "  restore (working db reopened)"),
     ("operators.py", "_user_totals_process", "  user_totals process (pandas + RocksDB)"),
     ("operators.py", "_item_reach_process", "  item_reach process (pandas + RocksDB)"),
@@ -687,7 +686,7 @@ def summarize_profile(system: System, batches: list[dict[str, Any]], per_batch: 
     }
     last_stage_tasks = [max(stage_s)[2]] if stage_s else []
     return {"system": system.label, "profiled_batches": len(per_batch), "phases_s": phases,
-            "groups": len(system.operators) * PARALLELISM, "last_stage_tasks": last_stage_tasks[0] if stage_s else 0,
+            "expected_tasks": PARALLELISM, "last_stage_tasks": last_stage_tasks[0] if stage_s else 0,
             "worker_functions": worker, "driver_functions": driver, "per_batch": per_batch}
 
 
@@ -809,11 +808,9 @@ def report(results: dict[str, Any]) -> str:
         out.append(table(f"Where a batch's time goes: {prof['system']}, {prof['profiled_batches']} profiled "
                          "update batches (mean s per batch; the profilers slow it down against the tables above)",
                          ["phase", "s"], [[k, f"{v:.3f}"] for k, v in prof["phases_s"].items()]))
-        if 0 < prof.get("last_stage_tasks", 0) < prof.get("groups", 0):
-            out.append(f"  NOTE: the last stage ran {prof['groups']} (operator, subtask) groups in "
-                       f"{prof['last_stage_tasks']} task(s): with one input file the routed rows sit in one "
-                       "partition, which satisfies groupBy(op, subtask) without a shuffle, so routing and every "
-                       "subtask run one after another on one core.\n")
+        if 0 < prof.get("last_stage_tasks", 0) != prof.get("expected_tasks", 0):
+            out.append(f"  NOTE: the last stage ran {prof['last_stage_tasks']} task(s), not one per subtask "
+                       f"index ({prof['expected_tasks']}).\n")
         out.append(table("  ... inside the tasks (cProfile in the Python workers, cumulative s per batch, summed "
                          "over tasks)", ["function", "s", "calls"],
                          [[f["what"], f"{f['seconds_per_batch']:.3f}", str(f["calls"])]

@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyspark.sql import functions as F
-
 from sparkpoint.core.changelog import ChangelogOptions
 from sparkpoint.core.coordinator import CheckpointCoordinator
 from sparkpoint.core.errors import (
@@ -32,10 +30,9 @@ from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator
-from sparkpoint.spark.partitioning import partition_keys
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import ParquetDirectorySource, SourceOffsets
-from sparkpoint.spark.tasks import RESULT_SCHEMA, ROUTED_SCHEMA, TaskSpec, route_files, run_subtask
+from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
 
 log = logging.getLogger(__name__)
 
@@ -216,25 +213,19 @@ class StatefulPipeline:
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:
         groups = len(self.operators) * spec.parallelism
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(groups))
-        files = self.spark.createDataFrame([(u,) for u in urls], "url string").repartition(len(urls))
-        def route(batches):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
-            return route_files(spec, batches)
 
-        def subtask(group):  # type: ignore[no-untyped-def]
-            return run_subtask(spec, group)
+        def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
+            return run_slots(spec, urls, ids)
 
-        # One task per (operator, subtask), each in its own partition: see sparkpoint.spark.partitioning.
-        keys = F.array(*[F.lit(k).cast("long") for k in partition_keys(groups)])
-        group_key = F.element_at(keys, F.col("op") * spec.parallelism + F.col("subtask") + 1)
-        routed = files.mapInPandas(route, ROUTED_SCHEMA).withColumn("group_key", group_key)
-        grouped = routed.repartition(groups, "group_key").groupBy("group_key")
+        # One stage, one task per subtask index running that subtask of every operator: `range`
+        # with `parallelism` slices puts exactly one index in each partition (sparkpoint.spark.tasks).
+        job = self.spark.range(0, spec.parallelism, 1, spec.parallelism).mapInPandas(run, RESULT_SCHEMA)
         sc = self.spark.sparkContext
         previous = {k: sc.getLocalProperty(k) for k in ("spark.jobGroup.id", "spark.job.description")}
         description = f"sparkpoint {spec.job_id}: checkpoint {spec.checkpoint_id}"
         sc.setJobGroup(spark_job_group(spec.job_id, spec.checkpoint_id), description)
         try:
-            results = grouped.applyInPandas(subtask, RESULT_SCHEMA).collect()
+            results = job.collect()
         finally:
             for key, value in previous.items():
                 sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes it

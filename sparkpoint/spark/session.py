@@ -1,4 +1,4 @@
-"""A Spark session set up for sparkpoint: one shuffle partition per (operator, subtask).
+"""A Spark session set up for sparkpoint: Arrow for pandas, UTC, quiet.
 
 Quiet by default: the JVM starts with `log4j2-quiet.properties` (errors only) and a local master
 binds to 127.0.0.1, so Spark's start-up chatter (log4j WARN lines, the note that the hostname
@@ -53,8 +53,6 @@ def spark_session(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        # Keep one group per task: coalescing would serialize subtasks in one task.
-        "spark.sql.adaptive.coalescePartitions.enabled": "false",
     }
     if local:  # nothing outside this machine needs to reach the driver
         settings.update({"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"})

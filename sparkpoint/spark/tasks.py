@@ -1,15 +1,24 @@
-"""What runs inside Spark tasks: read input files, route rows, run one subtask per group.
+"""What runs inside Spark tasks: one task per subtask index, in a single stage.
 
-Both functions receive a `TaskSpec` (plain picklable data) and import nothing from the driver.
-Rows travel between the two stages as Arrow IPC blobs, one per (input file, operator, subtask):
-Spark shuffles a handful of binary rows instead of every event, and pandas dtypes (timestamps
-with their zone) arrive unchanged.
+A checkpoint's Spark job is `range(parallelism)` with one index per partition, mapped by
+`run_slots`. Task i runs subtask i of every operator, one after the other, as a Flink slot runs
+one subtask of each operator of a pipeline (slot sharing). It reads the batch's input files once
+(the columns the operators need), keeps for each operator the rows whose keys fall in that
+subtask's key groups, and runs the subtask: restore, process, stage, snapshot.
+
+There is no routing stage and no shuffle. Measured on `local[2]`, a routing task that read each
+file once and shuffled Arrow blobs to the subtasks cost more than every subtask reading the file:
+the routing ran on one core for a whole input file, and its stage, its shuffle and one task per
+(operator, subtask) added a fixed cost to every batch (benchmarks/README.md). The price is that
+each input file is read once per subtask index, column-projected.
+
+Everything receives a `TaskSpec` (plain picklable data) and imports nothing from the driver.
 """
 
 from __future__ import annotations
 
 import fcntl
-import io
+import gc
 import os
 import time
 from collections.abc import Iterator
@@ -18,11 +27,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pandas as pd
-import pyarrow as pa
 
 from sparkpoint.core.backend import RocksDBStateBackend
 from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.keygroups import subtask_for_key
+from sparkpoint.core.keygroups import subtasks_of
 from sparkpoint.core.metadata import CheckpointMetadata
 from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
@@ -31,7 +39,6 @@ from sparkpoint.spark.operators import KeyedOperator
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceError, read_parquet
 
-ROUTED_SCHEMA = "op int, subtask int, rows long, data binary"
 RESULT_SCHEMA = "op int, subtask int, handle string, staged string, rows long, restore string, seconds double"
 
 
@@ -58,32 +65,40 @@ class TaskSpec:
     inject_failure: str | None = None  # see sparkpoint.spark.faults
 
 
-def route_files(spec: TaskSpec, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """mapInPandas: read each input file, split its rows by (operator, subtask).
-
-    Every (operator, subtask) gets a blob, empty or not, so every subtask runs and acknowledges.
-    """
-    for frame in batches:
-        for url in frame["url"]:
-            data = read_parquet(url, spec.input_options)
-            out = []
+def run_slots(spec: TaskSpec, urls: list[str], ids: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """mapInPandas over `range(parallelism)`: for each subtask index this task was given (one, by
+    design), run that subtask of every operator. Every subtask runs, with rows or without, so
+    every subtask acknowledges."""
+    _freeze_imports_once()
+    for frame in ids:
+        for subtask in frame["id"].tolist():
+            if not 0 <= subtask < spec.parallelism:
+                raise ValueError(f"subtask {subtask} is outside 0..{spec.parallelism - 1}")
+            files = read_batch(spec, urls)
             for op_index, op in enumerate(spec.operators):
-                part = data[op.input_columns()]
-                if part[op.key].isna().any():
-                    raise SourceError(f"{url}: column {op.key!r} has null keys; {op.name} cannot key them")
-                subtasks = _subtasks_of(part[op.key], spec.max_parallelism, spec.parallelism)
-                for subtask in range(spec.parallelism):
-                    rows = part[subtasks == subtask]
-                    out.append((op_index, subtask, len(rows), _to_ipc(rows)))
-            yield pd.DataFrame(out, columns=["op", "subtask", "rows", "data"])
+                rows = [rows_of_subtask(spec, op, subtask, url, data) for url, data in files]
+                yield run_subtask(spec, op_index, subtask, pd.concat(rows, ignore_index=True))
 
 
-def run_subtask(spec: TaskSpec, group: pd.DataFrame) -> pd.DataFrame:
-    """applyInPandas: one operator's subtask for checkpoint N: restore, process, stage, snapshot."""
+def read_batch(spec: TaskSpec, urls: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """Each input file of the batch, with the columns some operator reads."""
+    columns = list(dict.fromkeys(c for op in spec.operators for c in op.input_columns()))
+    return [(url, read_parquet(url, spec.input_options, columns)) for url in urls]
+
+
+def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, data: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one input file that `op` keys into `subtask`'s key groups, with `op`'s columns."""
+    keys = data[op.key]
+    if keys.isna().any():
+        raise SourceError(f"{url}: column {op.key!r} has null keys; {op.name} cannot key them")
+    mine = subtasks_of(keys.astype("string").tolist(), spec.max_parallelism, spec.parallelism) == subtask
+    return data.loc[mine, op.input_columns()]
+
+
+def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame) -> pd.DataFrame:
+    """One operator's subtask for checkpoint N: restore, process its rows, stage, snapshot."""
     started = time.monotonic()
-    op_index, subtask = int(group["op"].iloc[0]), int(group["subtask"].iloc[0])
     op = spec.operators[op_index]
-    batch = pd.concat([_from_ipc(b) for b in group["data"]], ignore_index=True)
     storage = CheckpointStorage(spec.checkpoints_url, spec.job_id, spec.storage_options)
     source = CheckpointStorage(*spec.restore_job) if spec.restore_job else None
     backend = RocksDBStateBackend(
@@ -124,23 +139,21 @@ def task_local_dir(spec: TaskSpec) -> str:
     return os.environ.get(LOCAL_DIR_ENV) or spec.local_dir
 
 
-def _subtasks_of(keys: pd.Series, max_parallelism: int, parallelism: int) -> pd.Series:
-    unique = pd.unique(keys.astype("string"))
-    table = {k: subtask_for_key(k, max_parallelism, parallelism) for k in unique}
-    return keys.astype("string").map(table)
+_FROZEN = False
 
 
-def _to_ipc(frame: pd.DataFrame) -> bytes:
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
-
-
-def _from_ipc(data: bytes) -> pd.DataFrame:
-    with pa.ipc.open_stream(io.BytesIO(data)) as reader:
-        return reader.read_all().to_pandas()
+def _freeze_imports_once() -> None:
+    """PySpark's daemon runs a full `gc.collect()` after every task of a reused Python worker. With
+    pandas, pyarrow and rocksdict loaded that took ~40 ms of CPU a task, most of a small batch's
+    overhead. Once per worker, what the imports built is moved out of the collector's sight
+    (`gc.freeze`), so each later collection scans only what tasks allocated since. Reference
+    counting still frees everything as before; only cyclic garbage that exists at the freeze would
+    stay, and a full collection runs right before it."""
+    global _FROZEN
+    if not _FROZEN:
+        gc.collect()
+        gc.freeze()
+        _FROZEN = True
 
 
 E = TypeVar("E", bound=BaseException)

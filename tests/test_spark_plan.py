@@ -1,0 +1,46 @@
+"""One Spark stage per checkpoint, one task per subtask index running that subtask of every operator."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparkpoint.core.keygroups import key_group_for, key_groups_of, subtask_for_key, subtasks_of
+from sparkpoint.spark.runtime import StatefulPipeline, spark_job_group
+from tests.test_pipeline import config, make_input
+
+
+def test_vectorized_key_groups_match_the_scalar_mapping():
+    rng = np.random.default_rng(7)
+    keys: list[str | bytes] = [f"u{i:07d}" for i in rng.integers(0, 10**7, 2000)]
+    keys += ["", "ü", "鍵", "a" * 300, "\x00", "k\n"]
+    keys += [bytes(rng.integers(0, 256, n, dtype=np.uint8)) for n in range(40)]
+    keys.append(bytearray(b"raw"))  # type: ignore[arg-type]
+    for max_p, p in ((128, 4), (128, 3), (1, 1), (32768, 7), (4096, 4096)):
+        assert key_groups_of(keys, max_p).tolist() == [key_group_for(k, max_p) for k in keys]
+        assert subtasks_of(keys, max_p, p).tolist() == [subtask_for_key(k, max_p, p) for k in keys]
+    assert subtasks_of([], 128, 4).tolist() == []
+    with pytest.raises(ValueError, match="parallelism"):
+        subtasks_of(["a"], 128, 129)
+    with pytest.raises(TypeError, match="str or bytes"):
+        key_groups_of([1], 128)  # type: ignore[list-item]
+
+
+@pytest.mark.spark
+def test_a_checkpoint_is_one_stage_with_one_task_per_subtask_index(spark, tmp_path: Path):
+    make_input(tmp_path, batches=2)
+    job_id = f"plan-{uuid.uuid4().hex[:8]}"  # the session is shared: job groups from other tests differ
+    reports = StatefulPipeline(spark, replace(config(tmp_path, parallelism=3), job_id=job_id)).run()
+    assert [len(r.restored) for r in reports] == [6, 6], "2 operators x 3 subtasks each ran and acknowledged"
+    tracker = spark.sparkContext.statusTracker()
+    for checkpoint_id in (1, 2):
+        jobs = tracker.getJobIdsForGroup(spark_job_group(job_id, checkpoint_id))
+        assert len(jobs) == 1, f"checkpoint {checkpoint_id} is one Spark job, carrying its job group"
+        stages = tracker.getJobInfo(jobs[0]).stageIds
+        assert len(stages) == 1, "no routing stage, no shuffle"
+        assert tracker.getStageInfo(stages[0]).numTasks == 3
+    assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None, "the job group is not left behind"
