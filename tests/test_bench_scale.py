@@ -110,11 +110,12 @@ def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
     assert [p["fraction"] for p in r["phases"]] == [0.01, 0.1]
     assert all(p["amplification"] > 0 and p["full"]["uploaded_bytes"] > p["mean_uploaded_bytes"] for p in r["phases"])
     assert {name: x["source"] for name, x in r["restore"].items()} == {
-        "working": "working", "local": "local", "primary": "primary"
+        "working": "working", "local": "local", "primary": "primary", "primary on s3 (moto)": "primary"
     }
+    assert r["restore"]["primary on s3 (moto)"]["downloaded_bytes"] == r["restore"]["primary"]["downloaded_bytes"]
     assert len(r["restore"]["primary"]["runs_s"]) == 2 and r["restore"]["local"]["verify_s"] > 0
     assert set(r["transfer"]) == {"file", "s3 (moto)"}
     for x in r["transfer"].values():
         assert x["bytes"] == r["restore"]["primary"]["downloaded_bytes"] and len(x["runs_s"]["get"]) == 2
         assert min(x["upload_s"], x["put_s"], x["download_s"], x["get_s"]) > 0
-    assert len(r["targets"]) == 7 and r["machine"]["crc32"] in ("isal", "zlib")
+    assert len(r["targets"]) == 8 and r["machine"]["crc32"] in ("isal", "zlib")

@@ -7,7 +7,7 @@ randomized `hash()`. Subtask i of P owns a contiguous range of groups (Flink's f
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -34,15 +34,27 @@ def key_bytes(key: bytes | str) -> bytes:
 
 
 def key_group_for(key: bytes | str, max_parallelism: int) -> int:
-    return _fmix32(zlib.crc32(key_bytes(key))) % max_parallelism
+    return key_group_of_raw(key_bytes(key), max_parallelism)
+
+
+def key_group_of_raw(raw: bytes, max_parallelism: int) -> int:
+    """`key_group_for` of a key already in bytes."""
+    return _fmix32(zlib.crc32(raw)) % max_parallelism
+
+
+def raw_keys(keys: Iterable[bytes | str]) -> list[bytes]:
+    """The bytes of every key (`key_bytes`, with str and bytes taken on the fast path)."""
+    return [k.encode("utf-8") if type(k) is str else k if type(k) is bytes else key_bytes(k) for k in keys]
 
 
 def key_groups_of(keys: Sequence[bytes | str], max_parallelism: int) -> np.ndarray:
-    """`key_group_for` of every key, as an int64 array: one CRC32 per key, the finalizer vectorized."""
-    crc = np.fromiter(
-        (zlib.crc32(k.encode("utf-8") if isinstance(k, str) else key_bytes(k)) for k in keys),
-        dtype=np.uint64, count=len(keys),
-    )
+    """`key_group_for` of every key, as an int64 array."""
+    return key_groups_of_raw(raw_keys(keys), max_parallelism)
+
+
+def key_groups_of_raw(raws: Sequence[bytes], max_parallelism: int) -> np.ndarray:
+    """`key_group_for` of keys already in bytes: one CRC32 per key, the finalizer vectorized."""
+    crc = np.fromiter(map(zlib.crc32, raws), dtype=np.uint64, count=len(raws))
     h = crc ^ (crc >> 16)
     h = (h * 0x85EBCA6B) & 0xFFFFFFFF
     h ^= h >> 13

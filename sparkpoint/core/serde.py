@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -45,6 +48,48 @@ class StructCodec(Generic[T]):
     def decode(self, data: bytes) -> Any:
         _check_version(data, self.version, f"struct {self.fmt}")
         return self._struct.unpack_from(data, 1)  # type: ignore[attr-defined]
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The records as a packed numpy structured dtype, fields f0, f1, ... (the version byte left out)."""
+        order, codes = self.fmt[:1], self.fmt[1:]
+        if order not in ("<", ">", "=", "!") or not codes or any(c not in _NUMPY_CODES for c in codes):
+            raise ValueError(f"struct format {self.fmt!r} has no numpy dtype: give a byte order and any of "
+                             f"{''.join(_NUMPY_CODES)}")
+        endian = ">" if order in (">", "!") else "<"
+        return np.dtype([(f"f{i}", endian + _NUMPY_CODES[c]) for i, c in enumerate(codes)])
+
+    def decode_many(self, values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Many values at once: (records, present). Absent values (None) are zero records with
+        present False. Every value must be one record of this codec's version."""
+        dtype = self.dtype
+        present = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        records = np.zeros(len(values), dtype=dtype)
+        stored = [v for v in values if v is not None]
+        if stored:
+            width = 1 + dtype.itemsize
+            blob = b"".join(stored)
+            if len(blob) != width * len(stored):
+                raise StateFormatError(f"struct {self.fmt} values must be {width} bytes each")
+            raw = np.frombuffer(blob, dtype=np.dtype([("version", "u1"), ("record", dtype)]))
+            if (raw["version"] != self.version).any():
+                bad = int(raw["version"][raw["version"] != self.version][0])
+                raise StateFormatError(f"struct {self.fmt} value has format version {bad}, this code reads "
+                                       f"{self.version}")
+            records[present] = raw["record"]
+        return records, present
+
+    def encode_many(self, records: np.ndarray) -> list[bytes]:
+        """Records of `dtype` (or anything numpy casts to it), encoded one value each."""
+        out = np.empty(len(records), dtype=np.dtype([("version", "u1"), ("record", self.dtype)]))
+        out["version"] = self.version
+        out["record"] = records
+        blob, width = out.tobytes(), out.dtype.itemsize
+        return [blob[i : i + width] for i in range(0, len(blob), width)]
+
+
+_NUMPY_CODES = {"b": "i1", "B": "u1", "?": "b1", "h": "i2", "H": "u2", "i": "i4", "I": "u4", "l": "i4", "L": "u4",
+                "q": "i8", "Q": "u8", "e": "f2", "f": "f4", "d": "f8"}
 
 
 @dataclass(frozen=True)

@@ -15,19 +15,26 @@ read-modify-write of a whole micro-batch close to RocksDB's own batched throughp
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cache
 from typing import Any, Generic, TypeVar, cast
 
+import numpy as np
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
 from sparkpoint.core.changelog import ChangeLog
-from sparkpoint.core.keygroups import key_bytes
+from sparkpoint.core.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_raw, key_groups_of_raw, raw_keys
 from sparkpoint.core.metadata import KeyGroupRange
 from sparkpoint.core.serde import Codec
 
 V = TypeVar("V")
 _LEN = struct.Struct(">I")
+
+
+@cache
+def _group_prefixes() -> tuple[bytes, ...]:
+    """The two-byte big-endian prefix of every key group (at most 32,768)."""
+    return tuple(g.to_bytes(2, "big") for g in range(MAX_KEY_GROUPS))
 
 
 def key_group_prefix(key_group: int) -> bytes:
@@ -63,28 +70,31 @@ class _KeyedState(Generic[V]):
         self._kg_range = kg_range
 
     def _prefixed(self, key: bytes | str) -> bytes:
-        return self._prefixed_many((key,))[0]
+        """One key behind the two-byte prefix of its key group (the scalar path: no array set-up)."""
+        raw = key.encode("utf-8") if type(key) is str else key_bytes(key)
+        kg = key_group_of_raw(raw, self._max_parallelism)
+        self._check_range(raw, kg)
+        return kg.to_bytes(2, "big") + raw
 
     def _prefixed_many(self, keys: Iterable[bytes | str]) -> list[bytes]:
-        """Each key behind the two-byte prefix of its key group: `key_group_for` inlined, as this is the
-        hot loop of every batch (tests/test_backend.py checks the two agree)."""
-        max_p, start, end = self._max_parallelism, self._kg_range.start, self._kg_range.end
-        out = []
-        for key in keys:
-            raw = key.encode("utf-8") if type(key) is str else key_bytes(key)
-            h = zlib.crc32(raw)
-            h ^= h >> 16
-            h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-            h ^= h >> 13
-            h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-            kg = (h ^ (h >> 16)) % max_p
-            if not start <= kg <= end:
-                raise KeyError(
-                    f"key {raw!r} belongs to key group {kg}, outside this subtask's range "
-                    f"[{start}, {end}]: rows were routed to the wrong subtask"
-                )
-            out.append(kg.to_bytes(2, "big") + raw)
-        return out
+        """Each key behind the two-byte prefix of its key group: the hot loop of every batch, with the
+        hash finalizer vectorized (tests/test_backend.py checks it against `key_group_for`)."""
+        raws = raw_keys(keys)
+        groups = key_groups_of_raw(raws, self._max_parallelism)
+        outside = (groups < self._kg_range.start) | (groups > self._kg_range.end)
+        if outside.any():
+            first = int(np.argmax(outside))
+            self._check_range(raws[first], int(groups[first]))
+        prefixes = _group_prefixes()
+        return [prefixes[g] + raw for g, raw in zip(groups.tolist(), raws)]
+
+    def _check_range(self, raw: bytes, kg: int) -> None:
+        start, end = self._kg_range.start, self._kg_range.end
+        if not start <= kg <= end:
+            raise KeyError(
+                f"key {raw!r} belongs to key group {kg}, outside this subtask's range "
+                f"[{start}, {end}]: rows were routed to the wrong subtask"
+            )
 
     def _scan(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
         opts = ReadOptions()
@@ -168,6 +178,19 @@ class ValueState(_KeyedState[V]):
         encode = self.codec.encode
         return self._write(zip(self._prefixed_many(k for k, _ in pairs), [encode(v) for _, v in pairs]))
 
+    def update_many_encoded(
+        self, keys: Sequence[bytes | str], fn: Callable[[list[bytes | None]], Sequence[bytes | None]]
+    ) -> int:
+        """Read-modify-write of many keys in one call of `fn`, over encoded values: `fn` gets the old
+        values as stored (None: absent), in key order, and returns the new ones (None: delete).
+        For operators that decode and encode whole batches at once (`StructCodec.decode_many`)."""
+        prefixed = self._prefixed_many(keys)
+        new = fn(self._multi_get(prefixed))
+        if len(new) != len(prefixed):
+            raise ValueError(f"update_many_encoded: {len(prefixed)} keys, but fn returned {len(new)} values")
+        puts = [(pk, bytes(v)) for pk, v in zip(prefixed, new) if v is not None]
+        return self._write(puts, [pk for pk, v in zip(prefixed, new) if v is None])
+
     def update_many(self, keys: Sequence[bytes | str], fn: Callable[[bytes | str, V | None], V | None]) -> int:
         """Read-modify-write of many keys: one multi-get, one WriteBatch.
 
@@ -204,16 +227,14 @@ class MapState(_KeyedState[V]):
         return self._map_prefix(key) + key_bytes(user_key)
 
     def _entry_keys(self, pairs: Iterable[tuple[bytes | str, bytes | str]]) -> list[bytes]:
-        """`_entry_key` of many pairs, each distinct key's prefix computed once (keys repeat a lot)."""
-        prefixes: dict[bytes | str, bytes] = {}
-        out = []
-        for key, user_key in pairs:
-            seen = key if type(key) is str or type(key) is bytes else key_bytes(key)  # bytearray: unhashable
-            prefix = prefixes.get(seen)
-            if prefix is None:
-                prefix = prefixes[seen] = self._map_prefix(seen)
-            out.append(prefix + (user_key.encode("utf-8") if type(user_key) is str else key_bytes(user_key)))
-        return out
+        """`_entry_key` of many pairs: each distinct key's prefix computed once, all in one batch."""
+        pairs = list(pairs)
+        keys = raw_keys(k for k, _ in pairs)  # bytes: hashable (a bytearray key is not)
+        distinct = list(dict.fromkeys(keys))
+        prefixes = {
+            raw: p[:2] + _LEN.pack(len(raw)) + raw for raw, p in zip(distinct, self._prefixed_many(distinct))
+        }
+        return [prefixes[k] + u for k, u in zip(keys, raw_keys(u for _, u in pairs))]
 
     def get(self, key: bytes | str, user_key: bytes | str) -> V | None:
         data = self._cf.get(self._entry_key(key, user_key))
@@ -239,6 +260,22 @@ class MapState(_KeyedState[V]):
         encode = self.codec.encode
         triples = list(entries)
         return self._write(zip(self._entry_keys((k, u) for k, u, _ in triples), [encode(v) for _, _, v in triples]))
+
+    def put_absent(self, entries: Iterable[tuple[bytes | str, bytes | str, V]]) -> list[bool]:
+        """Put each (key, user key, value) whose user key the key's map lacks; True where it was
+        put (a pair given twice is put once, the first time). One multi-get and one write."""
+        triples = list(entries)
+        entry_keys = self._entry_keys((k, u) for k, u, _ in triples)
+        encode = self.codec.encode
+        added, puts, seen = [], [], set()
+        for entry_key, found, (_, _, value) in zip(entry_keys, self._multi_get(entry_keys), triples):
+            new = found is None and entry_key not in seen
+            if new:
+                seen.add(entry_key)
+                puts.append((entry_key, encode(value)))
+            added.append(new)
+        self._write(puts)
+        return added
 
     def entries(self, key: bytes | str) -> Iterator[tuple[bytes, V]]:
         """(user key, value) pairs of one key, in user-key order."""

@@ -13,9 +13,10 @@ Nothing here imports Spark: `sparkpoint state` exports a checkpoint without a JV
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from itertools import repeat
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -74,26 +75,25 @@ def _user_totals_process(batch: pd.DataFrame, state: RocksDBStateBackend) -> pd.
         amount_max=("amount", "max"), last_ts=("ts", "max"),
     )
     keys = agg.index.tolist()
-    rows = zip(
-        agg["count"].tolist(), agg["amount_sum"].tolist(), agg["amount_min"].tolist(), agg["amount_max"].tolist(),
-        agg["last_ts"].tolist(),
-    )
-    merged: list[Totals] = []
+    merged = np.empty(len(keys), dtype=TOTALS.dtype)
 
-    def merge(_key: bytes | str, old: Totals | None) -> Totals:
-        c, s, lo, hi, ts = next(rows)  # update_many calls merge once per key, in order
-        new = (c, s, lo, hi, ts)
-        if old is not None:
-            new = (old[0] + c, old[1] + s, min(old[2], lo), max(old[3], hi), max(old[4], ts))
-        merged.append(new)
-        return new
+    def merge(stored: list[bytes | None]) -> list[bytes]:
+        # The whole batch at once: decode every old value, combine column by column, encode.
+        old, present = TOTALS.decode_many(stored)
+        new = [agg[c].to_numpy() for c in ("count", "amount_sum", "amount_min", "amount_max", "last_ts")]
+        merged["f0"] = np.where(present, old["f0"] + new[0], new[0])
+        merged["f1"] = np.where(present, old["f1"] + new[1], new[1])
+        merged["f2"] = np.where(present, np.fmin(old["f2"], new[2]), new[2])  # fmin/fmax: NaN-skipping, as pandas
+        merged["f3"] = np.where(present, np.fmax(old["f3"], new[3]), new[3])
+        merged["f4"] = np.where(present, np.maximum(old["f4"], new[4]), new[4])
+        return TOTALS.encode_many(merged)
 
-    state.value_state("totals", TOTALS).update_many(keys, merge)
-    return _totals_frame(keys, merged)
+    state.value_state("totals", TOTALS).update_many_encoded(keys, merge)
+    return _totals_frame(keys, [merged[f] for f in ("f0", "f1", "f2", "f3", "f4")])
 
 
-def _totals_frame(keys: list[str], rows: list[Totals]) -> pd.DataFrame:
-    columns = list(zip(*rows)) if rows else [[], [], [], [], []]
+def _totals_frame(keys: list[str], columns: Sequence[Sequence[Any]]) -> pd.DataFrame:
+    """user_totals rows from the keys and the five value columns (count, sum, min, max, latest ts)."""
     return pd.DataFrame(
         {
             "user_id": pd.Series(keys, dtype="string"),
@@ -107,7 +107,8 @@ def _totals_frame(keys: list[str], rows: list[Totals]) -> pd.DataFrame:
 
 
 def _user_totals_export(state: RocksDBStateBackend) -> pd.DataFrame:
-    return _totals_frame(*_keys_and_values(state.value_state("totals", TOTALS)))
+    keys, rows = _keys_and_values(state.value_state("totals", TOTALS))
+    return _totals_frame(keys, list(zip(*rows)) if rows else [[], [], [], [], []])
 
 
 user_totals = KeyedOperator(
@@ -131,18 +132,21 @@ def _item_reach_process(batch: pd.DataFrame, state: RocksDBStateBackend) -> pd.D
     users = state.map_state("users", SEEN)
     reach = state.value_state("reach", REACH)
     pairs = batch[["item_id", "user_id"]].drop_duplicates()
-    seen = users.get_many(list(zip(pairs["item_id"].tolist(), pairs["user_id"].tolist())))
-    new_pairs = pairs[[s is None for s in seen]]
-    users.put_many((i, u, b"") for i, u in zip(new_pairs["item_id"].tolist(), new_pairs["user_id"].tolist()))
-    events: Mapping[str, int] = batch.groupby("item_id").size().to_dict()
-    new_users: Mapping[str, int] = new_pairs.groupby("item_id").size().to_dict()
-    keys = sorted(events)
-    rows = []
-    for key, old in zip(keys, reach.get_many(keys)):
-        e, d = (0, 0) if old is None else old
-        rows.append((e + int(events[key]), d + int(new_users.get(key, 0))))
-    reach.put_many(zip(keys, rows))
-    return _reach_frame(keys, rows)
+    items = pairs["item_id"].tolist()
+    added = users.put_absent(zip(items, pairs["user_id"].tolist(), repeat(b"")))
+    per_item = pd.DataFrame({"item_id": items, "new": added}).groupby("item_id", sort=True)["new"].sum()
+    events = batch.groupby("item_id", sort=True).size()  # same index as per_item: the batch's items
+    keys = events.index.tolist()
+    merged = np.empty(len(keys), dtype=REACH.dtype)
+
+    def merge(stored: list[bytes | None]) -> list[bytes]:
+        old, _ = REACH.decode_many(stored)  # absent: (0, 0)
+        merged["f0"] = old["f0"] + events.to_numpy()
+        merged["f1"] = old["f1"] + per_item.reindex(events.index).to_numpy()
+        return REACH.encode_many(merged)
+
+    reach.update_many_encoded(keys, merge)
+    return _reach_frame(keys, list(zip(merged["f0"].tolist(), merged["f1"].tolist())))
 
 
 def _reach_frame(keys: list[str], rows: list[tuple[int, int]]) -> pd.DataFrame:
