@@ -42,7 +42,8 @@ after every batch):
 * cold restart: a fresh Python process creates the Spark session and processes exactly one more
   file from the existing checkpoint; seconds from session creation to that batch committed.
   Ours gets a fresh local directory, so it restores from checkpoint storage as Spark does (its
-  RocksDB working copies die with the JVM);
+  RocksDB working copies die with the JVM). Median of --restart-repeat runs (default 3), each
+  from the same state; the session start alone varies by seconds between runs;
 * amplification: Σ uploaded by the update batches ÷ Σ (share of the state's entries changed or
   added by the batch x state), per operator (ours: files under shared/<op>/ and chk-N/<op>/;
   Spark: state/). The shares come from the input data: user_totals = distinct users in the
@@ -515,6 +516,24 @@ def finish_restart(system: System, proc: subprocess.Popen[str]) -> dict[str, Any
     return result
 
 
+def repeated_restart(system: System, workload: Workload, run_dir: Path, repeat: int) -> dict[str, Any]:
+    """`repeat` cold restarts, each from the same state (the run directory is put back between
+    them, at the same path: Spark's source log holds absolute paths); medians, and every run."""
+    backup = run_dir.with_name(run_dir.name + ".before-restart")
+    shutil.copytree(run_dir, backup, symlinks=True)
+    runs = []
+    try:
+        for n in range(repeat):
+            if n:
+                shutil.rmtree(run_dir)
+                shutil.copytree(backup, run_dir, symlinks=True)
+            runs.append(finish_restart(system, start_restart(system, workload, run_dir)))
+    finally:
+        shutil.rmtree(backup, ignore_errors=True)
+    median = {k: statistics.median(r[k] for r in runs) for k in ("total_s", "session_s", "batch_s")}
+    return runs[-1] | median | {"runs": runs}
+
+
 def restart_child(spec: dict[str, Any]) -> None:
     raw = spec["system"]
     system = System(raw["label"], raw["kind"], raw["settings"], tuple(raw["operators"]), raw["changelog"])
@@ -913,8 +932,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 }
             if args.restart and not args.quick:
                 for system in order:
-                    proc = start_restart(system, workload, run_dir_of(work, workload, system))
-                    entry["systems"][system.label]["restart"] = finish_restart(system, proc)
+                    entry["systems"][system.label]["restart"] = repeated_restart(
+                        system, workload, run_dir_of(work, workload, system), args.restart_repeat)
             elif args.restart and k == 0:
                 # --quick: one restart (of ours) while the other workloads run, so that the smoke test
                 # stays short; its timings mean nothing anyway
@@ -970,6 +989,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--users", type=int, default=500_000, help="users of the fixed workloads (default 500000)")
     p.add_argument("--updates", type=int, default=12, help="update batches of the fixed workloads (default 12)")
     p.add_argument("--no-restart", dest="restart", action="store_false", help="skip the cold restarts")
+    p.add_argument("--restart-repeat", type=int, default=3, help="cold restarts per system and workload (default 3)")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profile of ours")
     p.add_argument("--profile-updates", type=int, default=4, help="profiled update batches (default 4)")
     p.add_argument("--keep", action="store_true", help="keep the temp directory (data, checkpoints)")

@@ -7,9 +7,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from sparkpoint.core.keygroups import key_group_for, key_groups_of, subtask_for_key, subtasks_of
+from sparkpoint.core.keygroups import (
+    key_group_for,
+    key_groups_of,
+    key_groups_of_strings,
+    subtask_for_key,
+    subtasks_of,
+)
 from sparkpoint.spark.runtime import StatefulPipeline, spark_job_group
 from tests.test_pipeline import config, make_input
 
@@ -24,6 +31,23 @@ def test_vectorized_key_groups_match_the_scalar_mapping():
         assert key_groups_of(keys, max_p).tolist() == [key_group_for(k, max_p) for k in keys]
         assert subtasks_of(keys, max_p, p).tolist() == [subtask_for_key(k, max_p, p) for k in keys]
     assert subtasks_of([], 128, 4).tolist() == []
+    # The same over Arrow buffers: string and binary, sliced, chunked, keys longer than the vector path.
+    strings = [k if isinstance(k, str) else k.decode("latin-1") for k in keys[:-1]] + ["x" * 70, "é" * 40]
+    arrow = pa.array(strings)
+    expected = [key_group_for(k, 128) for k in strings]
+    assert key_groups_of_strings(arrow, 128).tolist() == expected
+    assert key_groups_of_strings(arrow.cast(pa.large_string()), 128).tolist() == expected
+    assert key_groups_of_strings(arrow.slice(5, 100), 128).tolist() == expected[5:105]
+    assert key_groups_of_strings(pa.chunked_array([arrow[:7], arrow[7:]]), 128).tolist() == expected
+    binary = [bytes(rng.integers(0, 256, n, dtype=np.uint8)) for n in range(0, 90, 3)]
+    by_zlib = [key_group_for(b, 4096) for b in binary]
+    assert key_groups_of_strings(pa.array(binary, pa.binary()), 4096).tolist() == by_zlib
+    assert subtasks_of(arrow, 128, 3).tolist() == [subtask_for_key(k, 128, 3) for k in strings]
+    assert key_groups_of_strings(pa.array([], pa.string()), 128).tolist() == []
+    with pytest.raises(ValueError, match="null"):
+        key_groups_of_strings(pa.array(["a", None]), 128)
+    with pytest.raises(TypeError, match="strings or bytes"):
+        key_groups_of_strings(pa.array([1, 2]), 128)
     with pytest.raises(ValueError, match="parallelism"):
         subtasks_of(["a"], 128, 129)
     with pytest.raises(TypeError, match="str or bytes"):

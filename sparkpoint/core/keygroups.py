@@ -10,6 +10,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from sparkpoint.core.metadata import KeyGroupRange
 
@@ -54,8 +55,13 @@ def key_groups_of(keys: Sequence[bytes | str], max_parallelism: int) -> np.ndarr
 
 def key_groups_of_raw(raws: Sequence[bytes], max_parallelism: int) -> np.ndarray:
     """`key_group_for` of keys already in bytes: one CRC32 per key, the finalizer vectorized."""
-    crc = np.fromiter(map(zlib.crc32, raws), dtype=np.uint64, count=len(raws))
-    h = crc ^ (crc >> 16)
+    return _finalize(np.fromiter(map(zlib.crc32, raws), dtype=np.uint64, count=len(raws)), max_parallelism)
+
+
+def _finalize(crc: np.ndarray, max_parallelism: int) -> np.ndarray:
+    """The MurmurHash3 finalizer of `_fmix32`, vectorized, then the key group."""
+    h: np.ndarray = crc.astype(np.uint64)
+    h ^= h >> 16
     h = (h * 0x85EBCA6B) & 0xFFFFFFFF
     h ^= h >> 13
     h = (h * 0xC2B2AE35) & 0xFFFFFFFF
@@ -63,10 +69,57 @@ def key_groups_of_raw(raws: Sequence[bytes], max_parallelism: int) -> np.ndarray
     return (h % max_parallelism).astype(np.int64)
 
 
-def subtasks_of(keys: Sequence[bytes | str], max_parallelism: int, parallelism: int) -> np.ndarray:
-    """`subtask_for_key` of every key, as an int64 array."""
+def _crc32_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0xEDB88320), table >> 1).astype(np.uint32)
+    return table
+
+
+_CRC_TABLE = _crc32_table()
+_VECTOR_MAX_LEN = 64  # longer keys: one zlib.crc32 each (a byte-at-a-time numpy loop would be slow)
+
+
+def key_groups_of_strings(values: pa.Array | pa.ChunkedArray, max_parallelism: int) -> np.ndarray:
+    """`key_group_for` of every value of an Arrow string or binary array, without a Python object
+    per key: the CRC32 (zlib's) runs over the array's buffers, a table step per byte position for
+    all keys of one length at a time. Null values are refused."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    if values.null_count:
+        raise ValueError("keys must not be null")
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        values = values.cast(pa.large_binary() if pa.types.is_large_string(values.type) else pa.binary())
+    if not (pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        raise TypeError(f"keys must be strings or bytes, got Arrow type {values.type}")
+    n = len(values)
+    _, offsets_buf, data_buf = values.buffers()
+    offset_type = np.int64 if pa.types.is_large_binary(values.type) else np.int32
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type)[values.offset : values.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    crc = np.full(n, 0xFFFFFFFF, dtype=np.uint32)
+    for length in np.unique(lengths).tolist():
+        rows = np.nonzero(lengths == length)[0]
+        if length > _VECTOR_MAX_LEN:
+            crc[rows] = [zlib.crc32(data[s : s + length].tobytes()) ^ 0xFFFFFFFF for s in offsets[rows].tolist()]
+            continue
+        starts, c = offsets[rows], crc[rows]
+        for j in range(length):
+            c = _CRC_TABLE[(c ^ data[starts + j]) & 0xFF] ^ (c >> 8)
+        crc[rows] = c
+    return _finalize(crc ^ np.uint32(0xFFFFFFFF), max_parallelism)
+
+
+def subtasks_of(keys: Sequence[bytes | str] | pa.Array | pa.ChunkedArray, max_parallelism: int,
+                parallelism: int) -> np.ndarray:
+    """`subtask_for_key` of every key (a sequence, or an Arrow string or binary array), as an int64 array."""
     check_parallelism(parallelism, max_parallelism)
-    return key_groups_of(keys, max_parallelism) * parallelism // max_parallelism
+    if isinstance(keys, pa.Array | pa.ChunkedArray):
+        groups = key_groups_of_strings(keys, max_parallelism)
+    else:
+        groups = key_groups_of(keys, max_parallelism)
+    return groups * parallelism // max_parallelism
 
 
 def check_parallelism(parallelism: int, max_parallelism: int) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pandas as pd
+import pyarrow as pa
 
 from sparkpoint.core.backend import RocksDBStateBackend
 from sparkpoint.core.changelog import ChangelogOptions
@@ -91,7 +92,8 @@ def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, d
     keys = data[op.key]
     if keys.isna().any():
         raise SourceError(f"{url}: column {op.key!r} has null keys; {op.name} cannot key them")
-    mine = subtasks_of(keys.astype("string").tolist(), spec.max_parallelism, spec.parallelism) == subtask
+    as_arrow = pa.array(keys.astype("string"), from_pandas=True)  # str(key) for non-string key columns
+    mine = subtasks_of(as_arrow, spec.max_parallelism, spec.parallelism) == subtask
     return data.loc[mine, op.input_columns()]
 
 
