@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -18,6 +19,7 @@ from sparkpoint.core.keygroups import (
     subtasks_of,
 )
 from sparkpoint.spark.runtime import StatefulPipeline, spark_job_group
+from sparkpoint.spark.tasks import arrow_keys
 from tests.test_pipeline import config, make_input
 
 
@@ -52,6 +54,20 @@ def test_vectorized_key_groups_match_the_scalar_mapping():
         subtasks_of(["a"], 128, 129)
     with pytest.raises(TypeError, match="str or bytes"):
         key_groups_of([1], 128)  # type: ignore[list-item]
+
+
+def test_routing_keys_rows_the_way_the_state_keys_them():
+    # The state keys str as UTF-8 and bytes as they are; routing must agree, or the state refuses
+    # the rows ("routed to the wrong subtask").
+    for column in (
+        pd.Series([f"u{i}" for i in range(300)], dtype="string"),
+        pd.Series([f"ü{i}" for i in range(300)], dtype=object),
+        pd.Series([bytes([i % 256, 7]) + b"k" for i in range(300)], dtype=object),
+    ):
+        values = column.tolist()
+        assert subtasks_of(arrow_keys(column), 128, 4).tolist() == [subtask_for_key(v, 128, 4) for v in values]
+    ints = pd.Series(range(300))  # not a state key type: routed by their string form, as before
+    assert subtasks_of(arrow_keys(ints), 128, 4).tolist() == [subtask_for_key(str(i), 128, 4) for i in range(300)]
 
 
 @pytest.mark.spark

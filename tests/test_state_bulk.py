@@ -28,8 +28,11 @@ def test_decode_many_and_encode_many_agree_with_the_scalar_codec():
     assert TOTALS.decode_many([])[0].shape == (0,)
     with pytest.raises(StateFormatError, match="version 2"):
         TOTALS.decode_many([StructCodec[tuple[int, float, int]]("<qdq", version=2).encode(values[0])])
-    with pytest.raises(StateFormatError, match="25 bytes each"):
+    with pytest.raises(StateFormatError, match="25 bytes each, one is 24"):
         TOTALS.decode_many([encoded[0][:-1]])
+    with pytest.raises(StateFormatError, match="one is 24"):  # a short and a long value: the total matches
+        TOTALS.decode_many([encoded[0][:-1], encoded[1] + b"\x00"])
+    assert StructCodec("=q").dtype == np.dtype([("f0", "=i8")])
     assert StructCodec(">iH").dtype == np.dtype([("f0", ">i4"), ("f1", ">u2")])
     with pytest.raises(ValueError, match="no numpy dtype"):
         _ = StructCodec("<q10s").dtype

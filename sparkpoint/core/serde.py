@@ -56,7 +56,7 @@ class StructCodec(Generic[T]):
         if order not in ("<", ">", "=", "!") or not codes or any(c not in _NUMPY_CODES for c in codes):
             raise ValueError(f"struct format {self.fmt!r} has no numpy dtype: give a byte order and any of "
                              f"{''.join(_NUMPY_CODES)}")
-        endian = ">" if order in (">", "!") else "<"
+        endian = {"<": "<", ">": ">", "!": ">", "=": "="}[order]
         return np.dtype([(f"f{i}", endian + _NUMPY_CODES[c]) for i, c in enumerate(codes)])
 
     def decode_many(self, values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
@@ -68,10 +68,11 @@ class StructCodec(Generic[T]):
         stored = [v for v in values if v is not None]
         if stored:
             width = 1 + dtype.itemsize
-            blob = b"".join(stored)
-            if len(blob) != width * len(stored):
-                raise StateFormatError(f"struct {self.fmt} values must be {width} bytes each")
-            raw = np.frombuffer(blob, dtype=np.dtype([("version", "u1"), ("record", dtype)]))
+            # Each value on its own: a short one next to a long one must not shift every record after it.
+            if any(len(v) != width for v in stored):
+                bad = next(len(v) for v in stored if len(v) != width)
+                raise StateFormatError(f"struct {self.fmt} values must be {width} bytes each, one is {bad}")
+            raw = np.frombuffer(b"".join(stored), dtype=np.dtype([("version", "u1"), ("record", dtype)]))
             if (raw["version"] != self.version).any():
                 bad = int(raw["version"][raw["version"] != self.version][0])
                 raise StateFormatError(f"struct {self.fmt} value has format version {bad}, this code reads "

@@ -92,9 +92,21 @@ def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, d
     keys = data[op.key]
     if keys.isna().any():
         raise SourceError(f"{url}: column {op.key!r} has null keys; {op.name} cannot key them")
-    as_arrow = pa.array(keys.astype("string"), from_pandas=True)  # str(key) for non-string key columns
-    mine = subtasks_of(as_arrow, spec.max_parallelism, spec.parallelism) == subtask
+    mine = subtasks_of(arrow_keys(keys), spec.max_parallelism, spec.parallelism) == subtask
     return data.loc[mine, op.input_columns()]
+
+
+def arrow_keys(keys: pd.Series) -> pa.Array:
+    """A key column as the Arrow strings or bytes the state will key by: str and bytes keys as they
+    are (state keys bytes as bytes, not as their repr), anything else as its string form."""
+    try:
+        values = pa.array(keys, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types in an object column
+        values = None
+    if values is None or not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+                              or pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        values = pa.array(keys.astype("string"), from_pandas=True)
+    return values
 
 
 def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame) -> pd.DataFrame:
