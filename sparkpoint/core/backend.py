@@ -59,6 +59,8 @@ from sparkpoint.core.restore import (
     download_verified,
     local_copy_matches,
     materialize,
+    read_fingerprints,
+    record_fingerprints,
 )
 from sparkpoint.core.retention import ClaimMode
 from sparkpoint.core.rocksdb import (
@@ -267,14 +269,20 @@ class RocksDBStateBackend:
         local = self.dir / f"chk-{cid}"
         problems: tuple[str, ...] = ()
         if self.local_recovery and local.is_dir():
-            bad = local_copy_matches(local, handle)
-            if not bad:
-                self._install(local, handle, cid)
-                self._write_marker(cid, handle)
-                self._repair_primary(handle, deep=False)  # a missing or truncated primary file: rewritten
-                return RestoreResult(cid, "local", files=files, seconds=time.monotonic() - started)
-            problems = tuple(str(p) for p in bad)
-            log.warning("task-local copy of checkpoint %s fails verification, using stable storage: %s", cid, bad)
+            problems = tuple(str(p) for p in local_copy_matches(local, handle))
+            if not problems:
+                try:
+                    self._install(local, handle, cid)
+                except (CheckpointCorrupted, StateBackendError) as e:  # RocksDB's own checks refuse it
+                    problems = (f"{local}: {e}",)
+                    shutil.rmtree(local, ignore_errors=True)
+                else:
+                    record_fingerprints(local, [f.local_name for f in handle.files()], {})  # all checked now
+                    self._write_marker(cid, handle)
+                    self._repair_primary(handle, deep=False)  # a missing or truncated primary file: rewritten
+                    return RestoreResult(cid, "local", files=files, seconds=time.monotonic() - started)
+            log.warning("task-local copy of checkpoint %s fails verification, using stable storage: %s", cid,
+                        "; ".join(problems))
             # kept until the download replaces it: its good files may repair a bad primary copy
         downloaded = self._download(handle, cid)
         self._write_marker(cid, handle)
@@ -295,7 +303,9 @@ class RocksDBStateBackend:
             if self.local_recovery:  # keep the verified files as the task-local copy
                 local = self.dir / f"chk-{cid}"
                 shutil.rmtree(local, ignore_errors=True)
-                materialize(target, local, [f.local_name for f in handle.files()])
+                names = [f.local_name for f in handle.files()]
+                materialize(target, local, names)
+                record_fingerprints(local, names, {})  # every file was just checksummed
             self._install(target, handle, cid)
         finally:
             shutil.rmtree(target, ignore_errors=True)
@@ -437,16 +447,19 @@ class RocksDBStateBackend:
                 opts = ReadOptions()
                 opts.set_iterate_upper_bound(upper)
                 it = other.get_column_family(name).iter(opts)
-                it.seek(lower)
-                batch, n = WriteBatch(raw_mode=True), 0
-                while it.valid():
-                    batch.put(it.key(), it.value(), handle)
-                    n += 1
-                    if n % _MERGE_BATCH == 0:
-                        db.write(batch)
-                        batch = WriteBatch(raw_mode=True)
-                    it.next()
-                it.status()
+                try:
+                    it.seek(lower)
+                    batch, n = WriteBatch(raw_mode=True), 0
+                    while it.valid():
+                        batch.put(it.key(), it.value(), handle)
+                        n += 1
+                        if n % _MERGE_BATCH == 0:
+                            db.write(batch)
+                            batch = WriteBatch(raw_mode=True)
+                        it.next()
+                    it.status()
+                finally:
+                    del it  # a live iterator holds `other` open, even from a traceback
                 db.write(batch)
         finally:
             other.close()
@@ -539,6 +552,8 @@ class RocksDBStateBackend:
         except BaseException:
             self._delete_quietly([rel for _, rel in shared_up + private_up])
             raise
+        if self.local_recovery:  # uploads were checksummed; reused files keep an earlier record
+            record_fingerprints(local, [os.path.basename(p) for p, _ in shared_up], self._base_fingerprints())
         return self._handle(checkpoint_id, reused + new_shared, private)
 
     def _snapshot_changelog(
@@ -556,9 +571,15 @@ class RocksDBStateBackend:
         except BaseException:
             self._delete_quietly([rel])
             raise
-        if self.local_recovery and not self._link_local_copy(base, local):
-            shutil.rmtree(local, ignore_errors=True)  # no task-local copy of the base: restore from storage
+        if self.local_recovery:
+            if self._link_local_copy(base, local):
+                record_fingerprints(local, [], self._base_fingerprints())
+            else:
+                shutil.rmtree(local, ignore_errors=True)  # no task-local copy of the base: restore from storage
         return self._handle(checkpoint_id, list(base.shared) + new, [])
+
+    def _base_fingerprints(self) -> dict[str, list[int]]:
+        return read_fingerprints(self.dir / f"chk-{self._base_id}") if self._base_id is not None else {}
 
     def _link_local_copy(self, base: SubtaskStateHandle, local: Path) -> bool:
         """The task-local copy of a changelog checkpoint: the base's copy, linked, plus the new file."""
@@ -630,14 +651,33 @@ class RocksDBStateBackend:
     def close(self) -> None:
         if self.db is not None:
             flush_all(self.db, self.state_names())
+            self._release_states()
             self.db.close()
             self.db = None
-            self._states.clear()
+
+    def _release_states(self) -> None:
+        for state in self._states.values():
+            state.release()
+        self._states.clear()
 
     def dispose(self) -> None:
         """Close and delete every local file of this subtask."""
         self.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def discard_local_state(self) -> None:
+        """Forget the working database and every task-local copy, without flushing anything: what
+        to do when RocksDB reports corruption in them (`rocksdb.is_corruption`). The next
+        `restore` reads stable storage."""
+        if self.db is not None:
+            db, self.db = self.db, None
+            self._release_states()
+            try:
+                db.close()
+            except Exception as e:  # noqa: BLE001  rocksdict raises bare Exception; the files go anyway
+                log.warning("closing the corrupt database of %s: %s", self, e)
+        self._forget_working()
+        self._drop_local_checkpoints(keep=set())
 
     def _open_db(self, *, create: bool = False) -> Rdict:
         if self.db is None:

@@ -1,12 +1,22 @@
 """Getting a subtask's files onto local disk, verified before RocksDB ever sees them (rule 7).
 
-RocksDB opens a directory with a flipped data block and then iterates zero rows without a word,
-so every file is checked against the size and CRC32 that `_metadata` recorded, whether it comes
-from the task-local copy or from stable storage.
+RocksDB opens a directory with a flipped data block and then iterates zero rows without a word
+(unless the iterator's status is asked), so every file from stable storage is checked against the
+size and CRC32 that `_metadata` recorded.
+
+A task-local copy is checked the same way, with one exception that makes local recovery cost
+no reads at all: an SST whose inode still has the identity (device, inode, size, mtime) it had
+when its content was last checked against a CRC32 is taken as it is. What a fingerprint cannot
+see, a rewrite that puts the old mtime back or bits rotting on disk, RocksDB sees: every block of
+an SST carries its own checksum, verified on every read, and the MANIFEST (always CRC-checked)
+records each SST's size and unique id, checked on open. Every read path of the state surfaces
+that error (iterators ask for their status), and the task that meets it discards the local state
+and restores from stable storage (`rocksdb.is_corruption`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -74,20 +84,68 @@ def check_handle_shape(handle: SubtaskStateHandle, checkpoint_id: int) -> None:
         raise CheckpointCorrupted(f"{where} lists the same local file name twice", checkpoint_id=checkpoint_id)
 
 
-def local_copy_matches(directory: Path, handle: SubtaskStateHandle) -> list[FileProblem]:
+FINGERPRINTS = "fingerprints.json"  # in a task-local chk-N/: the SSTs checked since they last changed
+
+
+def _fingerprint(st: os.stat_result) -> list[int]:
+    # Not ctime: the hard links that snapshots, compactions and restores add to and remove from
+    # these very inodes move it all the time.
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def read_fingerprints(directory: Path) -> dict[str, list[int]]:
+    """The fingerprints recorded for `directory` ({} when none or unreadable)."""
+    try:
+        data = json.loads((directory / FINGERPRINTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)}
+
+
+def record_fingerprints(directory: Path, checked: Iterable[str], vouched_by: dict[str, list[int]]) -> None:
+    """Record the identity of the SSTs in `directory` whose content is known to match `_metadata`:
+    the names in `checked` (just checksummed: uploaded or downloaded) and those `vouched_by` an
+    earlier record of the same, unchanged inode. Anything else is checksummed at its next restore."""
+    checked = set(checked)
+    prints: dict[str, list[int]] = {}
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not entry.name.endswith(SHARED_SUFFIXES) or not entry.is_file(follow_symlinks=False):
+                continue
+            now = _fingerprint(entry.stat(follow_symlinks=False))
+            if entry.name in checked or vouched_by.get(entry.name) == now:
+                prints[entry.name] = now
+    tmp = directory / f"{FINGERPRINTS}.tmp"
+    tmp.write_text(json.dumps(prints, sort_keys=True))
+    tmp.replace(directory / FINGERPRINTS)
+
+
+def local_copy_matches(directory: Path, handle: SubtaskStateHandle, *, deep: bool = False) -> list[FileProblem]:
     """Compare a task-local directory with the handle; empty list when every file matches.
 
-    Every byte of every file is read and checksummed, every time: a fingerprint of the inode
-    (size, mtime, ctime) would not survive the hard links that snapshots, confirmations, RocksDB
-    compactions and restores add to and remove from these very inodes (each moves ctime), and
-    without ctime an in-place rewrite that puts the old mtime back would go unseen. The files are
-    checksummed on several threads, largest first (CRC32 releases the GIL).
+    Every file's size is checked. Its content is checksummed too, unless it is an SST whose
+    fingerprint is unchanged since its content was last checked (see the module's text); `deep`
+    checksums every file. The files are checksummed on several threads, largest first (CRC32
+    releases the GIL).
     """
+    prints = {} if deep else read_fingerprints(directory)
+
+    def check(f: FileHandle) -> str | None:
+        local = directory / f.local_name
+        try:
+            st = local.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return mismatch(f, None, None)
+        if st.st_size == f.size and prints.get(f.local_name) == _fingerprint(st):
+            return None
+        return mismatch(f, st.st_size, lambda: crc32_of_file(str(local)))
+
     files = list(handle.files())
     by_size = sorted(range(len(files)), key=lambda i: -files[i].size)
     with ThreadPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 2))) as pool:
-        checked = pool.map(lambda i: (i, check_local_file(directory / files[i].local_name, files[i])), by_size)
-        problems = dict(checked)
+        problems = dict(pool.map(lambda i: (i, check(files[i])), by_size))
     return [FileProblem(f.path, f.local_name, p) for i, f in enumerate(files) if (p := problems[i])]
 
 

@@ -97,6 +97,20 @@ def open_db(
     return db
 
 
+def is_corruption(error: BaseException) -> bool:
+    """Whether `error`, or one it was raised from, is RocksDB reporting corrupt data (a block
+    whose checksum does not match, an SST that is not the one the MANIFEST names). rocksdict
+    raises such errors as a bare Exception carrying RocksDB's status text."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current) is Exception and str(current).startswith("Corruption:"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def ensure_column_families(db: Rdict, path: str, names: Iterable[str], options: RocksDBOptions) -> None:
     """Create the named column families that the database lacks."""
     existing = set(Rdict.list_cf(path, Options(raw_mode=True)))

@@ -14,6 +14,7 @@ read-modify-write of a whole micro-batch close to RocksDB's own batched throughp
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
@@ -28,6 +29,7 @@ from sparkpoint.core.metadata import KeyGroupRange
 from sparkpoint.core.serde import Codec
 
 V = TypeVar("V")
+log = logging.getLogger(__name__)
 _LEN = struct.Struct(">I")
 
 
@@ -100,11 +102,23 @@ class _KeyedState(Generic[V]):
         opts = ReadOptions()
         opts.set_iterate_upper_bound(upper)
         it = self._cf.iter(opts)
-        it.seek(lower)
-        while it.valid():
-            yield it.key(), it.value()
-            it.next()
-        it.status()  # raises on corruption instead of ending the scan early and silently
+        try:
+            it.seek(lower)
+            while it.valid():
+                yield it.key(), it.value()
+                it.next()
+            it.status()  # raises on corruption instead of ending the scan early and silently
+        finally:
+            del it  # a live iterator holds the database open (and its LOCK), even from a traceback
+
+    def release(self) -> None:
+        """Let go of the database: its column-family handle holds it open (and its LOCK) for as
+        long as this object lives, wherever it is still referenced. Any later use raises."""
+        try:
+            self._cf.close()
+        except Exception as e:  # noqa: BLE001  rocksdict raises bare Exception (a corrupt database)
+            log.warning("closing column family %s: %s", self.name, e)
+        del self._handle  # holds the database too, and cannot be closed
 
     def _multi_get(self, keys: list[bytes]) -> list[bytes | None]:
         if not keys:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -29,16 +30,18 @@ from typing import Any, TypeVar
 import pandas as pd
 import pyarrow as pa
 
-from sparkpoint.core.backend import RocksDBStateBackend
+from sparkpoint.core.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.core.changelog import ChangelogOptions
 from sparkpoint.core.keygroups import subtasks_of
-from sparkpoint.core.metadata import CheckpointMetadata
-from sparkpoint.core.rocksdb import RocksDBOptions
+from sparkpoint.core.metadata import CheckpointMetadata, SubtaskStateHandle
+from sparkpoint.core.rocksdb import RocksDBOptions, is_corruption
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.spark.faults import fail_at
 from sparkpoint.spark.operators import KeyedOperator
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceError, read_parquet
+
+log = logging.getLogger(__name__)
 
 RESULT_SCHEMA = "op int, subtask int, handle string, staged string, rows long, restore string, seconds double"
 
@@ -110,7 +113,10 @@ def arrow_keys(keys: pd.Series) -> pa.Array:
 
 
 def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame) -> pd.DataFrame:
-    """One operator's subtask for checkpoint N: restore, process its rows, stage, snapshot."""
+    """One operator's subtask for checkpoint N: restore, process its rows, stage, snapshot.
+
+    When RocksDB reports corrupt data on the way (its block checksums, checked on every read),
+    the subtask's local state is discarded and the subtask runs once more from stable storage."""
     started = time.monotonic()
     op = spec.operators[op_index]
     storage = CheckpointStorage(spec.checkpoints_url, spec.job_id, spec.storage_options)
@@ -120,27 +126,52 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
         local_dir=task_local_dir(spec), options=spec.rocksdb, incremental=spec.incremental,
         local_recovery=spec.local_recovery, changelog=spec.changelog,
     )
+    meta = CheckpointMetadata.loads(spec.restore_metadata) if spec.restore_metadata else None
     with _exclusive(backend.dir):
-        meta = CheckpointMetadata.loads(spec.restore_metadata) if spec.restore_metadata else None
-        restored = backend.restore(
-            meta, claim_mode=spec.claim_mode, source=source, allow_missing=spec.allow_new_operators
-        )
         try:
-            changed = op.process(batch, backend) if len(batch) else None
-            staged = None
-            if op.emits and spec.sink is not None and changed is not None:
-                staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)
-            if op_index == 0 and subtask == 0:
-                fail_at("before-upload", spec.inject_failure, f"{op.name}/{subtask} before its snapshot upload")
-            handle = backend.snapshot(spec.checkpoint_id)
-        finally:
-            backend.close()
+            outcome = _attempt(spec, op_index, subtask, batch, backend, meta, source)
+        except Exception as e:
+            if not is_corruption(e):
+                raise
+            # RocksDB's block checksums caught what the restore's checks could not (a rewrite that
+            # put the old mtime back, bits rotting on disk): the local files are not trusted again.
+            log.warning("%s/%s: RocksDB reports corrupt local state (%s); discarding the working database and "
+                        "task-local copies and running the subtask again from stable storage", op.name, subtask, e)
+            outcome = None
+        if outcome is None:  # out of the handler: its traceback no longer holds the old database
+            backend.discard_local_state()
+            outcome = _attempt(spec, op_index, subtask, batch, backend, meta, source)
+        restored, staged, handle = outcome
     return pd.DataFrame(
         [{
             "op": op_index, "subtask": subtask, "handle": handle.dumps(), "staged": staged, "rows": len(batch),
             "restore": restored.source, "seconds": time.monotonic() - started,
         }]
     )
+
+
+def _attempt(
+    spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame, backend: RocksDBStateBackend,
+    meta: CheckpointMetadata | None, source: CheckpointStorage | None,
+) -> tuple[RestoreResult, str | None, SubtaskStateHandle]:
+    op = spec.operators[op_index]
+    restored = backend.restore(meta, claim_mode=spec.claim_mode, source=source, allow_missing=spec.allow_new_operators)
+    try:
+        changed = op.process(batch, backend) if len(batch) else None
+        staged = None
+        if op.emits and spec.sink is not None and changed is not None:
+            staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)
+        if op_index == 0 and subtask == 0:
+            fail_at("before-upload", spec.inject_failure, f"{op.name}/{subtask} before its snapshot upload")
+        handle = backend.snapshot(spec.checkpoint_id)
+    except BaseException:
+        try:
+            backend.close()
+        except Exception as e:  # noqa: BLE001  the first error is the one to report
+            log.warning("%s/%s: closing the database after a failure: %s", op.name, subtask, e)
+        raise
+    backend.close()
+    return restored, staged, handle
 
 
 LOCAL_DIR_ENV = "SPARKPOINT_LOCAL_DIR"

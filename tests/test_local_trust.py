@@ -1,0 +1,161 @@
+"""Task-local recovery without reading the SSTs (issue 10: task-local restore >= 20x primary).
+
+An SST of a task-local copy whose inode is unchanged since its content was checked against a
+CRC32 is taken as it is; RocksDB's block checksums, checked on every read, catch what a
+fingerprint cannot see (a rewrite that puts the old mtime back), and the task that meets such an
+error discards its local state and runs again from stable storage."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
+from sparkpoint.core import restore as restore_module
+from sparkpoint.core.backend import take_checkpoint
+from sparkpoint.core.metadata import CheckpointMetadata
+from sparkpoint.core.restore import FINGERPRINTS
+from sparkpoint.core.rocksdb import is_corruption
+from sparkpoint.spark.generate import generate
+from sparkpoint.spark.runtime import StatefulPipeline
+from tests import oracle
+from tests.test_backend import COUNTS, backend, read_all, write_random
+from tests.test_pipeline import config, export
+
+
+def rewrite_in_place(path: Path, every: int | None = None) -> None:
+    """Flip one bit every `every` bytes of `path` (None: one bit, a third of the way in, in a data
+    block), same inode, and put its old mtime back."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        for i in range(every // 2, len(data), every) if every else [len(data) // 3]:
+            data[i] ^= 0x01
+        f.seek(0)
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_ino == st.st_ino and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def two_checkpoints(storage: CheckpointStorage, local: Path) -> tuple[dict[str, int], CheckpointMetadata]:
+    rng = random.Random(21)
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    model: dict[str, int] = {}
+    with backend(storage, local) as b:
+        b.restore(None)
+        write_random(b, model, rng, 3000, 20_000)
+        take_checkpoint(coord, [b])
+        write_random(b, model, rng, 3000, 20_000)
+        take_checkpoint(coord, [b])
+        b.value_state("count", COUNTS).put("dirty", (1,))  # db/ is no longer checkpoint 2
+    return model, CompletedCheckpointStore(storage).load(2)
+
+
+def rewritten_behind_rocksdbs_back(
+    storage: CheckpointStorage, local: Path, every: int | None
+) -> tuple[dict[str, int], CheckpointMetadata]:
+    """Two checkpoints, then every SST of the task-local copy of the second rewritten in place."""
+    model, meta = two_checkpoints(storage, local)
+    for sst in local_copy(storage, local).glob("*.sst"):
+        rewrite_in_place(sst, every)  # also db/'s files: the same inodes
+    return model, meta
+
+
+def local_copy(storage: CheckpointStorage, local: Path) -> Path:
+    return local / storage.job_id / "counts" / "0" / "chk-2"
+
+
+def test_an_unchanged_task_local_copy_is_restored_without_reading_its_ssts(
+    local_storage: CheckpointStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    model, meta = two_checkpoints(local_storage, tmp_path / "local")
+    assert (local_copy(local_storage, tmp_path / "local") / FINGERPRINTS).is_file()
+    read: list[str] = []
+    real = restore_module.crc32_of_file
+    monkeypatch.setattr(restore_module, "crc32_of_file", lambda p: read.append(p) or real(p))
+    with backend(local_storage, tmp_path / "local") as b:
+        assert b.restore(meta).source == "local"
+        assert read_all(b) == model
+    assert read and not [p for p in read if p.endswith(".sst")], "only MANIFEST, CURRENT, OPTIONS are checksummed"
+
+
+def test_a_task_local_sst_changed_in_place_is_checksummed_and_replaced(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    model, meta = two_checkpoints(local_storage, tmp_path / "local")
+    victim = sorted(local_copy(local_storage, tmp_path / "local").glob("*.sst"))[0]
+    with open(victim, "r+b") as f:  # same inode, new mtime
+        f.seek(victim.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with backend(local_storage, tmp_path / "local") as b:
+        result = b.restore(meta)
+        assert result.source == "primary" and "CRC32" in result.problems[0] and victim.name in result.problems[0]
+        assert read_all(b) == model
+
+
+def test_a_rewrite_that_keeps_the_mtime_is_caught_by_rocksdb_and_healed_from_storage(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    model, meta = rewritten_behind_rocksdbs_back(local_storage, tmp_path / "local", every=None)
+    with backend(local_storage, tmp_path / "local") as b:
+        assert b.restore(meta).source == "local", "the fingerprints match: RocksDB opens the files"
+        with pytest.raises(Exception) as err:
+            read_all(b)  # a scan: without asking the iterator's status it would just end early
+        assert is_corruption(err.value), err.value
+        b.discard_local_state()
+        assert not [p for p in b.dir.iterdir() if p.name.startswith("chk-") or p.name == "db"]
+        assert b.restore(meta).source == "primary", "never the local files again"
+        assert read_all(b) == model
+
+
+def test_a_task_local_copy_rocksdb_refuses_to_open_is_replaced_from_storage(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    # Index and footer blocks too: RocksDB's open refuses the files.
+    model, meta = rewritten_behind_rocksdbs_back(local_storage, tmp_path / "local", every=512)
+    with backend(local_storage, tmp_path / "local") as b:
+        result = b.restore(meta)
+        assert result.source == "primary" and "RocksDB refuses" in result.problems[0]
+        assert read_all(b) == model
+
+
+def test_is_corruption_reads_rocksdb_status_text_through_the_chain():
+    inner = Exception("Corruption: block checksum mismatch: stored = 1, computed = 2")
+    try:
+        try:
+            raise inner
+        except Exception as e:
+            raise RuntimeError("while processing") from e
+    except RuntimeError as outer:
+        assert is_corruption(outer)
+    assert not is_corruption(Exception("IO error: No space left on device"))
+    assert not is_corruption(ValueError("Corruption: a user's own message"))
+
+
+@pytest.mark.spark
+def test_pipeline_heals_a_task_local_copy_rewritten_behind_rocksdbs_back(spark, tmp_path: Path):
+    generate(str(tmp_path / "in"), batches=2, events_per_batch=2000, users=300, items=40, seed=12)
+    cfg = config(tmp_path, parallelism=2)
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, cfg).run()] == [1, 2]
+    subtask_dir = tmp_path / "local" / "job" / "user_totals" / "0"
+    ssts = sorted(subtask_dir.glob("chk-2/*.sst"))
+    assert ssts and (subtask_dir / "chk-2" / FINGERPRINTS).is_file()
+    for sst in ssts:
+        rewrite_in_place(sst)  # db/ holds the same inodes: the working database too
+
+    generate(str(tmp_path / "in"), batches=1, events_per_batch=2000, users=300, items=40, seed=12, first=2)
+    reports = StatefulPipeline(spark, cfg).run()
+    assert [r.checkpoint_id for r in reports] == [3]
+    assert sorted(reports[0].restored) == ["primary", "working", "working", "working"], reports[0].restored
+    events = pd.concat(oracle.read_batches(str(tmp_path / "in")), ignore_index=True)
+    oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
+    oracle.assert_reach_equal(export(tmp_path, "item_reach"), oracle.item_reach(events))
+    output = pd.read_parquet(tmp_path / "out")
+    for cid, expected in zip([1, 2, 3], oracle.sink_rows(oracle.read_batches(str(tmp_path / "in")))):
+        oracle.assert_totals_equal(output[output["checkpoint_id"] == cid], expected)
