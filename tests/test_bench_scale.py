@@ -113,7 +113,8 @@ def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
         "working": "working", "local": "local", "primary": "primary", "primary on s3 (moto)": "primary"
     }
     assert r["restore"]["primary on s3 (moto)"]["downloaded_bytes"] == r["restore"]["primary"]["downloaded_bytes"]
-    assert len(r["restore"]["primary"]["runs_s"]) == 2 and r["restore"]["local"]["verify_s"] > 0
+    assert len(r["restore"]["primary"]["runs_s"]) == 2
+    assert r["restore"]["local"]["verify_s"] > 0 and r["restore"]["local"]["verify_deep_s"] > 0
     assert set(r["transfer"]) == {"file", "s3 (moto)"}
     for x in r["transfer"].values():
         assert x["bytes"] == r["restore"]["primary"]["downloaded_bytes"] and len(x["runs_s"]["get"]) == 2
