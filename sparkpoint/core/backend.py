@@ -16,7 +16,9 @@ Invariants:
 2. Every upload gets a fresh unique name under `shared/<operator>/<subtask>/` or
    `chk-<N>/<operator>/<subtask>/<attempt>/` (rule 1), so racing attempts never overwrite or
    delete each other's files.
-3. Nothing is opened by RocksDB before every file was checked against `_metadata` (rule 7).
+3. Nothing is opened by RocksDB before every file was checked against `_metadata` (rule 7): its
+   size, and its CRC32 unless it is a task-local SST whose inode is unchanged since its content
+   was last checksummed (`restore`); RocksDB's own block checksums cover such a file on every read.
 4. With the changelog on (see `changelog`), a checkpoint that only writes a changelog file
    builds on the confirmed base, and only when the changes logged since are exactly the
    changes since that base; anything else materializes. Such handles hold no private files:

@@ -141,5 +141,7 @@ def problems_of_handle_files(storage: CheckpointStorage, files: list[FileHandle]
     """`verify_checkpoint` for some files of one subtask."""
     from sparkpoint.core.inspect import check_stored_file
 
-    found = storage.parallel(lambda f: check_stored_file(storage, f, deep), files)
+    # Sizes on a local disk are a stat each: threads would cost more than the calls.
+    workers = 1 if storage.is_local and not deep else None
+    found = storage.parallel(lambda f: check_stored_file(storage, f, deep), files, workers=workers)
     return [p for p in found if p is not None]

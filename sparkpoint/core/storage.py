@@ -171,6 +171,11 @@ class CheckpointStorage:
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r}, job_id={self.job_id!r})"
 
+    @property
+    def is_local(self) -> bool:
+        """On this machine's filesystem (file://), where a metadata call costs a syscall."""
+        return self._local
+
     def _retrying(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)`, tried again on a transient error (only for operations that are idempotent:
         reads, listings, deletes, and writes of a whole file under a name nobody else writes)."""
@@ -392,7 +397,7 @@ class CheckpointStorage:
 
     def parallel(self, fn: Any, items: Sequence[Any], *, workers: int | None = None) -> list[Any]:
         """`fn` over `items` on this storage's worker threads (at most `workers`), results in order."""
-        if len(items) <= 1:
+        if len(items) <= 1 or workers == 1:
             return [fn(item) for item in items]
         with ThreadPoolExecutor(max_workers=min(workers or self.max_workers, self.max_workers, len(items))) as pool:
             return list(pool.map(fn, items))
