@@ -19,7 +19,7 @@ from sparkpoint.core import restore as restore_module
 from sparkpoint.core.backend import take_checkpoint
 from sparkpoint.core.metadata import CheckpointMetadata
 from sparkpoint.core.restore import FINGERPRINTS
-from sparkpoint.core.rocksdb import is_corruption
+from sparkpoint.core.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
 from sparkpoint.spark.generate import generate
 from sparkpoint.spark.runtime import StatefulPipeline
 from tests import oracle
@@ -159,3 +159,23 @@ def test_pipeline_heals_a_task_local_copy_rewritten_behind_rocksdbs_back(spark, 
     output = pd.read_parquet(tmp_path / "out")
     for cid, expected in zip([1, 2, 3], oracle.sink_rows(oracle.read_batches(str(tmp_path / "in")))):
         oracle.assert_totals_equal(output[output["checkpoint_id"] == cid], expected)
+
+
+def test_counting_the_keys_of_a_damaged_database_raises_instead_of_coming_out_short(tmp_path: Path):
+    db = open_db(str(tmp_path / "db"), ["s"], RocksDBOptions(), create=True)
+    cf = db.get_column_family("s")
+    for i in range(50_000):
+        cf[b"k%08d" % i] = b"v%040d" % i
+    assert count_keys(cf) == 50_000
+    flush_all(db, ["s"])
+    del cf
+    db.close()
+    for sst in (tmp_path / "db").glob("*.sst"):
+        rewrite_in_place(sst)
+    db = open_db(str(tmp_path / "db"), [], RocksDBOptions(), create=False, read_only=True)
+    try:
+        with pytest.raises(Exception) as err:
+            count_keys(db.get_column_family("s"))
+        assert is_corruption(err.value), err.value
+    finally:
+        db.close()

@@ -18,7 +18,7 @@ from sparkpoint.core.errors import CheckpointAlreadyExists, OperatorStateMismatc
 from sparkpoint.core.inspect import operator_state_of
 from sparkpoint.core.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.core.progress import ProgressCounter, ProgressFn, reporting
-from sparkpoint.core.rocksdb import RocksDBOptions, list_states, open_db
+from sparkpoint.core.rocksdb import RocksDBOptions, count_keys, list_states, open_db
 from sparkpoint.core.storage import CheckpointStorage
 
 
@@ -74,7 +74,7 @@ def count_entries(directory: Path) -> dict[str, int]:
     db = open_db(str(directory), [], RocksDBOptions(), create=False, read_only=True)
     try:
         for name in list_states(str(directory)):
-            counts[name] = sum(1 for _ in db.get_column_family(name).keys())  # noqa: SIM118 - keys only, no values
+            counts[name] = count_keys(db.get_column_family(name))
     finally:
         db.close()
     return counts
