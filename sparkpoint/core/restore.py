@@ -127,26 +127,39 @@ def local_copy_matches(directory: Path, handle: SubtaskStateHandle, *, deep: boo
 
     Every file's size is checked. Its content is checksummed too, unless it is an SST whose
     fingerprint is unchanged since its content was last checked (see the module's text); `deep`
-    checksums every file. The files are checksummed on several threads, largest first (CRC32
-    releases the GIL).
+    checksums every file. Many megabytes to checksum go to several threads, largest first (CRC32
+    releases the GIL); a few small files are cheaper on this one.
     """
     prints = {} if deep else read_fingerprints(directory)
-
-    def check(f: FileHandle) -> str | None:
-        local = directory / f.local_name
-        try:
-            st = local.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            return mismatch(f, None, None)
-        if st.st_size == f.size and prints.get(f.local_name) == _fingerprint(st):
-            return None
-        return mismatch(f, st.st_size, lambda: crc32_of_file(str(local)))
-
     files = list(handle.files())
-    by_size = sorted(range(len(files)), key=lambda i: -files[i].size)
-    with ThreadPoolExecutor(max_workers=max(1, min(len(files), os.cpu_count() or 2))) as pool:
-        problems = dict(pool.map(lambda i: (i, check(files[i])), by_size))
+    problems: dict[int, str | None] = {}
+    to_read: list[int] = []
+    for i, f in enumerate(files):
+        try:
+            st = (directory / f.local_name).stat(follow_symlinks=False)
+        except FileNotFoundError:
+            problems[i] = mismatch(f, None, None)
+            continue
+        if st.st_size != f.size:
+            problems[i] = mismatch(f, st.st_size, None)
+        elif prints.get(f.local_name) == _fingerprint(st):
+            problems[i] = None
+        else:
+            to_read.append(i)
+
+    def checksum(i: int) -> tuple[int, str | None]:
+        return i, mismatch(files[i], files[i].size, lambda: crc32_of_file(str(directory / files[i].local_name)))
+
+    to_read.sort(key=lambda i: -files[i].size)
+    if len(to_read) > 1 and sum(files[i].size for i in to_read) > _THREADED_BYTES:
+        with ThreadPoolExecutor(max_workers=min(len(to_read), os.cpu_count() or 2)) as pool:
+            problems.update(pool.map(checksum, to_read))
+    else:
+        problems.update(map(checksum, to_read))
     return [FileProblem(f.path, f.local_name, p) for i, f in enumerate(files) if (p := problems[i])]
+
+
+_THREADED_BYTES = 16 << 20  # below this, starting threads costs more than they save
 
 
 def download_verified(
