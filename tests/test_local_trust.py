@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -179,3 +180,18 @@ def test_counting_the_keys_of_a_damaged_database_raises_instead_of_coming_out_sh
         assert is_corruption(err.value), err.value
     finally:
         db.close()
+
+
+def test_the_old_working_database_is_deleted_off_the_restore_path(local_storage: CheckpointStorage, tmp_path: Path):
+    model, meta = two_checkpoints(local_storage, tmp_path / "local")
+    subtask_dir = local_copy(local_storage, tmp_path / "local").parent
+    (subtask_dir / "db" / "ran-ahead.sst").write_bytes(b"x" * 1_000_000)  # db/ is no checkpoint: it goes
+    (subtask_dir / "trash-0dead0de").mkdir()  # left by a process that died while deleting
+    (subtask_dir / "trash-0dead0de" / "000001.sst").write_bytes(b"y")
+    with backend(local_storage, tmp_path / "local") as b:
+        assert b.restore(meta).source == "local"
+        assert not (b.db_path / "ran-ahead.sst").exists() and read_all(b) == model
+    deadline = time.monotonic() + 30
+    while [p for p in subtask_dir.iterdir() if p.name.startswith("trash-")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in subtask_dir.iterdir() if p.name.startswith("trash-")], "deleted in the background"

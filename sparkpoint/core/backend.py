@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -476,7 +477,12 @@ class RocksDBStateBackend:
         (self.dir / _MARKER).unlink(missing_ok=True)
         self._clean = False
         if self.db_path.exists():
-            shutil.rmtree(self.db_path)
+            # Out of the way at once, deleted in the background: freeing the blocks of a working
+            # database that ran ahead (a compaction's fresh output) took 0.5 s per GB measured,
+            # on the critical path of every restore that cannot reuse it.
+            trash = self.dir / f"{_TRASH}{uuid.uuid4().hex[:8]}"
+            self.db_path.rename(trash)
+            _delete_in_background(trash)
 
     # --- snapshot ------------------------------------------------------------------------------
 
@@ -714,7 +720,9 @@ class RocksDBStateBackend:
     def _drop_leftovers(self) -> None:
         """Scratch directories of a process that died mid-restore."""
         for entry in self.dir.iterdir():
-            if entry.name.startswith(("download-", "rescale-")) or ".tmp-" in entry.name:
+            if entry.name.startswith(_TRASH):
+                _delete_in_background(entry)
+            elif entry.name.startswith(("download-", "rescale-")) or ".tmp-" in entry.name:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def _delete_quietly(self, rels: list[str]) -> None:
@@ -722,6 +730,29 @@ class RocksDBStateBackend:
             self.storage.delete(rels)
         except Exception as e:  # best effort: the orphan sweep gets what is left
             log.warning("could not delete the uploads of a failed snapshot: %s", e)
+
+
+_TRASH = "trash-"  # a local directory on its way out (`_delete_in_background`)
+_deleting: set[Path] = set()
+_deleting_lock = threading.Lock()
+
+
+def _delete_in_background(path: Path) -> None:
+    """Delete the directory `path` on a daemon thread, once per process. One left over by a process
+    that died first is found by the next restore (`_drop_leftovers`)."""
+    with _deleting_lock:
+        if path in _deleting:
+            return
+        _deleting.add(path)
+
+    def delete() -> None:
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            with _deleting_lock:
+                _deleting.discard(path)
+
+    threading.Thread(target=delete, name=f"sparkpoint-delete-{path.name}", daemon=True).start()
 
 
 def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:
