@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -64,6 +65,14 @@ def rewritten_behind_rocksdbs_back(
     for sst in local_copy(storage, local).glob("*.sst"):
         rewrite_in_place(sst, every)  # also db/'s files: the same inodes
     return model, meta
+
+
+def trash_after_a_while(subtask_dir: Path) -> list[Path]:
+    """The `trash-*` directories left once the background deletion had up to 30 s."""
+    deadline = time.monotonic() + 30
+    while (left := [p for p in subtask_dir.iterdir() if p.name.startswith("trash-")]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def local_copy(storage: CheckpointStorage, local: Path) -> Path:
@@ -191,7 +200,20 @@ def test_the_old_working_database_is_deleted_off_the_restore_path(local_storage:
     with backend(local_storage, tmp_path / "local") as b:
         assert b.restore(meta).source == "local"
         assert not (b.db_path / "ran-ahead.sst").exists() and read_all(b) == model
-    deadline = time.monotonic() + 30
-    while [p for p in subtask_dir.iterdir() if p.name.startswith("trash-")] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in subtask_dir.iterdir() if p.name.startswith("trash-")], "deleted in the background"
+    assert not trash_after_a_while(subtask_dir), "deleted in the background"
+
+
+def test_a_working_database_that_is_a_symlink_goes_without_what_it_points_to(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    model, meta = two_checkpoints(local_storage, tmp_path / "local")
+    subtask_dir = local_copy(local_storage, tmp_path / "local").parent
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    shutil.rmtree(subtask_dir / "db")
+    (subtask_dir / "db").symlink_to(outside, target_is_directory=True)
+    with backend(local_storage, tmp_path / "local") as b:
+        assert b.restore(meta).source == "local" and read_all(b) == model
+    assert not trash_after_a_while(subtask_dir)
+    assert (outside / "precious").read_text() == "keep me"

@@ -747,6 +747,8 @@ def _delete_in_background(path: Path) -> None:
 
     def delete() -> None:
         try:
+            if path.is_symlink():  # the link goes, never what it points to
+                path.unlink(missing_ok=True)
             shutil.rmtree(path, ignore_errors=True)
         finally:
             with _deleting_lock:
