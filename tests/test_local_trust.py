@@ -217,3 +217,18 @@ def test_a_working_database_that_is_a_symlink_goes_without_what_it_points_to(
         assert b.restore(meta).source == "local" and read_all(b) == model
     assert not trash_after_a_while(subtask_dir)
     assert (outside / "precious").read_text() == "keep me"
+
+
+def test_a_task_local_sst_that_is_a_symlink_is_not_taken_even_with_the_right_content(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    model, meta = two_checkpoints(local_storage, tmp_path / "local")
+    victim = sorted(local_copy(local_storage, tmp_path / "local").glob("*.sst"))[0]
+    outside = tmp_path / "outside.sst"
+    shutil.copyfile(victim, outside)  # the same bytes, outside the local directory
+    victim.unlink()
+    victim.symlink_to(outside)
+    with backend(local_storage, tmp_path / "local") as b:
+        result = b.restore(meta)
+        assert result.source == "primary" and "not a regular file" in result.problems[0]
+        assert read_all(b) == model

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -140,7 +141,9 @@ def local_copy_matches(directory: Path, handle: SubtaskStateHandle, *, deep: boo
         except FileNotFoundError:
             problems[i] = mismatch(f, None, None)
             continue
-        if st.st_size != f.size:
+        if not stat.S_ISREG(st.st_mode):  # a link would have RocksDB read outside the local directory
+            problems[i] = "not a regular file (a symbolic link or a directory)"
+        elif st.st_size != f.size:
             problems[i] = mismatch(f, st.st_size, None)
         elif prints.get(f.local_name) == _fingerprint(st):
             problems[i] = None
