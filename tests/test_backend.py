@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -343,3 +344,41 @@ def test_max_parallelism_mismatch_is_refused(local_storage: CheckpointStorage, t
         StateBackendError, match="--max-parallelism 32"
     ):
         b.restore(CompletedCheckpointStore(local_storage).load(1))
+
+
+
+def test_an_open_reads_no_index_or_filter_block_the_first_read_puts_them_in_the_cache(tmp_path: Path):
+    # Flink's managed-memory layout: what an open costs no longer grows with the state's index and
+    # filters, and their memory is capped by the block cache.
+    from sparkpoint.core.rocksdb import RocksDBOptions, flush_all, open_db
+
+    db = open_db(str(tmp_path / "db"), ["s"], RocksDBOptions(), create=True)
+    cf = db.get_column_family("s")
+    rng = random.Random(7)
+    for i in range(50_000):
+        cf[b"k%09d" % i] = rng.randbytes(40)
+    flush_all(db, ["s"])
+    cf.compact_range(None, None)
+    del cf
+    db.close()
+
+    def memory(cf: Any) -> tuple[int, int]:  # held by the open files' readers, held by the block cache
+        return (cf.property_int_value("rocksdb.estimate-table-readers-mem"),
+                cf.property_int_value("rocksdb.block-cache-usage"))
+
+    measured = {}
+    for cached in (True, False):  # False: RocksDB's own default, still selectable
+        db = open_db(str(tmp_path / "db"), [], RocksDBOptions(cache_index_and_filter_blocks=cached), create=False)
+        cf = db.get_column_family("s")
+        opened = memory(cf)
+        assert cf[b"k000012345"] is not None and cf[b"k000049999"] is not None
+        measured[cached] = (opened, memory(cf))
+        del cf
+        db.close()
+    (readers, cache_at_open), (_, cache_after_read) = measured[True]
+    (readers_default, _), (_, cache_after_read_default) = measured[False]
+    filter_bytes = 50_000 * 10 // 8  # a 10-bit bloom filter
+    assert readers < 4096 < filter_bytes < readers_default
+    assert cache_at_open < 4096 and cache_after_read > filter_bytes > cache_after_read_default
+    with pytest.raises(ValueError, match="block_cache_mb"):
+        RocksDBOptions(block_cache_mb=0)

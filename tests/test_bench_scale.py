@@ -115,6 +115,7 @@ def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
     assert r["restore"]["primary on s3 (moto)"]["downloaded_bytes"] == r["restore"]["primary"]["downloaded_bytes"]
     assert len(r["restore"]["primary"]["runs_s"]) == 2
     assert r["restore"]["local"]["verify_s"] > 0 and r["restore"]["local"]["verify_deep_s"] > 0
+    assert all(x["first_reads_s"] > 0 for x in r["restore"].values())
     assert set(r["transfer"]) == {"file", "s3 (moto)"}
     for x in r["transfer"].values():
         assert x["bytes"] == r["restore"]["primary"]["downloaded_bytes"] and len(x["runs_s"]["get"]) == 2

@@ -4,6 +4,12 @@ Compaction decides how incremental a checkpoint is: every SST a compaction write
 to upload. The default here is the setting measured best in FIELD-NOTES.md (universal
 compaction, L0 trigger 8, a 10-bit bloom filter, no TTL or periodic rewrite); `leveled` is
 RocksDB's own default, kept for comparison.
+
+Index and filter blocks live in the database's block cache, as in Flink's default
+(`state.backend.rocksdb.memory.managed`), those of level-0 files pinned, instead of each open
+loading every SST's whole index and filter into memory. An open then reads none of them, and what
+they hold in memory is capped by the cache. Measured on a 1.5 GB state: the open takes 7 ms instead
+of 26, and with its first 1,000 random reads 23 ms instead of 33.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
+    Cache,
     DBCompactionStyle,
     Options,
     Rdict,
@@ -35,12 +42,19 @@ class RocksDBOptions:
     bloom_bits: int = 10
     write_buffer_mb: int = 64
     background_jobs: int = 2
+    # Each open database's block cache; index and filter blocks are kept in it (False: each
+    # open loads them whole into memory, RocksDB's default).
+    block_cache_mb: int = 256
+    cache_index_and_filter_blocks: bool = True
 
     def __post_init__(self) -> None:
         if self.compaction not in COMPACTION_STYLES:
             raise ValueError(f"compaction must be one of {COMPACTION_STYLES}, got {self.compaction!r}")
+        if self.block_cache_mb < 1:
+            raise ValueError(f"block_cache_mb must be at least 1, got {self.block_cache_mb}")
 
-    def build(self, *, create: bool) -> Options:
+    def build(self, *, create: bool, cache: Cache | None = None) -> Options:
+        """RocksDB options; the column families of one database share its `cache` (None: a new one)."""
         opts = Options(raw_mode=True)
         opts.create_if_missing(create)
         opts.create_missing_column_families(create)
@@ -52,6 +66,10 @@ class RocksDBOptions:
         table = BlockBasedOptions()
         if self.bloom_bits > 0:
             table.set_bloom_filter(self.bloom_bits, False)
+        table.set_block_cache(cache if cache is not None else Cache(self.block_cache_mb << 20))  # the db keeps it
+        if self.cache_index_and_filter_blocks:
+            table.set_cache_index_and_filter_blocks(True)
+            table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_size(self.write_buffer_mb * 1024 * 1024)
         opts.set_max_background_jobs(self.background_jobs)
@@ -78,11 +96,12 @@ def open_db(
         if not os.path.isfile(os.path.join(path, "CURRENT")):
             raise StateBackendError(f"{path} holds no RocksDB database (no CURRENT file)")
         names |= set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF}
-    cf_options = {name: options.build(create=create) for name in sorted(names)}
+    cache = Cache(options.block_cache_mb << 20)
+    cf_options = {name: options.build(create=create, cache=cache) for name in sorted(names)}
     try:
         db = Rdict(
             path,
-            options=options.build(create=create),
+            options=options.build(create=create, cache=cache),
             column_families=cf_options,
             access_type=AccessType.read_only() if read_only else AccessType.read_write(),
         )
