@@ -757,6 +757,19 @@ def summarize(batches: list[dict[str, Any]], shares: list[dict[str, float]],
     }
 
 
+def entry_shares(shares: list[dict[str, float]], entries: list[dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Per operator, means over the update batches: the share of the state's entries the batch
+    changed or added, and the share it added. An added entry is information no earlier checkpoint
+    holds, so some form of it must be uploaded."""
+    out = {}
+    for op in entries[0]:
+        changed = [s[op] for s in shares[1:]]
+        added = [(now[op] - before[op]) / now[op] for before, now in zip(entries, entries[1:])]
+        out[op] = {"changed_mean": statistics.fmean(changed) if changed else 0.0,
+                   "added_mean": statistics.fmean(added) if added else 0.0}
+    return out
+
+
 # --- report --------------------------------------------------------------------------------------------
 
 
@@ -793,6 +806,14 @@ def report(results: dict[str, Any]) -> str:
                 str(x["ckpt_files_final"]), f"{x['ckpt_over_state']:.2f}", f"{x['amplification_total']:.2f}",
                 ratio(x["amplification_compact_total"]),
             ])
+    out.append(table(
+        "Entries per update batch, from the input data (means over the update batches). An added entry is new "
+        "information: a checkpoint's up/state falls below the added share only as far as the upload stores an "
+        "entry in fewer bytes than the live state does",
+        ["workload", "operator", "changed or added / entries", "added / entries"],
+        [[name, op, f"{x['changed_mean']:.3f}", f"{x['added_mean']:.3f}"]
+         for name, w in results["workloads"].items() for op, x in entry_shares(w["shares"], w["entries"]).items()],
+    ))
     out.append(table(
         "Checkpoint bytes, from storage listings (up/state mean, median, max over the update batches)",
         ["workload", "system", "upd", "up/state", "median", "max", ">half", "MB up/batch", "state MB",
@@ -915,7 +936,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 runner(spark, system, warm, work / "warmup" / system.label.replace("/", "_"))
         for k, workload in enumerate(workloads):
             entry: dict[str, Any] = {"description": workload.description, "events": workload.events,
-                                     "shares": workload.shares, "entries": workload.entries, "systems": {}}
+                                     "shares": workload.shares, "entries": workload.entries,
+                                     "entry_shares": entry_shares(workload.shares, workload.entries), "systems": {}}
             results["workloads"][workload.name] = entry
             order = chosen[k % len(chosen):] + chosen[: k % len(chosen)]  # a different system goes first
             for system in order:
@@ -1032,6 +1054,7 @@ def main(argv: list[str] | None = None) -> None:
         for w in results["workloads"].values():
             for system in w["systems"].values():
                 system["summary"] = summarize(system["batches"], w["shares"], w["entries"])
+            w["entry_shares"] = entry_shares(w["shares"], w["entries"])
         results["definitions"] = definitions()
         write(results, args.out, args.report_from.stem)
         return
