@@ -121,3 +121,14 @@ def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
         assert x["bytes"] == r["restore"]["primary"]["downloaded_bytes"] and len(x["runs_s"]["get"]) == 2
         assert min(x["upload_s"], x["put_s"], x["download_s"], x["get_s"]) > 0
     assert len(r["targets"]) == 8 and r["machine"]["crc32"] in ("isal", "zlib")
+
+
+@pytest.mark.parametrize("layout", [[], ["--load-index-at-open"]])
+def test_damage_benchmark_quick_run_finds_no_silent_damage(tmp_path: Path, layout: list[str]):
+    r = run_benchmark("benchmarks.bench_damage", tmp_path / "damage.json", *layout)
+    assert r["keys"] == 2000 and r["load_index_at_open"] == bool(layout)
+    for kind in ("bit flip", "zeroed 4 KB page"):
+        x = r[kind]
+        assert x["open"] + x["read"] + x["harmless"] + x["SILENT"] == x["trials"] > 50
+        assert x["SILENT"] == 0 and x["silent_offsets"] == [], x
+        assert x["open"] + x["read"] > 0  # the damage is seen, not just survived
