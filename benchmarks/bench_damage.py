@@ -16,7 +16,8 @@ a copy read-only with `RocksDBOptions()` (index and filter blocks in the block c
 `--load-index-at-open` asks for RocksDB's default layout.
 
 Run: .venv/bin/python -m benchmarks.bench_damage [--keys 20000] [--step 211]   (about 5 minutes)
-Prints a table, writes benchmarks/results/damage.json (damage_quick.json with --quick).
+Prints a table, writes benchmarks/results/damage.json (damage_load_at_open.json with
+--load-index-at-open, a _quick suffix with --quick).
 """
 
 from __future__ import annotations
@@ -142,13 +143,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 2,000 keys, a flip every 2,003 bytes and every 31st byte of the last 4 KB")
     p.add_argument("--seed", type=int, default=3)
-    p.add_argument("--out", type=Path, help="JSON output (default benchmarks/results/damage[_quick].json)")
+    p.add_argument("--out", type=Path,
+                   help="JSON output (default benchmarks/results/damage[_load_at_open][_quick].json)")
     args = p.parse_args(argv)
     if args.quick:
         args.keys, args.step, args.tail_step = 2_000, 2_003, 31
     if args.keys < 100 or min(args.step, args.tail_step) < 1:
         p.error("--keys must be at least 100, --step and --tail-step positive")
-    out_path = args.out or RESULTS / ("damage_quick.json" if args.quick else "damage.json")
+    stem = "damage" + ("_load_at_open" if args.load_index_at_open else "") + ("_quick" if args.quick else "")
+    out_path = args.out or RESULTS / f"{stem}.json"
     work = Path(tempfile.mkdtemp(prefix="sparkpoint-damage-"))
     try:
         result = run(args, work)
