@@ -380,5 +380,10 @@ def test_an_open_reads_no_index_or_filter_block_the_first_read_puts_them_in_the_
     filter_bytes = 50_000 * 10 // 8  # a 10-bit bloom filter
     assert readers < 4096 < filter_bytes < readers_default
     assert cache_at_open < 4096 and cache_after_read > filter_bytes > cache_after_read_default
+    db = open_db(str(tmp_path / "db"), [], RocksDBOptions(block_cache_mb=48), create=False)
+    cf = db.get_column_family("s")
+    assert cf.property_int_value("rocksdb.block-cache-capacity") == 48 << 20
+    del cf
+    db.close()
     with pytest.raises(ValueError, match="block_cache_mb"):
         RocksDBOptions(block_cache_mb=0)

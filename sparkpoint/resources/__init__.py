@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 
 from sparkpoint.core.errors import SparkpointError
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.spark.maintenance import RegistryCounts, registry_counts
 from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
@@ -137,6 +138,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.core.changelog)
     parallelism: int = 2
     max_parallelism: int = 128
+    rocksdb_block_cache_mb: int = 256  # each open database's block cache, index and filter blocks included
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         if not 1 <= self.parallelism <= self.max_parallelism:
@@ -144,6 +146,13 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
                 f"state backend: parallelism must be between 1 and max_parallelism ({self.max_parallelism}), "
                 f"got {self.parallelism}"
             )
+        self.rocksdb_options()
+
+    def rocksdb_options(self) -> RocksDBOptions:
+        try:
+            return RocksDBOptions(block_cache_mb=self.rocksdb_block_cache_mb)
+        except ValueError as e:
+            raise ResourceConfigError(f"state backend: {e}") from e
 
 
 class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -196,6 +205,7 @@ def pipeline_of(
         files_per_checkpoint=source.files_per_checkpoint, local_dir=str(Path(backend.local_dir).resolve()),
         restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
         incremental=backend.incremental, local_recovery=backend.local_recovery, changelog=backend.changelog,
+        rocksdb=backend.rocksdb_options(),
     )
     try:
         return StatefulPipeline(spark, config)
