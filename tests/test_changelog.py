@@ -15,6 +15,7 @@ from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, 
 from sparkpoint.core.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
 from sparkpoint.core.errors import CheckpointCorrupted
 from sparkpoint.core.keygroups import key_group_for
+from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.serde import StructCodec
 
 COUNTS = StructCodec[tuple[int]]("<q")
@@ -432,3 +433,45 @@ def test_deep_verify_decodes_changelog_files(local_storage: CheckpointStorage, t
     raw["checksum"] = content_checksum(raw)
     problems = verify_checkpoint(local_storage, CheckpointMetadata.loads(json.dumps(raw).encode()))
     assert len(problems) == 1 and "does not decode" in problems[0].problem
+
+
+def test_a_growing_state_is_weighed_as_it_is_now_not_as_first_materialized(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    """New keys at every checkpoint make the chain outgrow the first, small materialization long
+    before it is a share of the state: the chain is weighed against the larger of the two, so the
+    state is not uploaded again for growing. Rewriting the same keys grows the chain, not the
+    state, and materializes; every checkpoint restores exactly."""
+    options = ChangelogOptions(enabled=True, materialize_share=1.0, max_chain=64)
+    # L0 trigger 2: compactions soon merge the rewritten runs, so the working SSTs are the state
+    b = backend(local_storage, tmp_path / "local", changelog=options, options=RocksDBOptions(level0_trigger=2))
+    b.restore(None)
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    values = b.value_state("values", COUNTS)
+    rng = random.Random(5)
+    model: dict[str, int] = {}
+    kinds, chain_over_first = [], []
+
+    def checkpoint(updates: dict[str, int]) -> None:
+        values.put_many((k, (v,)) for k, v in updates.items())
+        model.update(updates)
+        done = take_checkpoint(coord, [b])
+        (handle,) = done.metadata.operators["ops"].subtasks
+        new = [f for f in handle.shared if f.created_by == done.checkpoint_id]
+        kinds.append("log" if all(cl.is_changelog(f.local_name) for f in new) else "files")
+        chain = sum(f.size for f in handle.shared if cl.is_changelog(f.local_name))
+        chain_over_first.append(chain / sum(f.size for f in handle.shared if not cl.is_changelog(f.local_name)))
+        restored = backend(local_storage, tmp_path / f"restored-{done.checkpoint_id}")
+        restored.restore(done.metadata)
+        assert dict((k.decode(), v[0]) for k, v in restored.value_state("values", COUNTS).items()) == model
+        restored.dispose()
+
+    checkpoint({f"first{i}": rng.randrange(1 << 60) for i in range(200)})
+    for round_ in range(5):  # growing: 3,000 new keys each
+        checkpoint({f"new{round_}-{i}": rng.randrange(1 << 60) for i in range(3000)})
+    assert kinds == ["files"] + ["log"] * 5
+    assert max(chain_over_first) > 2  # the old rule (chain ÷ first materialization) had materialized
+    for _ in range(5):  # rewriting every key: the chain grows by a whole state each time
+        checkpoint({k: rng.randrange(1 << 60) for k in model})
+    assert "files" in kinds[6:]
+    b.dispose()

@@ -526,7 +526,8 @@ class RocksDBStateBackend:
             return None
         chain = [f for f in base.shared if changelog.is_changelog(f.local_name)]
         materialized = sum(f.size for f in base.shared if not changelog.is_changelog(f.local_name))
-        if self.changelog.should_materialize(materialized, sum(f.size for f in chain), len(chain)):
+        working = sum(int(f["size"]) for f in self._open_db().live_files())  # flushed: the state now
+        if self.changelog.should_materialize(max(materialized, working), sum(f.size for f in chain), len(chain)):
             return None
         return base
 

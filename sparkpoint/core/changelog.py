@@ -65,10 +65,15 @@ is_changelog = is_changelog_name
 
 @dataclass(frozen=True)
 class ChangelogOptions:
-    """When to materialize: the chain's bytes reach `materialize_share` of the materialized
-    files' bytes, or the chain reaches `max_chain` files. A longer chain uploads less (each
-    materialization re-uploads what compaction rewrote) and takes longer to restore from the
-    task-local copy or stable storage, which replay it (the working database replays nothing)."""
+    """When to materialize: the chain's bytes reach `materialize_share` of the state's bytes, or
+    the chain reaches `max_chain` files. A longer chain uploads less (each materialization
+    re-uploads what compaction rewrote) and takes longer to restore from the task-local copy or
+    stable storage, which replay it (the working database replays nothing).
+
+    The state's bytes are the larger of the last materialization's files and the SSTs of the
+    working database now (what a materialization now would list). Against the first alone, the
+    chain of a growing state outgrows an old, small snapshot while it is still a small share of
+    the state, and every such materialization uploads the whole state again."""
 
     enabled: bool = False
     materialize_share: float = 2.0
@@ -80,11 +85,11 @@ class ChangelogOptions:
         if self.max_chain < 1:
             raise ValueError(f"changelog max chain must be >= 1, got {self.max_chain}")
 
-    def should_materialize(self, materialized_bytes: int, chain_bytes: int, chain_files: int) -> bool:
+    def should_materialize(self, state_bytes: int, chain_bytes: int, chain_files: int) -> bool:
         """Decide before writing the next changelog file (chain figures without it)."""
-        if materialized_bytes <= 0:
+        if state_bytes <= 0:
             return True
-        return chain_files >= self.max_chain or chain_bytes >= self.materialize_share * materialized_bytes
+        return chain_files >= self.max_chain or chain_bytes >= self.materialize_share * state_bytes
 
 
 @dataclass

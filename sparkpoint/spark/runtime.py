@@ -67,7 +67,7 @@ class PipelineConfig:
     local_recovery: bool = True
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
     changelog: bool = True  # FLIP-158: upload changed entries, materialize RocksDB files now and then
-    changelog_materialize_share: float = 2.0  # materialize when the chain reaches this share of the files
+    changelog_materialize_share: float = 2.0  # materialize when the chain reaches this share of the state
     changelog_max_chain: int = 64  # ... or this many changelog files
 
     def changelog_options(self) -> ChangelogOptions:
