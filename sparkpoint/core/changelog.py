@@ -71,9 +71,10 @@ class ChangelogOptions:
     stable storage, which replay it (the working database replays nothing).
 
     The state's bytes are the larger of the last materialization's files and the SSTs of the
-    working database now (what a materialization now would list). Against the first alone, the
-    chain of a growing state outgrows an old, small snapshot while it is still a small share of
-    the state, and every such materialization uploads the whole state again."""
+    working database now (what a materialization now would list). Weighed against the last
+    materialization alone, the chain of a growing state outgrows that old, small snapshot while it
+    is still a small share of the state, and every such materialization uploads the whole state
+    again."""
 
     enabled: bool = False
     materialize_share: float = 2.0
