@@ -37,6 +37,8 @@ def test_flink_key_and_our_names_become_one_rocksdb_options():
     assert settings == {"changelog": True,
                         "rocksdb": RocksDBOptions(block_cache_mb=64, cache_index_and_filter_blocks=False)}
     assert "rocksdb" not in resolve_settings({"changelog": "false"})  # the defaults stay
+    with pytest.raises(ValueError, match="between 1 and 1048576"):  # refused here, not in a Spark task
+        resolve_settings({"state.backend.rocksdb.block.cache-size": "2tb"})
     with pytest.raises(ValueError, match="state.backend.rocksdb.block.cache-size"):
         resolve_settings({"state.backend.rocksdb.block.cache-size": "big"})
 
@@ -56,7 +58,7 @@ def test_the_state_backend_resource_carries_the_cache_size(tmp_path: Path):
     res["state_backend"] = StateBackendResource(local_dir=str(tmp_path / "local"), rocksdb_block_cache_mb=32)
     pipeline = pipeline_of(res["storage"], res["registry"], res["state_backend"], res["source"])
     assert pipeline.config.rocksdb == RocksDBOptions(block_cache_mb=32)
-    with pytest.raises(ResourceConfigError, match="block_cache_mb must be at least 1"):
+    with pytest.raises(ResourceConfigError, match="block_cache_mb must be between 1 and"):
         StateBackendResource(rocksdb_block_cache_mb=0).setup_for_execution(dg.build_init_resource_context())
 
 

@@ -84,5 +84,8 @@ def resolve_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"setting {key!r}: {value!r} is not valid ({e})") from e
     rocksdb = {_ROCKSDB_FIELDS[name]: out.pop(name) for name in list(out) if name in _ROCKSDB_FIELDS}
     if rocksdb:
-        out["rocksdb"] = RocksDBOptions(**rocksdb)
+        try:
+            out["rocksdb"] = RocksDBOptions(**rocksdb)
+        except ValueError as e:
+            raise ValueError(f"RocksDB settings: {e}") from e
     return out

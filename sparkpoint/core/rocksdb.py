@@ -33,6 +33,7 @@ from sparkpoint.core.errors import StateBackendError
 
 DEFAULT_CF = "default"
 COMPACTION_STYLES = ("universal", "leveled")
+MAX_BLOCK_CACHE_MB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,10 @@ class RocksDBOptions:
     def __post_init__(self) -> None:
         if self.compaction not in COMPACTION_STYLES:
             raise ValueError(f"compaction must be one of {COMPACTION_STYLES}, got {self.compaction!r}")
-        if self.block_cache_mb < 1:
-            raise ValueError(f"block_cache_mb must be at least 1, got {self.block_cache_mb}")
+        if not 1 <= self.block_cache_mb <= MAX_BLOCK_CACHE_MB:  # above: an overflow inside the Spark task
+            raise ValueError(
+                f"block_cache_mb must be between 1 and {MAX_BLOCK_CACHE_MB} (1 TB), got {self.block_cache_mb}"
+            )
 
     def build(self, *, create: bool, cache: Cache | None = None) -> Options:
         """RocksDB options; the column families of one database share its `cache` (None: a new one)."""
