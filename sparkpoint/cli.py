@@ -261,9 +261,13 @@ def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadat
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from sparkpoint.core.sweep import sweep_orphans
+    from sparkpoint.spark.attempt import pending_paths
 
     storage = _existing_store(args).storage
-    report = sweep_orphans(storage, grace_seconds=args.grace, dry_run=args.dry_run)
+    # The uploads of attempts still pending (a step between its two halves) are kept, as the
+    # Dagster prune keeps them: deleting them would fail that attempt's checkpoint step.
+    report = sweep_orphans(storage, grace_seconds=args.grace, dry_run=args.dry_run,
+                           pending_paths=pending_paths(storage))
     for link in report.symlinks:
         print(f"warning: {link.path} is a symbolic link; it is neither followed nor deleted", file=sys.stderr)
     if args.json:

@@ -340,3 +340,37 @@ def test_commit_with_unknown_outcome_deletes_nothing(storage: CheckpointStorage,
         coord.complete(pending.checkpoint_id)
     assert all(storage.exists(f.path) for f in handle.files()), "when in doubt, do not delete"
     assert coord.pending == {}
+
+
+def test_a_commit_overtaken_by_a_newer_checkpoint_is_withdrawn_before_it_subsumes(
+    storage: CheckpointStorage, tmp_path: Path
+):
+    """A slow writer passes its checks for chk-2, another writer completes chk-3 before the slow
+    one's `_metadata` lands: the slow chk-2 is withdrawn and subsumes nothing (rule 9)."""
+    from sparkpoint.core.errors import CheckpointSuperseded
+
+    slow = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "slow")
+    sub.write("s")
+    run_checkpoint(slow, sub, ["s"])
+    pending = slow.trigger(expected={"op": 1})
+    handle = sub.snapshot(pending.checkpoint_id, ["s"])
+    slow.acknowledge(pending.checkpoint_id, handle)
+    other = CheckpointCoordinator(storage, num_retained=3)  # it subsumes nothing: only its id is newer
+    osub = FakeSubtask(storage, tmp_path / "other")
+    osub.write("o")
+    commit = storage.commit_exclusive
+
+    def newer_first(rel: str, data: bytes) -> None:
+        if rel == metadata_path(2):
+            other.trigger(expected={"op": 1}, checkpoint_id=3)
+            other.acknowledge(3, osub.snapshot(3, ["o"]))
+            other.complete(3, source_offsets="other")
+        commit(rel, data)
+
+    storage.commit_exclusive = newer_first  # type: ignore[method-assign]
+    with pytest.raises(CheckpointSuperseded, match="newer checkpoint 3"):
+        slow.complete(2, source_offsets="slow")
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [3, 1], "chk-2 withdrawn, chk-1 not subsumed by it"
+    assert all(storage.exists(f.path) for f in CompletedCheckpointStore(storage).load(3).files())
+    assert not any(storage.exists(f.path) for f in handle.new_files()), "the withdrawn checkpoint's uploads go"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkpoint.core.crash import crash_point
-from sparkpoint.core.errors import CheckpointDeclined, DeletionBlocked, UnknownSharedState
+from sparkpoint.core.errors import CheckpointDeclined, CheckpointSuperseded, DeletionBlocked, UnknownSharedState
 from sparkpoint.core.metadata import (
     CheckpointMetadata,
     CheckpointStats,
@@ -188,7 +188,7 @@ class CheckpointCoordinator:
                     self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
             self._register(meta, known)
             subsumed, deleted, blocked = self.subsume()
-        except UnknownSharedState:  # withdrawn: it was never a usable checkpoint
+        except (UnknownSharedState, CheckpointSuperseded):  # withdrawn: it was never a usable checkpoint
             raise
         except Exception as e:  # the checkpoint is committed: what is left undone is the sweep's
             self.pending.pop(checkpoint_id, None)
@@ -234,28 +234,38 @@ class CheckpointCoordinator:
         raise error
 
     def _withdraw_if_broken(self, meta: CheckpointMetadata, known: set[int]) -> None:
-        """Another writer committed or subsumed between our reference check and our commit: make
-        sure no reused file of ours is gone with a checkpoint of theirs (invariant 5)."""
-        if set(self.storage.completed_checkpoint_ids()) - {meta.checkpoint_id} == known:
-            return
-        self._rebuild()
+        """Another writer committed or subsumed between our checks and our commit (invariant 5):
+        withdraw ours when a reused file of ours is gone with a checkpoint of theirs, or when a
+        checkpoint newer than ours completed meanwhile (ours is then stale: a writer that started
+        from the newer one has consumed its batch, and our sink commit would repeat output)."""
         cid = meta.checkpoint_id
+        current = set(self.storage.completed_checkpoint_ids()) - {cid}
+        if current == known:
+            return
+        newer = sorted(c for c in current - known if c > cid)
+        self._rebuild()
         others = {p for c in self.registry.checkpoint_ids() if c != cid for p in self.registry.paths_of(c)}
         suspects = sorted({f.path for f in meta.files() if f.created_by != cid and f.path not in others})
         gone = [p for p, there in zip(suspects, self.storage.parallel(self.storage.exists, suspects)) if not there]
-        if not gone:
+        if not gone and not newer:
             return
-        log.error("checkpoint %s reuses %s, which another writer deleted: withdrawing it", cid, gone)
+        why = f"it reuses {gone}, which another writer deleted" if gone else f"checkpoint {newer[-1]} completed"
+        log.error("checkpoint %s: %s while it committed: withdrawing it", cid, why)
         self.storage.delete([meta.metadata_path])  # if this fails, it stays committed and nothing is subsumed
         try:  # its own uploads: best effort, the sweep gets what is left
             self._rebuild()
-            self.abort(cid, reason="it reuses files another writer deleted")
+            self.abort(cid, reason=why)
         except Exception as e:
             self._stale = True
             log.warning("checkpoint %s was withdrawn, its uploads are left to the sweep: %s", cid, e)
-        raise UnknownSharedState(
-            f"checkpoint {cid} re-references {gone[0]}, which another writer deleted while it committed; "
-            "it was withdrawn. Restore the latest checkpoint and take the next one."
+        if gone:
+            raise UnknownSharedState(
+                f"checkpoint {cid} re-references {gone[0]}, which another writer deleted while it committed; "
+                "it was withdrawn. Restore the latest checkpoint and take the next one."
+            )
+        raise CheckpointSuperseded(
+            f"checkpoint {cid} was withdrawn: the newer checkpoint {newer[-1]} completed while it committed "
+            "(another writer on this job). Resume from the latest checkpoint."
         )
 
     def discard(self, checkpoint_ids: list[int], *, reason: str) -> int:

@@ -26,6 +26,10 @@ class CheckpointAlreadyExists(SparkpointError, FileExistsError):
     """Another writer committed the same checkpoint id first."""
 
 
+class CheckpointSuperseded(CheckpointAlreadyExists):
+    """A newer checkpoint completed while this one committed (another writer): it was withdrawn."""
+
+
 class UnknownSharedState(SparkpointError):
     """A checkpoint references a shared file the registry does not know."""
 

@@ -18,6 +18,16 @@ looks at `shared/` and `chk-*/`, so these files are managed here: deleted on com
 abort, and by `recover`/`prune` once their checkpoint is completed or abandoned. The attempt id
 (a Dagster run id, say) names which step wrote it, so two overlapping runs never read each
 other's attempt.
+
+Completing and aborting the same persisted attempt exclude each other on storage, never by a
+check made before acting (DESIGN rule 9): whichever side first creates the attempt's claim file
+`<job>/_pending/chk-<N>-<attempt id>.claim` (exclusive create) decides. A completer claims before
+it writes `_metadata`; an abort claims before it deletes anything. A completer that finds the
+abort's claim gives up without writing; an abort that finds the completer's claim deletes nothing
+(the completer may be alive and about to commit) and leaves the attempt to its completer, to a
+later recovery once a checkpoint at or above N completed, or to the orphan sweep's grace period.
+An abort's claim stays behind as a tombstone until a checkpoint at or above N completes, so a
+completer that wakes up late still finds it.
 """
 
 from __future__ import annotations
@@ -32,8 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 from sparkpoint.core.coordinator import CheckpointCoordinator
 from sparkpoint.core.crash import crash_point
-from sparkpoint.core.errors import CheckpointCorrupted, CheckpointDeclined, DeletionBlocked, SparkpointError
-from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
+from sparkpoint.core.errors import (
+    CheckpointCorrupted,
+    CheckpointDeclined,
+    DeletionBlocked,
+    PathEscapesJobDirectory,
+    SparkpointError,
+)
+from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle, metadata_path
 from sparkpoint.core.paths import validate_name
 from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore
@@ -51,10 +67,16 @@ log = logging.getLogger(__name__)
 ATTEMPT_FORMAT = "sparkpoint-pending-attempt"
 ATTEMPT_VERSION = 1
 PENDING_DIR = "_pending"
+UNREADABLE_DIR = f"{PENDING_DIR}/unreadable"  # attempt records set aside by `recover`
+COMPLETE, ABORT = "complete", "abort"  # the two sides that may claim an attempt
 
 
 class AttemptError(SparkpointError):
     """A pending attempt cannot be read, found or completed as asked."""
+
+
+class AttemptAborted(CheckpointDeclined):
+    """Recovery claimed the attempt first: it will never complete; its batch is processed again."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +200,44 @@ def attempt_path(checkpoint_id: int, attempt_id: str) -> str:
     return f"{PENDING_DIR}/chk-{checkpoint_id}-{attempt_id}.json"
 
 
+def claim_path(checkpoint_id: int, attempt_id: str) -> str:
+    return f"{PENDING_DIR}/chk-{checkpoint_id}-{attempt_id}.claim"
+
+
+def claim(storage: CheckpointStorage, attempt: PendingAttempt, side: str) -> bool:
+    """Claim `attempt` for `side` (COMPLETE or ABORT) by exclusive create: True when this caller
+    may act.
+
+    Exactly one completer may act (two completers of one attempt would race for the same
+    `_metadata`, and the loser's abort would delete the winner's uploads); aborts are idempotent,
+    so every aborter may act once an abort holds the claim. A claim that cannot be read is taken
+    for the other side's: acting on a guess could delete what a completer commits.
+    """
+    path = claim_path(attempt.checkpoint_id, attempt.attempt_id)
+    record = json.dumps({"side": side, "at": time.time(), "by": uuid.uuid4().hex}).encode()
+    try:
+        storage.commit_exclusive(path, record)
+        return True
+    except FileExistsError:
+        pass
+    try:
+        held = storage.read_bytes(path)
+        holder = json.loads(held).get("side")
+    except Exception as e:
+        log.warning("claim %s/%s cannot be read (%s): taking it for the other side's", storage.job_url, path, e)
+        return False
+    return held == record or (side == ABORT and holder == ABORT)  # == record: our own write, its response lost
+
+
+def claim_holder(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str) -> str | None:
+    """Which side holds the attempt's claim (None: no claim, or an unreadable one)."""
+    try:
+        side = json.loads(storage.read_bytes(claim_path(checkpoint_id, attempt_id))).get("side")
+    except Exception:
+        return None
+    return side if side in (COMPLETE, ABORT) else None
+
+
 # --- the two halves ---------------------------------------------------------------------------
 
 
@@ -231,22 +291,31 @@ def complete_attempt(
     *,
     coordinator: CheckpointCoordinator | None = None,
     inject_failure: str | None = None,
+    persisted: bool = False,
 ) -> tuple[BatchReport, CheckpointMetadata]:
     """Complete checkpoint N of `attempt` and commit its sink rows; needs no Spark.
 
     Without `coordinator` (another process ran the Spark half) one is rebuilt from storage and
     triggers exactly N. If another writer committed N, or a newer checkpoint completed, the
-    commit is refused and this attempt's uploads are deleted.
+    commit is refused and this attempt's uploads are deleted. A `persisted` attempt (one that
+    recovery can find and abort) is claimed first: when recovery claimed it already, nothing is
+    written and `AttemptAborted` is raised.
     """
     inject = check_point(inject_failure)
     cid = attempt.checkpoint_id
     if attempt.job_id != pipeline.config.job_id:
         raise AttemptError(f"attempt {attempt.path} belongs to job {attempt.job_id!r}, not {pipeline.config.job_id!r}")
+    storage = pipeline.storage
+    if persisted and not claim(storage, attempt, COMPLETE):
+        raise AttemptAborted(
+            f"checkpoint {cid} of attempt {attempt.attempt_id} was aborted by recovery (or is being completed by "
+            f"another step): nothing was committed; recovery processes batch {list(attempt.files)} again"
+        )
     if coordinator is None:
         _, coordinator = pipeline._begin()
         coordinator.trigger(expected=attempt.expected, checkpoint_id=cid)
     try:
-        _check_uploads_present(pipeline.storage, attempt)
+        _check_uploads_present(storage, attempt)
         for handle in attempt.state_handles():
             coordinator.acknowledge(cid, handle)
         fail_at("before-commit", inject, f"checkpoint {cid} acknowledged, _metadata not written")
@@ -257,14 +326,17 @@ def complete_attempt(
     except BaseException as e:
         coordinator.abort(cid, reason=f"batch {list(attempt.files)} failed to complete: {type(e).__name__}")
         try:  # handles not acknowledged before the failure: the coordinator never saw their uploads
-            _delete_unreferenced(pipeline.storage, attempt)
+            _delete_unreferenced(storage, attempt)
         except Exception as cleanup:  # best effort: the orphan sweep gets what is left
             log.warning("checkpoint %s: could not delete every upload of the attempt: %s", cid, cleanup)
+        if persisted:
+            _release_claim(storage, attempt)
         raise
     crash_point("after-metadata-before-sink-commit")
     if pipeline.sink:
         pipeline.sink.commit(cid, list(attempt.staged))
-    _forget(pipeline.storage, attempt)
+    if persisted:
+        _forget(storage, attempt)
     meta = completed.metadata
     report = BatchReport(
         checkpoint_id=cid, files=attempt.files, rows=attempt.rows,
@@ -275,43 +347,117 @@ def complete_attempt(
     return report, meta
 
 
-def abort_attempt(storage: CheckpointStorage, attempt: PendingAttempt, sink: ExactlyOnceParquetSink | None) -> int:
-    """Delete what a failed attempt left: its uploads no retained checkpoint references, its
-    sink staging, its persisted JSON. Returns how many uploads were deleted. Safe to repeat,
-    and safe on an attempt whose checkpoint did complete (its files are referenced)."""
+@dataclass(frozen=True)
+class AbortOutcome:
+    """What `abort_attempt` did with one persisted attempt."""
+
+    checkpoint_id: int
+    attempt_id: str
+    uploads_deleted: int
+    completed: bool  # its checkpoint is committed: only the record was forgotten
+    left_to_completer: bool  # a completer holds the claim: nothing was touched
+
+
+def abort_attempt(
+    storage: CheckpointStorage, attempt: PendingAttempt, sink: ExactlyOnceParquetSink | None
+) -> AbortOutcome:
+    """Settle a persisted attempt that its own step will not finish: forget it when its checkpoint
+    committed, otherwise claim it for the abort and delete its uploads (those no retained
+    checkpoint references), its sink staging and its record. Safe to repeat, and safe against a
+    completer of the same attempt running at the same time in another process (see the module
+    docstring): one that claimed first is left alone, as long as no checkpoint at or above N
+    completed (then it can never commit N, whatever it does)."""
+    cid = attempt.checkpoint_id
+    completed = AbortOutcome(cid, attempt.attempt_id, 0, completed=True, left_to_completer=False)
+    if _committed_by(storage, attempt):
+        _forget(storage, attempt)  # the sink commit is `_begin`'s if its completer died before it
+        return completed
+    if not claim(storage, attempt, ABORT):
+        if _committed_by(storage, attempt):  # its completer committed since we looked
+            _forget(storage, attempt)
+            return completed
+        if not _taken_by_another(storage, cid):
+            log.warning("checkpoint %s (attempt %s) is claimed by its completer: recovery leaves its uploads to it "
+                        "(or to the orphan sweep)", cid, attempt.attempt_id)
+            return AbortOutcome(cid, attempt.attempt_id, 0, completed=False, left_to_completer=True)
+        # chk-N is another writer's, or a newer checkpoint completed: its completer can never
+        # commit (the exclusive create fails, or the commit is withdrawn before any sink commit).
     deleted = _delete_unreferenced(storage, attempt)
     if sink is not None:
-        sink.discard_staged(attempt.checkpoint_id, list(attempt.staged))
-    _forget(storage, attempt)
-    log.warning("aborted the pending attempt of checkpoint %s (%s): %d uploads deleted", attempt.checkpoint_id,
-                attempt.attempt_id, deleted)
-    return deleted
+        sink.discard_staged(cid, list(attempt.staged))
+    storage.delete([attempt.path])  # the claim stays: the tombstone a late completer finds
+    log.warning("aborted the pending attempt of checkpoint %s (%s): %d uploads deleted", cid, attempt.attempt_id,
+                deleted)
+    return AbortOutcome(cid, attempt.attempt_id, deleted, completed=False, left_to_completer=False)
+
+
+def _taken_by_another(storage: CheckpointStorage, checkpoint_id: int) -> bool:
+    """Checkpoint N is committed by another writer, or a newer one completed (call it once
+    `_committed_by` said chk-N is not this attempt's)."""
+    return max(storage.completed_checkpoint_ids(), default=0) >= checkpoint_id
+
+
+def _committed_by(storage: CheckpointStorage, attempt: PendingAttempt) -> bool:
+    """Whether chk-N/_metadata exists and holds this attempt's uploads (not another writer's N)."""
+    try:
+        meta = CheckpointMetadata.loads(storage.read_bytes(metadata_path(attempt.checkpoint_id)))
+    except Exception:  # missing, or unreadable (deletion is then blocked anyway): not ours
+        return False
+    offsets = {"source": attempt.source_offsets, "sink": list(attempt.staged)}
+    return meta.source_offsets == offsets and {f.path for f in attempt.new_files()} <= meta.paths()
 
 
 # --- persistence between the halves -------------------------------------------------------------
 
 
 def save_attempt(storage: CheckpointStorage, attempt: PendingAttempt) -> str:
-    storage.write_bytes(attempt.path, attempt.dumps())
+    """Persist the attempt whole or not at all (exclusive create: a reader never sees half)."""
+    storage.commit_exclusive(attempt.path, attempt.dumps())
     return attempt.path
+
+
+@dataclass(frozen=True)
+class AttemptListing:
+    """The job's persisted attempts, oldest checkpoint first, and the records that cannot be read."""
+
+    attempts: tuple[PendingAttempt, ...]
+    unreadable: dict[str, str]  # path under the job directory -> why
+
+
+def list_attempts(storage: CheckpointStorage) -> AttemptListing:
+    """Every persisted attempt; an unreadable record is reported, never an error for the others."""
+    found, unreadable = [], {}
+    for f in storage.walk(PENDING_DIR):
+        if not f.path.endswith(".json") or f.path.startswith(UNREADABLE_DIR + "/"):
+            continue
+        try:
+            found.append(PendingAttempt.loads(storage.read_bytes(f.path), where=f"{storage.job_url}/{f.path}"))
+        except FileNotFoundError:  # settled by another process meanwhile
+            continue
+        except (AttemptError, PathEscapesJobDirectory) as e:  # its content, or a link: never readable
+            unreadable[f.path] = str(e)
+    if unreadable:
+        log.error("unreadable pending attempt records (run the recover job to set them aside): %s",
+                  "; ".join(f"{p}: {why}" for p, why in sorted(unreadable.items())))
+    return AttemptListing(tuple(sorted(found, key=lambda a: (a.checkpoint_id, a.attempt_id))), unreadable)
+
+
+def pending_attempts(storage: CheckpointStorage) -> list[PendingAttempt]:
+    """Every readable persisted attempt of the job, oldest checkpoint first."""
+    return list(list_attempts(storage).attempts)
 
 
 def load_attempt(storage: CheckpointStorage, attempt_id: str) -> PendingAttempt | None:
     """The attempt `attempt_id` persisted (None when it persisted none: no batch was pending)."""
-    found = [a for a in pending_attempts(storage) if a.attempt_id == attempt_id]
+    listing = list_attempts(storage)
+    mine = [p for p in listing.unreadable if p.endswith(f"-{attempt_id}.json")]
+    if mine:
+        raise AttemptError(f"{storage.job_url}/{mine[0]} cannot be read ({listing.unreadable[mine[0]]}); the recover "
+                           "job sets it aside and processes its batch again")
+    found = [a for a in listing.attempts if a.attempt_id == attempt_id]
     if len(found) > 1:
         raise AttemptError(f"attempt {attempt_id} persisted {len(found)} pending checkpoints; run the recover job")
     return found[0] if found else None
-
-
-def pending_attempts(storage: CheckpointStorage) -> list[PendingAttempt]:
-    """Every persisted attempt of the job, oldest checkpoint first."""
-    found = []
-    for f in storage.walk(PENDING_DIR):
-        if not f.path.endswith(".json"):
-            continue
-        found.append(PendingAttempt.loads(storage.read_bytes(f.path), where=f"{storage.job_url}/{f.path}"))
-    return sorted(found, key=lambda a: (a.checkpoint_id, a.attempt_id))
 
 
 def pending_paths(storage: CheckpointStorage) -> set[str]:
@@ -319,9 +465,59 @@ def pending_paths(storage: CheckpointStorage) -> set[str]:
     return {f.path for a in pending_attempts(storage) for f in a.new_files()}
 
 
-def _forget(storage: CheckpointStorage, attempt: PendingAttempt) -> None:
-    storage.delete([attempt.path])
+def set_aside_unreadable(storage: CheckpointStorage, listing: AttemptListing) -> list[str]:
+    """Move unreadable attempt records to `_pending/unreadable/` (kept for a look, never read
+    again); their uploads are the orphan sweep's after its grace period. Returns the new paths."""
+    moved = []
+    for path, why in sorted(listing.unreadable.items()):
+        target = f"{UNREADABLE_DIR}/{path.rpartition('/')[2]}"
+        try:
+            data = storage.read_bytes(path)
+        except FileNotFoundError:
+            continue
+        try:
+            storage.commit_exclusive(target, data)
+        except FileExistsError:
+            pass  # set aside before (a crash before the delete below)
+        storage.delete([path])
+        log.warning("set aside the unreadable pending attempt %s/%s as %s (%s)", storage.job_url, path, target, why)
+        moved.append(target)
+    return moved
+
+
+def forget_tombstones(storage: CheckpointStorage) -> int:
+    """Delete the claims of settled attempts (no record left) at or below the latest completed
+    checkpoint: a completer of such an attempt can never commit any more (chk-N is another
+    writer's, so its exclusive create fails, or a newer checkpoint exists, so its commit is
+    declined or withdrawn)."""
+    latest = max(storage.completed_checkpoint_ids(), default=0)
+    doomed = []
+    for f in storage.walk(PENDING_DIR):
+        name = f.path.rpartition("/")[2]
+        if f.path.startswith(UNREADABLE_DIR + "/") or not name.endswith(".claim"):
+            continue
+        cid = name[len("chk-"):].partition("-")[0]
+        if cid.isdigit() and int(cid) <= latest and not storage.exists(f.path[: -len(".claim")] + ".json"):
+            doomed.append(f.path)
+    storage.delete(doomed)
     storage.remove_empty_dirs(PENDING_DIR)
+    return len(doomed)
+
+
+def _forget(storage: CheckpointStorage, attempt: PendingAttempt) -> None:
+    storage.delete([attempt.path, claim_path(attempt.checkpoint_id, attempt.attempt_id)])
+    storage.remove_empty_dirs(PENDING_DIR)
+
+
+def _release_claim(storage: CheckpointStorage, attempt: PendingAttempt) -> None:
+    """A completer that failed without committing gives its claim up, so that recovery can abort
+    the attempt. Kept when `_metadata` may be there (its outcome is then the commit's)."""
+    if storage.exists(metadata_path(attempt.checkpoint_id)):
+        return
+    try:
+        storage.delete([claim_path(attempt.checkpoint_id, attempt.attempt_id)])
+    except Exception as e:  # the claim stays: recovery leaves the attempt to the sweep
+        log.warning("checkpoint %s: could not release the attempt's claim: %s", attempt.checkpoint_id, e)
 
 
 # --- internals --------------------------------------------------------------------------------
@@ -413,5 +609,5 @@ def finish_step(
     for attempt_id in attempt_ids:
         attempt = load_attempt(pipeline.storage, attempt_id)
         if attempt is not None:
-            return complete_attempt(pipeline, attempt, inject_failure=inject_failure)
+            return complete_attempt(pipeline, attempt, inject_failure=inject_failure, persisted=True)
     return None

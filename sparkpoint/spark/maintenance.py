@@ -20,13 +20,17 @@ from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.core.store import CompletedCheckpointStore
 from sparkpoint.core.sweep import SweepReport, sweep_orphans
 from sparkpoint.spark.attempt import (
+    AbortOutcome,
     abort_attempt,
     complete_attempt,
-    pending_attempts,
+    forget_tombstones,
+    list_attempts,
     pending_paths,
+    set_aside_unreadable,
     spark_half_with_fallback,
 )
 from sparkpoint.spark.runtime import BatchReport
+from sparkpoint.spark.sink import ExactlyOnceParquetSink
 
 if TYPE_CHECKING:
     from sparkpoint.spark.runtime import StatefulPipeline
@@ -115,6 +119,62 @@ class RecoveryReport:
     restored_from: int | None  # the verified checkpoint the re-processing started from
     fell_back_from: tuple[int, ...]  # newer checkpoints that failed verification
     batch: tuple[BatchReport, CheckpointMetadata] | None  # the re-processed batch
+    left_to_completer: tuple[int, ...] = ()  # attempts a live completer had claimed: left alone
+    set_aside: tuple[str, ...] = ()  # unreadable attempt records moved to _pending/unreadable/
+
+    def summary(self) -> str:
+        """One readable paragraph for a log: what was aborted, restored, re-processed."""
+        parts = [f"aborted attempts of checkpoints {list(self.aborted)} ({self.uploads_deleted} uploads deleted)"
+                 if self.aborted else "no attempt to abort"]
+        if self.left_to_completer:
+            parts.append(f"left checkpoints {list(self.left_to_completer)} to the completer that claimed them")
+        if self.set_aside:
+            parts.append(f"set aside unreadable attempt records {list(self.set_aside)}")
+        if self.orphans_deleted:
+            parts.append(f"{self.orphans_deleted} orphans swept")
+        if self.fell_back_from:
+            parts.append(f"FELL BACK from checkpoints {list(self.fell_back_from)}, which failed verification")
+        parts.append(f"restored from checkpoint {self.restored_from}" if self.restored_from else "started empty")
+        if self.batch is not None:
+            report, _ = self.batch
+            parts.append(f"re-processed {', '.join(report.files)} as checkpoint {report.checkpoint_id}")
+        else:
+            parts.append("no unconsumed batch to re-process")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class AttemptSettlement:
+    outcomes: tuple[AbortOutcome, ...]
+    set_aside: tuple[str, ...]
+
+    @property
+    def aborted(self) -> tuple[int, ...]:
+        return tuple(o.checkpoint_id for o in self.outcomes if not o.completed and not o.left_to_completer)
+
+    @property
+    def left_to_completer(self) -> tuple[int, ...]:
+        return tuple(o.checkpoint_id for o in self.outcomes if o.left_to_completer)
+
+    @property
+    def uploads_deleted(self) -> int:
+        return sum(o.uploads_deleted for o in self.outcomes)
+
+
+def settle_attempts(
+    storage: CheckpointStorage, sink: ExactlyOnceParquetSink | None, *, only_superseded: bool = False
+) -> AttemptSettlement:
+    """Abort every persisted attempt whose step will not finish it (forget those whose checkpoint
+    committed); with `only_superseded`, only attempts at or below the latest completed checkpoint
+    (they can never complete). Unreadable records are set aside unless `only_superseded`; abort
+    claims that no completer can need any more are deleted."""
+    listing = list_attempts(storage)
+    latest = max(storage.completed_checkpoint_ids(), default=0)
+    chosen = [a for a in listing.attempts if not only_superseded or a.checkpoint_id <= latest]
+    outcomes = tuple(abort_attempt(storage, a, sink) for a in chosen)
+    moved = () if only_superseded else tuple(set_aside_unreadable(storage, listing))
+    forget_tombstones(storage)
+    return AttemptSettlement(outcomes, moved)
 
 
 def recover(
@@ -123,12 +183,13 @@ def recover(
     """Heal the job after a failed batch, then process that batch again.
 
     1. Abort every persisted attempt whose checkpoint did not complete (its uploads, its sink
-       staging); forget those whose checkpoint did.
+       staging); forget those whose checkpoint did; leave alone one that a completer claimed
+       (see `sparkpoint.spark.attempt`); set unreadable attempt records aside.
     2. Sweep orphans (uploads of attempts that never got persisted, such as a Spark job that
        died mid-upload): with `failed_before` (POSIX seconds, when the failed run ended) every
        unreferenced file written before then, and nothing written after it: those may be a
        live writer's pending uploads (a CLI run on the same job), which a sweep must never take.
-       Without it, files older than `orphan_grace_seconds`.
+       Without it, files older than `orphan_grace_seconds`. Uploads of pending attempts stay.
     3. Rebuild the registry from the retained `_metadata`.
     4. Verify the latest checkpoint; if it fails, fall back to the next older that verifies,
        loudly (its later sink output is rolled back and its batches replayed).
@@ -137,18 +198,12 @@ def recover(
     6. Re-process the next unconsumed batch (the failed one): a newer checkpoint completes.
     """
     storage = pipeline.storage
-    latest = max(storage.completed_checkpoint_ids(), default=0)
-    aborted, deleted = [], 0
-    for attempt in pending_attempts(storage):
-        abandoned = attempt.checkpoint_id > latest
-        # The staging of a completed checkpoint may still await its sink commit (`_begin` does it).
-        deleted += abort_attempt(storage, attempt, pipeline.sink if abandoned else None)
-        if abandoned:
-            aborted.append(attempt.checkpoint_id)
+    settled = settle_attempts(storage, pipeline.sink)
+    keep = pending_paths(storage)
     if failed_before is not None:
-        sweep: SweepReport = sweep_orphans(storage, grace_seconds=0.0, now=failed_before)
+        sweep: SweepReport = sweep_orphans(storage, grace_seconds=0.0, now=failed_before, pending_paths=keep)
     else:
-        sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds)
+        sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=keep)
     counts = registry_counts(storage)
     start, coordinator = pipeline._begin()
     fell_back: list[int] = []
@@ -165,9 +220,15 @@ def recover(
     restored_from = start.metadata.checkpoint_id if start.metadata else None
     redo, coordinator = spark_half_with_fallback(pipeline, start=(start, coordinator))
     batch = complete_attempt(pipeline, redo, coordinator=coordinator) if redo is not None else None
+    # An attempt left to a completer that claimed it is settled once the re-processed checkpoint
+    # took its id: that completer can never commit now (and one that died never will).
+    late = settle_attempts(storage, pipeline.sink, only_superseded=True)
     return RecoveryReport(
-        aborted=tuple(aborted), uploads_deleted=deleted, orphans_deleted=len(sweep.orphans), registry=counts,
-        restored_from=restored_from, fell_back_from=tuple(fell_back), batch=batch,
+        aborted=settled.aborted + late.aborted, uploads_deleted=settled.uploads_deleted + late.uploads_deleted,
+        orphans_deleted=len(sweep.orphans), registry=counts, restored_from=restored_from,
+        fell_back_from=tuple(fell_back), batch=batch,
+        left_to_completer=tuple(c for c in settled.left_to_completer if c not in late.aborted),
+        set_aside=settled.set_aside,
     )
 
 
@@ -197,9 +258,7 @@ def prune(
     subsumed, files_deleted, blocked = coordinator.subsume()
     if blocked:
         log.warning("prune: retention skipped: %s", blocked)
-    latest = max(storage.completed_checkpoint_ids(), default=0)
-    stale = [a for a in pending_attempts(storage) if a.checkpoint_id <= latest]
-    for attempt in stale:  # its checkpoint completed (referenced files stay) or was superseded
-        abort_attempt(storage, attempt, None)
+    sink = ExactlyOnceParquetSink.at(sink_url, storage.job_id, storage.storage_options) if sink_url else None
+    stale = settle_attempts(storage, sink, only_superseded=True)  # they can never complete
     sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=pending_paths(storage))
-    return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale))
+    return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale.outcomes))
