@@ -43,8 +43,9 @@ def storage_of(tmp_path: Path) -> CheckpointStorage:
 
 
 def materialize(tmp_path: Path, instance: dg.DagsterInstance, *, tags: dict[str, str] | None = None,
-                raise_on_error: bool = True, selection: Any = None, **registry: Any) -> dg.ExecuteInProcessResult:
+                raise_on_error: bool = True, selection: Any = None, run_config: dict[str, Any] | None = None,
+                **registry: Any) -> dg.ExecuteInProcessResult:
     return dg.materialize(
         [*ASSETS, *ASSET_CHECKS], resources=resources(tmp_path, **registry), instance=instance, tags=tags,
-        raise_on_error=raise_on_error, selection=selection,
+        raise_on_error=raise_on_error, selection=selection, run_config=run_config,
     )

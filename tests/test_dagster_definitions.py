@@ -16,12 +16,28 @@ from sparkpoint.sensors import recovery_decision, recovery_sensor, retention_sen
 from tests.dagster_setup import resources
 
 
-def failing_checkpoint_run(tmp_path: Path, instance: dg.DagsterInstance, **tags: str) -> dg.ExecuteInProcessResult:
-    """A run of the UI's kind (asset job) whose checkpoint step starts and fails: no input dir."""
+def failing_checkpoint_run(
+    tmp_path: Path, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, **tags: str
+) -> dg.ExecuteInProcessResult:
+    """A run of the UI's kind (asset job) whose checkpoint step starts and fails while it works
+    (storage answers with an I/O error)."""
+    import sparkpoint.assets
+
+    def storage_fails(*args: object, **kwargs: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    (tmp_path / "in").mkdir(exist_ok=True)
+    monkeypatch.setattr(sparkpoint.assets, "finish_step", storage_fails)
+    return dg.materialize([*ASSETS], selection=[CHECKPOINT_KEY], resources=resources(tmp_path), instance=instance,
+                          tags=tags or None, raise_on_error=False)
+
+
+def misconfigured_run(tmp_path: Path, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    """A run that fails on its configuration before any upload: its input directory is missing."""
     res = resources(tmp_path)
     res["source"] = InputResource(input_url=str(tmp_path / "missing"), output_url="")
     return dg.materialize([*ASSETS], selection=[CHECKPOINT_KEY], resources=res, instance=instance,
-                          tags=tags or None, raise_on_error=False)
+                          raise_on_error=False)
 
 
 def evaluate(instance: dg.DagsterInstance, run: dg.ExecuteInProcessResult) -> dg.RunRequest | dg.SkipReason:
@@ -46,9 +62,9 @@ def test_recovery_decision_table(job, tags, steps, recover):
     assert (recovery_decision(job, tags, steps) is None) == recover
 
 
-def test_recovery_sensor_launches_once_per_failed_asset_job_run(tmp_path: Path):
+def test_recovery_sensor_launches_once_per_failed_asset_job_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     instance = dg.DagsterInstance.ephemeral()
-    failed = failing_checkpoint_run(tmp_path, instance)
+    failed = failing_checkpoint_run(tmp_path, instance, monkeypatch)
     assert not failed.success and failed.dagster_run.job_name == "__ephemeral_asset_job__"
     request = evaluate(instance, failed)
     assert isinstance(request, dg.RunRequest)
@@ -64,9 +80,17 @@ def test_recovery_sensor_launches_once_per_failed_asset_job_run(tmp_path: Path):
     assert isinstance(skip, dg.SkipReason) and "recover" in skip.skip_message
 
 
-def test_recovery_sensor_skips_runs_dagster_will_retry(tmp_path: Path):
+def test_recovery_sensor_launches_nothing_for_a_run_that_failed_on_its_configuration(tmp_path: Path):
     instance = dg.DagsterInstance.ephemeral()
-    failed = failing_checkpoint_run(tmp_path, instance, **{"dagster/will_retry": "true"})
+    failed = misconfigured_run(tmp_path, instance)
+    assert not failed.success
+    skip = evaluate(instance, failed)
+    assert isinstance(skip, dg.SkipReason) and "configuration" in (skip.skip_message or ""), skip
+
+
+def test_recovery_sensor_skips_runs_dagster_will_retry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    instance = dg.DagsterInstance.ephemeral()
+    failed = failing_checkpoint_run(tmp_path, instance, monkeypatch, **{"dagster/will_retry": "true"})
     skip = evaluate(instance, failed)
     assert isinstance(skip, dg.SkipReason) and "retry" in skip.skip_message
 
@@ -132,6 +156,6 @@ def test_retention_sensor_prunes_once_after_each_new_checkpoint():
     assert isinstance(retention_sensor(context), dg.SkipReason)
     instance.report_runless_asset_event(dg.AssetMaterialization(CHECKPOINT_KEY, metadata={"checkpoint_id": 1}))
     first = retention_sensor(context)
-    assert isinstance(first, dg.RunRequest)
+    assert isinstance(first, list) and len(first) == 1 and isinstance(first[0], dg.RunRequest)
     assert isinstance(retention_sensor(dg.build_sensor_context(instance=instance, cursor=context.cursor)),
                       dg.SkipReason)

@@ -43,7 +43,7 @@ def recover_op(
         pipeline, failed_before=failed.end_time if failed and failed.end_time else None,
         orphan_grace_seconds=registry.orphan_grace_seconds,
     )
-    context.log.info(f"recovery of run {config.failed_run_id or '?'}: {report}")
+    context.log.info(f"recovery of run {config.failed_run_id or '?'}: {report.summary()}")
     if report.fell_back_from:
         context.log.error(f"FELL BACK: checkpoints {list(report.fell_back_from)} failed verification")
     if report.batch is not None:
@@ -56,10 +56,16 @@ def recover_op(
 
 
 @dg.op(pool=POOL)
-def prune_op(context: dg.OpExecutionContext, registry: CheckpointRegistryResource) -> dg.Output[None]:
+def prune_op(
+    context: dg.OpExecutionContext, storage: CheckpointStorageResource, registry: CheckpointRegistryResource,
+    source: InputResource,
+) -> dg.Output[None]:
     """Subsume beyond num_retained, forget stale attempts, sweep orphans past the grace period."""
-    r = maintenance.prune(registry.storage.open(), num_retained=registry.num_retained,
-                          orphan_grace_seconds=registry.orphan_grace_seconds)
+    # The top-level `storage` resource: the run config of the job being pruned sets it (a
+    # resource nested in `registry` keeps its defaults whatever the launch config says).
+    r = maintenance.prune(storage.open(), num_retained=registry.num_retained,
+                          orphan_grace_seconds=registry.orphan_grace_seconds,
+                          sink_url=source.output_url or None)
     return dg.Output(None, metadata={"subsumed": dg.MetadataValue.json(list(r.subsumed)),
                                      "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
                                      "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts})
