@@ -30,7 +30,6 @@ from sparkpoint.core.metadata import (
     FileHandle,
     OperatorState,
     SubtaskStateHandle,
-    checkpoint_dir,
     utc_now_iso,
 )
 from sparkpoint.core.paths import is_plain_name, private_dir
@@ -175,10 +174,7 @@ def _savepoint_metadata(
 def _remove(dest: CheckpointStorage, written: list[str], new_id: int, *, created: bool) -> None:
     """Best effort: what a failed savepoint copied (and the target directory it created)."""
     try:
-        dest.delete(written)
-        if created and dest.job_dir_exists():
-            dest.fs.rm(dest.root, recursive=True)
-        else:
-            dest.remove_empty_dirs(checkpoint_dir(new_id))
+        dest.delete(written)  # file by file: no user path ever reaches a pattern (DESIGN rule 11)
+        dest.remove_created_dirs(written, job_dir=created)
     except Exception:  # the orphan sweep takes what is left
         pass

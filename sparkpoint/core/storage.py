@@ -513,6 +513,27 @@ class CheckpointStorage:
             except OSError:
                 pass
 
+    def remove_created_dirs(self, rels: Iterable[str], *, job_dir: bool = False) -> None:
+        """Remove the directories that hold `rels` (files already deleted) when they are empty,
+        deepest first, and with `job_dir` the job directory itself; literally, never a pattern
+        (fsspec's generic `rm(recursive=True)` would expand `[...]`, `*` and `?` in a user's
+        path and delete a neighbour). Object stores have no directories to remove."""
+        if not self._local and _object_store(self.fs):
+            return
+        dirs = {""} if job_dir else set()
+        for rel in rels:
+            parts = validate_relative(rel).split("/")[:-1]
+            dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+        for rel in sorted(dirs, key=lambda d: (-d.count("/") if d else 1, d)):  # deepest first, the job last
+            try:
+                path = self.root if not rel else self._abspath(rel, None)
+                if self._local:
+                    os.rmdir(path)  # an empty directory only; a link is no directory
+                else:
+                    self.fs.rmdir(path)
+            except (OSError, ValueError, StorageError):
+                pass  # not empty, gone, not a directory, or a link (never followed)
+
     def _stored(self, info: dict[str, Any]) -> StoredFile | None:
         try:
             path = self.relpath(info["name"])
@@ -520,6 +541,22 @@ class CheckpointStorage:
             log.warning("skipping %s in %s: %s", info.get("name"), self.job_url, e)
             return None
         return StoredFile(path=path, size=int(info.get("size") or 0), modified=_modified(info))
+
+
+def move_file(fs: Any, source: str, target: str) -> None:
+    """One file, literally: a rename on a local disk, copy + delete elsewhere (the generic
+    `fs.mv` expands `[...]`, `*` and `?` in the names it is given)."""
+    if isinstance(fs, LocalFileSystem):
+        os.replace(fs._strip_protocol(source), fs._strip_protocol(target))
+    else:
+        fs.cp_file(source, target)
+        fs.rm_file(source)
+
+
+def _object_store(fs: Any) -> bool:
+    """Buckets and prefixes, no directories (and `rmdir` of a bucket path would delete a bucket)."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return bool(protocols & {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 
 
 def _modified(info: dict[str, Any]) -> float:

@@ -8,6 +8,8 @@ import fsspec
 import numpy as np
 import pandas as pd
 
+from sparkpoint.core.storage import move_file
+
 START = pd.Timestamp("2026-01-01T00:00:00Z")
 
 
@@ -60,6 +62,6 @@ def generate(
         frame = generate_batch(index, events_per_batch, users, items, seed)
         with fs.open(partial, "wb") as f:
             frame.to_parquet(f, index=False)
-        fs.mv(partial, path)  # a reader never sees half a file
+        move_file(fs, partial, path)  # a reader never sees half a file
         written.append(str(fs.unstrip_protocol(path)))
     return written

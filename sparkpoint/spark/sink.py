@@ -25,6 +25,7 @@ import pandas as pd
 from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.core.errors import SparkpointError
+from sparkpoint.core.storage import move_file
 
 log = logging.getLogger(__name__)
 _PART = re.compile(
@@ -85,7 +86,7 @@ class ExactlyOnceParquetSink:
             operator, subtask = _staged_of(rel, checkpoint_id)
             target = f"{root}/{part_name(self.job_id, checkpoint_id, operator, int(subtask))}"
             if fs.exists(f"{root}/{self._staging}/{rel}"):
-                _move(fs, f"{root}/{self._staging}/{rel}", target)
+                move_file(fs, f"{root}/{self._staging}/{rel}", target)
                 moved += 1
             elif not fs.exists(target):  # rolled back after a fallback, or removed by hand
                 log.warning("checkpoint %s: neither %s nor its staged file exists", checkpoint_id, target)
@@ -171,12 +172,3 @@ def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
 def part_name(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:
     """The visible name of one subtask's output of one checkpoint."""
     return f"part-{job_id}~{checkpoint_id:08d}~{operator}~{subtask:05d}.parquet"
-
-
-def _move(fs: Any, source: str, target: str) -> None:
-    """One file, no glob: a rename on local disks, copy + delete on object stores."""
-    if isinstance(fs, LocalFileSystem):
-        fs.mv(source, target)  # shutil.move: a rename within the output directory
-    else:
-        fs.cp_file(source, target)
-        fs.rm_file(source)
