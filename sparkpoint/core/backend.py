@@ -54,6 +54,7 @@ from sparkpoint.core.errors import (
     UnknownSharedState,
 )
 from sparkpoint.core.keygroups import key_group_range
+from sparkpoint.core.localfiles import write_replacing
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.core.paths import checkpoint_id_of_dir, private_dir, shared_dir
 from sparkpoint.core.restore import (
@@ -703,9 +704,7 @@ class RocksDBStateBackend:
         return data if isinstance(data, dict) else None
 
     def _write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str | None = None) -> None:
-        tmp = self.dir / f"{_MARKER}.tmp"
-        tmp.write_text(json.dumps(self._marker_for(checkpoint_id, handle, job_url)))
-        tmp.replace(self.dir / _MARKER)
+        write_replacing(self.dir / _MARKER, json.dumps(self._marker_for(checkpoint_id, handle, job_url)).encode())
         self._clean = True
 
     def _marker_for(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str | None = None) -> dict[str, Any]:

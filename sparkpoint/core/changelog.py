@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import Rdict, WriteBatch
 
+from sparkpoint.core.localfiles import write_new
 from sparkpoint.core.paths import CHANGELOG_PREFIX, is_changelog_name
 
 MAGIC = b"SPKCHLG1"
@@ -192,10 +193,7 @@ class ChangeLog:
         header["raw_size"] = len(raw)
         header["frames"] = [[len(f), min(_FRAME, len(raw) - i * _FRAME)] for i, f in enumerate(frames)]
         head = json.dumps(header, separators=(",", ":")).encode()
-        with open(path, "wb") as f:
-            f.write(MAGIC + _U32.pack(len(head)) + head)
-            for frame in frames:
-                f.write(frame)
+        write_new(path, b"".join([MAGIC, _U32.pack(len(head)), head, *frames]))  # never through a link
         return len(MAGIC) + 4 + len(head) + sum(len(f) for f in frames)
 
 

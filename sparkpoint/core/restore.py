@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkpoint.core.errors import CheckpointCorrupted
+from sparkpoint.core.localfiles import write_replacing
 from sparkpoint.core.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.core.storage import CheckpointStorage, crc32_of_file
 
@@ -118,9 +119,7 @@ def record_fingerprints(directory: Path, checked: Iterable[str], vouched_by: dic
             now = _fingerprint(entry.stat(follow_symlinks=False))
             if entry.name in checked or vouched_by.get(entry.name) == now:
                 prints[entry.name] = now
-    tmp = directory / f"{FINGERPRINTS}.tmp"
-    tmp.write_text(json.dumps(prints, sort_keys=True))
-    tmp.replace(directory / FINGERPRINTS)
+    write_replacing(directory / FINGERPRINTS, json.dumps(prints, sort_keys=True).encode())
 
 
 def local_copy_matches(directory: Path, handle: SubtaskStateHandle, *, deep: bool = False) -> list[FileProblem]:

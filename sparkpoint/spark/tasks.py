@@ -33,6 +33,7 @@ import pyarrow as pa
 from sparkpoint.core.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.core.changelog import ChangelogOptions
 from sparkpoint.core.keygroups import subtasks_of
+from sparkpoint.core.localfiles import open_no_follow
 from sparkpoint.core.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.core.rocksdb import RocksDBOptions, is_corruption
 from sparkpoint.core.storage import CheckpointStorage
@@ -220,7 +221,7 @@ def raised_in_task(error: BaseException, kind: type[E]) -> E | None:
 def _exclusive(directory: os.PathLike[str]) -> Iterator[None]:
     """One attempt at a time per subtask directory (a retried or speculative task waits)."""
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, ".lock"), "w") as f:
+    with os.fdopen(open_no_follow(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT), "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
