@@ -48,6 +48,7 @@ from sparkpoint.core.crash import crash_point
 from sparkpoint.core.errors import (
     CheckpointCorrupted,
     CheckpointDeclined,
+    LocalStateError,
     OperatorStateMismatch,
     SparkpointError,
     StateBackendError,
@@ -72,6 +73,7 @@ from sparkpoint.core.rocksdb import (
     compact_all,
     ensure_column_families,
     flush_all,
+    is_corruption,
     list_states,
     open_db,
 )
@@ -267,7 +269,7 @@ class RocksDBStateBackend:
                 self._open_db()
                 self._clean = True
                 return RestoreResult(cid, "working", files=files, seconds=time.monotonic() - started)
-            except StateBackendError as e:
+            except StateBackendError as e:  # a copy replaces it: no checkpoint is touched either way
                 log.warning("working database of checkpoint %s does not open (%s); restoring a copy", cid, e)
         self._forget_working()
         local = self.dir / f"chk-{cid}"
@@ -277,7 +279,7 @@ class RocksDBStateBackend:
             if not problems:
                 try:
                     self._install(local, handle, cid)
-                except (CheckpointCorrupted, StateBackendError) as e:  # RocksDB's own checks refuse it
+                except CheckpointCorrupted as e:  # RocksDB's own checks refuse it
                     problems = (f"{local}: {e}",)
                     shutil.rmtree(local, ignore_errors=True)
                 else:
@@ -415,6 +417,8 @@ class RocksDBStateBackend:
         try:
             db = open_db(str(source), [], self.options, create=False)
         except StateBackendError as e:
+            if not is_corruption(e):
+                raise _not_corruption(self, cid, e) from e
             raise CheckpointCorrupted(f"RocksDB refuses a verified subtask directory while rescaling: {e}") from e
         try:
             self._replay_chain(db, source, source, handle, cid)
@@ -422,11 +426,16 @@ class RocksDBStateBackend:
             db.close()
 
     def _open_restored(self, checkpoint_id: int) -> Rdict:
-        """Files that match `_metadata` and still do not open are a bad checkpoint, not a bad
-        backend: the caller falls back to an older checkpoint, as for a corrupt file."""
+        """Files that match `_metadata` and that RocksDB reports as corrupt are a bad checkpoint,
+        not a bad backend: the caller falls back to an older checkpoint, as for a corrupt file.
+        Any other refusal (a lock held by another process, too many open files, an I/O error of the
+        local disk) is this machine's, not the checkpoint's: the task fails and is retried, and
+        no checkpoint or output is touched (DESIGN rule 10)."""
         try:
             return self._open_db()
         except StateBackendError as e:
+            if not is_corruption(e):
+                raise _not_corruption(self, checkpoint_id, e) from e
             self._forget_working()
             raise CheckpointCorrupted(
                 f"checkpoint {checkpoint_id} cannot be restored: RocksDB refuses the files of {self.operator} "
@@ -737,6 +746,15 @@ _deleting: set[Path] = set()
 _deleting_lock = threading.Lock()
 
 
+def _not_corruption(backend: RocksDBStateBackend, checkpoint_id: int, error: BaseException) -> LocalStateError:
+    return LocalStateError(
+        f"RocksDB cannot open the local state of {backend.operator} subtask {backend.subtask} for checkpoint "
+        f"{checkpoint_id}, for a reason that is not corruption ({error}); the task fails and is retried, and "
+        "every checkpoint and its output are kept. Look at the local disk of this machine (space, open-file "
+        "limit, another process holding the database)"
+    )
+
+
 def _delete_in_background(path: Path) -> None:
     """Delete the directory `path` on a daemon thread, once per process. One left over by a process
     that died first is found by the next restore (`_drop_leftovers`)."""
@@ -780,8 +798,8 @@ def restore_with_fallback(
     for meta in checkpoints:
         try:
             results = [b.restore(meta, claim_mode=claim_mode) for b in backends]
-        except OperatorStateMismatch:
-            raise  # every older checkpoint has the same operators: falling back would not help
+        except (OperatorStateMismatch, LocalStateError):
+            raise  # an older checkpoint has the same operators, and this machine's trouble: no fallback
         except (CheckpointCorrupted, StateBackendError) as e:
             if not fallback:
                 raise

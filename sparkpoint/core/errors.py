@@ -59,6 +59,11 @@ class StateBackendError(SparkpointError):
     """The local RocksDB state cannot be opened or used as asked."""
 
 
+class LocalStateError(StateBackendError):
+    """The local RocksDB state cannot be used for a reason of this machine's (a lock, the open-file
+    limit, a disk error), not of the checkpoint's: never a reason to fall back."""
+
+
 class OperatorStateMismatch(StateBackendError):
     """A checkpoint's operators do not fit the job's (an operator missing on either side, another
     max parallelism). Never a reason to fall back: an older checkpoint has the same shape."""
