@@ -374,3 +374,18 @@ def test_a_commit_overtaken_by_a_newer_checkpoint_is_withdrawn_before_it_subsume
     assert CompletedCheckpointStore(storage).checkpoint_ids() == [3, 1], "chk-2 withdrawn, chk-1 not subsumed by it"
     assert all(storage.exists(f.path) for f in CompletedCheckpointStore(storage).load(3).files())
     assert not any(storage.exists(f.path) for f in handle.new_files()), "the withdrawn checkpoint's uploads go"
+
+
+def test_retention_keeps_older_checkpoints_while_the_newest_reuses_a_damaged_file(
+    storage: CheckpointStorage, tmp_path: Path
+):
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    for name in ("a", "b", "c"):
+        sub.write(name)
+    run_checkpoint(coord, sub, ["a"])
+    run_checkpoint(coord, sub, ["a", "b"])
+    storage.delete([sub.confirmed["b"].path])  # lost on stable storage; only chk-2 and later need it
+    done = run_checkpoint(coord, sub, ["a", "b", "c"])
+    assert done.subsumed == () and done.deletion_blocked and "damaged" in done.deletion_blocked
+    assert sorted(CompletedCheckpointStore(storage).checkpoint_ids()) == [1, 2, 3], "chk-1 still restores"

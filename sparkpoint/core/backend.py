@@ -66,6 +66,7 @@ from sparkpoint.core.restore import (
     materialize,
     read_fingerprints,
     record_fingerprints,
+    stored_size_problems,
 )
 from sparkpoint.core.retention import ClaimMode
 from sparkpoint.core.rocksdb import (
@@ -508,6 +509,8 @@ class RocksDBStateBackend:
         flush_all(db, names)  # db/ on disk must be checkpoint N before the marker says so
         local = self.dir / f"chk-{checkpoint_id}"
         shutil.rmtree(local, ignore_errors=True)  # an earlier attempt at the same id
+        if not full:
+            self._check_base_on_storage()
         base = None if full else self._chain_base()
         try:
             if base is not None:
@@ -526,6 +529,29 @@ class RocksDBStateBackend:
             shutil.rmtree(local, ignore_errors=True)
         crash_point("after-upload")
         return handle
+
+    def _check_base_on_storage(self) -> None:
+        """Before re-referencing the confirmed base's stable files, make sure each is still there
+        with its size (one listing of the subtask's shared directory). A working database or a
+        task-local copy never reads them, so damage would otherwise go unnoticed while every new
+        checkpoint re-references it and retention drops the older ones that did not need it.
+        A bad file is rewritten from a task-local copy of the recorded size and CRC32; when none
+        has it, the base is dropped and this checkpoint uploads the state whole."""
+        from sparkpoint.core.repair import repair_files
+
+        handle = self._base_handle
+        if handle is None or not handle.shared:
+            return
+        problems = stored_size_problems(self.storage, list(handle.shared))
+        if not problems:
+            return
+        files = {f.path: f for f in handle.shared}
+        report = repair_files(self.storage, self.dir.parent, [(files[p.path], p.problem) for p in problems])
+        if report.unrepairable:
+            log.error("%s subtask %s: files of the confirmed checkpoint %s are damaged on stable storage and no "
+                      "task-local copy repairs them (%s); this checkpoint uploads the state whole", self.operator,
+                      self.subtask, self._base_id, "; ".join(f"{p}: {w}" for p, w in report.unrepairable.items()))
+            self.forget_base()
 
     def _chain_base(self) -> SubtaskStateHandle | None:
         """The confirmed handle the next changelog file can extend (None: materialize)."""

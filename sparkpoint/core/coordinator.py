@@ -43,6 +43,7 @@ from sparkpoint.core.metadata import (
     utc_now_iso,
 )
 from sparkpoint.core.paths import private_dir, shared_dir
+from sparkpoint.core.restore import stored_size_problems
 from sparkpoint.core.retention import (
     ExternalizedRetention,
     JobStatus,
@@ -187,7 +188,7 @@ class CheckpointCoordinator:
                 for older in [c for c, p in self.pending.items() if c < checkpoint_id and p.kind == "checkpoint"]:
                     self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
             self._register(meta, known)
-            subsumed, deleted, blocked = self.subsume()
+            subsumed, deleted, blocked = self.subsume(newest=meta)
         except (UnknownSharedState, CheckpointSuperseded):  # withdrawn: it was never a usable checkpoint
             raise
         except Exception as e:  # the checkpoint is committed: what is left undone is the sweep's
@@ -390,10 +391,22 @@ class CheckpointCoordinator:
         self.registry.register_checkpoint(meta.checkpoint_id, meta.references())
         self._kinds[meta.checkpoint_id] = meta.kind
 
-    def subsume(self) -> tuple[list[int], int, str | None]:
+    def subsume(self, newest: CheckpointMetadata | None = None) -> tuple[list[int], int, str | None]:
         """Apply retention now (e.g. after `num_retained` was lowered): (subsumed ids, files
-        deleted, why deletion was blocked or None)."""
+        deleted, why deletion was blocked or None).
+
+        With `newest` (the checkpoint just committed), nothing is subsumed unless the files it
+        re-references are still there with their size: older checkpoints that do not need a
+        damaged file are never dropped in favour of one that does (one listing per directory)."""
         doomed = checkpoints_to_subsume(list(self._kinds.items()), self.num_retained)
+        if doomed and newest is not None:
+            reused = [f for f in newest.files() if f.created_by != newest.checkpoint_id]
+            problems = stored_size_problems(self.storage, reused)
+            if problems:
+                why = (f"checkpoint {newest.checkpoint_id} re-references damaged files ("
+                       + "; ".join(str(p) for p in problems[:3]) + f"): checkpoints {doomed} are kept")
+                log.error("retention skipped: %s", why)
+                return [], 0, why
         try:
             deleted = self._discard(doomed)
         except DeletionBlocked as e:

@@ -44,6 +44,7 @@ def _check(storage: CheckpointStorage, f: FileHandle, deep: bool) -> FileProblem
 check_stored_file = _check  # one file, for the repair of a subtask's files
 
 
+
 def _changelog_problem(storage: CheckpointStorage, f: FileHandle) -> str | None:
     """A changelog whose CRC32 matches may still not decode (written wrong): restoring would fail."""
     try:

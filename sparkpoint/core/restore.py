@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shutil
 import stat
 import uuid
@@ -29,7 +30,7 @@ from pathlib import Path
 from sparkpoint.core.errors import CheckpointCorrupted
 from sparkpoint.core.localfiles import write_replacing
 from sparkpoint.core.metadata import FileHandle, SubtaskStateHandle
-from sparkpoint.core.storage import CheckpointStorage, crc32_of_file
+from sparkpoint.core.storage import CheckpointStorage, StoredFile, crc32_of_file
 
 SHARED_SUFFIXES = (".sst", ".blob")
 
@@ -58,6 +59,21 @@ def mismatch(f: FileHandle, size: int | None, crc_of: Callable[[], int] | None) 
         return f"CRC32 {crc:08x}, _metadata records {f.crc32:08x}"
     return None
 
+
+def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) -> list[FileProblem]:
+    """Presence and size of `files` on storage, from one listing per directory they sit in (a
+    subtask's files share one: on an object store a request or two, not one per file)."""
+    listed: dict[str, StoredFile] = {}
+    for directory in sorted({posixpath.dirname(f.path) for f in files}):
+        listed.update((s.path, s) for s in storage.walk(directory))
+    problems = []
+    for f in sorted(files, key=lambda f: f.path):
+        stored = listed.get(f.path)
+        problem = "is a symbolic link" if stored is not None and stored.symlink else mismatch(
+            f, stored.size if stored is not None else None, None)
+        if problem:
+            problems.append(FileProblem(f.path, f.local_name, problem))
+    return problems
 
 def check_local_file(local: Path, f: FileHandle) -> str | None:
     """None when `local` has the recorded size and CRC32, else what is wrong."""

@@ -449,10 +449,13 @@ class CheckpointStorage:
         if self._local:
             return self._walk_local(top)
         base = self.abspath(top)
+        self.fs.invalidate_cache(base)  # other processes write here (Spark tasks, other writers)
         try:
             found = self._retrying(f"listing {top}", partial(self.fs.find, base, detail=True))
         except FileNotFoundError:
             return []
+        finally:  # a cached listing would make a later `info` miss a file another process writes
+            self.fs.invalidate_cache()
         stored = [self._stored(info) for info in found.values() if info.get("type", "file") == "file"]
         return [f for f in stored if f is not None]
 

@@ -25,6 +25,7 @@ from sparkpoint.core.errors import (
 )
 from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage
 from sparkpoint.core.repair import repair_checkpoints
+from sparkpoint.core.restore import stored_size_problems
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage
@@ -172,6 +173,10 @@ class StatefulPipeline:
                 continue
             lost_races = 0
             start = _Start(metadata, start.offsets.after(files), next_id=metadata.checkpoint_id + 1)
+            checked = self._check_committed(start)
+            if checked is not start:  # it did not verify and could not be repaired: fell back
+                start = checked
+                continue
             done += 1
             if on_checkpoint:
                 on_checkpoint(report)
@@ -298,6 +303,24 @@ class StatefulPipeline:
             self.sink.rollback(after=target.checkpoint_id)
         # next_id None: the highest id seen + 1, never an id a discarded checkpoint had.
         return replace(start, metadata=target, offsets=_offsets_of(target), next_id=None)
+
+    def _check_committed(self, start: _Start) -> _Start:
+        """What the Dagster blocking check does for a materialization, for every checkpoint this
+        loop commits: every file it lists must be on stable storage with its size (one listing
+        per directory; the CRC32s of its uploads were taken as they were written). A bad file is
+        rewritten from a task-local copy; otherwise the checkpoint is discarded and its batch
+        replayed from the newest older one (`_fall_back`), before anything builds on it."""
+        meta = start.metadata
+        assert meta is not None
+        problems = stored_size_problems(self.storage, list(meta.files()))
+        if not problems:
+            return start
+        error = CheckpointCorrupted(
+            f"checkpoint {meta.checkpoint_id} fails verification right after its commit: "
+            + "; ".join(str(p) for p in problems[:3]), checkpoint_id=meta.checkpoint_id,
+        )
+        log.error("%s", error)
+        return self._fall_back(start, error)  # repairs in place when a task-local copy can
 
     def _repaired(self, failed: CheckpointMetadata, listing: StoreListing) -> bool:
         """Rewrite the failed checkpoint's bad files from task-local copies (True: all of them).
