@@ -10,6 +10,7 @@ import pytest
 
 from sparkpoint.assets import INJECT_TAG
 from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.core.store import CompletedCheckpointStore
 from sparkpoint.ops import prune_job, recover_job
 from sparkpoint.sensors import recovery_sensor, retention_sensor
 from sparkpoint.spark.attempt import list_attempts
@@ -87,3 +88,40 @@ def test_a_run_that_failed_on_its_configuration_gets_no_recovery_run(spark, tmp_
     assert isinstance(decision, dg.SkipReason), decision
     assert "configuration" in (decision.skip_message or "")
     assert storage_of(tmp_path).completed_checkpoint_ids() == []
+
+
+def test_recovery_heals_a_job_started_from_a_savepoint(spark, tmp_path: Path):
+    """The first batch of a job started from a savepoint fails after its upload; recovery verifies
+    the savepoint where it lives (not in the new job's directory) and heals the new job."""
+    import pandas as pd
+
+    from sparkpoint.core.inspect import operator_states
+    from sparkpoint.core.savepoint import take_savepoint
+    from sparkpoint.spark.operators import user_totals
+    from tests import oracle
+
+    input_dir = make_input(tmp_path, batches=3)
+    instance = dg.DagsterInstance.ephemeral()
+    materialize(tmp_path, instance)  # the old job: chk-1
+    saved = take_savepoint(storage_of(tmp_path), target=f"file://{tmp_path}/savepoints/sp")
+    started = {"resources": {
+        "storage": {"config": {"checkpoints_url": f"file://{tmp_path}/ckpt", "job_id": "from-sp"}},
+        "registry": {"config": {"from_checkpoint": f"{saved.url}", "claim_mode": "NO_CLAIM"}},
+    }}
+    failed = materialize(tmp_path, instance, tags={INJECT_TAG: "after-upload"}, raise_on_error=False,
+                         run_config=started)
+    assert not failed.success
+    request = recovery_sensor(failure_context(instance, failed))
+    assert isinstance(request, dg.RunRequest), request
+    healed = recover_job.execute_in_process(
+        run_config=request.run_config, tags=request.tags, instance=instance, resources=resources(tmp_path)
+    )
+    assert healed.success
+    new_job = CheckpointStorage(f"file://{tmp_path}/ckpt", "from-sp")
+    assert new_job.completed_checkpoint_ids() == [1]
+    materialize(tmp_path, instance, run_config=started)  # and it goes on
+    latest = CompletedCheckpointStore(new_job).latest()
+    assert latest is not None and len(latest.source_offsets["source"]["consumed"]) == 3
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    with operator_states(new_job, latest, user_totals.name) as backends:
+        oracle.assert_totals_equal(pd.concat([user_totals.export(b) for b in backends]), oracle.user_totals(events))

@@ -208,7 +208,10 @@ def recover(
     start, coordinator = pipeline._begin()
     fell_back: list[int] = []
     while start.metadata is not None:
-        problems = verify_checkpoint(storage, start.metadata)
+        # A job started from a savepoint or another job's checkpoint (and with none of its own
+        # yet) restores from that checkpoint's directory: verify it there, not in ours.
+        home = CheckpointStorage(*start.restore_job) if start.restore_job is not None else storage
+        problems = verify_checkpoint(home, start.metadata)
         if not problems:
             break
         fell_back.append(start.metadata.checkpoint_id)
