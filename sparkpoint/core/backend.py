@@ -359,9 +359,10 @@ class RocksDBStateBackend:
         if not chain:
             return
         ensure = lambda names: ensure_column_families(db, str(db_path), names, self.options)  # noqa: E731
+        limit = changelog.raw_limit(sum(f.size for f in handle.files()))
         try:
             for name in chain:
-                changelog.replay(db, source / name, ensure)
+                changelog.replay(db, source / name, ensure, max_raw=limit)
         except ChangelogFormatError as e:
             raise CheckpointCorrupted(
                 f"checkpoint {cid} cannot be restored: the changelog of {self.operator} subtask {self.subtask} "

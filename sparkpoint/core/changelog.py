@@ -206,13 +206,24 @@ class StateChanges:
     entries: list[tuple[bytes, bytes | None]]
 
 
-def read(path: Path) -> list[StateChanges]:
+def raw_limit(declared_bytes: int) -> int:
+    """How many decompressed bytes a changelog may expand to, for a state whose `_metadata`
+    declares `declared_bytes` (its files, compressed): a checksum-valid file that claims more is
+    a bomb, refused before anything is decompressed. Raw changes are larger than the compressed
+    state by the compression ratio (zstd on these entries: about 3x); 16x leaves room."""
+    return max(_FRAME, 16 * max(declared_bytes, 0))
+
+
+def read(path: Path, *, max_raw: int | None = None) -> list[StateChanges]:
     """Decode a changelog file; ChangelogFormatError says what is wrong with it."""
-    return decode(path.read_bytes(), path.name)
+    return decode(path.read_bytes(), path.name, max_raw=max_raw)
 
 
-def decode(data: bytes, name: str) -> list[StateChanges]:
-    """Decode the bytes of changelog file `name` (`sparkpoint verify` checks them with this)."""
+def decode(data: bytes, name: str, *, max_raw: int | None = None) -> list[StateChanges]:
+    """Decode the bytes of changelog file `name` (`sparkpoint verify` checks them with this).
+
+    `max_raw` (see `raw_limit`) bounds the memory decoding takes: the body is decompressed frame
+    by frame into one buffer of the size the header declares, which must not exceed it."""
     if data[: len(MAGIC)] != MAGIC:
         raise ChangelogFormatError(f"{name}: not a sparkpoint changelog file (bad magic bytes)")
     try:
@@ -223,7 +234,7 @@ def decode(data: bytes, name: str) -> list[StateChanges]:
         header = json.loads(data[start : start + head_len])
         if not isinstance(header, dict) or header.get("version") != FORMAT_VERSION:
             raise ChangelogFormatError(f"{name}: unknown changelog format version")
-        raw = _decompress(data[start + head_len :], header["frames"], header["raw_size"], name)
+        raw = _decompress(data[start + head_len :], header["frames"], header["raw_size"], name, max_raw)
         states = header["states"]
         if not isinstance(states, list) or len(states) > _MAX_STATES:
             raise ChangelogFormatError(f"{name}: the header's state list is malformed")
@@ -234,21 +245,28 @@ def decode(data: bytes, name: str) -> list[StateChanges]:
         raise ChangelogFormatError(f"{name}: malformed changelog ({e})") from e
 
 
-def _decompress(body: bytes, frames: list[list[int]], raw_size: int, name: str) -> bytes:
+def _decompress(body: bytes, frames: list[list[int]], raw_size: int, name: str, max_raw: int | None) -> bytes:
     if sum(c for c, _ in frames) != len(body) or sum(r for _, r in frames) != raw_size:
         raise ChangelogFormatError(f"{name}: frame sizes do not add up to the body ({len(body)} bytes)")
-    out, pos = [], 0
+    if max_raw is not None and raw_size > max_raw:
+        raise ChangelogFormatError(
+            f"{name}: declares {raw_size} decompressed bytes, more than the {max_raw} its checkpoint's state "
+            f"allows ({len(body)} compressed bytes: a decompression bomb, or a file written wrong)"
+        )
+    out, pos, filled = bytearray(raw_size), 0, 0
     for compressed, raw in frames:
         if not (isinstance(compressed, int) and isinstance(raw, int) and compressed > 0 and 0 < raw <= _FRAME):
             raise ChangelogFormatError(f"{name}: a frame of {compressed!r} -> {raw!r} bytes")
         try:
-            out.append(_CODEC.decompress(body[pos : pos + compressed], decompressed_size=raw, asbytes=True))
+            frame = _CODEC.decompress(body[pos : pos + compressed], decompressed_size=raw, asbytes=True)
         except (OSError, pa.ArrowException) as e:
             raise ChangelogFormatError(f"{name}: body does not decompress ({e})") from e
-        if len(out[-1]) != raw:
-            raise ChangelogFormatError(f"{name}: a frame decompresses to {len(out[-1])} bytes, not {raw}")
+        if len(frame) != raw:
+            raise ChangelogFormatError(f"{name}: a frame decompresses to {len(frame)} bytes, not {raw}")
+        out[filled : filled + raw] = frame  # one frame at a time in memory besides the buffer
+        filled += raw
         pos += compressed
-    return b"".join(out)
+    return bytes(out)
 
 
 def _decode(raw: bytes, states: list[dict[str, Any]], name: str) -> list[StateChanges]:
@@ -294,9 +312,9 @@ def _decode(raw: bytes, states: list[dict[str, Any]], name: str) -> list[StateCh
     return out
 
 
-def replay(db: Rdict, path: Path, ensure_states: Callable[[list[str]], None]) -> int:
+def replay(db: Rdict, path: Path, ensure_states: Callable[[list[str]], None], *, max_raw: int | None = None) -> int:
     """Apply one changelog file to an open database; returns the number of entries written."""
-    sections = read(path)
+    sections = read(path, max_raw=max_raw)
     try:
         return _apply(db, sections, ensure_states)
     except Exception as e:

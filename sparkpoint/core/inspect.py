@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.changelog import ChangelogFormatError, decode
+from sparkpoint.core.changelog import ChangelogFormatError, decode, raw_limit
 from sparkpoint.core.errors import OperatorStateMismatch, PathEscapesJobDirectory
 from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, OperatorState
 from sparkpoint.core.paths import is_changelog_name
@@ -24,11 +24,13 @@ _CHUNK = 4 * 1024 * 1024
 def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, *, deep: bool = True) -> list[FileProblem]:
     """Every file `_metadata` lists: present, of the recorded size and (with `deep`) CRC32."""
     files = {f.path: f for f in meta.files()}
-    problems = storage.parallel(lambda f: _check(storage, f, deep), sorted(files.values(), key=lambda f: f.path))
+    limit = raw_limit(meta.stats.state_size)
+    problems = storage.parallel(lambda f: _check(storage, f, deep, limit),
+                                sorted(files.values(), key=lambda f: f.path))
     return [p for p in problems if p is not None]
 
 
-def _check(storage: CheckpointStorage, f: FileHandle, deep: bool) -> FileProblem | None:
+def _check(storage: CheckpointStorage, f: FileHandle, deep: bool, limit: int | None = None) -> FileProblem | None:
     try:
         size: int | None = storage.info(f.path).size
     except FileNotFoundError:
@@ -37,7 +39,7 @@ def _check(storage: CheckpointStorage, f: FileHandle, deep: bool) -> FileProblem
         return FileProblem(f.path, f.local_name, str(e))
     problem = mismatch(f, size, (lambda: _stored_crc32(storage, f.path)) if deep else None)
     if deep and problem is None and is_changelog_name(f.local_name):
-        problem = _changelog_problem(storage, f)
+        problem = _changelog_problem(storage, f, raw_limit(f.size) if limit is None else limit)
     return FileProblem(f.path, f.local_name, problem) if problem else None
 
 
@@ -45,10 +47,10 @@ check_stored_file = _check  # one file, for the repair of a subtask's files
 
 
 
-def _changelog_problem(storage: CheckpointStorage, f: FileHandle) -> str | None:
+def _changelog_problem(storage: CheckpointStorage, f: FileHandle, limit: int) -> str | None:
     """A changelog whose CRC32 matches may still not decode (written wrong): restoring would fail."""
     try:
-        decode(storage.read_bytes(f.path), f.local_name)
+        decode(storage.read_bytes(f.path), f.local_name, max_raw=limit)
     except ChangelogFormatError as e:
         return f"does not decode: {e}"
     return None
