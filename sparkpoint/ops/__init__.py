@@ -58,14 +58,14 @@ def recover_op(
 @dg.op(pool=POOL)
 def prune_op(
     context: dg.OpExecutionContext, storage: CheckpointStorageResource, registry: CheckpointRegistryResource,
-    source: InputResource,
 ) -> dg.Output[None]:
     """Subsume beyond num_retained, forget stale attempts, sweep orphans past the grace period."""
     # The top-level `storage` resource: the run config of the job being pruned sets it (a
-    # resource nested in `registry` keeps its defaults whatever the launch config says).
+    # resource nested in `registry` keeps its defaults whatever the launch config says). Stale
+    # attempts' sink staging is the next start's (`_settle_sink` drops staging at or below the
+    # latest checkpoint).
     r = maintenance.prune(storage.open(), num_retained=registry.num_retained,
-                          orphan_grace_seconds=registry.orphan_grace_seconds,
-                          sink_url=source.output_url or None)
+                          orphan_grace_seconds=registry.orphan_grace_seconds)
     return dg.Output(None, metadata={"subsumed": dg.MetadataValue.json(list(r.subsumed)),
                                      "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
                                      "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts})
