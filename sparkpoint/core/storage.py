@@ -39,6 +39,16 @@ T = TypeVar("T")
 # CRC-32 (zlib's polynomial, initial value and result: the values in `_metadata` do not depend on
 # it). ISA-L computes it with carry-less multiplication, several times faster than zlib 1.2, and
 # CRC32 is what bounds a verified copy on a local disk; zlib is the fallback when isal is absent.
+def storage_url(location: str) -> str:
+    """The one way a user's location becomes an fsspec URL, on every route (CLI, notebook API,
+    Dagster resources): a URL stays as it is; a bare path becomes `file://` + its absolute path,
+    taken literally. Never `Path.as_uri()`: it percent-encodes a space, `#`, `%` or non-ASCII,
+    and fsspec's `file://` does not decode, so the files would land in `my%20project/`."""
+    if "://" in location:
+        return location
+    return "file://" + os.path.abspath(os.path.expanduser(location))
+
+
 def _fastest_crc32() -> tuple[Callable[[Any, int], int], str]:
     try:
         from isal import isal_zlib
@@ -150,6 +160,7 @@ class CheckpointStorage:
                 f"job id {job_id!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"
             )
+        checkpoints_dir = storage_url(checkpoints_dir)
         try:
             fs, base = fsspec.core.url_to_fs(checkpoints_dir, **(storage_options or {}))
             fs = filesystem if filesystem is not None else fs

@@ -17,7 +17,7 @@ from pydantic import PrivateAttr
 from sparkpoint.core.errors import SparkpointError
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.core.rocksdb import RocksDBOptions
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.core.storage import CheckpointStorage, storage_url
 from sparkpoint.spark.maintenance import RegistryCounts, registry_counts
 from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
 
@@ -44,8 +44,8 @@ def _json_object(value: str, field: str) -> dict[str, Any]:
 
 
 def _url(value: str) -> str:
-    """A bare path means a local directory (relative to the working directory)."""
-    return value if "://" in value else Path(value).resolve().as_uri()
+    """A bare path means a local directory (relative to the working directory), taken literally."""
+    return storage_url(value)
 
 
 class CheckpointStorageResource(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -197,7 +197,7 @@ def pipeline_of(
 ) -> StatefulPipeline:
     """The sample pipeline as the resources configure it (`spark` None: the completing half)."""
     config = PipelineConfig(
-        input_url=source.input_url if "://" in source.input_url else str(Path(source.input_url).resolve()),
+        input_url=_url(source.input_url),
         checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
         input_options=_json_object(source.input_options, "input: input_options"),
         num_retained=registry.num_retained, retention=registry.retention, parallelism=backend.parallelism,

@@ -207,7 +207,7 @@ class StatefulPipeline:
     def _spec(self, cid: int, start: _Start) -> TaskSpec:
         c = self.config
         return TaskSpec(
-            checkpoint_id=cid, checkpoints_url=c.checkpoints_url, job_id=c.job_id, storage_options=c.storage_options,
+            checkpoint_id=cid, checkpoints_url=self.storage.url, job_id=c.job_id, storage_options=c.storage_options,
             operators=self.operators, parallelism=c.parallelism, max_parallelism=c.max_parallelism,
             local_dir=c.local_dir, input_options=c.input_options,
             restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,

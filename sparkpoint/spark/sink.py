@@ -25,7 +25,7 @@ import pandas as pd
 from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.core.errors import SparkpointError
-from sparkpoint.core.storage import move_file
+from sparkpoint.core.storage import move_file, storage_url
 
 log = logging.getLogger(__name__)
 _PART = re.compile(
@@ -46,7 +46,7 @@ class ExactlyOnceParquetSink:
 
     @classmethod
     def at(cls, url: str, job_id: str, storage_options: dict[str, Any] | None = None) -> ExactlyOnceParquetSink:
-        sink = cls(url.rstrip("/"), job_id, tuple(sorted((storage_options or {}).items())))
+        sink = cls(storage_url(url).rstrip("/"), job_id, tuple(sorted((storage_options or {}).items())))
         try:
             sink._fs()
         except (ValueError, ImportError) as e:

@@ -14,6 +14,7 @@ import fsspec
 import pandas as pd
 
 from sparkpoint.core.errors import SparkpointError
+from sparkpoint.core.storage import storage_url
 
 OFFSETS_VERSION = 1
 SAMPLE_COLUMNS = ["event_id", "user_id", "item_id", "amount", "ts"]
@@ -49,6 +50,7 @@ class SourceOffsets:
 
 class ParquetDirectorySource:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+        url = storage_url(url)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         except (ValueError, ImportError) as e:
