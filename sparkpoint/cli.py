@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -399,6 +400,13 @@ def _write_text(path: str | None, text: str) -> None:
 # --- parser --------------------------------------------------------------------------------------
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -473,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("gc", help="delete files no retained checkpoint references (orphan sweep)")
     _job_args(p)
-    p.add_argument("--grace", type=float, default=3600.0, metavar="SECONDS", help="keep younger files")
+    p.add_argument("--grace", type=_seconds, default=3600.0, metavar="SECONDS", help="keep younger files")
     p.add_argument("--dry-run", action="store_true", help="list, delete nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_gc)

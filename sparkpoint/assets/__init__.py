@@ -61,7 +61,7 @@ def sstables(
     pipeline = pipeline_of(storage, registry, state_backend, source, spark.session)
     inject = context.run.tags.get(INJECT_TAG)
     attempt = start_step(pipeline, context.run.run_id, inject_failure=inject)
-    if attempt is None and source.land_sample_batch():
+    if attempt is None and source.land_sample_batch(pipeline.consumed_files()):
         attempt = start_step(pipeline, context.run.run_id, inject_failure=inject)
     if attempt is None:
         context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")

@@ -128,6 +128,16 @@ class RetryPolicy:
 _ANSWERS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
+_CLIENT_LIBRARIES = frozenset({"botocore", "aiobotocore", "aiohttp", "google", "azure", "requests", "urllib3"})
+
+
+def _network_client_error(error: BaseException) -> bool:
+    """An error of an object store's client library (not an OSError, which fsspec maps its
+    answers to): an endpoint that does not answer, credentials it refuses."""
+    module = type(error).__module__.partition(".")[0]
+    return module in _CLIENT_LIBRARIES and not isinstance(error, OSError)
+
+
 def is_transient(error: BaseException) -> bool:
     return isinstance(error, OSError) and not isinstance(error, _ANSWERS)
 
@@ -194,6 +204,11 @@ class CheckpointStorage:
             try:
                 return fn(*args)
             except Exception as e:
+                if _network_client_error(e):  # the filesystem's client gave up (its own retries included)
+                    raise StorageError(
+                        f"checkpoint storage {self.url} cannot be reached: {what} failed ({type(e).__name__}: {e}); "
+                        "check the URL and the storage options (endpoint, credentials)"
+                    ) from e
                 if not is_transient(e) or attempt == self.retry.attempts - 1:
                     raise
                 self.retried += 1
@@ -426,7 +441,7 @@ class CheckpointStorage:
     # --- listing -------------------------------------------------------------------------------
 
     def job_dir_exists(self) -> bool:
-        return bool(self.fs.exists(self.root))
+        return bool(self._retrying("looking for the job directory", self.fs.exists, self.root))
 
     def checkpoint_dirs(self) -> list[int]:
         """Ids of every `chk-N` directory, with or without `_metadata`, ascending."""

@@ -56,6 +56,11 @@ class CompletedCheckpointStore:
             ) from e
         except StorageError as e:  # e.g. chk-N is a link out of the job directory
             raise MetadataError(f"{where} cannot be read: {e}") from e
+        except (IsADirectoryError, NotADirectoryError) as e:
+            raise MetadataError(
+                f"{where} is not a file ({e.strerror}): a _metadata is one file written by sparkpoint; move "
+                f"{self.storage.job_url}/chk-{checkpoint_id} aside by hand (until then it blocks every deletion)"
+            ) from e
 
     def _parse(self, checkpoint_id: int, data: bytes) -> CheckpointMetadata:
         where = f"{self.storage.job_url}/{metadata_path(checkpoint_id)}"

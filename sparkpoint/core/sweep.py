@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -61,8 +62,8 @@ def sweep_orphans(
 
     Refuses to delete anything while some `_metadata` cannot be read.
     """
-    if grace_seconds < 0:
-        raise ValueError(f"grace must be >= 0 seconds, got {grace_seconds}")
+    if not math.isfinite(grace_seconds) or grace_seconds < 0:  # nan would never delete, silently
+        raise ValueError(f"the grace period must be a finite number of seconds >= 0, got {grace_seconds}")
     listing = CompletedCheckpointStore(storage).load_all()
     if listing.unreadable and not dry_run:
         raise DeletionBlocked(

@@ -8,6 +8,9 @@ directory). Values are checked at setup, with a message that names the field.
 
 
 import json
+import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from sparkpoint.core.errors import SparkpointError
+from sparkpoint.core.keygroups import MAX_KEY_GROUPS
 from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.core.rocksdb import RocksDBOptions
 from sparkpoint.core.storage import CheckpointStorage, storage_url
@@ -26,6 +30,7 @@ DEFAULT_INPUT = ".sparkpoint/demo/input"
 DEFAULT_OUTPUT = ".sparkpoint/demo/output"
 DEFAULT_LOCAL_DIR = ".sparkpoint/local"
 DEFAULT_JOB_ID = "demo"
+_SAMPLE_NAME = re.compile(r"batch-(\d{6})\.parquet")
 SAMPLE_STREAM = {"events_per_batch": 20_000, "users": 5_000, "items": 500, "seed": 42}
 
 
@@ -62,13 +67,18 @@ class CheckpointStorageResource(dg.ConfigurableResource):  # type: ignore[type-a
         return _url(self.checkpoints_url)
 
     def open(self) -> CheckpointStorage:
+        options = self.options()  # names its own field when it is wrong
         try:
-            return CheckpointStorage(self.url(), self.job_id, self.options())
+            return CheckpointStorage(self.url(), self.job_id, options)
         except SparkpointError as e:
-            raise ResourceConfigError(f"checkpoint storage: {e}") from e
+            raise ResourceConfigError(f"checkpoint storage (checkpoints_url, job_id): {e}") from e
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self.open()
+        storage = self.open()
+        try:  # reach it now: a wrong endpoint is the configuration's fault, named as such
+            storage.job_dir_exists()
+        except SparkpointError as e:
+            raise ResourceConfigError(f"checkpoint storage (checkpoints_url, storage_options): {e}") from e
 
 
 class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -91,8 +101,10 @@ class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-
                 raise ResourceConfigError(
                     f"registry: {field} {value!r} is not one of {', '.join(e.value for e in enum)}"
                 )
-        if self.orphan_grace_seconds < 0:
-            raise ResourceConfigError(f"registry: orphan_grace_seconds must be >= 0, got {self.orphan_grace_seconds}")
+        if not math.isfinite(self.orphan_grace_seconds) or self.orphan_grace_seconds < 0:
+            raise ResourceConfigError(
+                f"registry: orphan_grace_seconds must be a finite number >= 0, got {self.orphan_grace_seconds}"
+            )
         self._counts = registry_counts(self.storage.open())  # never trusted from memory across runs
 
     @property
@@ -141,6 +153,10 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     rocksdb_block_cache_mb: int = 256  # each open database's block cache, index and filter blocks included
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        if not 1 <= self.max_parallelism <= MAX_KEY_GROUPS:
+            raise ResourceConfigError(
+                f"state backend: max_parallelism must be between 1 and {MAX_KEY_GROUPS}, got {self.max_parallelism}"
+            )
         if not 1 <= self.parallelism <= self.max_parallelism:
             raise ResourceConfigError(
                 f"state backend: parallelism must be between 1 and max_parallelism ({self.max_parallelism}), "
@@ -178,14 +194,17 @@ class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         if self.is_demo:
             Path(DEFAULT_INPUT).mkdir(parents=True, exist_ok=True)
 
-    def land_sample_batch(self) -> str | None:
-        """With the default demo input: write the next batch of the sample stream (else None)."""
+    def land_sample_batch(self, consumed: Iterable[str] = ()) -> str | None:
+        """With the default demo input: write the next batch of the sample stream (else None),
+        numbered after every batch present or consumed: a consumed file that was removed must
+        not be written again under its name (the source would skip it for ever)."""
         if not self.is_demo:
             return None
         from sparkpoint.spark.generate import generate
 
-        existing = len(list(Path(DEFAULT_INPUT).glob("batch-*.parquet")))
-        return generate(DEFAULT_INPUT, batches=1, first=existing, **SAMPLE_STREAM)[0]
+        names = [p.name for p in Path(DEFAULT_INPUT).iterdir()] + list(consumed)
+        numbers = [int(m.group(1)) for n in names if (m := _SAMPLE_NAME.fullmatch(n))]
+        return generate(DEFAULT_INPUT, batches=1, first=max(numbers, default=-1) + 1, **SAMPLE_STREAM)[0]
 
 
 def pipeline_of(

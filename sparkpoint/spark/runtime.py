@@ -23,6 +23,7 @@ from sparkpoint.core.errors import (
     SparkpointError,
     UnknownSharedState,
 )
+from sparkpoint.core.keygroups import MAX_KEY_GROUPS
 from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage
 from sparkpoint.core.repair import repair_checkpoints
 from sparkpoint.core.restore import stored_size_problems
@@ -80,6 +81,29 @@ class PipelineConfig:
     allow_new_operators: bool = False  # an operator of this job the checkpoint lacks starts empty
 
 
+def validate_config(config: PipelineConfig) -> None:
+    """Every route to a pipeline (flags, `--conf` and Flink keys, Dagster resources) meets these
+    checks, with the same messages, before Spark starts."""
+    problems = []
+    if not 1 <= config.max_parallelism <= MAX_KEY_GROUPS:
+        problems.append(f"max parallelism must be between 1 and {MAX_KEY_GROUPS}, got {config.max_parallelism}")
+    elif not 1 <= config.parallelism <= config.max_parallelism:
+        problems.append(f"parallelism must be between 1 and the max parallelism ({config.max_parallelism}), "
+                        f"got {config.parallelism}")
+    if config.num_retained < 1:
+        problems.append(f"num_retained must be at least 1, got {config.num_retained}")
+    if config.files_per_checkpoint < 1:
+        problems.append("files per checkpoint must be at least 1")
+    if config.max_batches is not None and config.max_batches < 1:
+        problems.append(f"max batches must be at least 1, got {config.max_batches}")
+    try:
+        config.changelog_options()
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        raise PipelineError("; ".join(problems))
+
+
 @dataclass(frozen=True)
 class BatchReport:
     """One completed checkpoint, as `sparkpoint run` prints it."""
@@ -125,12 +149,7 @@ class _Start:
 
 class StatefulPipeline:
     def __init__(self, spark: Any, config: PipelineConfig, operators: tuple[KeyedOperator, ...] = SAMPLE_OPERATORS):
-        if config.files_per_checkpoint < 1:
-            raise PipelineError("files per checkpoint must be at least 1")
-        try:
-            config.changelog_options()
-        except ValueError as e:
-            raise PipelineError(str(e)) from e
+        validate_config(config)
         names = [op.name for op in operators]
         if len(set(names)) != len(names):
             raise PipelineError(f"operator names must be unique, got {names}")
@@ -145,6 +164,11 @@ class StatefulPipeline:
             if config.output_url
             else None
         )
+
+    def consumed_files(self) -> tuple[str, ...]:
+        """The input files the latest checkpoint has consumed (none before the first)."""
+        latest = self.store.latest()
+        return _offsets_of(latest).consumed if latest is not None else ()
 
     def run(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
         """Process every unconsumed batch (up to `max_batches`), one checkpoint each."""
