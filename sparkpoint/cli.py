@@ -157,6 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sparkpoint.core.config import resolve_settings
     from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
     from sparkpoint.spark.session import spark_session
+    from sparkpoint.spark.source import SourceOffsets
 
     settings = resolve_settings(dict(_key_value(c) for c in args.conf))
     options = _storage_options(args.storage_options)
@@ -174,6 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.num_retained < 1:
         raise UsageError("--retain must be at least 1")
     pipeline = StatefulPipeline(None, config)  # validates input and storage before Spark starts
+    pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
+    pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
+                                  {op.name: op.input_columns() for op in pipeline.operators})
     pipeline.spark = spark_session(args.master, verbose=args.verbose)
 
     uploaded = 0
@@ -192,6 +196,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         pipeline.spark.stop()
     if not reports and not args.json:
         print("no unconsumed batch: nothing to do")
+    empty = pipeline.source.nothing_to_read()
+    if empty:
+        print(f"sparkpoint run: warning: {empty}", file=sys.stderr)
     return 0
 
 

@@ -65,6 +65,9 @@ def sstables(
         attempt = start_step(pipeline, context.run.run_id, inject_failure=inject)
     if attempt is None:
         context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
+        empty = pipeline.source.nothing_to_read()
+        if empty:
+            context.log.warning(empty)
         return
     for name, key in SSTABLE_KEYS.items():
         yield dg.MaterializeResult(asset_key=key, metadata=plain_metadata(attempt.operator_summary(name)))

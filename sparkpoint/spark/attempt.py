@@ -253,6 +253,7 @@ def run_spark_half(
     """Trigger checkpoint N and run the Spark job over `files`; every subtask has uploaded when
     this returns. A failure aborts N (an `InjectedFailure` leaves everything, as a crash would)."""
     inject = check_point(inject_failure)
+    pipeline.source.check_columns(files, {op.name: op.input_columns() for op in pipeline.operators})
     started_at = time.time()
     expected = {op.name: pipeline.config.parallelism for op in pipeline.operators}
     cid = coordinator.trigger(expected=expected, checkpoint_id=start.next_id).checkpoint_id

@@ -12,6 +12,8 @@ from typing import Any
 
 import fsspec
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from sparkpoint.core.errors import SparkpointError
 from sparkpoint.core.storage import storage_url
@@ -20,8 +22,15 @@ OFFSETS_VERSION = 1
 SAMPLE_COLUMNS = ["event_id", "user_id", "item_id", "amount", "ts"]
 
 
+ACCEPTED = "*.parquet, names starting with _ or . skipped"
+
+
 class SourceError(SparkpointError):
     """The input directory cannot be read, or a checkpoint's offsets belong elsewhere."""
+
+
+class SourceSchemaError(SourceError):
+    """A batch's files lack columns an operator reads."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +71,40 @@ class ParquetDirectorySource:
 
     def files(self) -> list[str]:
         """Names of the Parquet files present, in name order (hidden and `_` files skipped)."""
-        names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
-        return sorted(n for n in names if n.endswith(".parquet") and not n.startswith(("_", ".")))
+        return self.listing()[0]
+
+    def listing(self) -> tuple[list[str], list[str]]:
+        """(batch files, other names skipped), each in name order."""
+        self.fs.invalidate_cache(self.root)
+        names = sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
+        accepted = [n for n in names if n.endswith(".parquet") and not n.startswith(("_", "."))]
+        return accepted, [n for n in names if n not in set(accepted)]
+
+    def nothing_to_read(self) -> str | None:
+        """Why the directory holds no batch at all although it holds files (None otherwise)."""
+        accepted, skipped = self.listing()
+        if accepted or not skipped:
+            return None
+        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        return f"input directory {self.url} holds no batch file ({ACCEPTED}); skipped: {shown}"
+
+    def check_columns(self, names: list[str], required: dict[str, list[str]]) -> None:
+        """Every file of a batch must have the columns each operator reads (`required`: operator
+        -> columns), checked from the Parquet footers before any Spark work."""
+        for name in names:
+            try:
+                with self.fs.open(posixpath.join(self.root, name), "rb") as f:
+                    have = set(pq.read_schema(f).names)
+            except (OSError, ValueError, pa.ArrowException) as e:
+                raise SourceError(f"cannot read the schema of input file {self.url_of(name)}: {e}") from e
+            for operator, columns in required.items():
+                missing = [c for c in columns if c not in have]
+                if missing:
+                    raise SourceSchemaError(
+                        f"input file {self.url_of(name)} lacks column{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(missing)}, which operator {operator!r} reads; it has: {', '.join(sorted(have))}. "
+                        "Give an input with those columns, or an operator written for these"
+                    )
 
     def pending(self, offsets: SourceOffsets) -> list[str]:
         done = set(offsets.consumed)
