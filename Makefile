@@ -31,6 +31,7 @@ ui: $(RUN_STAMP)
 	  DAGSTER_HOME=$$home PATH=$(CURDIR)/$(BIN):$$PATH exec $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 test: $(DEV_STAMP)
+	@sh tools/ensure-test-tools
 	$(BIN)/ruff check sparkpoint tests benchmarks
 	$(BIN)/mypy
 	@home=$$(mktemp -d) && printf 'telemetry:\n  enabled: false\n' > $$home/dagster.yaml && \

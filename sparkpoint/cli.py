@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from sparkpoint.core.store import CompletedCheckpointStore
 EXIT_BAD_FILES = 1
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 class UsageError(Exception):
@@ -192,8 +194,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with _progress(args, "checkpoints uploaded") as progress:
             reports = pipeline.run(on_checkpoint=show)
-    finally:
-        pipeline.spark.stop()
+    except BaseException as e:
+        from sparkpoint.spark.session import interrupted, stop_quietly
+
+        if not isinstance(e, KeyboardInterrupt) and not interrupted():
+            pipeline.spark.stop()
+            raise
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not break the clean-up
+        stop_quietly(pipeline.spark)
+        from sparkpoint.spark.maintenance import interruption_summary
+
+        print(f"sparkpoint run: {interruption_summary(pipeline.storage)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    pipeline.spark.stop()
     if not reports and not args.json:
         print("no unconsumed batch: nothing to do")
     empty = pipeline.source.nothing_to_read()
@@ -539,6 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["SPARKPOINT_VERBOSE"] = "1"  # also for the processes it starts
     try:
         return int(args.fn(args))
+    except KeyboardInterrupt:  # before `run` had anything to report, or in any other command
+        print(f"sparkpoint {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `sparkpoint list | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

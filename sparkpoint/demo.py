@@ -9,6 +9,8 @@ every consumed file. Runs again and again: each resumes from the latest complete
 """
 
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,13 +27,45 @@ from sparkpoint.ops import recover_job
 from sparkpoint.ops.instance import prepare_dagster_home
 from sparkpoint.resources import DEFAULT_INPUT, SparkResource, default_resources
 from sparkpoint.sensors import recovery_sensor
+from sparkpoint.spark.maintenance import interruption_summary
 from sparkpoint.spark.operators import item_reach, user_totals
+from sparkpoint.spark.session import interrupted, request_interrupt, stop_quietly
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 RUNS: list[dict[str, str]] = [{}, {INJECT_TAG: "after-upload"}, {}]
 
 
+WORKER = "SPARKPOINT_DEMO_WORKER"
+
+
 def main() -> int:
+    """The demo runs in a child process of its own session; this process only waits for it.
+
+    A Ctrl-C at the terminal reaches the whole foreground process group: Dagster's compute-log
+    helpers, Spark's workers and the JVM would each print their own trace, and Dagster turns the
+    interrupt of a run into a failed run that the demo would go on to heal. Here it reaches this
+    process only, which asks the child to stop (SIGUSR1): the child cancels the Spark job, lets the
+    run fail, starts nothing more and prints one line."""
+    if os.environ.get(WORKER) == "1":
+        return run_demo()
+    child = subprocess.Popen([sys.executable, "-m", "sparkpoint.demo"], env={**os.environ, WORKER: "1"},
+                             start_new_session=True)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # one Ctrl-C is enough
+        child.send_signal(signal.SIGUSR1)
+        try:
+            return child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            print("sparkpoint demo: interrupted; it did not stop within 30 s and was killed; a rerun resumes "
+                  "from the latest completed checkpoint", file=sys.stderr)
+            return 130
+
+
+def run_demo() -> int:
+    signal.signal(signal.SIGUSR1, lambda signum, frame: request_interrupt())
     os.environ["DAGSTER_HOME"] = str(prepare_dagster_home(".sparkpoint/dagster"))
     resources = default_resources()
     resources["spark"] = SparkResource(stop_on_teardown=False)  # one JVM for the whole demo
@@ -43,18 +77,33 @@ def main() -> int:
             for tags in RUNS:
                 result = dg.materialize([*ASSETS, *ASSET_CHECKS], resources=resources, instance=instance,
                                         tags=tags, run_config=QUIET, raise_on_error=False)
+                if interrupted():  # Dagster turns the Ctrl-C into a failed run: stop, heal nothing
+                    raise KeyboardInterrupt
                 _report("materialize" + (f" [{tags[INJECT_TAG]}]" if tags else ""), result)
                 if not result.success:
                     _heal(instance, result, resources)
-    finally:
-        from pyspark.sql import SparkSession
-
-        active = SparkSession.getActiveSession()
-        if active is not None:
-            active.stop()
+                    if interrupted():
+                        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not break the clean-up
+        _stop_spark()
+        print(f"sparkpoint demo: {interruption_summary(storage)}", file=sys.stderr)
+        return 130
+    _stop_spark()
     _table(storage)
     return check_latest(storage)
 
+
+def _stop_spark() -> None:
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is None:
+        return
+    if interrupted():
+        stop_quietly(active)
+    else:
+        active.stop()
 
 def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, resources: dict[str, Any]) -> None:
     """What the daemon does on a failed run: evaluate the recovery sensor, launch its request."""

@@ -43,6 +43,12 @@ CRASH_POINTS = (
 )
 
 _hits: dict[str, int] = {}
+_jvm_groups: set[int] = set()  # this process's JVM, in a session of its own (sparkpoint.spark.session)
+
+
+def kill_with_this_process(pgid: int) -> None:
+    """A crash point here kills process group `pgid` too (never inherited by a child process)."""
+    _jvm_groups.add(pgid)
 
 
 def parse(spec: str) -> tuple[str, int]:
@@ -81,7 +87,7 @@ def crash_point(name: str) -> None:
         return
     if directory:
         _write_marker(directory, {"point": point, "hit": hit, "pid": os.getpid(), "time": time.time()})
-    groups = {os.getpgid(0)}
+    groups = {os.getpgid(0), *_jvm_groups}
     if os.environ.get(CRASH_PGID, "").isdigit():
         groups.add(int(os.environ[CRASH_PGID]))
     for group in sorted(groups, key=lambda g: g == os.getpgid(0)):  # our own group last

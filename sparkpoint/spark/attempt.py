@@ -262,6 +262,8 @@ def run_spark_half(
         spec = replace(spec, inject_failure=inject)
     try:
         results = pipeline._run_spark(spec, [pipeline.source.url_of(f) for f in files])
+    except KeyboardInterrupt:
+        raise  # stop at once: the uploads are the orphan sweep's (or recovery's), as after a kill
     except BaseException as e:
         injected = raised_in_task(e, InjectedFailure)
         if injected is not None:
@@ -322,8 +324,8 @@ def complete_attempt(
         fail_at("before-commit", inject, f"checkpoint {cid} acknowledged, _metadata not written")
         completed = coordinator.complete(cid, source_offsets={"source": attempt.source_offsets,
                                                               "sink": list(attempt.staged)})
-    except InjectedFailure:
-        raise
+    except (InjectedFailure, KeyboardInterrupt):
+        raise  # as a crash would leave it: recovery, the next start and the sweep settle it
     except BaseException as e:
         coordinator.abort(cid, reason=f"batch {list(attempt.files)} failed to complete: {type(e).__name__}")
         try:  # handles not acknowledged before the failure: the coordinator never saw their uploads

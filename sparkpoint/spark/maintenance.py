@@ -107,6 +107,17 @@ def verify_all(storage: CheckpointStorage, *, deep: bool = True) -> dict[int, li
     return dict(sorted(out.items(), reverse=True))
 
 
+def interruption_summary(storage: CheckpointStorage) -> str:
+    """The one line said when a user interrupts a run (Ctrl-C)."""
+    try:
+        latest = max(storage.completed_checkpoint_ids(), default=None)
+    except Exception as e:  # storage gone too: say so, still one line
+        return f"interrupted; the last committed checkpoint could not be read ({e}); a rerun resumes from it"
+    where = f"chk-{latest} in {storage.job_url}" if latest is not None else f"none yet in {storage.job_url}"
+    return (f"interrupted; last committed checkpoint: {where}; a rerun resumes from it; the interrupted "
+            "attempt's uploads are left for recovery or the orphan sweep (`sparkpoint gc`)")
+
+
 # --- recovery ---------------------------------------------------------------------------------
 
 

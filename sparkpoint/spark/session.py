@@ -10,9 +10,12 @@ logging as it is.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +25,7 @@ from typing import IO
 
 from pyspark.sql import SparkSession
 
+from sparkpoint.core.crash import kill_with_this_process
 from sparkpoint.spark.faults import arm_crash_points
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
@@ -67,12 +71,72 @@ def spark_session(
     spark = builder.getOrCreate()
     if not verbose:
         spark.sparkContext.setLogLevel("ERROR")
+        _interrupt_cleanly(spark)
     return spark
 
 
+def _interrupt_cleanly(spark: SparkSession) -> None:
+    """PySpark's SIGINT handler cancels the jobs through py4j from inside the call it interrupts
+    (a reentrant call: py4j logs a page of traces). Ours cancels them from another thread and
+    raises KeyboardInterrupt in the driver, which stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        request_interrupt()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
+def request_interrupt() -> None:
+    """Mark the process interrupted and cancel the running Spark jobs, from a thread of its own
+    (safe in a signal handler: no py4j call is made on the interrupted thread)."""
+    _interrupted.set()
+
+    def cancel() -> None:
+        active = SparkSession.getActiveSession()
+        try:
+            if active is not None:
+                active.sparkContext.cancelAllJobs()
+        except Exception:  # stopping anyway
+            pass
+
+    threading.Thread(target=cancel, daemon=True, name="spark-cancel").start()
+
+
 def _quiet_python_loggers() -> None:
-    for name in ("py4j", "pyspark"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    for name in ("py4j", "pyspark"):  # their errors surface as our exceptions; their traces are noise
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    root = logging.getLogger()
+    if not any(isinstance(f, _NotFromPy4j) for f in root.filters):
+        root.addFilter(_NotFromPy4j())  # py4j logs some of its errors on the root logger
+
+
+class _NotFromPy4j(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+_muted = threading.Event()
+_interrupted = threading.Event()
+
+
+def interrupted() -> bool:
+    """Whether a Ctrl-C reached the driver: any error after it (a py4j call cut in the middle
+    fails on its own) is part of the interruption, not a failure of its own."""
+    return _interrupted.is_set()
+
+
+def stop_quietly(spark: SparkSession) -> None:
+    """Stop Spark after a Ctrl-C without its complaints about the job it was told to drop (the
+    JVM's standard error is no longer passed on; py4j's and PySpark's are swallowed)."""
+    _muted.set()
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            spark.stop()
+        except Exception:  # the JVM may be gone already
+            pass
 
 
 def _launch_quiet_gateway(master: str, app_name: str, settings: dict[str, str]) -> None:
@@ -88,8 +152,13 @@ def _launch_quiet_gateway(master: str, app_name: str, settings: dict[str, str]) 
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
         conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
-        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+        # A session of its own: a Ctrl-C at the terminal reaches this driver only, which cancels
+        # the job and stops Spark in order, instead of the JVM and every Python worker printing
+        # its own trace. The JVM still ends with the driver (it exits when its stdin closes).
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE, "start_new_session": True})
         proc = getattr(gateway, "proc", None)
+        if proc is not None:  # a crash point kills it with the driver, as a power cut would
+            kill_with_this_process(proc.pid)
         if proc is not None and proc.stderr is not None:
             threading.Thread(target=_filter_lines, args=(proc.stderr, sys.stderr), daemon=True,
                              name="spark-stderr").start()
@@ -100,7 +169,7 @@ def _launch_quiet_gateway(master: str, app_name: str, settings: dict[str, str]) 
 def _filter_lines(source: IO[bytes], target: IO[str]) -> None:
     for raw in iter(source.readline, b""):
         line = raw.decode("utf-8", "replace")
-        if not _CHATTER.match(line):
+        if not _muted.is_set() and not _CHATTER.match(line):
             try:
                 target.write(line)
                 target.flush()

@@ -1,0 +1,78 @@
+"""One Ctrl-C stops `sparkpoint run` and `make run`'s demo within seconds, in one line, exit 130;
+a rerun resumes to the right result. The signal goes to the whole process group, as a terminal
+sends it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sparkpoint.cli import main
+from sparkpoint.spark.generate import generate
+from tests import oracle
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def interrupt_after(cmd: list[str], cwd: Path, prefix: str, nth: int, delay: float) -> tuple[int, str, str, float]:
+    """Start `cmd` in a group of its own; after the nth stdout line starting with `prefix` (and
+    `delay` seconds), send SIGINT to the group; (exit code, stdout, stderr, seconds to stop)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    seen, lines = 0, []
+    for line in proc.stdout:
+        lines.append(line)
+        seen += line.startswith(prefix)
+        if seen == nth:
+            time.sleep(delay)
+            break
+    sent = time.monotonic()
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, "".join(lines) + out, err, time.monotonic() - sent
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.15, 0.4])
+def test_one_ctrl_c_stops_run_in_one_line_and_a_rerun_resumes(tmp_path: Path, delay: float):
+    generate(str(tmp_path / "in"), batches=8, events_per_batch=20000, users=3000, items=200, seed=4)
+    cmd = [sys.executable, "-m", "sparkpoint.cli", "run", "--input", "in", "--checkpoints", "ckpt", "--job-id", "j",
+           "--local-dir", "local", "--output", "out"]
+    code, out, err, seconds = interrupt_after(cmd, tmp_path, "chk-", 2, delay)
+    assert code == 130, (out, err)
+    assert seconds < 15
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted; last committed checkpoint: chk-" in lines[0], err
+    assert "a rerun resumes" in lines[0] and "Traceback" not in err
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = pd.concat(oracle.read_batches(str(tmp_path / "in")), ignore_index=True)
+    assert main(["state", "--checkpoints", str(tmp_path / "ckpt"), "--job-id", "j", "--operator", "user_totals",
+                 "--format", "parquet", "--out", str(tmp_path / "totals.parquet")]) == 0
+    oracle.assert_totals_equal(pd.read_parquet(tmp_path / "totals.parquet"), oracle.user_totals(events))
+
+
+def test_one_ctrl_c_stops_the_demo_and_it_starts_nothing_more(tmp_path: Path):
+    cmd = [sys.executable, "-m", "sparkpoint.demo"]
+    code, out, err, seconds = interrupt_after(cmd, tmp_path, "materialize", 1, 0.0)  # as run 2 starts
+    assert code == 130, (out, err)
+    assert seconds < 30
+    assert "Traceback" not in err and "FAILED: ?" not in out, err
+    assert "sparkpoint demo: interrupted; last committed checkpoint: chk-" in err
+    runs = [line for line in out.splitlines() if line.startswith(("materialize", "recover"))]
+    assert len(runs) <= 3 and not any(line.startswith("materialize:") for line in runs[1:]), out
+    assert "matches a recomputation" not in out, "the demo stopped instead of going on to its checks"
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and "matches a recomputation" in done.stdout, done.stdout + done.stderr[-2000:]
