@@ -34,6 +34,7 @@ test: $(DEV_STAMP)
 	@sh tools/ensure-test-tools
 	$(BIN)/ruff check sparkpoint tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	@home=$$(mktemp -d) && printf 'telemetry:\n  enabled: false\n' > $$home/dagster.yaml && \
 	  DAGSTER_HOME=$$home $(BIN)/dagster definitions validate -w workspace.yaml && \
 	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg check defs; \
@@ -48,6 +49,7 @@ soak: $(DEV_STAMP)
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check sparkpoint tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_rmw

@@ -60,17 +60,13 @@ from unittest import mock
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from sparkpoint.core import (
-    CheckpointCoordinator,
-    CheckpointMetadata,
-    CheckpointStorage,
-    CompletedCheckpoint,
-    CompletedCheckpointStore,
-)
-from sparkpoint.core.keygroups import key_group_range
-from sparkpoint.core.metadata import FileHandle, SubtaskStateHandle
-from sparkpoint.core.paths import private_dir, shared_dir
-from sparkpoint.core.sweep import sweep_orphans
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
+from sparkpoint.checkpoint.paths import private_dir, shared_dir
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
+from sparkpoint.state.keygroups import key_group_range
 
 RESULTS = Path(__file__).parent / "results"
 OPERATOR = "bench"

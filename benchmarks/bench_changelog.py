@@ -27,12 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.changelog import ChangelogOptions, is_changelog
-from sparkpoint.core.keygroups import subtask_for_key
-from sparkpoint.core.store import CompletedCheckpointStore
-from sparkpoint.spark.operators import TOTALS
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions, is_changelog
+from sparkpoint.state.keygroups import subtask_for_key
+from sparkpoint.state.sample import TOTALS
 
 RESULTS = Path(__file__).parent / "results"
 PARALLELISM = 4

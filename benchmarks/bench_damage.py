@@ -34,7 +34,7 @@ from pathlib import Path
 
 from rocksdict import ReadOptions
 
-from sparkpoint.core.rocksdb import RocksDBOptions, flush_all, open_db
+from sparkpoint.state.rocksdb import RocksDBOptions, flush_all, open_db
 
 RESULTS = Path(__file__).parent / "results"
 PAGE = 4096

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from sparkpoint.core import CheckpointStorage
-from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.serde import StructCodec
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.codecs import StructCodec
 
 TOTALS = StructCodec[tuple[int, float, float, float, int]]("<qdddq")
 

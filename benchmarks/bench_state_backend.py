@@ -59,14 +59,15 @@ from typing import Any
 import fsspec
 import rocksdict
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpoint
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle
-from sparkpoint.core.restore import FINGERPRINTS, download_verified, local_copy_matches
-from sparkpoint.core.rocksdb import flush_all
-from sparkpoint.core.serde import StructCodec
-from sparkpoint.core.state import ValueState
-from sparkpoint.core.storage import CRC32_IMPLEMENTATION
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
+from sparkpoint.checkpoint.files import download_verified
+from sparkpoint.checkpoint.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle
+from sparkpoint.checkpoint.storage import CRC32_IMPLEMENTATION, CheckpointStorage
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.handles import ValueState
+from sparkpoint.state.restore import FINGERPRINTS, local_copy_matches
+from sparkpoint.state.rocksdb import flush_all
 
 RESULTS = Path(__file__).parent / "results"
 OPERATOR = "bench"
@@ -278,7 +279,7 @@ def restores_from_s3(storage: CheckpointStorage, meta: Any, s3_url: str, options
                      probe: list[int], repeat: int) -> dict[str, Any]:
     """Primary restore when the primary copy is on S3 (moto on 127.0.0.1), as it is in production:
     a verified copy of `meta` (a savepoint) goes to S3, and fresh backends restore from it."""
-    from sparkpoint.core.savepoint import take_savepoint
+    from sparkpoint.checkpoint.savepoint import take_savepoint
 
     # The savepoint goes to its target with the source's storage options: give the local storage
     # the S3 options too (the local filesystem ignores them).

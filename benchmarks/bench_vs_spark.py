@@ -90,18 +90,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sparkpoint.core.config import resolve_settings
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.settings import resolve_settings
 from sparkpoint.spark.generate import START, generate
-from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator, operator_by_name, user_totals
+from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.sample import SAMPLE_OPERATORS, operator_by_name, user_totals
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 MB = 1024 * 1024
 JOB = "bench"
 
-# Variants of our engine: (label, settings resolved by sparkpoint.core.config.resolve_settings).
+# Variants of our engine: (label, settings resolved by sparkpoint.pipeline.settings.resolve_settings).
 OURS_VARIANTS: list[tuple[str, dict[str, str]]] = [
     ("ours", {"state.backend.changelog.enabled": "true"}),  # the default: changelog checkpoints
     # RocksDB files only: --ours-setting ours-files:state.backend.changelog.enabled=false (make bench adds it)
@@ -354,7 +355,8 @@ def link_inputs(files: list[Path], directory: Path) -> None:
 
 
 def ours_pipeline(spark: Any, system: System, run_dir: Path, **overrides: Any) -> Any:
-    from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from sparkpoint.pipeline.runtime import PipelineConfig
 
     config = PipelineConfig(
         input_url=f"file://{run_dir / 'in'}", checkpoints_url=f"file://{run_dir / 'checkpoints'}", job_id=JOB,
@@ -632,7 +634,7 @@ def spark_jobs_since(spark: Any, known: set[int]) -> list[dict[str, Any]]:
 
 def profile_ours(spark: Any, system: System, workload: Workload, run_dir: Path, updates: int) -> dict[str, Any]:
     """Ours on the first 1 + `updates` files with the profilers on for the update batches."""
-    from sparkpoint.spark.runtime import StatefulPipeline
+    from sparkpoint.pipeline.driver import StatefulPipeline
 
     driver = cProfile.Profile()
     per_batch: list[dict[str, Any]] = []

@@ -2,7 +2,7 @@
 
 The notebook API (pandas DataFrames) is importable from here: `sparkpoint.list_checkpoints`,
 `sparkpoint.read_state`, `sparkpoint.registry` (see `sparkpoint.api`). It is imported on first
-use, so that `import sparkpoint.core` in a Spark task does not load it.
+use, so that `import sparkpoint.checkpoint` in a Spark task does not load it.
 """
 
 import importlib

@@ -6,7 +6,7 @@
     sparkpoint.registry("file:///data/checkpoints", "clicks")
 
 The same data as `sparkpoint list --json`, `sparkpoint state` and `sparkpoint registry --json`:
-each comes from one function of `sparkpoint.core.catalog` (or `state_table` below) that the
+each comes from one function of `sparkpoint.checkpoint.catalog` (or `state_table` below) that the
 command line prints.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from sparkpoint.core.catalog import LIST_COLUMNS, REGISTRY_COLUMNS, checkpoint_rows, existing_store, registry_rows
-from sparkpoint.core.errors import CheckpointCorrupted, MetadataError, OperatorStateMismatch
-from sparkpoint.core.metadata import CheckpointMetadata
-from sparkpoint.core.progress import ProgressFn
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.catalog import LIST_COLUMNS, REGISTRY_COLUMNS, checkpoint_rows, existing_store, registry_rows
+from sparkpoint.checkpoint.errors import CheckpointCorrupted, MetadataError, OperatorStateMismatch
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.progress import ProgressFn
+from sparkpoint.checkpoint.storage import CheckpointStorage
 
 
 def list_checkpoints(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -53,8 +53,9 @@ def state_table(
     storage: CheckpointStorage, operator: str, checkpoint: int | None = None, *, progress: ProgressFn | None = None
 ) -> tuple[CheckpointMetadata, pd.DataFrame]:
     """(the checkpoint read, the operator's state as one table sorted by key)."""
-    from sparkpoint.core.inspect import operator_states, restore_hint
-    from sparkpoint.spark.operators import operator_by_name
+    from sparkpoint.state.extract import operator_states
+    from sparkpoint.state.sample import operator_by_name
+    from sparkpoint.state.verify import restore_hint
 
     try:
         op = operator_by_name(operator)

@@ -17,12 +17,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sparkpoint.core.catalog import existing_store
-from sparkpoint.core.errors import SparkpointError
-from sparkpoint.core.metadata import CheckpointMetadata
-from sparkpoint.core.progress import ProgressFn
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.catalog import existing_store
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.progress import ProgressFn
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
 EXIT_BAD_FILES = 1
 EXIT_BAD_INPUT = 2
@@ -156,8 +156,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sparkpoint.core.config import resolve_settings
-    from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from sparkpoint.pipeline.runtime import PipelineConfig
+    from sparkpoint.pipeline.settings import resolve_settings
     from sparkpoint.spark.session import spark_session
     from sparkpoint.spark.source import SourceOffsets
 
@@ -202,7 +203,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not break the clean-up
         stop_quietly(pipeline.spark)
-        from sparkpoint.spark.maintenance import interruption_summary
+        from sparkpoint.pipeline.maintenance import interruption_summary
 
         print(f"sparkpoint run: {interruption_summary(pipeline.storage)}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -235,7 +236,7 @@ def cmd_state(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sparkpoint.core.inspect import verify_checkpoint
+    from sparkpoint.state.verify import verify_checkpoint
 
     store = _existing_store(args)
     results = []
@@ -267,7 +268,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadata], args: argparse.Namespace) -> Any:
     """`verify --repair`: rewrite bad primary files from good task-local copies, before verifying."""
-    from sparkpoint.core.repair import repair_checkpoints
+    from sparkpoint.state.repair import repair_checkpoints
 
     retained = store.load_all().checkpoints if args.checkpoint is not None else checkpoints
     report = repair_checkpoints(store.storage, args.local_dir, checkpoints, deep=not args.shallow, retained=retained)
@@ -281,8 +282,8 @@ def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadat
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from sparkpoint.core.sweep import sweep_orphans
-    from sparkpoint.spark.attempt import pending_paths
+    from sparkpoint.checkpoint.sweep import sweep_orphans
+    from sparkpoint.pipeline.attempt import pending_paths
 
     storage = _existing_store(args).storage
     # The uploads of attempts still pending (a step between its two halves) are kept, as the
@@ -304,7 +305,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from sparkpoint.core.catalog import checkpoint_rows
+    from sparkpoint.checkpoint.catalog import checkpoint_rows
 
     rows, unreadable = checkpoint_rows(_storage(args))
     if _printed_json(args, {"checkpoints": rows, "unreadable": unreadable}):
@@ -323,7 +324,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from sparkpoint.core.catalog import describe_checkpoint, load_checkpoint_at
+    from sparkpoint.checkpoint.catalog import describe_checkpoint, load_checkpoint_at
 
     info = describe_checkpoint(load_checkpoint_at(args.path, _storage_options(args.storage_options)))
     if _printed_json(args, info):
@@ -352,7 +353,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_registry(args: argparse.Namespace) -> int:
-    from sparkpoint.core.catalog import registry_rows
+    from sparkpoint.checkpoint.catalog import registry_rows
 
     rows, totals = registry_rows(_storage(args))
     if _printed_json(args, {"files": rows, "totals": totals}):
@@ -372,7 +373,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from sparkpoint.core.extract import restore_subtask
+    from sparkpoint.state.extract import restore_subtask
 
     store = _existing_store(args)
     meta = _checkpoints(store, args.checkpoint)[0]
@@ -389,7 +390,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
-    from sparkpoint.core.savepoint import take_savepoint
+    from sparkpoint.checkpoint.savepoint import take_savepoint
 
     storage = _existing_store(args).storage
     with _progress(args, "savepoint") as progress:

@@ -20,16 +20,16 @@ import numpy as np
 import pandas as pd
 
 from sparkpoint.assets import ASSET_CHECKS, ASSETS, CHECKPOINT_KEY, INJECT_TAG
-from sparkpoint.core.inspect import operator_states
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.ops import recover_job
 from sparkpoint.ops.instance import prepare_dagster_home
+from sparkpoint.pipeline.maintenance import interruption_summary
 from sparkpoint.resources import DEFAULT_INPUT, SparkResource, default_resources
 from sparkpoint.sensors import recovery_sensor
-from sparkpoint.spark.maintenance import interruption_summary
-from sparkpoint.spark.operators import item_reach, user_totals
 from sparkpoint.spark.session import interrupted, request_interrupt, stop_quietly
+from sparkpoint.state.extract import operator_states
+from sparkpoint.state.sample import item_reach, user_totals
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 RUNS: list[dict[str, str]] = [{}, {INJECT_TAG: "after-upload"}, {}]

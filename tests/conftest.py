@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.storage import CheckpointStorage
 from tests.dagster_server import dagster_server  # noqa: F401  (session fixture: webserver + daemon)
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")

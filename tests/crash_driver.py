@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import random
 
-from sparkpoint.core import CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.keygroups import subtask_for_key
-from sparkpoint.core.serde import JsonCodec
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.codecs import JsonCodec
+from sparkpoint.state.keygroups import subtask_for_key
 
 OPERATOR, PARALLELISM, RETAINED = "totals", 2, 2
 CODEC = JsonCodec()

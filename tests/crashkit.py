@@ -17,10 +17,11 @@ from typing import Any
 import fsspec
 import pandas as pd
 
+from sparkpoint.checkpoint.crash import CRASH_AT, CRASH_DIR, CRASH_POINTS
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
-from sparkpoint.core import CompletedCheckpointStore, sweep_orphans
-from sparkpoint.core.crash import CRASH_AT, CRASH_DIR, CRASH_POINTS
-from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.spark.generate import generate
 from tests import oracle
 

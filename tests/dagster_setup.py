@@ -8,7 +8,7 @@ from typing import Any
 import dagster as dg
 
 from sparkpoint.assets import ASSET_CHECKS, ASSETS
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.resources import (
     CheckpointRegistryResource,
     CheckpointStorageResource,

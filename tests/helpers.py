@@ -6,10 +6,10 @@ import os
 import uuid
 from pathlib import Path
 
-from sparkpoint.core.keygroups import key_group_range
-from sparkpoint.core.metadata import FileHandle, SubtaskStateHandle
-from sparkpoint.core.paths import private_dir, shared_dir
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
+from sparkpoint.checkpoint.paths import private_dir, shared_dir
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.keygroups import key_group_range
 
 
 class FakeSubtask:

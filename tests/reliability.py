@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.core.serde import StructCodec
+from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.keygroups import key_group_for
 
 ROOT = Path(__file__).resolve().parent.parent
 COUNT = StructCodec[tuple[int]]("<q")

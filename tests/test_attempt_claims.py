@@ -18,10 +18,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.metadata import metadata_path
-from sparkpoint.core.store import CompletedCheckpointStore
-from sparkpoint.spark.attempt import (
+from sparkpoint.checkpoint.metadata import metadata_path
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.attempt import (
     AttemptAborted,
     PendingAttempt,
     claim_path,
@@ -30,9 +29,11 @@ from sparkpoint.spark.attempt import (
     list_attempts,
     save_attempt,
 )
-from sparkpoint.spark.maintenance import settle_attempts
-from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.maintenance import settle_attempts
+from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.source import SourceOffsets
+from sparkpoint.state.verify import verify_checkpoint
 from tests.helpers import FakeSubtask
 
 OPERATORS = ("item_reach", "user_totals")
@@ -179,7 +180,7 @@ def test_a_completer_that_finds_the_abort_claim_writes_nothing(tmp_path: Path):
 
 def test_an_abort_leaves_an_attempt_its_completer_claimed(tmp_path: Path):
     completer, aborter, attempt = setup_job(tmp_path)
-    from sparkpoint.spark.attempt import COMPLETE, claim
+    from sparkpoint.pipeline.attempt import COMPLETE, claim
 
     assert claim(completer.storage, attempt, COMPLETE)  # a completer is between its claim and its commit
     settlement = settle_attempts(aborter.storage, aborter.sink)
@@ -189,8 +190,8 @@ def test_an_abort_leaves_an_attempt_its_completer_claimed(tmp_path: Path):
 
 
 def test_an_unreadable_attempt_record_blocks_no_other_work_and_recovery_sets_it_aside(tmp_path: Path):
-    from sparkpoint.spark.attempt import AttemptError, load_attempt
-    from sparkpoint.spark.maintenance import prune
+    from sparkpoint.pipeline.attempt import AttemptError, load_attempt
+    from sparkpoint.pipeline.maintenance import prune
 
     completer, aborter, attempt = setup_job(tmp_path)
     broken = "_pending/chk-2-0123456789abcdef.json"

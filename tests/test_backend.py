@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.errors import StateBackendError
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.core.serde import JsonCodec, StructCodec
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import StateBackendError
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.codecs import JsonCodec, StructCodec
+from sparkpoint.state.keygroups import key_group_for
 
 COUNTS = StructCodec[tuple[int]]("<q")
 
@@ -227,7 +229,7 @@ def corrupt_private(name: str):
     ids=["missing-sst", "truncated-sst", "flipped-byte", "missing-CURRENT", "missing-MANIFEST"],
 )
 def test_corrupt_checkpoint_is_a_specific_error_and_falls_back(storage: CheckpointStorage, tmp_path: Path, corrupt):
-    from sparkpoint.core import CheckpointCorrupted
+    from sparkpoint.checkpoint.errors import CheckpointCorrupted
 
     rng = random.Random(11)
     coord = CheckpointCoordinator(storage, num_retained=2)
@@ -350,7 +352,7 @@ def test_max_parallelism_mismatch_is_refused(local_storage: CheckpointStorage, t
 def test_an_open_reads_no_index_or_filter_block_the_first_read_puts_them_in_the_cache(tmp_path: Path):
     # Flink's managed-memory layout: what an open costs no longer grows with the state's index and
     # filters, and their memory is capped by the block cache.
-    from sparkpoint.core.rocksdb import RocksDBOptions, flush_all, open_db
+    from sparkpoint.state.rocksdb import RocksDBOptions, flush_all, open_db
 
     db = open_db(str(tmp_path / "db"), ["s"], RocksDBOptions(), create=True)
     cf = db.get_column_family("s")

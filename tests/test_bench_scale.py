@@ -13,14 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core.paths import is_plain_relative, validate_relative, validate_relative_slowly
-from sparkpoint.core.storage import (
-    CheckpointStorage,
-    copy_with_crc32,
-    crc32,
-    crc32_of_file,
-    size_and_crc32,
-)
+from sparkpoint.checkpoint.paths import is_plain_relative, validate_relative, validate_relative_slowly
+from sparkpoint.checkpoint.storage import CheckpointStorage, copy_with_crc32, crc32, crc32_of_file, size_and_crc32
 
 ROOT = Path(__file__).resolve().parent.parent
 

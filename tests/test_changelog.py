@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core import changelog as cl
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
-from sparkpoint.core.errors import CheckpointCorrupted
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.core.rocksdb import RocksDBOptions
-from sparkpoint.core.serde import StructCodec
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointCorrupted
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state import changelog as cl
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
+from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.keygroups import key_group_for
+from sparkpoint.state.rocksdb import RocksDBOptions
 
 COUNTS = StructCodec[tuple[int]]("<q")
 Model = dict[tuple[str, str, str], int]  # (state, key, user key or "") -> value
@@ -302,9 +304,10 @@ def test_task_local_copy_of_a_changelog_checkpoint_is_verified(local_storage: Ch
 
 _RESTORE_AND_DIE = """
 import os, sys
-from sparkpoint.core import CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.changelog import ChangelogOptions
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.changelog import ChangelogOptions
 storage = CheckpointStorage(sys.argv[1], "job")
 b = RocksDBStateBackend(storage, "ops", 0, parallelism=1, max_parallelism=32, local_dir=sys.argv[2],
                         changelog=ChangelogOptions(enabled=True, materialize_share=10.0, max_chain=4))
@@ -396,8 +399,8 @@ def test_metadata_of_a_chain_is_version_3_and_a_version_2_file_listing_one_is_re
 ):
     import json
 
-    from sparkpoint.core.errors import MetadataError
-    from sparkpoint.core.metadata import CheckpointMetadata, content_checksum
+    from sparkpoint.checkpoint.errors import MetadataError
+    from sparkpoint.checkpoint.metadata import CheckpointMetadata, content_checksum
 
     s = Subtask(local_storage, tmp_path / "local", seed=10)
     first, second = s.checkpoint(), s.checkpoint()
@@ -415,8 +418,8 @@ def test_deep_verify_decodes_changelog_files(local_storage: CheckpointStorage, t
     import json
     import zlib
 
-    from sparkpoint.core.inspect import verify_checkpoint
-    from sparkpoint.core.metadata import CheckpointMetadata, content_checksum
+    from sparkpoint.checkpoint.metadata import CheckpointMetadata, content_checksum
+    from sparkpoint.state.verify import verify_checkpoint
 
     s = Subtask(local_storage, tmp_path / "local", seed=11)
     s.checkpoint()

@@ -13,13 +13,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.changelog import MAGIC, ChangelogFormatError, ChangelogOptions, decode
-from sparkpoint.core.errors import CheckpointCorrupted
-from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.metadata import metadata_path
-from sparkpoint.core.serde import StructCodec
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointCorrupted
+from sparkpoint.checkpoint.metadata import metadata_path
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.changelog import MAGIC, ChangelogFormatError, ChangelogOptions, decode
+from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.verify import verify_checkpoint
 
 COUNTS = StructCodec[tuple[int]]("<q")
 FRAME = 16 * 1024 * 1024

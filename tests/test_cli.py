@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.spark.operators import TOTALS
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.keygroups import key_group_for
+from sparkpoint.state.sample import TOTALS
 
 
 @pytest.fixture

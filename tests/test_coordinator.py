@@ -7,16 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core import (
-    CheckpointAlreadyExists,
-    CheckpointCoordinator,
-    CheckpointDeclined,
-    CheckpointStorage,
-    CompletedCheckpointStore,
-    RestoreLineage,
-    UnknownSharedState,
-)
-from sparkpoint.core.metadata import metadata_path
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointDeclined, UnknownSharedState
+from sparkpoint.checkpoint.metadata import RestoreLineage, metadata_path
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from tests.helpers import FakeSubtask
 
 
@@ -347,7 +342,7 @@ def test_a_commit_overtaken_by_a_newer_checkpoint_is_withdrawn_before_it_subsume
 ):
     """A slow writer passes its checks for chk-2, another writer completes chk-3 before the slow
     one's `_metadata` lands: the slow chk-2 is withdrawn and subsumes nothing (rule 9)."""
-    from sparkpoint.core.errors import CheckpointSuperseded
+    from sparkpoint.checkpoint.errors import CheckpointSuperseded
 
     slow = CheckpointCoordinator(storage, num_retained=1)
     sub = FakeSubtask(storage, tmp_path / "slow")
@@ -389,3 +384,22 @@ def test_retention_keeps_older_checkpoints_while_the_newest_reuses_a_damaged_fil
     done = run_checkpoint(coord, sub, ["a", "b", "c"])
     assert done.subsumed == () and done.deletion_blocked and "damaged" in done.deletion_blocked
     assert sorted(CompletedCheckpointStore(storage).checkpoint_ids()) == [1, 2, 3], "chk-1 still restores"
+
+
+def test_prune_keeps_older_checkpoints_while_the_newest_needs_a_damaged_file(
+    storage: CheckpointStorage, tmp_path: Path
+):
+    """The retention guard holds for a later `subsume()` too (`prune` after num_retained was
+    lowered), not only inside `complete()`."""
+    coord = CheckpointCoordinator(storage, num_retained=3)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    for name in ("a", "b", "c"):
+        sub.write(name)
+    run_checkpoint(coord, sub, ["a"])
+    run_checkpoint(coord, sub, ["a", "b"])
+    run_checkpoint(coord, sub, ["a", "b", "c"])
+    storage.delete([sub.confirmed["b"].path])  # chk-2 and chk-3 need it; chk-1 does not
+    lowered = CheckpointCoordinator(storage, num_retained=1)
+    subsumed, deleted, blocked = lowered.subsume()
+    assert subsumed == [] and deleted == 0 and blocked and "damaged" in blocked
+    assert sorted(CompletedCheckpointStore(storage).checkpoint_ids()) == [1, 2, 3]

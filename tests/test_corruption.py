@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointCorrupted
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.errors import CheckpointCorrupted
-from sparkpoint.core.inspect import verify_checkpoint
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.verify import verify_checkpoint
 from tests.reliability import count_round, counts, report, scale
 
 MAX_P = 16

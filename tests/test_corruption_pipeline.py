@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CompletedCheckpointStore
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError
 from sparkpoint.spark.generate import generate
-from sparkpoint.spark.runtime import PipelineConfig, PipelineError, StatefulPipeline
 
 pytestmark = pytest.mark.spark
 

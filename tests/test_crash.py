@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
-from sparkpoint.core import CompletedCheckpointStore, sweep_orphans
-from sparkpoint.core.storage import CheckpointStorage
 from sparkpoint.spark.generate import generate
 from tests import oracle
 

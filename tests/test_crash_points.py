@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint.checkpoint.crash import CRASH_POINTS, crash_point, parse
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CompletedCheckpointStore
-from sparkpoint.core.crash import CRASH_POINTS, crash_point, parse
 from tests import crash_driver
 from tests.crashkit import (
     assert_died_at,
@@ -96,7 +96,7 @@ def core_scenario(tmp_path: Path, point: str, seed: int) -> dict[str, object]:
 
 
 def core_state(storage, meta) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    from sparkpoint.core.inspect import operator_states
+    from sparkpoint.state.extract import operator_states
 
     with operator_states(storage, meta, crash_driver.OPERATOR) as backends:
         return {k.decode(): v for b in backends for k, v in b.value_state("total", crash_driver.CODEC).items()}

@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from sparkpoint.assets import CHECKPOINT_KEY, SSTABLE_KEYS, checkpoint_verifies, registry_matches_metadata
-from sparkpoint.core import CompletedCheckpointStore
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.resources import CheckpointStorageResource
 from tests.dagster_setup import JOB, make_input, materialize, storage_of
 

@@ -9,10 +9,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CompletedCheckpointStore
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.spark.maintenance import registry_counts
+from sparkpoint.pipeline.maintenance import registry_counts
 from tests import oracle
 from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer
 

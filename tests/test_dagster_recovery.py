@@ -9,11 +9,13 @@ import pandas as pd
 import pytest
 
 from sparkpoint.assets import CHECKPOINT_KEY, INJECT_TAG
-from sparkpoint.core import CompletedCheckpointStore, sweep_orphans
-from sparkpoint.core.inspect import operator_states, verify_checkpoint
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.ops import FAILED_RUN_TAG, recover_job
 from sparkpoint.sensors import recovery_sensor
-from sparkpoint.spark.operators import item_reach, user_totals
+from sparkpoint.state.extract import operator_states
+from sparkpoint.state.sample import item_reach, user_totals
+from sparkpoint.state.verify import verify_checkpoint
 from tests import oracle
 from tests.dagster_setup import JOB, make_input, materialize, resources, storage_of
 

@@ -9,11 +9,11 @@ import dagster as dg
 import pytest
 
 from sparkpoint.assets import INJECT_TAG
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.ops import prune_job, recover_job
+from sparkpoint.pipeline.attempt import list_attempts
 from sparkpoint.sensors import recovery_sensor, retention_sensor
-from sparkpoint.spark.attempt import list_attempts
 from tests.dagster_setup import JOB, make_input, materialize, resources, storage_of
 
 pytestmark = pytest.mark.spark
@@ -95,9 +95,9 @@ def test_recovery_heals_a_job_started_from_a_savepoint(spark, tmp_path: Path):
     the savepoint where it lives (not in the new job's directory) and heals the new job."""
     import pandas as pd
 
-    from sparkpoint.core.inspect import operator_states
-    from sparkpoint.core.savepoint import take_savepoint
-    from sparkpoint.spark.operators import user_totals
+    from sparkpoint.checkpoint.savepoint import take_savepoint
+    from sparkpoint.state.extract import operator_states
+    from sparkpoint.state.sample import user_totals
     from tests import oracle
 
     input_dir = make_input(tmp_path, batches=3)

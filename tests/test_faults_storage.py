@@ -17,11 +17,13 @@ from typing import Any
 import fsspec
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore, sweep_orphans
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.errors import SparkpointError
-from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.storage import RetryPolicy
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.storage import CheckpointStorage, RetryPolicy
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.verify import verify_checkpoint
 from sparkpoint.testing import FaultyFileSystem, faulty_storage
 from tests.conftest import s3_options
 from tests.reliability import count_round, counts, report, scale

@@ -22,14 +22,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import MetadataError, SparkpointError
+from sparkpoint.checkpoint.metadata import content_checksum
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore, MetadataError
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.errors import SparkpointError
-from sparkpoint.core.inspect import operator_states, verify_checkpoint
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.core.metadata import content_checksum
-from sparkpoint.spark.operators import TOTALS
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.extract import operator_states
+from sparkpoint.state.keygroups import key_group_for
+from sparkpoint.state.sample import TOTALS
+from sparkpoint.state.verify import verify_checkpoint
 from tests.reliability import scale
 
 PAST = 946_684_800 * 10**9  # 2000-01-01: any read moves a file's access time past its modification time
@@ -278,7 +281,7 @@ def test_hostile_metadata_soak(tmp_path: Path, capsys):
 
 
 def test_a_huge_metadata_file_is_refused_unread(tmp_path: Path, capsys):
-    from sparkpoint.core.store import MAX_METADATA_BYTES
+    from sparkpoint.checkpoint.store import MAX_METADATA_BYTES
 
     world = World(tmp_path / "w")
     with open(world.job / "chk-2" / "_metadata", "r+b") as f:

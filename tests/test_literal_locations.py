@@ -12,8 +12,8 @@ import pytest
 
 import sparkpoint
 from sparkpoint.assets import ASSET_CHECKS, ASSETS
+from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.cli import main
-from sparkpoint.core.storage import CheckpointStorage, storage_url
 from sparkpoint.resources import (
     CheckpointRegistryResource,
     CheckpointStorageResource,

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core import CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.keygroups import subtask_for_key
-from sparkpoint.core.registry import SharedStateRegistry
-from sparkpoint.core.serde import JsonCodec
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.registry import SharedStateRegistry
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.codecs import JsonCodec
+from sparkpoint.state.keygroups import subtask_for_key
 
 RETAINED = 3
 KEYS = 3000

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkpoint.core import CheckpointStorage
-from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.verify import verify_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

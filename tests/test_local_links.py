@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.errors import StateBackendError
-from sparkpoint.core.serde import StructCodec
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import StateBackendError
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.spark.tasks import _exclusive
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.codecs import StructCodec
 
 COUNTS = StructCodec[tuple[int]]("<q")
 PLANTED = ("working.json.tmp", "fingerprints.json.tmp")

@@ -16,14 +16,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core import restore as restore_module
-from sparkpoint.core.backend import take_checkpoint
-from sparkpoint.core.metadata import CheckpointMetadata
-from sparkpoint.core.restore import FINGERPRINTS
-from sparkpoint.core.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.spark.generate import generate
-from sparkpoint.spark.runtime import StatefulPipeline
+from sparkpoint.state import restore as restore_module
+from sparkpoint.state.backend import take_checkpoint
+from sparkpoint.state.restore import FINGERPRINTS
+from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
 from tests import oracle
 from tests.test_backend import COUNTS, backend, read_all, write_random
 from tests.test_pipeline import config, export

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from sparkpoint.core import CheckpointMetadata, MetadataError
-from sparkpoint.core.metadata import (
+from sparkpoint.checkpoint.errors import MetadataError
+from sparkpoint.checkpoint.metadata import (
+    CheckpointMetadata,
     CheckpointStats,
     FileHandle,
     KeyGroupRange,

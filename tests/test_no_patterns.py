@@ -10,9 +10,10 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage
-from sparkpoint.core.errors import CheckpointCorrupted
-from sparkpoint.core.savepoint import take_savepoint
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointCorrupted
+from sparkpoint.checkpoint.savepoint import take_savepoint
+from sparkpoint.checkpoint.storage import CheckpointStorage
 from tests.helpers import FakeSubtask
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sparkpoint"

@@ -17,12 +17,15 @@ import pytest
 from rocksdict import AccessType, Options, Rdict
 
 import sparkpoint
+import sparkpoint.checkpoint
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.changelog import ChangelogOptions, is_changelog
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.spark.operators import TOTALS
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions, is_changelog
+from sparkpoint.state.keygroups import key_group_for
+from sparkpoint.state.sample import TOTALS
 from tests.conftest import s3_options
 
 JOB = "job"
@@ -329,7 +332,7 @@ def test_malformed_metadata_is_named_by_inspect_list_and_registry(fresh_job: Job
     assert [r["checkpoint_id"] for r in listed["checkpoints"]] == [1]
     reg = cli_json(capsys, "registry", *job_args(j))
     assert isinstance(reg, dict) and reg["totals"]["deletion_blocked"]
-    with pytest.raises(sparkpoint.core.MetadataError, match="chk-2/_metadata"):
+    with pytest.raises(sparkpoint.checkpoint.MetadataError, match="chk-2/_metadata"):
         sparkpoint.list_checkpoints(j.url, JOB)
     assert tree(j.root) == before
 

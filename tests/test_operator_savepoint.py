@@ -12,8 +12,9 @@ import pytest
 
 import sparkpoint
 from sparkpoint.cli import main
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.generate import generate
-from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
 
 pytestmark = pytest.mark.spark
 OPERATORS = ("user_totals", "item_reach")

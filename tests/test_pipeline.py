@@ -9,12 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CompletedCheckpointStore
-from sparkpoint.core.changelog import is_changelog
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.generate import generate
-from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+from sparkpoint.state.changelog import is_changelog
 from tests import oracle
 
 pytestmark = pytest.mark.spark
@@ -117,7 +118,8 @@ def test_corrupt_latest_checkpoint_falls_back_and_replays_exactly_once(spark, tm
 
 
 def test_failed_batch_leaves_nothing_that_breaks_the_rerun(spark, tmp_path: Path):
-    from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator, item_reach, user_totals
+    from sparkpoint.state.operators import KeyedOperator
+    from sparkpoint.state.sample import SAMPLE_OPERATORS, item_reach, user_totals
 
     input_dir = make_input(tmp_path, batches=3)
     poison = tmp_path / "poison"

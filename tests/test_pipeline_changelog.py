@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.core import CompletedCheckpointStore
-from sparkpoint.core import changelog as cl
-from sparkpoint.core.config import resolve_settings
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.spark.runtime import StatefulPipeline
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.settings import resolve_settings
+from sparkpoint.state import changelog as cl
 from tests import oracle
 from tests.test_pipeline import config, export, make_input
 

@@ -12,13 +12,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CompletedCheckpointStore, OperatorStateMismatch
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.changelog import is_changelog
-from sparkpoint.core.metadata import content_checksum
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.spark.operators import item_reach, user_totals
-from sparkpoint.spark.runtime import StatefulPipeline
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import OperatorStateMismatch
+from sparkpoint.checkpoint.metadata import content_checksum
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.changelog import is_changelog
+from sparkpoint.state.sample import item_reach, user_totals
 from tests import oracle
 from tests.test_pipeline import config as base_config
 from tests.test_pipeline import export, make_input
@@ -166,7 +168,7 @@ def test_a_checkpoints_directory_with_glob_characters_resumes_where_it_stopped(s
 
 
 def test_a_flipped_letter_in_the_latest_metadata_stops_the_resume_instead_of_starting_empty(tmp_path: Path):
-    from sparkpoint.spark.runtime import PipelineError
+    from sparkpoint.pipeline.runtime import PipelineError
 
     make_input(tmp_path, batches=1)
     _checkpoint_of(tmp_path, ["user_totals", "item_reach"])

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sparkpoint.core import CheckpointStorage
-from sparkpoint.core.backend import RocksDBStateBackend
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.backend import RocksDBStateBackend
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

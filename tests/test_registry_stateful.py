@@ -31,18 +31,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sparkpoint.core import (
-    CheckpointCoordinator,
-    CheckpointDeclined,
-    CheckpointMetadata,
-    CheckpointStorage,
-    CompletedCheckpointStore,
-    SubtaskStateHandle,
-    UnknownSharedState,
-    sweep_orphans,
-)
-from sparkpoint.core.metadata import metadata_path
-from sparkpoint.core.storage import crc32_of_file
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointDeclined, UnknownSharedState
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle, metadata_path
+from sparkpoint.checkpoint.storage import CheckpointStorage, crc32_of_file
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
 from tests.helpers import FakeSubtask
 
 OPERATOR = "op"

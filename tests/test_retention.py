@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkpoint.core.retention import checkpoints_to_subsume, discard_on_shutdown
+from sparkpoint.checkpoint.retention import checkpoints_to_subsume, discard_on_shutdown
 
 R, D, N = "RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION", "NO_EXTERNALIZED_CHECKPOINTS"
 

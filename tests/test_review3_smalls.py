@@ -8,10 +8,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import StorageError
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage
-from sparkpoint.core.errors import StorageError
-from sparkpoint.core.sweep import sweep_orphans
 from sparkpoint.resources import (
     DEFAULT_INPUT,
     CheckpointRegistryResource,

@@ -11,22 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import DeletionBlocked, MetadataError, PathEscapesJobDirectory, UnknownSharedState
+from sparkpoint.checkpoint.metadata import content_checksum, metadata_path
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
-from sparkpoint.core import (
-    CheckpointCoordinator,
-    CheckpointStorage,
-    CompletedCheckpointStore,
-    DeletionBlocked,
-    MetadataError,
-    PathEscapesJobDirectory,
-    UnknownSharedState,
-    sweep_orphans,
-)
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.core.metadata import content_checksum, metadata_path
-from sparkpoint.core.serde import StructCodec
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.keygroups import key_group_for
+from sparkpoint.state.verify import verify_checkpoint
 from tests.helpers import FakeSubtask
 
 COUNT = StructCodec[tuple[int]]("<q")
@@ -255,7 +250,7 @@ def test_metadata_that_would_restore_part_of_the_state_is_refused(tmp_path: Path
 
 
 def test_restoring_a_checkpoint_without_the_backends_operator_is_an_error(tmp_path: Path):
-    from sparkpoint.core.errors import OperatorStateMismatch
+    from sparkpoint.checkpoint.errors import OperatorStateMismatch
 
     storage = CheckpointStorage(f"file://{tmp_path}/ck", "job")
     write_checkpoints(storage, tmp_path / "local", 1)
@@ -445,7 +440,7 @@ def test_staging_of_an_output_directory_with_brackets_touches_no_sibling(tmp_pat
 
 
 def _totals_job(tmp_path: Path) -> tuple[str, CheckpointStorage]:
-    from sparkpoint.spark.operators import TOTALS
+    from sparkpoint.state.sample import TOTALS
 
     url = f"file://{tmp_path}/ck"
     storage = CheckpointStorage(url, "job")
@@ -533,7 +528,7 @@ def test_discarding_staged_files_refuses_names_that_leave_the_staging_directory(
 
 
 def test_a_pending_attempt_whose_id_is_a_path_is_refused():
-    from sparkpoint.spark.attempt import AttemptError, PendingAttempt
+    from sparkpoint.pipeline.attempt import AttemptError, PendingAttempt
 
     raw = {"format": "sparkpoint-pending-attempt", "version": 1, "job_id": "job", "checkpoint_id": 3,
            "attempt_id": "x/../../chk-2/_metadata", "expected": {}, "handles": [], "staged": [],

@@ -9,10 +9,10 @@ import dagster as dg
 import pytest
 
 from sparkpoint.cli import main
-from sparkpoint.core.config import parse_megabytes, resolve_settings
-from sparkpoint.core.rocksdb import RocksDBOptions
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.settings import parse_megabytes, resolve_settings
 from sparkpoint.resources import ResourceConfigError, StateBackendResource, pipeline_of
-from sparkpoint.spark.runtime import StatefulPipeline
+from sparkpoint.state.rocksdb import RocksDBOptions
 from tests.dagster_setup import resources
 from tests.test_pipeline import config, make_input
 

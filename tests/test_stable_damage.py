@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, CompletedCheckpointStore
-from sparkpoint.core.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.serde import StructCodec
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.verify import verify_checkpoint
 
 COUNTS = StructCodec[tuple[int]]("<q")
 
@@ -85,10 +87,11 @@ def test_sparkpoint_run_checks_each_checkpoint_it_commits(spark, tmp_path: Path,
     (as the Dagster blocking check does), repairs it or falls back, and ends exactly right."""
     import pandas as pd
 
-    from sparkpoint.core.inspect import operator_states
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from sparkpoint.pipeline.runtime import PipelineConfig
     from sparkpoint.spark.generate import generate
-    from sparkpoint.spark.operators import user_totals
-    from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+    from sparkpoint.state.extract import operator_states
+    from sparkpoint.state.sample import user_totals
     from tests import oracle
 
     generate(str(tmp_path / "in"), batches=4, events_per_batch=2000, users=300, items=40, seed=11)

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.keygroups import key_group_for
-from sparkpoint.core.serde import BytesCodec, StateFormatError, StructCodec
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.codecs import BytesCodec, StateFormatError, StructCodec
+from sparkpoint.state.keygroups import key_group_for
 
 TOTALS = StructCodec[tuple[int, float, int]]("<qdq")
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
-from sparkpoint.core.storage import CheckpointStorage, crc32_of_file
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
+from sparkpoint.checkpoint.storage import CheckpointStorage, crc32_of_file
 
 HOSTILE = ["../other-job/shared/x.sst", "/etc/passwd", "s3://elsewhere/x", "shared/../../x", "", "a//b",
            "./chk-1/_metadata", "chk-1/..", "C:/x", "shared\\x"]

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.core import CheckpointCoordinator, CheckpointStorage, DeletionBlocked, sweep_orphans
-from sparkpoint.core.metadata import metadata_path
-from sparkpoint.core.storage import StoredFile
-from sparkpoint.core.sweep import select_orphans
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import DeletionBlocked
+from sparkpoint.checkpoint.metadata import metadata_path
+from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile
+from sparkpoint.checkpoint.sweep import select_orphans, sweep_orphans
 from tests.helpers import FakeSubtask
 from tests.test_coordinator import run_checkpoint
 

@@ -17,9 +17,11 @@ from typing import Any
 import fsspec
 import pytest
 
-from sparkpoint.core import CheckpointStorage, CompletedCheckpointStore, sweep_orphans
-from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.inspect import verify_checkpoint
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
+from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.verify import verify_checkpoint
 from tests.conftest import s3_options
 from tests.reliability import counts, report, scale
 from tests.zombie_writer import batch, model_at

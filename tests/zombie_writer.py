@@ -14,9 +14,10 @@ import random
 import time
 from pathlib import Path
 
-from sparkpoint.core import CheckpointAlreadyExists, CheckpointCoordinator, CheckpointStorage
-from sparkpoint.core.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.core.errors import SparkpointError
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, SparkpointError
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from tests.reliability import count_round
 
 

@@ -3,7 +3,7 @@
 Materializing the SSTable assets runs the Spark half of the next unconsumed batch (every subtask
 restores, applies its rows, snapshots and uploads its SSTs); the checkpoint asset completes that
 checkpoint in its own step, without Spark. What crosses between the two steps is the pending
-attempt, persisted by `sparkpoint.spark.attempt` under the run's id. Both steps sit in the
+attempt, persisted by `sparkpoint.pipeline.attempt` under the run's id. Both steps sit in the
 `sparkpoint` concurrency pool (see `sparkpoint.ops.instance`).
 """
 
@@ -13,6 +13,8 @@ from typing import Any
 
 import dagster as dg
 
+from sparkpoint.pipeline.attempt import finish_step, start_step
+from sparkpoint.pipeline.maintenance import checkpoint_facts, recount, registry_counts, verify_latest
 from sparkpoint.resources import (
     CheckpointRegistryResource,
     CheckpointStorageResource,
@@ -21,9 +23,7 @@ from sparkpoint.resources import (
     StateBackendResource,
     pipeline_of,
 )
-from sparkpoint.spark.attempt import finish_step, start_step
-from sparkpoint.spark.maintenance import checkpoint_facts, recount, registry_counts, verify_latest
-from sparkpoint.spark.operators import SAMPLE_OPERATORS
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 
 PREFIX = "sparkpoint"
 POOL = "sparkpoint"

@@ -1,6 +1,6 @@
 """Maintenance jobs (recover, prune, verify, rebuild_registry, savepoint) and the schedule.
 
-Each op is a few lines around `sparkpoint.spark.maintenance`. Every op sits in the `sparkpoint`
+Each op is a few lines around `sparkpoint.pipeline.maintenance`. Every op sits in the `sparkpoint`
 concurrency pool with the assets, so a recovery never overlaps a materialization.
 """
 
@@ -12,7 +12,8 @@ from typing import Any
 import dagster as dg
 
 from sparkpoint.assets import CHECKPOINT_GROUP, CHECKPOINT_KEY, POOL, SSTABLE_GROUP, plain_metadata
-from sparkpoint.core.savepoint import take_savepoint
+from sparkpoint.checkpoint.savepoint import take_savepoint
+from sparkpoint.pipeline import maintenance
 from sparkpoint.resources import (
     CheckpointRegistryResource,
     CheckpointStorageResource,
@@ -21,7 +22,6 @@ from sparkpoint.resources import (
     StateBackendResource,
     pipeline_of,
 )
-from sparkpoint.spark import maintenance
 
 FAILED_RUN_TAG = "sparkpoint/recovers"
 

@@ -17,13 +17,14 @@ from typing import Any
 import dagster as dg
 from pydantic import PrivateAttr
 
-from sparkpoint.core.errors import SparkpointError
-from sparkpoint.core.keygroups import MAX_KEY_GROUPS
-from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
-from sparkpoint.core.rocksdb import RocksDBOptions
-from sparkpoint.core.storage import CheckpointStorage, storage_url
-from sparkpoint.spark.maintenance import RegistryCounts, registry_counts
-from sparkpoint.spark.runtime import PipelineConfig, StatefulPipeline
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
+from sparkpoint.pipeline.runtime import PipelineConfig
+from sparkpoint.state.keygroups import MAX_KEY_GROUPS
+from sparkpoint.state.rocksdb import RocksDBOptions
 
 DEFAULT_CHECKPOINTS = ".sparkpoint/checkpoints"
 DEFAULT_INPUT = ".sparkpoint/demo/input"
@@ -147,7 +148,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     local_dir: str = DEFAULT_LOCAL_DIR
     local_recovery: bool = True
     incremental: bool = True
-    changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.core.changelog)
+    changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.state.changelog)
     parallelism: int = 2
     max_parallelism: int = 128
     rocksdb_block_cache_mb: int = 256  # each open database's block cache, index and filter blocks included

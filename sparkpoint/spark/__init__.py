@@ -1,5 +1,7 @@
-"""The PySpark side: keyed-state operators on Spark partitions, source offsets, exactly-once sink.
+"""What runs on Spark: the session, the Spark tasks that run every operator's subtasks on
+partitions (local, standalone master), the directory source and its offsets, the exactly-once
+Parquet sink, injected failures and the sample data generator.
 
 Spark tasks are the subtasks: each task keeps the batch's rows of its key groups, opens or restores
-its subtask's RocksDB state through `sparkpoint.core`, applies the rows and snapshots.
+its subtask's RocksDB state through `sparkpoint.state`, applies the rows and snapshots.
 """

@@ -1,6 +1,6 @@
 """Failure injection at named points of the checkpoint protocol, for demos and tests.
 
-An orchestrator passes one of `INJECTION_POINTS` down to the seam (`sparkpoint.spark.attempt`);
+An orchestrator passes one of `INJECTION_POINTS` down to the seam (`sparkpoint.pipeline.attempt`);
 the seam raises `InjectedFailure` exactly there and leaves everything as a crash would (no
 cleanup), so what follows is the real recovery path.
 
@@ -13,15 +13,15 @@ cleanup), so what follows is the real recovery path.
 
 Crash points (`CRASH_POINTS`, `crash_point`) stop the whole process instead, SIGKILL, at named
 points of the protocol in the driver or in Spark's Python workers, when the environment asks for
-it (`SPARKPOINT_CRASH_AT=<point>[:<n>]`, see `sparkpoint.core.crash`). `spark_session` arms them:
+it (`SPARKPOINT_CRASH_AT=<point>[:<n>]`, see `sparkpoint.checkpoint.crash`). `spark_session` arms them:
 it records the driver's process group and passes the variables to executors.
 """
 
 from __future__ import annotations
 
-from sparkpoint.core.crash import CRASH_POINTS, crash_point
-from sparkpoint.core.crash import arm as arm_crash_points
-from sparkpoint.core.errors import SparkpointError
+from sparkpoint.checkpoint.crash import CRASH_POINTS, crash_point
+from sparkpoint.checkpoint.crash import arm as arm_crash_points
+from sparkpoint.checkpoint.errors import SparkpointError
 
 __all__ = [
     "CRASH_POINTS", "INJECTION_POINTS", "InjectedFailure", "arm_crash_points", "check_point", "crash_point", "fail_at",

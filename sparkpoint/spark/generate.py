@@ -8,7 +8,7 @@ import fsspec
 import numpy as np
 import pandas as pd
 
-from sparkpoint.core.storage import move_file
+from sparkpoint.checkpoint.storage import move_file
 
 START = pd.Timestamp("2026-01-01T00:00:00Z")
 

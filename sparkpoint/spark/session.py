@@ -25,7 +25,7 @@ from typing import IO
 
 from pyspark.sql import SparkSession
 
-from sparkpoint.core.crash import kill_with_this_process
+from sparkpoint.checkpoint.crash import kill_with_this_process
 from sparkpoint.spark.faults import arm_crash_points
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")

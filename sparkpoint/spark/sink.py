@@ -24,8 +24,8 @@ import fsspec
 import pandas as pd
 from fsspec.implementations.local import LocalFileSystem
 
-from sparkpoint.core.errors import SparkpointError
-from sparkpoint.core.storage import move_file, storage_url
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.storage import move_file, storage_url
 
 log = logging.getLogger(__name__)
 _PART = re.compile(

@@ -15,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkpoint.core.errors import SparkpointError
-from sparkpoint.core.storage import storage_url
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.storage import storage_url
 
 OFFSETS_VERSION = 1
 SAMPLE_COLUMNS = ["event_id", "user_id", "item_id", "amount", "ts"]

@@ -30,17 +30,17 @@ from typing import Any, TypeVar
 import pandas as pd
 import pyarrow as pa
 
-from sparkpoint.core.backend import RestoreResult, RocksDBStateBackend
-from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.keygroups import subtasks_of
-from sparkpoint.core.localfiles import open_no_follow
-from sparkpoint.core.metadata import CheckpointMetadata, SubtaskStateHandle
-from sparkpoint.core.rocksdb import RocksDBOptions, is_corruption
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
+from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark.faults import fail_at
-from sparkpoint.spark.operators import KeyedOperator
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceError, read_parquet
+from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.keygroups import subtasks_of
+from sparkpoint.state.localfiles import open_no_follow
+from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.rocksdb import RocksDBOptions, is_corruption
 
 log = logging.getLogger(__name__)
 

@@ -234,7 +234,7 @@ def faulty_storage(
     **storage_kwargs: Any,
 ) -> tuple[Any, FaultyFileSystem]:
     """A CheckpointStorage whose every operation goes through a FaultyFileSystem, and that wrapper."""
-    from sparkpoint.core.storage import CheckpointStorage
+    from sparkpoint.checkpoint.storage import CheckpointStorage
 
     target = fsspec.core.url_to_fs(checkpoints_dir, **(storage_options or {}))[0]
     fs = FaultyFileSystem(target, rate=rate, seed=seed, kinds=kinds)

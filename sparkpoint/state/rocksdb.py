@@ -29,7 +29,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from sparkpoint.core.errors import StateBackendError
+from sparkpoint.checkpoint.errors import StateBackendError
 
 DEFAULT_CF = "default"
 COMPACTION_STYLES = ("universal", "leveled")
@@ -98,7 +98,10 @@ def open_db(
     if not create:
         if not os.path.isfile(os.path.join(path, "CURRENT")):
             raise StateBackendError(f"{path} holds no RocksDB database (no CURRENT file)")
-        names |= set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF}
+        try:
+            names |= set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF}
+        except Exception as e:  # its MANIFEST unreadable, or the open-file limit: said as the open says it
+            raise StateBackendError(f"RocksDB cannot list the column families of {path}: {e}") from e
     cache = Cache(options.block_cache_mb << 20)
     cf_options = {name: options.build(create=create, cache=cache) for name in sorted(names)}
     try:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from sparkpoint.core.metadata import KeyGroupRange
+from sparkpoint.checkpoint.metadata import KeyGroupRange
 
 MAX_KEY_GROUPS = 1 << 15  # two bytes of prefix, Flink's upper bound
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sparkpoint.core.errors import DeletionBlocked, UnknownSharedState
+from sparkpoint.checkpoint.errors import DeletionBlocked, UnknownSharedState
 
 
 @dataclass

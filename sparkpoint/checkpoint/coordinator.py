@@ -29,9 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkpoint.core.crash import crash_point
-from sparkpoint.core.errors import CheckpointDeclined, CheckpointSuperseded, DeletionBlocked, UnknownSharedState
-from sparkpoint.core.metadata import (
+from sparkpoint.checkpoint.crash import crash_point
+from sparkpoint.checkpoint.errors import CheckpointDeclined, CheckpointSuperseded, DeletionBlocked, UnknownSharedState
+from sparkpoint.checkpoint.files import stored_size_problems
+from sparkpoint.checkpoint.metadata import (
     CheckpointMetadata,
     CheckpointStats,
     OperatorState,
@@ -42,16 +43,15 @@ from sparkpoint.core.metadata import (
     metadata_path,
     utc_now_iso,
 )
-from sparkpoint.core.paths import private_dir, shared_dir
-from sparkpoint.core.restore import stored_size_problems
-from sparkpoint.core.retention import (
+from sparkpoint.checkpoint.paths import private_dir, shared_dir
+from sparkpoint.checkpoint.retention import (
     ExternalizedRetention,
     JobStatus,
     checkpoints_to_subsume,
     discard_on_shutdown,
 )
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore, StoreListing
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +399,13 @@ class CheckpointCoordinator:
         re-references are still there with their size: older checkpoints that do not need a
         damaged file are never dropped in favour of one that does (one listing per directory)."""
         doomed = checkpoints_to_subsume(list(self._kinds.items()), self.num_retained)
+        if doomed and newest is None:  # e.g. `prune` after num_retained was lowered: the same guard
+            kept = sorted(set(self._kinds) - set(doomed))
+            try:
+                newest = self.store.load(kept[-1]) if kept else None
+            except Exception as e:  # cannot tell whether it is whole: keep everything
+                log.error("retention skipped: checkpoint %s cannot be read (%s)", kept[-1], e)
+                return [], 0, f"checkpoint {kept[-1]} cannot be read ({e})"
         if doomed and newest is not None:
             reused = [f for f in newest.files() if f.created_by != newest.checkpoint_id]
             problems = stored_size_problems(self.storage, reused)

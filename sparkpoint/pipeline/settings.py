@@ -6,8 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sparkpoint.core.retention import ClaimMode, ExternalizedRetention, parse_bool
-from sparkpoint.core.rocksdb import RocksDBOptions
+from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention, parse_bool
+from sparkpoint.state.rocksdb import RocksDBOptions
 
 FLINK_ALIASES = {
     "state.checkpoints.dir": "checkpoints_dir",

@@ -23,8 +23,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sparkpoint.core.errors import CheckpointAlreadyExists, CheckpointCorrupted, CheckpointNotFound, StorageError
-from sparkpoint.core.metadata import (
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointCorrupted, CheckpointNotFound, StorageError
+from sparkpoint.checkpoint.files import mismatch
+from sparkpoint.checkpoint.metadata import (
     CheckpointMetadata,
     CheckpointStats,
     FileHandle,
@@ -32,11 +33,10 @@ from sparkpoint.core.metadata import (
     SubtaskStateHandle,
     utc_now_iso,
 )
-from sparkpoint.core.paths import is_plain_name, private_dir
-from sparkpoint.core.progress import ProgressCounter, ProgressFn
-from sparkpoint.core.restore import mismatch
-from sparkpoint.core.storage import CheckpointStorage, crc32
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.paths import is_plain_name, private_dir
+from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn
+from sparkpoint.checkpoint.storage import CheckpointStorage, crc32
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
 _CHUNK = 4 * 1024 * 1024
 
@@ -113,7 +113,7 @@ def take_savepoint(
                            counter.total)
 
 
-_PENDING = re.compile(r"chk-([1-9][0-9]*)-.*\.json")  # `_pending/chk-<N>-<attempt>.json` (sparkpoint.spark.attempt)
+_PENDING = re.compile(r"chk-([1-9][0-9]*)-.*\.json")  # `_pending/chk-<N>-<attempt>.json` (sparkpoint.pipeline.attempt)
 
 
 def _next_free_id(storage: CheckpointStorage) -> int:

@@ -15,11 +15,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkpoint.core.errors import CheckpointCorrupted, SparkpointError
-from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
-from sparkpoint.core.paths import checkpoint_id_of_dir
-from sparkpoint.core.restore import FileProblem, check_local_file
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.errors import CheckpointCorrupted, SparkpointError
+from sparkpoint.checkpoint.files import FileProblem, check_local_file
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle
+from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
+from sparkpoint.checkpoint.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def repair_checkpoints(
     `lost` names each file that stays bad although every retained checkpoint (`retained`, by
     default `checkpoints`) needs it.
     """
-    from sparkpoint.core.inspect import verify_checkpoint
+    from sparkpoint.state.verify import verify_checkpoint
 
     where: dict[str, tuple[str, FileHandle]] = {}
     bad: dict[str, str] = {}
@@ -139,7 +139,7 @@ def every_checkpoint_needs(path: str, checkpoint_ids: list[int], problem: str) -
 
 def problems_of_handle_files(storage: CheckpointStorage, files: list[FileHandle], *, deep: bool) -> list[FileProblem]:
     """`verify_checkpoint` for some files of one subtask."""
-    from sparkpoint.core.inspect import check_stored_file
+    from sparkpoint.state.verify import check_stored_file
 
     # Sizes on a local disk are a stat each: threads would cost more than the calls.
     workers = 1 if storage.is_local and not deep else None

@@ -23,10 +23,10 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
-from sparkpoint.core.changelog import ChangeLog
-from sparkpoint.core.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_raw, key_groups_of_raw, raw_keys
-from sparkpoint.core.metadata import KeyGroupRange
-from sparkpoint.core.serde import Codec
+from sparkpoint.checkpoint.metadata import KeyGroupRange
+from sparkpoint.state.changelog import ChangeLog
+from sparkpoint.state.codecs import Codec
+from sparkpoint.state.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_raw, key_groups_of_raw, raw_keys
 
 V = TypeVar("V")
 log = logging.getLogger(__name__)

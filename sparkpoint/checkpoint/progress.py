@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.storage import CheckpointStorage
 
 ProgressFn = Callable[[int, int], None]
 

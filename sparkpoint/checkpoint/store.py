@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
-from sparkpoint.core.errors import CheckpointNotFound, MetadataError, StorageError
-from sparkpoint.core.metadata import CheckpointMetadata, metadata_path
-from sparkpoint.core.registry import SharedStateRegistry
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.errors import CheckpointNotFound, MetadataError, StorageError
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, metadata_path
+from sparkpoint.checkpoint.registry import SharedStateRegistry
+from sparkpoint.checkpoint.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,7 +1,9 @@
-"""One subtask's state as a plain RocksDB directory on local disk, for debugging with rocksdict.
+"""Reading a checkpoint's state outside a job: an operator's state opened read-only (for `state`
+and `read_state`), and one subtask's state as a plain RocksDB directory on local disk, for
+debugging with rocksdict.
 
-The files are downloaded and verified against `_metadata` exactly as a job's restore does, the
-changelog chain is replayed on them, and the result is opened once more, read-only, to count
+`restore_subtask` downloads and verifies the files against `_metadata` exactly as a job's restore
+does, replays the changelog chain on them, and opens the result once more, read-only, to count
 the entries of each state: what lands in the target directory is known to open.
 """
 
@@ -10,17 +12,51 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.errors import CheckpointAlreadyExists, OperatorStateMismatch
-from sparkpoint.core.inspect import operator_state_of
-from sparkpoint.core.metadata import CheckpointMetadata, SubtaskStateHandle
-from sparkpoint.core.progress import ProgressCounter, ProgressFn, reporting
-from sparkpoint.core.rocksdb import RocksDBOptions, count_keys, list_states, open_db
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, OperatorStateMismatch
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, OperatorState, SubtaskStateHandle
+from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn, reporting
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, list_states, open_db
 
+
+def operator_state_of(meta: CheckpointMetadata, operator: str) -> OperatorState:
+    """The state of `operator` in `meta`; an operator it does not hold is named with those it does."""
+    if operator not in meta.operators:
+        known = ", ".join(sorted(meta.operators)) or "none"
+        raise OperatorStateMismatch(f"checkpoint {meta.checkpoint_id} has no operator {operator!r}; it has: {known}")
+    return meta.operators[operator]
+
+
+@contextmanager
+def operator_states(
+    storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None,
+    progress: ProgressFn | None = None,
+) -> Iterator[list[RocksDBStateBackend]]:
+    """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir;
+    `progress` hears of the bytes downloaded."""
+    op = operator_state_of(meta, operator)
+    source = reporting(storage, ProgressCounter(sum(f.size for h in op.subtasks for f in h.files()), progress))
+    scratch = Path(tempfile.mkdtemp(prefix="sparkpoint-export-", dir=work_dir))
+    backends = []
+    try:
+        for handle in op.subtasks:
+            b = RocksDBStateBackend(
+                source, operator, handle.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
+                local_dir=scratch, local_recovery=False,
+            )
+            b.restore(meta)
+            backends.append(b)
+        yield backends
+    finally:
+        for b in backends:
+            b.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 def subtask_handle_of(meta: CheckpointMetadata, operator: str, subtask: int) -> SubtaskStateHandle:
     """The handle of (operator, subtask) in `meta`; an unknown one is named with what exists."""

@@ -12,11 +12,11 @@ from typing import Any
 
 import fsspec
 
-from sparkpoint.core.errors import CheckpointNotFound, MetadataError, StorageError
-from sparkpoint.core.metadata import CheckpointMetadata, FileHandle
-from sparkpoint.core.paths import checkpoint_id_of_dir, is_changelog_name, is_plain_name
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import MAX_METADATA_BYTES, CompletedCheckpointStore, StoreListing
+from sparkpoint.checkpoint.errors import CheckpointNotFound, MetadataError, StorageError
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle
+from sparkpoint.checkpoint.paths import checkpoint_id_of_dir, is_changelog_name, is_plain_name
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import MAX_METADATA_BYTES, CompletedCheckpointStore, StoreListing
 
 LIST_COLUMNS = ("checkpoint_id", "kind", "created_at", "state_size", "checkpointed_size", "files",
                 "restored_from", "claim_mode", "operators")

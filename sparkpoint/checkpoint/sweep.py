@@ -8,10 +8,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sparkpoint.core.errors import DeletionBlocked
-from sparkpoint.core.paths import checkpoint_id_of_dir
-from sparkpoint.core.storage import CheckpointStorage, StoredFile
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.errors import DeletionBlocked
+from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
+from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
 log = logging.getLogger(__name__)
 

@@ -1,22 +1,17 @@
-"""Looking inside checkpoints: verify every file, open an operator's state read-only."""
+"""Verifying a checkpoint on stable storage: every file present, of its recorded size and CRC32,
+every changelog decoding within the bound its state allows; which retained checkpoint verifies."""
+
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
-from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.changelog import ChangelogFormatError, decode, raw_limit
-from sparkpoint.core.errors import OperatorStateMismatch, PathEscapesJobDirectory
-from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, OperatorState
-from sparkpoint.core.paths import is_changelog_name
-from sparkpoint.core.progress import ProgressCounter, ProgressFn, reporting
-from sparkpoint.core.restore import FileProblem, mismatch
-from sparkpoint.core.storage import CheckpointStorage
+from sparkpoint.checkpoint.errors import PathEscapesJobDirectory
+from sparkpoint.checkpoint.files import FileProblem, mismatch
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle
+from sparkpoint.checkpoint.paths import is_changelog_name
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.changelog import ChangelogFormatError, decode, raw_limit
 
 _CHUNK = 4 * 1024 * 1024
 
@@ -46,7 +41,6 @@ def _check(storage: CheckpointStorage, f: FileHandle, deep: bool, limit: int | N
 check_stored_file = _check  # one file, for the repair of a subtask's files
 
 
-
 def _changelog_problem(storage: CheckpointStorage, f: FileHandle, limit: int) -> str | None:
     """A changelog whose CRC32 matches may still not decode (written wrong): restoring would fail."""
     try:
@@ -66,7 +60,7 @@ def _stored_crc32(storage: CheckpointStorage, rel: str) -> int:
 
 def newest_verifying(storage: CheckpointStorage, below: int) -> int | None:
     """The newest retained checkpoint older than `below` whose every file verifies (None: none)."""
-    from sparkpoint.core.store import CompletedCheckpointStore
+    from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
     for meta in CompletedCheckpointStore(storage).load_all().checkpoints:
         if meta.checkpoint_id < below and not verify_checkpoint(storage, meta):
@@ -80,37 +74,3 @@ def restore_hint(storage: CheckpointStorage, failed: int) -> str:
     if good is None:
         return f"no retained checkpoint older than {failed} verifies"
     return f"checkpoint {good} verifies: restore it with --checkpoint {good}"
-
-
-def operator_state_of(meta: CheckpointMetadata, operator: str) -> OperatorState:
-    """The state of `operator` in `meta`; an operator it does not hold is named with those it does."""
-    if operator not in meta.operators:
-        known = ", ".join(sorted(meta.operators)) or "none"
-        raise OperatorStateMismatch(f"checkpoint {meta.checkpoint_id} has no operator {operator!r}; it has: {known}")
-    return meta.operators[operator]
-
-
-@contextmanager
-def operator_states(
-    storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None,
-    progress: ProgressFn | None = None,
-) -> Iterator[list[RocksDBStateBackend]]:
-    """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir;
-    `progress` hears of the bytes downloaded."""
-    op = operator_state_of(meta, operator)
-    source = reporting(storage, ProgressCounter(sum(f.size for h in op.subtasks for f in h.files()), progress))
-    scratch = Path(tempfile.mkdtemp(prefix="sparkpoint-export-", dir=work_dir))
-    backends = []
-    try:
-        for handle in op.subtasks:
-            b = RocksDBStateBackend(
-                source, operator, handle.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
-                local_dir=scratch, local_recovery=False,
-            )
-            b.restore(meta)
-            backends.append(b)
-        yield backends
-    finally:
-        for b in backends:
-            b.close()
-        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,40 +1,34 @@
-"""The driver: one checkpoint per micro-batch, state and source offsets restored together.
-
-For each batch: trigger checkpoint N, run one Spark job in which every (operator, subtask)
-restores its state, applies its rows, stages its changed rows and snapshots; acknowledge the
-handles; complete N with the new source offsets and the staged sink files in `_metadata`; then
-make the sink's rows visible. Any failure aborts N; a rerun resumes from the latest completed
-checkpoint, so every input file is applied to the state and to the output exactly once.
+"""Where a batch starts and how it runs on Spark: the pipeline's settings (`PipelineConfig`), what a
+completed checkpoint reports, and `PipelineCore`: the starting point (the latest checkpoint,
+another job's or a savepoint, or none), the Spark job of a checkpoint, the fallback to an older
+checkpoint that restores, the sink's settlement. Knows no orchestrator.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sparkpoint.core.changelog import ChangelogOptions
-from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.errors import (
-    CheckpointAlreadyExists,
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import (
     CheckpointCorrupted,
     OperatorStateMismatch,
     SparkpointError,
-    UnknownSharedState,
 )
-from sparkpoint.core.keygroups import MAX_KEY_GROUPS
-from sparkpoint.core.metadata import CheckpointMetadata, RestoreLineage
-from sparkpoint.core.repair import repair_checkpoints
-from sparkpoint.core.restore import stored_size_problems
-from sparkpoint.core.retention import ClaimMode, ExternalizedRetention
-from sparkpoint.core.rocksdb import RocksDBOptions
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore, StoreListing
-from sparkpoint.spark.operators import SAMPLE_OPERATORS, KeyedOperator
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage
+from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.keygroups import MAX_KEY_GROUPS
+from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.repair import repair_checkpoints
+from sparkpoint.state.rocksdb import RocksDBOptions
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +141,13 @@ class _Start:
     next_id: int | None = None  # K + 1 after our own checkpoint K: the id a zombie would race for
 
 
-class StatefulPipeline:
+class PipelineCore:
+    """A pipeline's driver without its batch loop: where a batch starts (the latest checkpoint,
+    another job's, none), how its Spark job is specified and run, how a checkpoint that cannot be
+    restored is fallen back from, how the sink is settled. The two halves of a batch
+    (`sparkpoint.pipeline.attempt`) and the loop that runs batch after batch
+    (`sparkpoint.pipeline.driver.StatefulPipeline`) build on it."""
+
     def __init__(self, spark: Any, config: PipelineConfig, operators: tuple[KeyedOperator, ...] = SAMPLE_OPERATORS):
         validate_config(config)
         names = [op.name for op in operators]
@@ -170,42 +170,6 @@ class StatefulPipeline:
         latest = self.store.latest()
         return _offsets_of(latest).consumed if latest is not None else ()
 
-    def run(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
-        """Process every unconsumed batch (up to `max_batches`), one checkpoint each."""
-        return list(self.batches(on_checkpoint))
-
-    def batches(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> Iterator[BatchReport]:
-        start, coordinator = self._begin()
-        done, lost_races = 0, 0
-        while self.config.max_batches is None or done < self.config.max_batches:
-            files = self.source.pending(start.offsets)[: self.config.files_per_checkpoint]
-            if not files:
-                break
-            try:
-                report, metadata = self._one_batch(coordinator, start, files)
-            except CheckpointCorrupted as e:
-                start = self._fall_back(start, e)
-                continue
-            except (CheckpointAlreadyExists, UnknownSharedState) as e:
-                # Another driver (a zombie, a retried run) committed this id first, or subsumed the
-                # checkpoint our state was based on: resume from the latest completed checkpoint.
-                lost_races += 1
-                if lost_races > 3:
-                    raise PipelineError(f"another writer keeps committing to job {self.config.job_id}: {e}") from e
-                log.warning("%s; resuming from the latest completed checkpoint", e)
-                start, coordinator = self._begin()
-                continue
-            lost_races = 0
-            start = _Start(metadata, start.offsets.after(files), next_id=metadata.checkpoint_id + 1)
-            checked = self._check_committed(start)
-            if checked is not start:  # it did not verify and could not be repaired: fell back
-                start = checked
-                continue
-            done += 1
-            if on_checkpoint:
-                on_checkpoint(report)
-            yield report
-
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
         if start.metadata is not None:
@@ -218,15 +182,6 @@ class StatefulPipeline:
         return start, coordinator
 
     # --- one batch -------------------------------------------------------------------------------
-
-    def _one_batch(
-        self, coordinator: CheckpointCoordinator, start: _Start, files: list[str]
-    ) -> tuple[BatchReport, CheckpointMetadata]:
-        """Both halves of the seam in this process, with one coordinator (see `attempt`)."""
-        from sparkpoint.spark.attempt import complete_attempt, run_spark_half  # it imports this module
-
-        attempt = run_spark_half(self, coordinator, start, files)
-        return complete_attempt(self, attempt, coordinator=coordinator)
 
     def _spec(self, cid: int, start: _Start) -> TaskSpec:
         c = self.config
@@ -327,24 +282,6 @@ class StatefulPipeline:
             self.sink.rollback(after=target.checkpoint_id)
         # next_id None: the highest id seen + 1, never an id a discarded checkpoint had.
         return replace(start, metadata=target, offsets=_offsets_of(target), next_id=None)
-
-    def _check_committed(self, start: _Start) -> _Start:
-        """What the Dagster blocking check does for a materialization, for every checkpoint this
-        loop commits: every file it lists must be on stable storage with its size (one listing
-        per directory; the CRC32s of its uploads were taken as they were written). A bad file is
-        rewritten from a task-local copy; otherwise the checkpoint is discarded and its batch
-        replayed from the newest older one (`_fall_back`), before anything builds on it."""
-        meta = start.metadata
-        assert meta is not None
-        problems = stored_size_problems(self.storage, list(meta.files()))
-        if not problems:
-            return start
-        error = CheckpointCorrupted(
-            f"checkpoint {meta.checkpoint_id} fails verification right after its commit: "
-            + "; ".join(str(p) for p in problems[:3]), checkpoint_id=meta.checkpoint_id,
-        )
-        log.error("%s", error)
-        return self._fall_back(start, error)  # repairs in place when a task-local copy can
 
     def _repaired(self, failed: CheckpointMetadata, listing: StoreListing) -> bool:
         """Rewrite the failed checkpoint's bad files from task-local copies (True: all of them).

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sparkpoint.core.errors import MetadataError
-from sparkpoint.core.paths import (
+from sparkpoint.checkpoint.errors import MetadataError
+from sparkpoint.checkpoint.paths import (
     check_encodable,
     is_changelog_name,
     is_plain_name,

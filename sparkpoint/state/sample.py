@@ -1,70 +1,32 @@
-"""Keyed operators: a function over one subtask's pandas batch and its RocksDB state.
-
-A user writes their own the same way the two sample operators below are written:
-
-    def process(batch: pd.DataFrame, state: RocksDBStateBackend) -> pd.DataFrame | None
-    def export(state: RocksDBStateBackend) -> pd.DataFrame
-
-`process` sees only rows whose key belongs to the subtask; it pre-aggregates with pandas, then
-reads and writes the state in batches. What it returns are the rows it changed (the sink's
-input, for operators that emit). `export` turns the subtask's state back into a table.
-Nothing here imports Spark: `sparkpoint state` exports a checkpoint without a JVM.
+"""The sample pipeline's two keyed operators, written as a user writes their own (see
+`sparkpoint.state.operators`): `user_totals` (per user: count, sum, min and max of amount, the
+latest ts; a ValueState; it emits its changed rows to the sink) and `item_reach` (per item: events
+and distinct users; a MapState of the users seen).
 """
+
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import repeat
 from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
-from sparkpoint.core.backend import RocksDBStateBackend
-from sparkpoint.core.paths import validate_name
-from sparkpoint.core.serde import BytesCodec, StructCodec
-from sparkpoint.core.state import ValueState
+from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.codecs import BytesCodec, StructCodec
+from sparkpoint.state.handles import ValueState
+from sparkpoint.state.operators import KeyedOperator, from_micros, to_micros
 
 T = TypeVar("T")
 
-ProcessFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
-ExportFn = Callable[[RocksDBStateBackend], pd.DataFrame]
-
-
-@dataclass(frozen=True)
-class KeyedOperator:
-    name: str
-    key: str  # the input column the state is keyed by
-    process: ProcessFn
-    export: ExportFn
-    columns: tuple[str, ...] = ()  # other input columns `process` reads
-    emits: bool = False  # its changed rows go to the exactly-once sink
-
-    def __post_init__(self) -> None:
-        validate_name(self.name, "operator name")  # it names directories and output files
-
-    def input_columns(self) -> list[str]:
-        return [self.key, *[c for c in self.columns if c != self.key]]
-
-
-def to_micros(ts: pd.Series) -> np.ndarray:
-    """Timestamps as int64 microseconds since the epoch, UTC (naive values are taken as UTC)."""
-    if isinstance(ts.dtype, pd.DatetimeTZDtype):
-        ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
-    return np.asarray(ts.astype("datetime64[us]").astype("int64"))
-
-
-def from_micros(values: list[int] | np.ndarray) -> pd.Series:
-    return pd.Series(pd.to_datetime(np.asarray(values, dtype="int64"), unit="us", utc=True)).astype(
-        "datetime64[us, UTC]"
-    )
-
-
-# --- user_totals: per user count, sum, min, max of amount and the latest ts ----------------------
-
 Totals = tuple[int, float, float, float, int]  # count, amount sum, min, max, latest ts (µs)
+
+
 TOTALS = StructCodec[Totals]("<qdddq")
+
+
 TOTALS_COLUMNS = ["user_id", "count", "amount_sum", "amount_min", "amount_max", "last_ts"]
 
 
@@ -92,7 +54,7 @@ def _user_totals_process(batch: pd.DataFrame, state: RocksDBStateBackend) -> pd.
     return _totals_frame(keys, [merged[f] for f in ("f0", "f1", "f2", "f3", "f4")])
 
 
-def _totals_frame(keys: list[str], columns: Sequence[Sequence[Any]]) -> pd.DataFrame:
+def _totals_frame(keys: list[str], columns: Sequence[Sequence[Any] | np.ndarray]) -> pd.DataFrame:
     """user_totals rows from the keys and the five value columns (count, sum, min, max, latest ts)."""
     return pd.DataFrame(
         {
@@ -123,8 +85,13 @@ user_totals = KeyedOperator(
 
 # --- item_reach: per item the number of events and of distinct users (exact) -------------------
 
+
 REACH = StructCodec[tuple[int, int]]("<qq")
+
+
 SEEN = BytesCodec()
+
+
 REACH_COLUMNS = ["item_id", "events", "distinct_users"]
 
 
@@ -178,6 +145,7 @@ item_reach = KeyedOperator(
     export=_item_reach_export,
     columns=("user_id",),
 )
+
 
 SAMPLE_OPERATORS = (user_totals, item_reach)
 

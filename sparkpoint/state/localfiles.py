@@ -12,7 +12,7 @@ import os
 import uuid
 from pathlib import Path
 
-from sparkpoint.core.errors import StateBackendError
+from sparkpoint.checkpoint.errors import StateBackendError
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 

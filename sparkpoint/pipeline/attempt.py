@@ -9,7 +9,7 @@
 3. `abort_attempt`: an attempt that will never complete: delete its uploads (those no retained
    checkpoint references) and its sink staging.
 
-`StatefulPipeline._one_batch` (the CLI) calls 1 then 2 in one process with one coordinator.
+`PipelineCore._one_batch` (the CLI) calls 1 then 2 in one process with one coordinator.
 An orchestrator running them as two steps persists the attempt in between with `save_attempt`:
 versioned JSON at `<job>/_pending/chk-<N>-<attempt id>.json` in checkpoint storage (never pickle).
 Storage rather than the orchestrator's IO layer, because recovery needs to find the attempts of
@@ -40,27 +40,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.crash import crash_point
-from sparkpoint.core.errors import (
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.crash import crash_point
+from sparkpoint.checkpoint.errors import (
     CheckpointCorrupted,
     CheckpointDeclined,
     DeletionBlocked,
     PathEscapesJobDirectory,
     SparkpointError,
 )
-from sparkpoint.core.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle, metadata_path
-from sparkpoint.core.paths import validate_name
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle, metadata_path
+from sparkpoint.checkpoint.paths import validate_name
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.runtime import BatchReport, _Start
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
-from sparkpoint.spark.runtime import BatchReport, _Start
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceOffsets
 from sparkpoint.spark.tasks import raised_in_task
 
 if TYPE_CHECKING:
-    from sparkpoint.spark.runtime import StatefulPipeline
+    from sparkpoint.pipeline.runtime import PipelineCore
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def claim_holder(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str
 
 
 def run_spark_half(
-    pipeline: StatefulPipeline,
+    pipeline: PipelineCore,
     coordinator: CheckpointCoordinator,
     start: _Start,
     files: list[str],
@@ -289,7 +289,7 @@ def run_spark_half(
 
 
 def complete_attempt(
-    pipeline: StatefulPipeline,
+    pipeline: PipelineCore,
     attempt: PendingAttempt,
     *,
     coordinator: CheckpointCoordinator | None = None,
@@ -555,12 +555,12 @@ def _delete_unreferenced(storage: CheckpointStorage, attempt: PendingAttempt) ->
 
 
 
-def pending_files(pipeline: StatefulPipeline, start: _Start) -> list[str]:
+def pending_files(pipeline: PipelineCore, start: _Start) -> list[str]:
     return pipeline.source.pending(start.offsets)[: pipeline.config.files_per_checkpoint]
 
 
 def spark_half_with_fallback(
-    pipeline: StatefulPipeline,
+    pipeline: PipelineCore,
     *,
     attempt_id: str | None = None,
     inject_failure: str | None = None,
@@ -585,7 +585,7 @@ def spark_half_with_fallback(
 
 
 def start_step(
-    pipeline: StatefulPipeline, attempt_id: str, *, inject_failure: str | None = None
+    pipeline: PipelineCore, attempt_id: str, *, inject_failure: str | None = None
 ) -> PendingAttempt | None:
     """Step 1: run the Spark half of the next unconsumed batch and persist the attempt.
 
@@ -605,7 +605,7 @@ def start_step(
 
 
 def finish_step(
-    pipeline: StatefulPipeline, attempt_ids: Iterable[str], *, inject_failure: str | None = None
+    pipeline: PipelineCore, attempt_ids: Iterable[str], *, inject_failure: str | None = None
 ) -> tuple[BatchReport, CheckpointMetadata] | None:
     """Step 2: complete the attempt persisted under the first of `attempt_ids` that has one
     (a re-executed run finds its parent's); None when step 1 found nothing to do."""

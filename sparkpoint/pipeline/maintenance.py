@@ -11,15 +11,14 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkpoint.core.coordinator import CheckpointCoordinator
-from sparkpoint.core.errors import CheckpointCorrupted
-from sparkpoint.core.inspect import verify_checkpoint
-from sparkpoint.core.metadata import CheckpointMetadata
-from sparkpoint.core.restore import FileProblem
-from sparkpoint.core.storage import CheckpointStorage
-from sparkpoint.core.store import CompletedCheckpointStore
-from sparkpoint.core.sweep import SweepReport, sweep_orphans
-from sparkpoint.spark.attempt import (
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointCorrupted
+from sparkpoint.checkpoint.files import FileProblem
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import SweepReport, sweep_orphans
+from sparkpoint.pipeline.attempt import (
     AbortOutcome,
     abort_attempt,
     complete_attempt,
@@ -29,11 +28,12 @@ from sparkpoint.spark.attempt import (
     set_aside_unreadable,
     spark_half_with_fallback,
 )
-from sparkpoint.spark.runtime import BatchReport
+from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
+from sparkpoint.state.verify import verify_checkpoint
 
 if TYPE_CHECKING:
-    from sparkpoint.spark.runtime import StatefulPipeline
+    from sparkpoint.pipeline.runtime import PipelineCore
 
 log = logging.getLogger(__name__)
 
@@ -189,13 +189,13 @@ def settle_attempts(
 
 
 def recover(
-    pipeline: StatefulPipeline, *, failed_before: float | None = None, orphan_grace_seconds: float = 3600.0
+    pipeline: PipelineCore, *, failed_before: float | None = None, orphan_grace_seconds: float = 3600.0
 ) -> RecoveryReport:
     """Heal the job after a failed batch, then process that batch again.
 
     1. Abort every persisted attempt whose checkpoint did not complete (its uploads, its sink
        staging); forget those whose checkpoint did; leave alone one that a completer claimed
-       (see `sparkpoint.spark.attempt`); set unreadable attempt records aside.
+       (see `sparkpoint.pipeline.attempt`); set unreadable attempt records aside.
     2. Sweep orphans (uploads of attempts that never got persisted, such as a Spark job that
        died mid-upload): with `failed_before` (POSIX seconds, when the failed run ended) every
        unreferenced file written before then, and nothing written after it: those may be a

@@ -39,8 +39,8 @@ import numpy as np
 import pyarrow as pa
 from rocksdict import Rdict, WriteBatch
 
-from sparkpoint.core.localfiles import write_new
-from sparkpoint.core.paths import CHANGELOG_PREFIX, is_changelog_name
+from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX, is_changelog_name
+from sparkpoint.state.localfiles import write_new
 
 MAGIC = b"SPKCHLG1"
 FORMAT_VERSION = 1

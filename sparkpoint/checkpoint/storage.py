@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from sparkpoint.core.crash import crash_point
-from sparkpoint.core.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
-from sparkpoint.core.metadata import FileHandle
-from sparkpoint.core.paths import checkpoint_id_of_dir, is_plain_name, validate_relative
+from sparkpoint.checkpoint.crash import crash_point
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
+from sparkpoint.checkpoint.metadata import FileHandle
+from sparkpoint.checkpoint.paths import checkpoint_id_of_dir, is_plain_name, validate_relative
 
 _CHUNK = 4 * 1024 * 1024
 log = logging.getLogger(__name__)
