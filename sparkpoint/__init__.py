@@ -1,18 +1,36 @@
 """sparkpoint: incremental, externalized checkpoints of keyed RocksDB state for PySpark pipelines.
 
-The notebook API (pandas DataFrames) is importable from here: `sparkpoint.list_checkpoints`,
-`sparkpoint.read_state`, `sparkpoint.registry` (see `sparkpoint.api`). It is imported on first
-use, so that `import sparkpoint.checkpoint` in a Spark task does not load it.
+The public API, imported on first use (so that `import sparkpoint.checkpoint` in a Spark task
+loads nothing more):
+
+- your pipeline: `Pipeline`, `KeyedOperator`, the state codecs `JsonCodec`, `StructCodec`,
+  `BytesCodec` (state handles: `state.value_state(name, codec)`, `state.map_state(name, codec)`);
+- the notebook API (pandas DataFrames): `read_state`, `list_checkpoints`, `registry`.
 """
 
 import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["list_checkpoints", "read_state", "registry"]
+
+_HOMES = {
+    "Pipeline": "sparkpoint.pipeline.spec",
+    "KeyedOperator": "sparkpoint.state.operators",
+    "JsonCodec": "sparkpoint.state.codecs",
+    "StructCodec": "sparkpoint.state.codecs",
+    "BytesCodec": "sparkpoint.state.codecs",
+    "read_state": "sparkpoint.api",
+    "list_checkpoints": "sparkpoint.api",
+    "registry": "sparkpoint.api",
+}
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("sparkpoint.api"), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'sparkpoint' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -21,7 +21,7 @@ from sparkpoint.checkpoint.catalog import existing_store
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.progress import ProgressFn
-from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
 EXIT_BAD_FILES = 1
@@ -47,7 +47,14 @@ def _storage_options(text: str | None) -> dict[str, Any]:
 
 
 def _storage(args: argparse.Namespace) -> CheckpointStorage:
-    return CheckpointStorage(args.checkpoints, args.job_id, _storage_options(args.storage_options))
+    pipeline = _pipeline(args)
+    if pipeline is None and not (args.checkpoints and args.job_id):
+        raise UsageError("--checkpoints and --job-id are required (or --pipeline MODULE:ATTR, which names them)")
+    checkpoints = args.checkpoints or pipeline.location("checkpoints")
+    job_id = args.job_id or pipeline.effective_job_id
+    options = _storage_options(args.storage_options) if args.storage_options or pipeline is None else dict(
+        pipeline.storage_options)
+    return CheckpointStorage(checkpoints, job_id, options)
 
 
 def _existing_store(args: argparse.Namespace) -> CompletedCheckpointStore:
@@ -157,27 +164,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sparkpoint.pipeline.driver import StatefulPipeline
-    from sparkpoint.pipeline.runtime import PipelineConfig
     from sparkpoint.pipeline.settings import resolve_settings
     from sparkpoint.spark.session import spark_session
     from sparkpoint.spark.source import SourceOffsets
 
     settings = resolve_settings(dict(_key_value(c) for c in args.conf))
-    options = _storage_options(args.storage_options)
-    config = PipelineConfig(
-        input_url=args.input, checkpoints_url=settings.pop("checkpoints_dir", args.checkpoints), job_id=args.job_id,
-        storage_options=options, input_options=options, num_retained=settings.pop("num_retained", args.retain),
-        parallelism=settings.pop("parallelism", args.parallelism),
-        max_parallelism=settings.pop("max_parallelism", args.max_parallelism), output_url=args.output,
-        max_batches=args.max_batches, files_per_checkpoint=args.files_per_checkpoint, local_dir=args.local_dir,
-        restore_mode=settings.pop("restore_mode", args.restore_mode),
-        from_checkpoint=settings.pop("from_checkpoint", args.from_checkpoint),
-        allow_non_restored_state=settings.pop("allow_non_restored_state", args.allow_non_restored_state),
-        allow_new_operators=settings.pop("allow_new_operators", args.allow_new_operators), **settings,
-    )
-    if config.num_retained < 1:
-        raise UsageError("--retain must be at least 1")
-    pipeline = StatefulPipeline(None, config)  # validates input and storage before Spark starts
+    pipeline_spec = _pipeline(args)
+    if pipeline_spec is None:
+        missing = [flag for flag, value in (("--input", args.input), ("--checkpoints", args.checkpoints),
+                                            ("--job-id", args.job_id)) if not value]
+        if missing:
+            raise UsageError(f"{', '.join(missing)} required (or --pipeline MODULE:ATTR, which names them)")
+        from sparkpoint.sample import pipeline as pipeline_spec
+
+        pipeline_spec = pipeline_spec.with_(local_dir=".sparkpoint/local", output_url=None)
+    # Precedence: a flag, then --conf, then the pipeline's own setting.
+    flags = {
+        "input_url": args.input, "checkpoints_url": args.checkpoints, "job_id": args.job_id,
+        "num_retained": args.retain, "parallelism": args.parallelism, "max_parallelism": args.max_parallelism,
+        "output_url": args.output, "max_batches": args.max_batches, "files_per_checkpoint": args.files_per_checkpoint,
+        "local_dir": args.local_dir, "restore_mode": args.restore_mode, "from_checkpoint": args.from_checkpoint,
+        "allow_non_restored_state": args.allow_non_restored_state, "allow_new_operators": args.allow_new_operators,
+    }
+    if args.storage_options:
+        options = _storage_options(args.storage_options)
+        flags.update(storage_options=options, input_options=options)
+    if "checkpoints_dir" in settings:
+        settings["checkpoints_url"] = settings.pop("checkpoints_dir")
+    chosen = {**settings, **{k: v for k, v in flags.items() if v is not None}}
+    for key in ("input_url", "checkpoints_url", "output_url", "local_dir"):
+        if chosen.get(key):
+            chosen[key] = storage_url(chosen[key]) if key != "local_dir" else chosen[key]
+    config = pipeline_spec.config(**chosen)
+    pipeline = StatefulPipeline(None, config, pipeline_spec.operators)  # checks input and storage before Spark
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
     pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
                                   {op.name: op.input_columns() for op in pipeline.operators})
@@ -220,7 +239,9 @@ def cmd_state(args: argparse.Namespace) -> int:
     from sparkpoint.api import state_table
 
     with _progress(args, f"reading {args.operator}") as progress:
-        meta, table = state_table(_storage(args), args.operator, args.checkpoint, progress=progress)
+        pipeline = _pipeline(args)
+        operator = pipeline.operator(args.operator) if pipeline is not None else args.operator
+        meta, table = state_table(_storage(args), operator, args.checkpoint, progress=progress)
     if args.format == "parquet":
         if not args.out:
             raise UsageError("--format parquet needs --out FILE")
@@ -436,9 +457,22 @@ def _positive(text: str) -> int:
 
 
 def _job_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoints", required=True, metavar="URL", help="checkpoint storage (fsspec URL)")
-    p.add_argument("--job-id", required=True, metavar="ID", help="the job's directory under the storage URL")
+    p.add_argument("--pipeline", metavar="MODULE:ATTR",
+                   help="your sparkpoint.Pipeline: its operators, locations and settings (flags override them)")
+    p.add_argument("--checkpoints", metavar="URL", help="checkpoint storage (fsspec URL); required without --pipeline")
+    p.add_argument("--job-id", metavar="ID", help="the job's directory under the storage URL; default: the pipeline's")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
+
+
+def _pipeline(args: argparse.Namespace) -> Any:
+    """The `--pipeline` given (None without one), loaded once."""
+    if not getattr(args, "pipeline", None):
+        return None
+    if not hasattr(args, "_loaded_pipeline"):
+        from sparkpoint.pipeline.spec import load_pipeline
+
+        args._loaded_pipeline = load_pipeline(args.pipeline)
+    return args._loaded_pipeline
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -460,21 +494,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("run", help="process every unconsumed batch, one checkpoint per batch")
-    p.add_argument("--input", required=True, metavar="DIR", help="directory of Parquet files (fsspec URL)")
+    p.add_argument("--input", metavar="DIR", help="directory of Parquet files (fsspec URL); required without "
+                   "--pipeline")
     _job_args(p)
-    p.add_argument("--retain", type=_positive, default=2, help="completed checkpoints to keep")
-    p.add_argument("--parallelism", type=_positive, default=2)
-    p.add_argument("--max-parallelism", type=_positive, default=128)
-    p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of user_totals' changed rows")
+    p.add_argument("--retain", type=_positive, help="completed checkpoints to keep (default 2)")
+    p.add_argument("--parallelism", type=_positive, help="subtasks per operator (default 2)")
+    p.add_argument("--max-parallelism", type=_positive, help="key groups (default 128)")
+    p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of the operators' changed rows")
     p.add_argument("--max-batches", type=_positive)
-    p.add_argument("--files-per-checkpoint", type=_positive, default=1)
-    p.add_argument("--local-dir", default=".sparkpoint/local", metavar="DIR", help="working RocksDB instances")
+    p.add_argument("--files-per-checkpoint", type=_positive, help="input files per checkpoint (default 1)")
+    p.add_argument("--local-dir", metavar="DIR", help="working RocksDB instances (default .sparkpoint/local, "
+                   "with --pipeline .sparkpoint/<name>/local)")
     p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
-    p.add_argument("--restore-mode", choices=["CLAIM", "NO_CLAIM"], default="CLAIM")
+    p.add_argument("--restore-mode", choices=["CLAIM", "NO_CLAIM"])
     p.add_argument("--from-checkpoint", metavar="PATH", help="<checkpoints-dir>/<job-id>/chk-<N> to start from")
-    p.add_argument("--allow-non-restored-state", action="store_true",
+    p.add_argument("--allow-non-restored-state", action="store_const", const=True,
                    help="start although the checkpoint holds operators this job does not run (their state is dropped)")
-    p.add_argument("--allow-new-operators", action="store_true",
+    p.add_argument("--allow-new-operators", action="store_const", const=True,
                    help="start although the checkpoint lacks some of this job's operators (they start empty)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting, Flink's keys accepted (e.g. state.checkpoints.num-retained=3)")

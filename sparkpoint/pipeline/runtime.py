@@ -197,6 +197,11 @@ class PipelineCore:
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:
         groups = len(self.operators) * spec.parallelism
+        if not getattr(self, "_shipped", False):  # the user's operator modules, to every executor
+            from sparkpoint.spark.session import ship_modules  # pyspark: only where Spark runs
+
+            ship_modules(self.spark, [f for op in self.operators for f in (op.process, op.export)])
+            self._shipped = True
 
         def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
             return run_slots(spec, urls, ids)

@@ -15,13 +15,16 @@ import io
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pyspark.sql import SparkSession
 
@@ -175,3 +178,24 @@ def _filter_lines(source: IO[bytes], target: IO[str]) -> None:
                 target.flush()
             except (OSError, ValueError):  # the terminal went away: keep draining the pipe
                 pass
+
+
+def ship_modules(spark: SparkSession, functions: Iterable[Callable[..., Any]]) -> list[str]:
+    """Make the user's modules that `functions` come from importable on every executor
+    (`addPyFile` of the module's file, or of its top-level package zipped): a keyed operator's
+    functions travel by reference to their module. Modules installed in site-packages, the
+    standard library and sparkpoint's own are left alone. Returns what was shipped."""
+    shipped = []
+    for root in sorted({fn.__module__.partition(".")[0] for fn in functions if getattr(fn, "__module__", None)}):
+        module = sys.modules.get(root)
+        origin = getattr(module, "__file__", None) if module is not None else None
+        if root in ("sparkpoint", "__main__") or origin is None or "site-packages" in origin \
+                or origin.startswith(sys.base_prefix):
+            continue
+        path = Path(origin)
+        if path.name == "__init__.py":  # a package: ship it whole, zipped
+            target = Path(tempfile.mkdtemp(prefix="sparkpoint-ship-")) / root
+            path = Path(shutil.make_archive(str(target), "zip", root_dir=path.parent.parent, base_dir=root))
+        spark.sparkContext.addPyFile(str(path))
+        shipped.append(str(path))
+    return shipped

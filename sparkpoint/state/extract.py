@@ -17,11 +17,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, OperatorStateMismatch
+import pandas as pd
+
+from sparkpoint.checkpoint.catalog import existing_store
+from sparkpoint.checkpoint.errors import (
+    CheckpointAlreadyExists,
+    CheckpointCorrupted,
+    MetadataError,
+    OperatorStateMismatch,
+)
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, OperatorState, SubtaskStateHandle
 from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn, reporting
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, list_states, open_db
 
 
@@ -114,3 +123,34 @@ def count_entries(directory: Path) -> dict[str, int]:
     finally:
         db.close()
     return counts
+
+
+def state_table(
+    storage: CheckpointStorage, operator: str | KeyedOperator, checkpoint: int | None = None, *,
+    progress: ProgressFn | None = None,
+) -> tuple[CheckpointMetadata, pd.DataFrame]:
+    """(the checkpoint read, the operator's state as one table sorted by key)."""
+    from sparkpoint.state.sample import operator_by_name
+    from sparkpoint.state.verify import restore_hint
+
+    if isinstance(operator, KeyedOperator):
+        op = operator
+    else:
+        try:
+            op = operator_by_name(operator)
+        except KeyError as e:
+            raise OperatorStateMismatch(
+                f"{e.args[0]}; for your own operator pass the KeyedOperator (or --pipeline MODULE:ATTR)"
+            ) from e
+    store = existing_store(storage)
+    ids = store.checkpoint_ids()
+    if checkpoint is None and not ids:
+        raise MetadataError(f"{storage.job_url} holds no completed checkpoint")
+    meta = store.load(checkpoint if checkpoint is not None else ids[0])
+    try:
+        with operator_states(storage, meta, op.name, progress=progress) as backends:
+            frames = [op.export(b) for b in backends]
+    except CheckpointCorrupted as e:
+        raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
+    table = pd.concat(frames, ignore_index=True).sort_values(op.key, kind="stable").reset_index(drop=True)
+    return meta, table

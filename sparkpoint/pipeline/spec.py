@@ -1,0 +1,146 @@
+"""`Pipeline`: the user's pipeline as one immutable value, the unit every front end takes.
+
+A name (the default job id), keyed operators, where input lands, where checkpoints and output go,
+and the settings the CLI flags and the Dagster resources set, with the same checks and messages:
+
+    clicks = Pipeline("clicks", [clicks_per_user, pages_per_user],
+                      input_url="landing/clicks", checkpoints_url="s3://bucket/checkpoints",
+                      storage_options={"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}})
+    clicks.with_(parallelism=4).read_state("clicks_per_user")
+
+`sparkpoint run --pipeline MODULE:ATTR` runs it (flags override its settings); `state` and
+`restore` take `--pipeline` to know its operators and locations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
+from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, validate_config
+from sparkpoint.state.extract import state_table
+from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.rocksdb import RocksDBOptions
+
+DEFAULT_ROOT = ".sparkpoint"  # locations a pipeline leaves unset: .sparkpoint/<name>/{input,checkpoints,...}
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    operators: tuple[KeyedOperator, ...]
+    input_url: str | None = None
+    checkpoints_url: str | None = None
+    output_url: str | None = None
+    local_dir: str | None = None
+    job_id: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    input_options: Mapping[str, Any] | None = None  # default: storage_options
+    num_retained: int = 2
+    retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
+    restore_mode: str = ClaimMode.CLAIM.value
+    from_checkpoint: str | None = None
+    parallelism: int = 2
+    max_parallelism: int = 128
+    files_per_checkpoint: int = 1
+    incremental: bool = True
+    local_recovery: bool = True
+    changelog: bool = True
+    changelog_materialize_share: float = 2.0
+    changelog_max_chain: int = 64
+    rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
+    allow_non_restored_state: bool = False
+    allow_new_operators: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "operators", tuple(self.operators))
+        if not self.operators or not all(isinstance(op, KeyedOperator) for op in self.operators):
+            raise PipelineError(f"pipeline {self.name!r}: operators must be one or more KeyedOperator")
+        names = [op.name for op in self.operators]
+        if len(set(names)) != len(names):
+            raise PipelineError(f"pipeline {self.name!r}: operator names must be unique, got {names}")
+        for field_name, enum in (("retention", ExternalizedRetention), ("restore_mode", ClaimMode)):
+            value = getattr(self, field_name)
+            if value not in {e.value for e in enum}:
+                raise PipelineError(f"pipeline {self.name!r}: {field_name} {value!r} is not one of "
+                                    + ", ".join(e.value for e in enum))
+        validate_config(self.config())  # the CLI's and the resources' checks, with their messages
+
+    @property
+    def effective_job_id(self) -> str:
+        return self.job_id or self.name
+
+    def with_(self, **changes: Any) -> Pipeline:
+        """A copy with `changes` (any field), checked like the original."""
+        return dataclasses.replace(self, **changes)
+
+    def location(self, kind: str) -> str:
+        """Where `kind` (input, checkpoints, output, local) is: as given, or under `.sparkpoint/<name>/`."""
+        given = {"input": self.input_url, "checkpoints": self.checkpoints_url, "output": self.output_url,
+                 "local": self.local_dir}[kind]
+        return given if given else str(Path(DEFAULT_ROOT) / self.name / kind)
+
+    def config(self, **overrides: Any) -> PipelineConfig:
+        """The driver's settings (`overrides`: what flags or resources set on top)."""
+        values: dict[str, Any] = {
+            "input_url": storage_url(self.location("input")),
+            "checkpoints_url": storage_url(self.location("checkpoints")),
+            "job_id": self.effective_job_id,
+            "storage_options": dict(self.storage_options),
+            "input_options": dict(self.input_options if self.input_options is not None else self.storage_options),
+            "output_url": storage_url(self.output_url) if self.output_url else None,
+            "local_dir": str(Path(self.location("local")).resolve()),
+        }
+        for f in dataclasses.fields(PipelineConfig):
+            if f.name not in values and hasattr(self, f.name):
+                values[f.name] = getattr(self, f.name)
+        values.update(overrides)
+        return PipelineConfig(**values)
+
+    def operator(self, name: str) -> KeyedOperator:
+        for op in self.operators:
+            if op.name == name:
+                return op
+        raise PipelineError(f"pipeline {self.name!r} has no operator {name!r}; it has: "
+                            + ", ".join(op.name for op in self.operators))
+
+    # --- reading its own checkpoints (the notebook API with this pipeline's locations) ---------
+
+    def storage(self) -> CheckpointStorage:
+        """Its checkpoint storage (`<checkpoints>/<job id>/`)."""
+        return CheckpointStorage(storage_url(self.location("checkpoints")), self.effective_job_id,
+                                 dict(self.storage_options))
+
+    def read_state(self, operator: str, checkpoint: int | None = None) -> pd.DataFrame:
+        """The state of its operator `operator` at `checkpoint` (default: the latest), as its
+        `export` makes it, every subtask in one table sorted by key."""
+        return state_table(self.storage(), self.operator(operator), checkpoint)[1]
+
+
+def load_pipeline(reference: str) -> Pipeline:
+    """`MODULE:ATTR` (the module importable from the working directory or the path) -> its Pipeline."""
+    module_name, _, attr = reference.partition(":")
+    if not module_name or not attr:
+        raise PipelineError(f"--pipeline {reference!r} must be MODULE:ATTR, e.g. my_project.pipelines:clicks")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # a module next to where the command runs, as `python -m` finds it
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PipelineError(f"--pipeline {reference!r}: cannot import {module_name!r} ({e})") from e
+    try:
+        found = getattr(module, attr)
+    except AttributeError:
+        raise PipelineError(f"--pipeline {reference!r}: module {module_name!r} has no {attr!r}") from None
+    if not isinstance(found, Pipeline):
+        raise PipelineError(f"--pipeline {reference!r} is a {type(found).__name__}, not a sparkpoint.Pipeline")
+    return found
