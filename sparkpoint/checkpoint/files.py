@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkpoint.checkpoint.errors import CheckpointCorrupted
+from sparkpoint.checkpoint.errors import CheckpointCorrupted, StorageError
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile, crc32_of_file
 
@@ -49,9 +49,14 @@ def mismatch(f: FileHandle, size: int | None, crc_of: Callable[[], int] | None) 
 def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) -> list[FileProblem]:
     """Presence and size of `files` on storage, from one listing per directory they sit in (a
     subtask's files share one: on an object store a request or two, not one per file)."""
-    listed: dict[str, StoredFile] = {}
+    listed: dict[str, StoredFile | None] = {}
     for directory in sorted({posixpath.dirname(f.path) for f in files}):
-        listed.update((s.path, s) for s in storage.walk(directory))
+        try:
+            listed.update((s.path, s) for s in storage.walk(directory))
+        except (ValueError, StorageError):  # the job directory itself, or no safe path: file by file
+            for f in files:
+                if posixpath.dirname(f.path) == directory:
+                    listed[f.path] = _stored_or_none(storage, f.path)
     problems = []
     for f in sorted(files, key=lambda f: f.path):
         stored = listed.get(f.path)
@@ -60,6 +65,13 @@ def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) ->
         if problem:
             problems.append(FileProblem(f.path, f.local_name, problem))
     return problems
+
+
+def _stored_or_none(storage: CheckpointStorage, rel: str) -> StoredFile | None:
+    try:
+        return storage.info(rel)
+    except (FileNotFoundError, ValueError, StorageError):  # missing, or a path no one may read
+        return None
 
 
 def check_local_file(local: Path, f: FileHandle) -> str | None:

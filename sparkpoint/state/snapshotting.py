@@ -21,7 +21,7 @@ from sparkpoint.checkpoint.errors import (
     UnknownSharedState,
 )
 from sparkpoint.checkpoint.files import stored_size_problems
-from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
+from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle, metadata_path
 from sparkpoint.checkpoint.paths import private_dir, shared_dir
 from sparkpoint.state import changelog
 from sparkpoint.state.restore import (
@@ -78,8 +78,11 @@ class Snapshotting(SubtaskState):
         with its size (one listing of the subtask's shared directory). A working database or a
         task-local copy never reads them, so damage would otherwise go unnoticed while every new
         checkpoint re-references it and retention drops the older ones that did not need it.
-        A bad file is rewritten from a task-local copy of the recorded size and CRC32; when none
-        has it, the base is dropped and this checkpoint uploads the state whole."""
+        A bad file is rewritten from a task-local copy of the recorded size and CRC32 while the
+        base checkpoint is still retained (then the file is damage, and older checkpoints need it
+        too); when the base is gone (another writer's retention subsumed it and deleted its files
+        rightly) or no copy has it, the base is dropped and this checkpoint uploads the state whole
+        under fresh names: rewriting a rightly deleted file would only leave an orphan."""
         from sparkpoint.state.repair import repair_files
 
         handle = self._base_handle
@@ -87,6 +90,11 @@ class Snapshotting(SubtaskState):
             return
         problems = stored_size_problems(self.storage, list(handle.shared))
         if not problems:
+            return
+        if self._base_id is None or not self.storage.exists(metadata_path(self._base_id)):
+            log.warning("%s subtask %s: the confirmed checkpoint %s is gone from stable storage; this checkpoint "
+                        "uploads the state whole", self.operator, self.subtask, self._base_id)
+            self.forget_base()
             return
         files = {f.path: f for f in handle.shared}
         report = repair_files(self.storage, self.dir.parent, [(files[p.path], p.problem) for p in problems])
