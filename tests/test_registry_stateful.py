@@ -5,7 +5,7 @@ orphan sweep against `CheckpointCoordinator`, with one operator of two fake subt
 real local files under Flink's reuse rule. A second coordinator on the same job directory (a
 zombie driver, a retried run) resumes from whatever checkpoint was latest when it started and
 completes checkpoints of its own in between, with a base that the first one may have subsumed.
-After every step it checks the invariants stated in sparkpoint/core/registry.py and
+After every step it checks the invariants stated in sparkpoint/checkpoint/registry.py and
 coordinator.py against what storage holds, and compares the coordinators with a model made of
 plain sets and dicts.
 """
