@@ -48,9 +48,8 @@ def recover_op(
         context.log.error(f"FELL BACK: checkpoints {list(report.fell_back_from)} failed verification")
     if report.batch is not None:
         facts = maintenance.checkpoint_facts(pipeline.storage, *report.batch)
-        links = {"recovered_run": dg.MetadataValue.dagster_run(config.failed_run_id)} if config.failed_run_id else {}
         yield dg.AssetMaterialization(
-            asset_key=CHECKPOINT_KEY, metadata={**plain_metadata(facts), **links},
+            asset_key=CHECKPOINT_KEY, metadata=plain_metadata(facts),
             tags={"dagster/data_version": str(facts["checkpoint_id"])},
             description=f"re-processed by recovery of run {config.failed_run_id}",
         )
