@@ -76,3 +76,26 @@ def test_one_ctrl_c_stops_the_demo_and_it_starts_nothing_more(tmp_path: Path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and "matches a recomputation" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_the_cancel_thread_is_silent_when_the_jvm_is_already_gone(monkeypatch: pytest.MonkeyPatch):
+    """Ctrl-C while the driver is stopping: the session lookup itself asks the dead JVM and fails
+    (CI saw 38 lines of a py4j trace from the cancel thread beside the one-line message)."""
+    import threading
+
+    from pyspark.sql import SparkSession
+
+    from sparkpoint.spark import session
+
+    def gone() -> None:
+        raise ConnectionError("Answer from Java side is empty")
+
+    raised: list[BaseException] = []
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(gone))
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    monkeypatch.setattr(session._interrupted, "set", lambda: None)  # keep the flag of this process clear
+    session.request_interrupt()
+    for thread in threading.enumerate():
+        if thread.name == "spark-cancel":
+            thread.join(5)
+    assert raised == []

@@ -98,11 +98,13 @@ def request_interrupt() -> None:
     _interrupted.set()
 
     def cancel() -> None:
-        active = SparkSession.getActiveSession()
+        # Every py4j call here may meet a JVM the driver is already stopping (the session lookup
+        # too: it asks the JVM): nothing of it may print, the driver is stopping anyway.
         try:
+            active = SparkSession.getActiveSession()
             if active is not None:
                 active.sparkContext.cancelAllJobs()
-        except Exception:  # stopping anyway
+        except Exception:
             pass
 
     threading.Thread(target=cancel, daemon=True, name="spark-cancel").start()
