@@ -1,19 +1,21 @@
-"""The sparkpoint Dagster code location: `dagster dev -w workspace.yaml` or `dg dev` loads `defs`."""
+"""The sparkpoint Dagster code location: `dg dev` (or `dagster dev -w workspace.yaml`) loads `defs`,
+the sample pipeline built by the factory like any user's (`build_pipeline_defs`). With the sample's
+own input, a materialization that finds no batch lands the next batch of the sample stream first,
+so the input sensor is stopped and the schedule (cron from `SPARKPOINT_CHECKPOINT_CRON`) too.
+"""
 
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 
-from sparkpoint.assets import ASSET_CHECKS, ASSETS
-from sparkpoint.ops import JOBS, checkpoint_schedule
-from sparkpoint.resources import default_resources
-from sparkpoint.sensors import SENSORS
+from sparkpoint.factory import pipeline_defs
+from sparkpoint.sample import pipeline
 
-defs = dg.Definitions(
-    assets=ASSETS,
-    asset_checks=ASSET_CHECKS,
-    jobs=JOBS,
-    schedules=[checkpoint_schedule],
-    sensors=SENSORS,
-    resources=default_resources(),
+sample = pipeline_defs(
+    pipeline, sample_stream=True, landing_sensor=False,
+    schedule=os.environ.get("SPARKPOINT_CHECKPOINT_CRON", "*/10 * * * *"),
+    schedule_status=dg.DefaultScheduleStatus.STOPPED,
 )
+defs = sample.definitions()

@@ -1,37 +1,33 @@
-"""SSTable assets (one per stateful operator) feeding the checkpoint asset, and its checks.
+"""One pipeline's assets: its input (an observable source asset), an SSTable asset per keyed
+operator, the checkpoint asset, the sink's output, and the checkpoint's checks.
 
 Materializing the SSTable assets runs the Spark half of the next unconsumed batch (every subtask
 restores, applies its rows, snapshots and uploads its SSTs); the checkpoint asset completes that
-checkpoint in its own step, without Spark. What crosses between the two steps is the pending
-attempt, persisted by `sparkpoint.pipeline.attempt` under the run's id. Both steps sit in the
-`sparkpoint` concurrency pool (see `sparkpoint.ops.instance`).
+checkpoint in its own step, without Spark, and with it the sink's output. What crosses between the
+two steps is the pending attempt, persisted by `sparkpoint.pipeline.attempt` under the run's id.
+Both steps sit in the pipeline's concurrency pool (see `sparkpoint.ops.instance`).
 """
 
 
+import warnings
 from collections.abc import Iterator
-from typing import Any
 
 import dagster as dg
 
-from sparkpoint.pipeline.attempt import finish_step, start_step
-from sparkpoint.pipeline.maintenance import checkpoint_facts, recount, registry_counts, verify_latest
-from sparkpoint.resources import (
-    CheckpointRegistryResource,
-    CheckpointStorageResource,
-    InputResource,
-    SparkResource,
-    StateBackendResource,
-    pipeline_of,
+from sparkpoint.assets.metadata import (
+    checkpoint_metadata,
+    output_metadata,
+    sstable_metadata,
+    state_schema,
 )
-from sparkpoint.state.sample import SAMPLE_OPERATORS
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.pipeline.attempt import finish_step, start_step
+from sparkpoint.pipeline.maintenance import prune_due, recount, registry_counts, verify_latest
+from sparkpoint.resources.scope import INJECT_TAG, PipelineScope
+from sparkpoint.spark.sink import output_facts
+from sparkpoint.spark.source import ParquetDirectorySource
 
-PREFIX = "sparkpoint"
-POOL = "sparkpoint"
-INJECT_TAG = "sparkpoint/inject-failure"
-SSTABLE_GROUP = "sstables"
-CHECKPOINT_GROUP = "checkpoints"
-SSTABLE_KEYS = {op.name: dg.AssetKey([PREFIX, op.name]) for op in SAMPLE_OPERATORS}
-CHECKPOINT_KEY = dg.AssetKey([PREFIX, "checkpoint"])
+__all__ = ["INJECT_TAG", "build_assets", "build_checks", "registry_matches", "run_lineage", "verifies"]
 
 
 def run_lineage(run: dg.DagsterRun) -> list[str]:
@@ -40,62 +36,117 @@ def run_lineage(run: dg.DagsterRun) -> list[str]:
     return [i for i in dict.fromkeys(ids) if i]
 
 
-def plain_metadata(values: dict[str, Any]) -> dict[str, Any]:
-    """Numbers stay numbers (the UI plots them); lists and dicts become JSON."""
-    return {k: dg.MetadataValue.json(v) if isinstance(v, (list, dict)) else v for k, v in values.items()}
+def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAsset]:
+    """The input, SSTable, checkpoint and output assets of `scope`'s pipeline."""
+    pipeline = scope.pipeline
+    common = {"owners": list(scope.owners), "tags": dict(scope.tags)}
+    code_version = pipeline.code_version()
+
+    def input_files(context: dg.AssetExecutionContext) -> dg.ObserveResult:
+        driver = scope.resources(context).driver(pipeline)
+        pending = driver.pending_files()
+        newest = pending[-1] if pending else None
+        return dg.ObserveResult(
+            data_version=dg.DataVersion(newest or "nothing pending"),
+            metadata={"files_pending": len(pending), "newest_file": newest or "",
+                      "location": dg.MetadataValue.url(driver.config.input_url)},
+        )
+
+    with warnings.catch_warnings():  # observable source assets are "beta" in Dagster 1.13, and what we need
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        input_asset = dg.observable_source_asset(
+            key=scope.input_key, group_name=scope.group_name,
+            required_resource_keys=scope.resource_keys("source", "storage", "registry", "state_backend"),
+            description=f"Batches landing for `{pipeline.name}`: {ParquetDirectorySource.accepted}", **common,
+        )(input_files)
+
+    @dg.multi_asset(
+        name=scope.name("sstables"),
+        specs=[
+            dg.AssetSpec(key, group_name=scope.group_name, skippable=True, kinds={"spark", "rocksdb"},
+                         deps=[scope.input_key], code_version=code_version,
+                         description=f"The SST files of operator `{name}`: every subtask's incremental snapshot",
+                         metadata=state_schema(pipeline.operator(name)), **common)
+            for name, key in scope.sstable_keys.items()
+        ],
+        pool=scope.pool,
+        required_resource_keys=scope.resource_keys("storage", "registry", "spark", "state_backend", "source"),
+    )
+    def sstables(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+        source = scope.source(context)
+        driver = scope.resources(context).driver(pipeline, scope.spark(context).session)
+        inject = context.run.tags.get(INJECT_TAG)
+        attempt = start_step(driver, context.run.run_id, inject_failure=inject)
+        if attempt is None and source.land_sample_batch(driver.consumed_files()):
+            attempt = start_step(driver, context.run.run_id, inject_failure=inject)
+        if attempt is None:
+            context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
+            empty = driver.source.nothing_to_read()
+            if empty:
+                context.log.warning(empty)
+            return
+        for name, key in scope.sstable_keys.items():
+            yield dg.MaterializeResult(asset_key=key, metadata=sstable_metadata(attempt.operator_summary(name)))
+
+    output_specs = [dg.AssetSpec(
+        scope.output_key, group_name=scope.group_name, skippable=True, deps=[scope.checkpoint_key],
+        kinds={"parquet"}, code_version=code_version, **common,
+        description=f"What `{pipeline.name}`'s emitting operators changed, committed exactly once per checkpoint",
+    )] if pipeline.output_url and any(op.emits for op in pipeline.operators) else []
+
+    @dg.multi_asset(
+        name=scope.name("complete"),
+        specs=[dg.AssetSpec(
+            scope.checkpoint_key, deps=list(scope.sstable_keys.values()), group_name=scope.group_name,
+            skippable=True, kinds={"rocksdb"}, code_version=code_version, **common,
+            description="One materialization = one completed checkpoint (`_metadata`, registry, retention, "
+                        "sink commit)",
+        ), *output_specs],
+        pool=scope.pool,
+        required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
+    )
+    def complete(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+        driver = scope.resources(context).driver(pipeline)
+        done = finish_step(driver, run_lineage(context.run), inject_failure=context.run.tags.get(INJECT_TAG))
+        if done is None:
+            context.log.info("this run's SSTable step left no pending checkpoint: no new checkpoint")
+            return
+        report, meta = done
+        context.log.info(report.line())
+        due = prune_due(driver.storage, num_retained=driver.config.num_retained)
+        yield dg.MaterializeResult(asset_key=scope.checkpoint_key,
+                                   metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due),
+                                   data_version=dg.DataVersion(str(meta.checkpoint_id)))
+        if output_specs and driver.sink is not None:
+            facts = output_facts(driver.sink, meta.checkpoint_id)
+            yield dg.MaterializeResult(asset_key=scope.output_key, metadata=output_metadata(facts, meta.checkpoint_id),
+                                       data_version=dg.DataVersion(str(meta.checkpoint_id)))
+
+    return [input_asset, sstables, complete]
 
 
-@dg.multi_asset(
-    name="sstables",
-    specs=[
-        dg.AssetSpec(key, group_name=SSTABLE_GROUP, skippable=True, kinds={"spark", "rocksdb"},
-                     description=f"The SST files of operator `{name}`: every subtask's incremental snapshot")
-        for name, key in SSTABLE_KEYS.items()
-    ],
-    pool=POOL,
-)
-def sstables(
-    context: dg.AssetExecutionContext, storage: CheckpointStorageResource, registry: CheckpointRegistryResource,
-    spark: SparkResource, state_backend: StateBackendResource, source: InputResource,
-) -> Iterator[dg.MaterializeResult]:
-    pipeline = pipeline_of(storage, registry, state_backend, source, spark.session)
-    inject = context.run.tags.get(INJECT_TAG)
-    attempt = start_step(pipeline, context.run.run_id, inject_failure=inject)
-    if attempt is None and source.land_sample_batch(pipeline.consumed_files()):
-        attempt = start_step(pipeline, context.run.run_id, inject_failure=inject)
-    if attempt is None:
-        context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
-        empty = pipeline.source.nothing_to_read()
-        if empty:
-            context.log.warning(empty)
-        return
-    for name, key in SSTABLE_KEYS.items():
-        yield dg.MaterializeResult(asset_key=key, metadata=plain_metadata(attempt.operator_summary(name)))
+def build_checks(scope: PipelineScope) -> list[dg.AssetChecksDefinition]:
+    """The checkpoint's checks, run after each checkpoint (the first blocks what depends on it)
+    and on their own from the UI; the recovery run reports them for the checkpoint it makes."""
+    keys = scope.resource_keys("storage")
+
+    @dg.asset_check(asset=scope.checkpoint_key, name="checkpoint_verifies", blocking=True,
+                    required_resource_keys=keys, description="Every file of the latest checkpoint: size, CRC32")
+    def checkpoint_verifies(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        return verifies(scope, scope.storage(context).open())
+
+    @dg.asset_check(asset=scope.checkpoint_key, name="registry_matches_metadata", required_resource_keys=keys,
+                    description="Registry counts equal a recount of the retained _metadata")
+    def registry_matches_metadata(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        return registry_matches(scope, scope.storage(context).open())
+
+    return [checkpoint_verifies, registry_matches_metadata]
 
 
-@dg.asset(
-    key=CHECKPOINT_KEY, deps=list(SSTABLE_KEYS.values()), group_name=CHECKPOINT_GROUP, pool=POOL,
-    output_required=False, kinds={"rocksdb"},
-    description="One materialization = one completed checkpoint (`_metadata`, registry, retention, sink commit)",
-)
-def checkpoint(
-    context: dg.AssetExecutionContext, storage: CheckpointStorageResource, registry: CheckpointRegistryResource,
-    state_backend: StateBackendResource, source: InputResource,
-) -> Iterator[dg.MaterializeResult]:
-    pipeline = pipeline_of(storage, registry, state_backend, source)
-    done = finish_step(pipeline, run_lineage(context.run), inject_failure=context.run.tags.get(INJECT_TAG))
-    if done is None:
-        context.log.info("this run's SSTable step left no pending checkpoint: no new checkpoint")
-        return
-    facts = checkpoint_facts(pipeline.storage, *done)
-    context.log.info(done[0].line())
-    yield dg.MaterializeResult(metadata=plain_metadata(facts), data_version=dg.DataVersion(str(facts["checkpoint_id"])))
-
-
-@dg.asset_check(asset=CHECKPOINT_KEY, blocking=True, description="Every file of the latest checkpoint: size, CRC32")
-def checkpoint_verifies(storage: CheckpointStorageResource) -> dg.AssetCheckResult:
-    meta, problems = verify_latest(storage.open())
+def verifies(scope: PipelineScope, storage: CheckpointStorage) -> dg.AssetCheckResult:
+    meta, problems = verify_latest(storage)
     return dg.AssetCheckResult(
+        asset_key=scope.checkpoint_key, check_name="checkpoint_verifies",
         passed=meta is not None and not problems,
         metadata={
             "checkpoint_id": meta.checkpoint_id if meta else 0,
@@ -106,11 +157,10 @@ def checkpoint_verifies(storage: CheckpointStorageResource) -> dg.AssetCheckResu
     )
 
 
-@dg.asset_check(asset=CHECKPOINT_KEY, description="Registry counts equal a recount of the retained _metadata")
-def registry_matches_metadata(storage: CheckpointStorageResource) -> dg.AssetCheckResult:
-    st = storage.open()
-    built, counted = registry_counts(st), recount(st)
+def registry_matches(scope: PipelineScope, storage: CheckpointStorage) -> dg.AssetCheckResult:
+    built, counted = registry_counts(storage), recount(storage)
     return dg.AssetCheckResult(
+        asset_key=scope.checkpoint_key, check_name="registry_matches_metadata",
         passed=(built.checkpoints, built.files, built.references)
         == (counted.checkpoints, counted.files, counted.references),
         metadata={
@@ -119,7 +169,3 @@ def registry_matches_metadata(storage: CheckpointStorageResource) -> dg.AssetChe
             "retained": dg.MetadataValue.json(list(built.checkpoints)),
         },
     )
-
-
-ASSETS = [sstables, checkpoint]
-ASSET_CHECKS = [checkpoint_verifies, registry_matches_metadata]

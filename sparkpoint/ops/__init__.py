@@ -1,144 +1,155 @@
-"""Maintenance jobs (recover, prune, verify, rebuild_registry, savepoint) and the schedule.
+"""One pipeline's jobs: checkpoint (its assets), recover, prune, verify, rebuild_registry,
+savepoint, each named `<pipeline>_<job>`, and an optional schedule.
 
-Each op is a few lines around `sparkpoint.pipeline.maintenance`. Every op sits in the `sparkpoint`
-concurrency pool with the assets, so a recovery never overlaps a materialization.
+Each op is a few lines around `sparkpoint.pipeline.maintenance`. Every op sits in the pipeline's
+concurrency pool with its assets, so a recovery never overlaps a materialization of the same
+pipeline.
 """
 
 
-import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 
-from sparkpoint.assets import CHECKPOINT_GROUP, CHECKPOINT_KEY, POOL, SSTABLE_GROUP, plain_metadata
+from sparkpoint.assets import registry_matches, verifies
+from sparkpoint.assets.metadata import checkpoint_metadata, location, plain, sstable_metadata
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
-from sparkpoint.resources import (
-    CheckpointRegistryResource,
-    CheckpointStorageResource,
-    InputResource,
-    SparkResource,
-    StateBackendResource,
-    pipeline_of,
-)
+from sparkpoint.pipeline.attempt import snapshot_summary
+from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG, RECOVERED_BY_TAG, PipelineScope
 
-FAILED_RUN_TAG = "sparkpoint/recovers"
+__all__ = ["FAILED_RUN_TAG", "PipelineJobs", "RecoverConfig", "build_jobs"]
 
 
 class RecoverConfig(dg.Config):
     failed_run_id: str = ""  # the run being healed (for the record; recovery reads storage)
 
 
-@dg.op(pool=POOL, out=dg.Out(dg.Nothing))
-def recover_op(
-    context: dg.OpExecutionContext, config: RecoverConfig, storage: CheckpointStorageResource,
-    registry: CheckpointRegistryResource, spark: SparkResource, state_backend: StateBackendResource,
-    source: InputResource,
-) -> Iterator[Any]:
-    """Abort the failed attempt, rebuild the registry, verify (fall back loudly), re-process."""
-    pipeline = pipeline_of(storage, registry, state_backend, source, spark.session)
-    failed = context.instance.get_run_record_by_id(config.failed_run_id) if config.failed_run_id else None
-    report = maintenance.recover(
-        pipeline, failed_before=failed.end_time if failed and failed.end_time else None,
-        orphan_grace_seconds=registry.orphan_grace_seconds,
-    )
-    context.log.info(f"recovery of run {config.failed_run_id or '?'}: {report.summary()}")
-    if report.fell_back_from:
-        context.log.error(f"FELL BACK: checkpoints {list(report.fell_back_from)} failed verification")
-    if report.batch is not None:
-        facts = maintenance.checkpoint_facts(pipeline.storage, *report.batch)
-        yield dg.AssetMaterialization(
-            asset_key=CHECKPOINT_KEY, metadata=plain_metadata(facts),
-            tags={"dagster/data_version": str(facts["checkpoint_id"])},
-            description=f"re-processed by recovery of run {config.failed_run_id}",
+@dataclass(frozen=True)
+class PipelineJobs:
+    checkpoint: Any  # an asset job (resolved when the definitions load)
+    recover: dg.JobDefinition
+    prune: dg.JobDefinition
+    verify: dg.JobDefinition
+    rebuild_registry: dg.JobDefinition
+    savepoint: dg.JobDefinition
+    schedule: dg.ScheduleDefinition | None
+
+    def all(self) -> list[Any]:
+        return [self.checkpoint, self.recover, self.prune, self.verify, self.rebuild_registry, self.savepoint]
+
+
+def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
+               schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING) -> PipelineJobs:
+    """`schedule`: a cron string the checkpoint job runs on."""
+    pipeline, pool = scope.pipeline, scope.pool
+    tags = {PIPELINE_TAG: pipeline.name}
+
+    @dg.op(name=scope.name("recover_op"), pool=pool, out=dg.Out(dg.Nothing),
+           required_resource_keys=scope.resource_keys("storage", "registry", "spark", "state_backend", "source"))
+    def recover_op(context: dg.OpExecutionContext, config: RecoverConfig) -> Iterator[Any]:
+        """Abort the failed attempt, rebuild the registry, verify (fall back loudly), re-process;
+        then report the checkpoint it made on the pipeline's assets and run the checkpoint's checks."""
+        resources = scope.resources(context)
+        driver = resources.driver(pipeline, scope.spark(context).session)
+        failed_id = config.failed_run_id
+        failed = context.instance.get_run_record_by_id(failed_id) if failed_id else None
+        if failed is not None:  # the link back: the failed run names the run that heals it
+            context.instance.add_run_tags(failed_id, {RECOVERED_BY_TAG: context.run_id})
+        report = maintenance.recover(
+            driver, failed_before=failed.end_time if failed and failed.end_time else None,
+            orphan_grace_seconds=resources.registry.orphan_grace_seconds,
         )
+        context.log.info(f"recovery of run {failed_id or '?'}: {report.summary()}")
+        if report.fell_back_from:
+            context.log.error(f"FELL BACK: checkpoints {list(report.fell_back_from)} failed verification")
+        if report.batch is not None:
+            batch, meta = report.batch
+            why = f"re-processed by the recovery of run {failed_id}" if failed_id else "re-processed by recovery"
+            for name, key in scope.sstable_keys.items():
+                context.log_event(dg.AssetMaterialization(
+                    asset_key=key, description=why,
+                    metadata=sstable_metadata(snapshot_summary(meta.operators[name].subtasks, meta.checkpoint_id))))
+            context.log_event(dg.AssetMaterialization(
+                asset_key=scope.checkpoint_key, description=why,
+                metadata=checkpoint_metadata(driver.storage, batch, meta, recovered_run=failed_id or None),
+                tags={"dagster/data_version": str(meta.checkpoint_id)},
+            ))
+        storage = driver.storage
+        for result in (verifies(scope, storage), registry_matches(scope, storage)):
+            context.log_event(dg.AssetCheckEvaluation(
+                asset_key=scope.checkpoint_key, check_name=result.check_name or "", passed=result.passed,
+                metadata=result.metadata, description=result.description,
+            ))
+        yield dg.Output(None)
 
+    @dg.op(name=scope.name("prune_op"), pool=pool, required_resource_keys=scope.resource_keys("storage", "registry"))
+    def prune_op(context: dg.OpExecutionContext) -> dg.Output[None]:
+        """Subsume beyond num_retained, forget stale attempts, sweep orphans past the grace period."""
+        # The top-level storage resource: the run config of the job being pruned sets it (a
+        # resource nested in the registry keeps its defaults whatever the launch config says).
+        registry = scope.registry(context)
+        r = maintenance.prune(scope.storage(context).open(), num_retained=registry.num_retained,
+                              orphan_grace_seconds=registry.orphan_grace_seconds)
+        return dg.Output(None, metadata={"subsumed": dg.MetadataValue.json(list(r.subsumed)),
+                                         "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
+                                         "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts})
 
-@dg.op(pool=POOL)
-def prune_op(
-    context: dg.OpExecutionContext, storage: CheckpointStorageResource, registry: CheckpointRegistryResource,
-) -> dg.Output[None]:
-    """Subsume beyond num_retained, forget stale attempts, sweep orphans past the grace period."""
-    # The top-level `storage` resource: the run config of the job being pruned sets it (a
-    # resource nested in `registry` keeps its defaults whatever the launch config says). Stale
-    # attempts' sink staging is the next start's (`_settle_sink` drops staging at or below the
-    # latest checkpoint).
-    r = maintenance.prune(storage.open(), num_retained=registry.num_retained,
-                          orphan_grace_seconds=registry.orphan_grace_seconds)
-    return dg.Output(None, metadata={"subsumed": dg.MetadataValue.json(list(r.subsumed)),
-                                     "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
-                                     "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts})
+    @dg.op(name=scope.name("verify_op"), pool=pool, required_resource_keys=scope.resource_keys("storage"))
+    def verify_op(context: dg.OpExecutionContext) -> dg.Output[None]:
+        """Every retained checkpoint's files: present, size, CRC32. Fails when one does not verify."""
+        problems = maintenance.verify_all(scope.storage(context).open())
+        bad = {cid: [str(p) for p in ps] for cid, ps in problems.items() if ps}
+        if bad:
+            first = min(bad)
+            raise dg.Failure(f"checkpoints {sorted(bad)} do not verify; chk-{first}: {bad[first][0]}",
+                             metadata={"problems": dg.MetadataValue.json(bad)})
+        return dg.Output(None, metadata={"verified": dg.MetadataValue.json(sorted(problems))})
 
+    @dg.op(name=scope.name("rebuild_registry_op"), pool=pool, required_resource_keys=scope.resource_keys("storage"))
+    def rebuild_registry_op(context: dg.OpExecutionContext) -> dg.Output[None]:
+        """Rebuild the shared-state registry from the retained `_metadata` and compare with a recount."""
+        st = scope.storage(context).open()
+        built, counted = maintenance.registry_counts(st), maintenance.recount(st)
+        if (built.files, built.references) != (counted.files, counted.references):
+            raise dg.Failure(f"registry {built} differs from a recount of _metadata {counted}")
+        return dg.Output(None, metadata={"retained": dg.MetadataValue.json(list(built.checkpoints)),
+                                         "registry_files": built.files, "references": built.references,
+                                         "deletion_blocked": dg.MetadataValue.json(list(built.blocked))})
 
-@dg.op(pool=POOL)
-def verify_op(context: dg.OpExecutionContext, storage: CheckpointStorageResource) -> dg.Output[None]:
-    """Every retained checkpoint's files: present, size, CRC32. Fails when one does not verify."""
-    problems = maintenance.verify_all(storage.open())
-    bad = {cid: [str(p) for p in ps] for cid, ps in problems.items() if ps}
-    if bad:
-        first = min(bad)
-        raise dg.Failure(f"checkpoints {sorted(bad)} do not verify; chk-{first}: {bad[first][0]}",
-                         metadata={"problems": dg.MetadataValue.json(bad)})
-    return dg.Output(None, metadata={"verified": dg.MetadataValue.json(sorted(problems))})
+    @dg.op(name=scope.name("savepoint_op"), pool=pool, required_resource_keys=scope.resource_keys("storage"))
+    def savepoint_op(context: dg.OpExecutionContext) -> dg.Output[None]:
+        """A self-contained, verified copy of the latest checkpoint that retention never deletes."""
+        result = take_savepoint(scope.storage(context).open())
+        return dg.Output(None, metadata=plain({
+            "savepoint_id": result.metadata.checkpoint_id, "state_size_bytes": result.metadata.stats.state_size,
+            "from_checkpoint": result.source_checkpoint, "files": result.files,
+            "path": location(f"{result.url}/_metadata"),
+        }))
 
+    def job_of(op: dg.OpDefinition, role: str, **extra_tags: str) -> dg.JobDefinition:
+        @dg.job(name=scope.name(role), tags={**tags, **extra_tags}, description=op.description)
+        def job() -> None:
+            op()
 
-@dg.op(pool=POOL)
-def rebuild_registry_op(context: dg.OpExecutionContext, storage: CheckpointStorageResource) -> dg.Output[None]:
-    """Rebuild the shared-state registry from the retained `_metadata` and compare with a recount."""
-    st = storage.open()
-    built, counted = maintenance.registry_counts(st), maintenance.recount(st)
-    if (built.files, built.references) != (counted.files, counted.references):
-        raise dg.Failure(f"registry {built} differs from a recount of _metadata {counted}")
-    return dg.Output(None, metadata={"retained": dg.MetadataValue.json(list(built.checkpoints)),
-                                     "registry_files": built.files, "references": built.references,
-                                     "deletion_blocked": dg.MetadataValue.json(list(built.blocked))})
+        return job
 
-
-@dg.op(pool=POOL)
-def savepoint_op(context: dg.OpExecutionContext, storage: CheckpointStorageResource) -> dg.Output[None]:
-    """A self-contained, verified copy of the latest checkpoint that retention never deletes."""
-    result = take_savepoint(storage.open())
-    return dg.Output(None, metadata={"savepoint_id": result.metadata.checkpoint_id,
-                                     "state_size": result.metadata.stats.state_size,
-                                     "from_checkpoint": result.source_checkpoint, "files": result.files,
-                                     "path": f"{result.url}/_metadata"})
-
-
-@dg.job(name="recover", tags={"sparkpoint/job": "recover"})
-def recover_job() -> None:
-    recover_op()
-
-
-@dg.job(name="prune")
-def prune_job() -> None:
-    prune_op()
-
-
-@dg.job(name="verify")
-def verify_job() -> None:
-    verify_op()
-
-
-@dg.job(name="rebuild_registry")
-def rebuild_registry_job() -> None:
-    rebuild_registry_op()
-
-
-@dg.job(name="savepoint")
-def savepoint_job() -> None:
-    savepoint_op()
-
-
-checkpoint_job = dg.define_asset_job(
-    "checkpoint_job", selection=dg.AssetSelection.groups(SSTABLE_GROUP, CHECKPOINT_GROUP),
-    description="Materialize the SSTable assets and the checkpoint asset: one batch, one checkpoint",
-)
-
-checkpoint_schedule = dg.ScheduleDefinition(
-    name="checkpoint_schedule", target=checkpoint_job,
-    cron_schedule=os.environ.get("SPARKPOINT_CHECKPOINT_CRON", "*/10 * * * *"),
-    default_status=dg.DefaultScheduleStatus.STOPPED,
-)
-
-JOBS = [recover_job, prune_job, verify_job, rebuild_registry_job, savepoint_job, checkpoint_job]
+    checkpoint = dg.define_asset_job(
+        scope.name("checkpoint"), tags=tags,
+        selection=dg.AssetSelection.assets(*scope.sstable_keys.values(), scope.checkpoint_key).downstream(),
+        description=f"Materialize `{pipeline.name}`'s SSTable and checkpoint assets: one batch, one checkpoint",
+    )
+    return PipelineJobs(
+        checkpoint=checkpoint,
+        recover=job_of(recover_op, "recover", **{"sparkpoint/job": "recover"}),
+        prune=job_of(prune_op, "prune"),
+        verify=job_of(verify_op, "verify"),
+        rebuild_registry=job_of(rebuild_registry_op, "rebuild_registry"),
+        savepoint=job_of(savepoint_op, "savepoint"),
+        schedule=dg.ScheduleDefinition(
+            name=scope.name("checkpoint_schedule"), target=checkpoint, cron_schedule=schedule,
+            default_status=schedule_status,
+        ) if schedule else None,
+    )

@@ -121,15 +121,8 @@ class PendingAttempt:
     def operator_summary(self, operator: str) -> dict[str, Any]:
         """Per operator: subtasks, SST files new/reused, bytes uploaded, restore path per subtask."""
         handles = [h for h in self.state_handles() if h.operator == operator]
-        new = [f for h in handles for f in h.shared if f.created_by == self.checkpoint_id]
-        reused = [f for h in handles for f in h.shared if f.created_by != self.checkpoint_id]
-        uploaded = sum(f.size for h in handles for f in h.new_files())
         return {
-            "checkpoint_id": self.checkpoint_id,
-            "subtasks": len(handles),
-            "sst_files_new": len(new),
-            "sst_files_reused": len(reused),
-            "bytes_uploaded": uploaded,
+            **snapshot_summary(handles, self.checkpoint_id),
             "restore": {str(s.subtask): s.restore for s in self.subtasks if s.operator == operator},
             "rows": sum(s.rows for s in self.subtasks if s.operator == operator),
         }
@@ -188,6 +181,20 @@ class PendingAttempt:
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise AttemptError(f"{where} is not UTF-8 JSON ({e}); abort it with the recover job") from e
         return cls.from_json(raw, where=where)
+
+
+def snapshot_summary(handles: Iterable[SubtaskStateHandle], checkpoint_id: int) -> dict[str, Any]:
+    """One operator's snapshot in checkpoint N: subtasks, SST files new/reused, bytes uploaded."""
+    handles = list(handles)
+    new = [f for h in handles for f in h.shared if f.created_by == checkpoint_id]
+    reused = [f for h in handles for f in h.shared if f.created_by != checkpoint_id]
+    return {
+        "checkpoint_id": checkpoint_id,
+        "subtasks": len(handles),
+        "sst_files_new": len(new),
+        "sst_files_reused": len(reused),
+        "bytes_uploaded": sum(f.size for h in handles for f in h.new_files()),
+    }
 
 
 def _int(value: Any) -> int:

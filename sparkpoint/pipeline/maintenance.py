@@ -88,6 +88,22 @@ def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: Chec
     }
 
 
+def prune_due(storage: CheckpointStorage, *, num_retained: int) -> list[str]:
+    """What a prune would do now that the checkpoint step did not: checkpoints beyond
+    `num_retained` (the setting was lowered, or retention was skipped) and persisted attempts
+    that can never complete. Two listings, no file read: cheap enough after every checkpoint.
+    (Orphans are the sweep's, due once per grace period.)"""
+    due = []
+    completed = storage.completed_checkpoint_ids()
+    if len(completed) > num_retained:
+        due.append(f"{len(completed)} checkpoints retained, num_retained is {num_retained}")
+    latest = max(completed, default=0)
+    stale = [a.attempt_id for a in list_attempts(storage).attempts if a.checkpoint_id <= latest]
+    if stale:
+        due.append(f"{len(stale)} attempt(s) at or below chk-{latest} can never complete")
+    return due
+
+
 def verify_latest(
     storage: CheckpointStorage, *, deep: bool = True
 ) -> tuple[CheckpointMetadata | None, list[FileProblem]]:

@@ -21,7 +21,7 @@ from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
-from sparkpoint.spark.source import ParquetDirectorySource, SourceOffsets
+from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
@@ -158,7 +158,7 @@ class PipelineCore:
         self.operators = tuple(operators)
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
-        self.source = ParquetDirectorySource(config.input_url, config.input_options)
+        self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
         self.sink = (
             ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
             if config.output_url
@@ -169,6 +169,10 @@ class PipelineCore:
         """The input files the latest checkpoint has consumed (none before the first)."""
         latest = self.store.latest()
         return _offsets_of(latest).consumed if latest is not None else ()
+
+    def pending_files(self) -> list[str]:
+        """The input files no checkpoint has consumed yet, in the order they will be read."""
+        return self.source.pending(SourceOffsets(self.consumed_files()))
 
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()

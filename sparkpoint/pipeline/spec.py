@@ -15,7 +15,9 @@ and the settings the CLI flags and the Dagster resources set, with the same chec
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -105,6 +107,19 @@ class Pipeline:
                 values[f.name] = getattr(self, f.name)
         values.update(overrides)
         return PipelineConfig(**values)
+
+    def code_version(self) -> str:
+        """Stable across processes; changes when an operator's definition or code changes."""
+        digest = hashlib.sha256()
+        for op in self.operators:
+            digest.update(repr((op.name, op.key, op.columns, op.emits, op.schema)).encode())
+            for fn in (op.process, op.export):
+                try:
+                    text = inspect.getsource(fn)
+                except (OSError, TypeError):  # built in, or defined where no source is kept
+                    text = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+                digest.update(text.encode())
+        return digest.hexdigest()[:16]
 
     def operator(self, name: str) -> KeyedOperator:
         for op in self.operators:

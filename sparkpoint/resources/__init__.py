@@ -7,10 +7,12 @@ directory). Values are checked at setup, with a message that names the field.
 """
 
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,10 @@ from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
-from sparkpoint.pipeline.runtime import PipelineConfig
+from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.rocksdb import RocksDBOptions
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 
 DEFAULT_CHECKPOINTS = ".sparkpoint/checkpoints"
 DEFAULT_INPUT = ".sparkpoint/demo/input"
@@ -175,37 +178,71 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
 class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """The input directory (one Parquet file per batch) and the exactly-once output directory.
 
-    With the default demo input, a step that finds no unconsumed batch first lands the next
-    batch of the sample stream, so materializing always makes progress on a fresh checkout.
+    With `sample_stream` (the sample pipeline's default), a step that finds no unconsumed batch
+    first lands the next batch of the sample stream, so materializing always makes progress on a
+    fresh checkout.
     """
 
     input_url: str = DEFAULT_INPUT
     input_options: str = "{}"  # JSON
     output_url: str = DEFAULT_OUTPUT  # "" for no sink
     files_per_checkpoint: int = 1
+    sample_stream: bool = False
 
     @property
     def is_demo(self) -> bool:
-        return self.input_url == DEFAULT_INPUT
+        return self.sample_stream
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         _json_object(self.input_options, "input: input_options")
         if self.files_per_checkpoint < 1:
             raise ResourceConfigError(f"input: files_per_checkpoint must be >= 1, got {self.files_per_checkpoint}")
-        if self.is_demo:
-            Path(DEFAULT_INPUT).mkdir(parents=True, exist_ok=True)
+        if self.sample_stream:
+            Path(self.input_url).mkdir(parents=True, exist_ok=True)
 
     def land_sample_batch(self, consumed: Iterable[str] = ()) -> str | None:
-        """With the default demo input: write the next batch of the sample stream (else None),
-        numbered after every batch present or consumed: a consumed file that was removed must
-        not be written again under its name (the source would skip it for ever)."""
-        if not self.is_demo:
+        """With `sample_stream`: write the next batch of the sample stream (else None), numbered
+        after every batch present or consumed: a consumed file that was removed must not be
+        written again under its name (the source would skip it for ever)."""
+        if not self.sample_stream:
             return None
         from sparkpoint.spark.generate import generate
 
-        names = [p.name for p in Path(DEFAULT_INPUT).iterdir()] + list(consumed)
+        names = [p.name for p in Path(self.input_url).iterdir()] + list(consumed)
         numbers = [int(m.group(1)) for n in names if (m := _SAMPLE_NAME.fullmatch(n))]
-        return generate(DEFAULT_INPUT, batches=1, first=max(numbers, default=-1) + 1, **SAMPLE_STREAM)[0]
+        return generate(self.input_url, batches=1, first=max(numbers, default=-1) + 1, **SAMPLE_STREAM)[0]
+
+
+@dataclass(frozen=True)
+class PipelineResources:
+    """One pipeline's resources, configured for the run at hand."""
+
+    storage: CheckpointStorageResource
+    registry: CheckpointRegistryResource
+    state_backend: StateBackendResource
+    source: InputResource
+
+    def driver(self, pipeline: Pipeline, spark: Any = None) -> StatefulPipeline:
+        """`pipeline` with what these resources set on top of its own settings (`spark` None:
+        the completing half)."""
+        storage, registry, backend, source = self.storage, self.registry, self.state_backend, self.source
+        try:
+            config = pipeline.config(
+                input_url=_url(source.input_url), input_options=_json_object(source.input_options,
+                                                                             "input: input_options"),
+                output_url=_url(source.output_url) if source.output_url else None,
+                files_per_checkpoint=source.files_per_checkpoint,
+                checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
+                num_retained=registry.num_retained, retention=registry.retention,
+                restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
+                parallelism=backend.parallelism, max_parallelism=backend.max_parallelism,
+                local_dir=str(Path(backend.local_dir).resolve()), incremental=backend.incremental,
+                local_recovery=backend.local_recovery, changelog=backend.changelog,
+                rocksdb=dataclasses.replace(pipeline.rocksdb, block_cache_mb=backend.rocksdb_options().block_cache_mb),
+            )
+            return StatefulPipeline(spark, config, pipeline.operators)
+        except SparkpointError as e:
+            raise ResourceConfigError(str(e)) from e
 
 
 def pipeline_of(
@@ -214,32 +251,47 @@ def pipeline_of(
     backend: StateBackendResource,
     source: InputResource,
     spark: Any = None,
+    pipeline: Pipeline | None = None,
 ) -> StatefulPipeline:
-    """The sample pipeline as the resources configure it (`spark` None: the completing half)."""
-    config = PipelineConfig(
-        input_url=_url(source.input_url),
-        checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
-        input_options=_json_object(source.input_options, "input: input_options"),
-        num_retained=registry.num_retained, retention=registry.retention, parallelism=backend.parallelism,
-        max_parallelism=backend.max_parallelism, output_url=_url(source.output_url) if source.output_url else None,
-        files_per_checkpoint=source.files_per_checkpoint, local_dir=str(Path(backend.local_dir).resolve()),
-        restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
-        incremental=backend.incremental, local_recovery=backend.local_recovery, changelog=backend.changelog,
-        rocksdb=backend.rocksdb_options(),
+    """`pipeline` (default: the sample operators) as the resources configure it (`spark` None:
+    the completing half)."""
+    sample = Pipeline("sample", SAMPLE_OPERATORS)
+    return PipelineResources(storage, registry, backend, source).driver(pipeline or sample, spark)
+
+
+def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[str, dg.ConfigurableResource]:  # type: ignore[type-arg]
+    """The resources of `pipeline`, by role, with its own settings as their values; the launchpad
+    (or `EnvVar`s) override any field."""
+    storage = CheckpointStorageResource(
+        checkpoints_url=pipeline.location("checkpoints"), job_id=pipeline.effective_job_id,
+        storage_options=json.dumps(dict(pipeline.storage_options)),
     )
-    try:
-        return StatefulPipeline(spark, config)
-    except SparkpointError as e:
-        raise ResourceConfigError(str(e)) from e
+    return {
+        "storage": storage,
+        "registry": CheckpointRegistryResource(
+            storage=storage, num_retained=pipeline.num_retained, retention=pipeline.retention,
+            claim_mode=pipeline.restore_mode, from_checkpoint=pipeline.from_checkpoint or "",
+        ),
+        "spark": SparkResource(app_name=pipeline.name),
+        "state_backend": StateBackendResource(
+            local_dir=pipeline.location("local"), local_recovery=pipeline.local_recovery,
+            incremental=pipeline.incremental, changelog=pipeline.changelog, parallelism=pipeline.parallelism,
+            max_parallelism=pipeline.max_parallelism, rocksdb_block_cache_mb=pipeline.rocksdb.block_cache_mb,
+        ),
+        "source": InputResource(
+            input_url=pipeline.location("input"),
+            input_options=json.dumps(dict(pipeline.input_options)) if pipeline.input_options is not None
+            else storage.storage_options,
+            output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,
+            sample_stream=sample_stream,
+        ),
+    }
 
 
 def default_resources() -> dict[str, Any]:
-    """The embedded defaults; the launchpad (or `EnvVar`s in a deployment) override any field."""
-    storage = CheckpointStorageResource()
-    return {
-        "storage": storage,
-        "registry": CheckpointRegistryResource(storage=storage),
-        "spark": SparkResource(),
-        "state_backend": StateBackendResource(),
-        "source": InputResource(),
-    }
+    """The sample pipeline's embedded defaults, by role (the demo's and the tests' resources)."""
+    resources = resources_for(Pipeline("sparkpoint", SAMPLE_OPERATORS, job_id=DEFAULT_JOB_ID,
+                                       input_url=DEFAULT_INPUT, checkpoints_url=DEFAULT_CHECKPOINTS,
+                                       output_url=DEFAULT_OUTPUT, local_dir=DEFAULT_LOCAL_DIR),
+                              sample_stream=True)
+    return resources

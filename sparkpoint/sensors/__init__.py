@@ -1,45 +1,49 @@
-"""Sensors: recovery after a failed pipeline run, retention after new checkpoints.
+"""One pipeline's sensors: recovery after its failed runs, retention when something is to prune,
+and a run when new input lands.
 
-The recovery sensor monitors every run of this code location, the UI's Materialize button
+The recovery sensor monitors every run of the code location, the UI's Materialize button
 (`__ASSET_JOB`) included: a sensor with `monitored_jobs` would not see those. It decides from
-the failed run alone (which steps it started, how they failed, its tags) and launches the
-`recover` job once per failed run (run key = the failed run's id) with the failed run's own
-resource config, so a run launched for another job id, input or checkpoint location is healed
-there, not in the defaults; the recovery run does the work. The retention sensor likewise prunes
-the job each new checkpoint materialization was written to.
+the failed run alone (which of *this pipeline's* steps it started, how they failed, its tags)
+and launches the pipeline's recover job once per failed run (run key = the failed run's id) with
+the failed run's own resource config, so a run launched for another job id, input or checkpoint
+location is healed there, not in the defaults, and another pipeline's failure is never touched.
 """
 
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import dagster as dg
 
-from sparkpoint.assets import CHECKPOINT_KEY, checkpoint, sstables
-from sparkpoint.ops import FAILED_RUN_TAG, prune_job, recover_job
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.ops import PipelineJobs
+from sparkpoint.resources.scope import FAILED_RUN_TAG, PipelineScope
 
-PIPELINE_STEPS = frozenset({sstables.op.name, checkpoint.op.name})
 WILL_RETRY_TAG = "dagster/will_retry"
-# Failures of the configuration itself: nothing was uploaded, and a recovery with the same
-# config would fail the same way.
-CONFIG_ERRORS = frozenset({"ResourceConfigError", "DagsterInvalidConfigError", "SourceError"})
+# Failures of the configuration or the input itself, before any upload: a recovery with the
+# same config would fail the same way.
+CONFIG_ERRORS = frozenset({"ResourceConfigError", "DagsterInvalidConfigError", "SourceError", "SourceSchemaError",
+                           "PipelineError"})
 
 
 def recovery_decision(
-    job_name: str, tags: Mapping[str, str], started_steps: Iterable[str], failures: Iterable[str] = ()
+    scope: PipelineScope, job_name: str, tags: Mapping[str, str], started_steps: Iterable[str],
+    failures: Iterable[str] = (),
 ) -> str | None:
     """None: recover this failed run; otherwise why not. `failures` are the class names of the
     errors its pipeline steps failed with (their causes included)."""
-    if job_name == recover_job.name:
-        return f"run of the {recover_job.name} job itself"
+    if tags.get("sparkpoint/job") == "recover" or job_name == scope.name("recover"):
+        return f"run of a recover job ({job_name}) itself"
     if tags.get(WILL_RETRY_TAG, "").lower() == "true":
         return "Dagster will retry this run"
-    if not PIPELINE_STEPS & set(started_steps):
-        return "it ran neither the SSTable nor the checkpoint step"
+    if not scope.steps & set(started_steps):
+        return f"it ran none of pipeline {scope.pipeline.name!r}'s steps"
     failed = set(failures)
     if failed and failed <= CONFIG_ERRORS:
-        return f"it failed on its configuration ({', '.join(sorted(failed))}) before any upload: fix it and rerun"
+        return f"it failed on its configuration or input ({', '.join(sorted(failed))}) before any upload: fix it " \
+               "and rerun"
     return None
 
 
@@ -50,12 +54,12 @@ def resources_config(run: dg.DagsterRun, job: dg.JobDefinition) -> dict[str, Any
     return {key: value for key, value in config.items() if key in job.required_resource_keys}
 
 
-def _failure_classes(instance: dg.DagsterInstance, run_id: str) -> set[str]:
+def _failure_classes(instance: dg.DagsterInstance, run_id: str, steps: frozenset[str]) -> set[str]:
     """Class names of the errors the run's pipeline steps failed with, and of their causes."""
     names: set[str] = set()
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
         event = entry.dagster_event
-        if event is None or event.step_key not in PIPELINE_STEPS:
+        if event is None or event.step_key not in steps:
             continue
         error = event.step_failure_data.error
         while error is not None:
@@ -65,43 +69,76 @@ def _failure_classes(instance: dg.DagsterInstance, run_id: str) -> set[str]:
     return names
 
 
-@dg.run_failure_sensor(name="recovery_sensor", request_job=recover_job, default_status=dg.DefaultSensorStatus.RUNNING,
-                       minimum_interval_seconds=10)
-def recovery_sensor(context: dg.RunFailureSensorContext) -> dg.RunRequest | dg.SkipReason:
-    run = context.dagster_run
-    started = {e.step_key for e in context.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
-               if e.step_key}
-    why_not = recovery_decision(run.job_name, run.tags, started, _failure_classes(context.instance, run.run_id))
-    if why_not:
-        return dg.SkipReason(f"run {run.run_id}: {why_not}")
-    if context.instance.get_run_ids(dg.RunsFilter(tags={FAILED_RUN_TAG: run.run_id}), limit=1):
-        return dg.SkipReason(f"run {run.run_id} already has a recovery run")
-    return dg.RunRequest(
-        run_key=run.run_id, tags={FAILED_RUN_TAG: run.run_id},
-        run_config={"ops": {"recover_op": {"config": {"failed_run_id": run.run_id}}},
-                    "resources": resources_config(run, recover_job)},
-    )
+def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing: bool = True,
+                  orphan_grace_seconds: float = 3600.0) -> list[dg.SensorDefinition]:
+    """Recovery and retention (running), and the input-landing sensor (running when `landing`)."""
+    recover_job, prune_job = jobs.recover, jobs.prune
 
+    @dg.run_failure_sensor(name=scope.name("recovery_sensor"), request_job=recover_job,
+                           default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=10)
+    def recovery_sensor(context: dg.RunFailureSensorContext) -> dg.RunRequest | dg.SkipReason:
+        run = context.dagster_run
+        started = {e.step_key for e in context.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
+                   if e.step_key}
+        why_not = recovery_decision(scope, run.job_name, run.tags, started,
+                                    _failure_classes(context.instance, run.run_id, scope.steps))
+        if why_not:
+            return dg.SkipReason(f"run {run.run_id}: {why_not}")
+        if context.instance.get_run_ids(dg.RunsFilter(tags={FAILED_RUN_TAG: run.run_id},
+                                                      job_name=recover_job.name), limit=1):
+            return dg.SkipReason(f"run {run.run_id} already has a recovery run")
+        return dg.RunRequest(
+            run_key=run.run_id, tags={FAILED_RUN_TAG: run.run_id},
+            run_config={"ops": {scope.name("recover_op"): {"config": {"failed_run_id": run.run_id}}},
+                        "resources": resources_config(run, recover_job)},
+        )
 
-@dg.sensor(name="retention_sensor", target=prune_job, minimum_interval_seconds=60,
-           default_status=dg.DefaultSensorStatus.RUNNING)
-def retention_sensor(context: dg.SensorEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
-    """After new checkpoint materializations, prune (subsume, stale attempts, orphan sweep) each
-    job they were written to, with the resource config of the run that wrote it."""
-    cursor = int(context.cursor) if context.cursor else None
-    records = context.instance.fetch_materializations(CHECKPOINT_KEY, limit=100, ascending=False).records
-    new = [r for r in records if cursor is None or r.storage_id > cursor]
-    if not records or not new:
-        return dg.SkipReason("no new checkpoint since the last prune" if records else "no checkpoint materialized yet")
-    context.update_cursor(str(records[0].storage_id))
-    requests: dict[str, dg.RunRequest] = {}
-    for record in new:  # newest first: one prune per distinct job configuration
-        run = context.instance.get_run_by_id(record.run_id)
-        config = resources_config(run, prune_job) if run is not None else {}
-        key = json.dumps(config, sort_keys=True)
-        requests.setdefault(key, dg.RunRequest(run_key=f"prune-after-{record.storage_id}",
-                                               run_config={"resources": config} if config else {}))
-    return list(requests.values())
+    @dg.sensor(name=scope.name("retention_sensor"), target=prune_job, minimum_interval_seconds=60,
+               default_status=dg.DefaultSensorStatus.RUNNING)
+    def retention_sensor(context: dg.SensorEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
+        """After new checkpoints, prune each job they were written to, with the resource config of
+        the run that wrote it, when the checkpoint said something is due (a lowered retention,
+        attempts that can never complete) or the orphan sweep's grace period has passed since
+        that job's last prune. Otherwise nothing: no run after every checkpoint."""
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        seen, pruned = cursor.get("storage_id"), dict(cursor.get("pruned", {}))
+        records = context.instance.fetch_materializations(scope.checkpoint_key, limit=100, ascending=False).records
+        new = [r for r in records if seen is None or r.storage_id > seen]
+        if not new:
+            return dg.SkipReason("no new checkpoint since the last look" if records else "no checkpoint yet")
+        now, requests = time.time(), {}
+        for record in new:  # newest first: one prune per distinct job configuration
+            run = context.instance.get_run_by_id(record.run_id)
+            config = resources_config(run, prune_job) if run is not None else {}
+            key = json.dumps(config, sort_keys=True)
+            if key in requests:
+                continue
+            materialization = record.asset_materialization
+            due_entry = materialization.metadata.get("prune_due") if materialization is not None else None
+            due = list(due_entry.value) if due_entry is not None and isinstance(due_entry.value, list) else []
+            if due or now - pruned.get(key, 0.0) >= orphan_grace_seconds:
+                pruned[key] = now
+                requests[key] = dg.RunRequest(run_key=f"prune-after-{record.storage_id}",
+                                              run_config={"resources": config} if config else {},
+                                              tags={"sparkpoint/prune-because": "; ".join(due) or "orphan sweep due"})
+        context.update_cursor(json.dumps({"storage_id": records[0].storage_id, "pruned": pruned}))
+        if not requests:
+            return dg.SkipReason("nothing to prune: retention kept up in the checkpoint step, orphan sweep not due")
+        return list(requests.values())
 
+    @dg.sensor(name=scope.name("input_sensor"), target=jobs.checkpoint, minimum_interval_seconds=5,
+               default_status=dg.DefaultSensorStatus.RUNNING if landing else dg.DefaultSensorStatus.STOPPED,
+               required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
+               description=f"Materializes `{scope.pipeline.name}` when a batch file lands that no checkpoint consumed")
+    def input_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        try:
+            pending = scope.resources(context).driver(scope.pipeline).pending_files()
+        except SparkpointError as e:
+            return dg.SkipReason(f"input not readable: {e}")
+        if not pending:
+            return dg.SkipReason("no batch file waiting")
+        # One run per batch file: while it runs, the same first file is pending and its run key
+        # is taken; a run that fails leaves the file to its recovery run.
+        return dg.RunRequest(run_key=f"landed-{pending[0]}", tags={"sparkpoint/landed": pending[0]})
 
-SENSORS = [recovery_sensor, retention_sensor]
+    return [recovery_sensor, retention_sensor, input_sensor]

@@ -172,3 +172,18 @@ def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
 def part_name(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:
     """The visible name of one subtask's output of one checkpoint."""
     return f"part-{job_id}~{checkpoint_id:08d}~{operator}~{subtask:05d}.parquet"
+
+
+def output_facts(sink: ExactlyOnceParquetSink, checkpoint_id: int) -> dict[str, Any]:
+    """What checkpoint N made visible: part files, rows and columns (read from the Parquet footers)."""
+    import pyarrow.parquet as pq
+
+    fs, _ = sink._fs()
+    parts = sorted(sink.committed().get(checkpoint_id, []))
+    rows, columns = 0, {}
+    for path in parts:
+        with fs.open(path, "rb") as f:
+            footer = pq.ParquetFile(f)
+            rows += footer.metadata.num_rows
+            columns.update({field.name: str(field.type) for field in footer.schema_arrow})
+    return {"url": sink.url, "files": len(parts), "rows": rows, "columns": columns}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 import pandas as pd
@@ -57,7 +57,27 @@ class SourceOffsets:
         return SourceOffsets(self.consumed + tuple(files))
 
 
+class BatchSource(Protocol):
+    """What the pipeline needs of its input: list the batches, check and read one. A batch is a
+    file (name) the checkpoint's offsets record once consumed; the source never forgets one.
+    `ParquetDirectorySource` is the one today; CSV or JSON lines directories, or a table format's
+    snapshots, fit the same five calls."""
+
+    url: str
+    accepted: str  # the names it takes as batches, said in messages (e.g. "*.parquet, ...")
+
+    def listing(self) -> tuple[list[str], list[str]]: ...  # (batches, other names skipped), name order
+    def pending(self, offsets: SourceOffsets) -> list[str]: ...
+    def nothing_to_read(self) -> str | None: ...
+    def check_columns(self, names: list[str], required: dict[str, list[str]]) -> None: ...
+    def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame: ...
+
+
 class ParquetDirectorySource:
+    """One Parquet file per batch in a directory of any fsspec filesystem."""
+
+    accepted = ACCEPTED
+
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
         url = storage_url(url)
         try:

@@ -14,7 +14,7 @@ Nothing here imports Spark: `sparkpoint state` exports a checkpoint without a JV
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +37,14 @@ class KeyedOperator:
     export: ExportFn
     columns: tuple[str, ...] = ()  # other input columns `process` reads
     emits: bool = False  # its changed rows go to the exactly-once sink
+    # The table `export` makes, as (column, type) pairs (a mapping is accepted): shown by the
+    # orchestrator (Dagster's column schema); nothing checks the export against it.
+    schema: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         validate_name(self.name, "operator name")  # it names directories and output files
+        pairs = self.schema.items() if isinstance(self.schema, Mapping) else self.schema
+        object.__setattr__(self, "schema", tuple((str(c), str(t)) for c, t in pairs))
 
     def input_columns(self) -> list[str]:
         return [self.key, *[c for c in self.columns if c != self.key]]

@@ -80,6 +80,8 @@ user_totals = KeyedOperator(
     export=_user_totals_export,
     columns=("amount", "ts"),
     emits=True,
+    schema={"user_id": "string", "count": "int64", "amount_sum": "float64", "amount_min": "float64",
+            "amount_max": "float64", "last_ts": "timestamp[us, UTC]"},
 )
 
 
@@ -144,6 +146,7 @@ item_reach = KeyedOperator(
     process=_item_reach_process,
     export=_item_reach_export,
     columns=("user_id",),
+    schema={"item_id": "string", "events": "int64", "distinct_users": "int64"},
 )
 
 

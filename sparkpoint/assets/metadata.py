@@ -1,0 +1,102 @@
+"""Dagster metadata of the pipeline's assets: sizes in bytes with the unit in the key and in a
+readable line, locations as path or URL values, `dagster/row_count` where rows are counted, table
+schemas for exported state and the sink's output. Numbers stay numbers (the UI plots them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.pipeline.maintenance import checkpoint_facts
+from sparkpoint.pipeline.runtime import BatchReport
+from sparkpoint.state.operators import KeyedOperator
+
+
+def readable_size(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def location(url: str) -> dg.MetadataValue:
+    """A local file as a path value (the UI offers to copy it), anything else as a URL."""
+    return dg.MetadataValue.path(url.removeprefix("file://")) if url.startswith("file://") else dg.MetadataValue.url(url)
+
+
+def plain(values: dict[str, Any]) -> dict[str, Any]:
+    """Lists and dicts become JSON values; numbers and text stay as they are."""
+    return {k: dg.MetadataValue.json(v) if isinstance(v, (list, dict)) else v for k, v in values.items()}
+
+
+def column_schema(columns: Any) -> dg.TableSchema:
+    pairs = columns.items() if isinstance(columns, dict) else columns
+    return dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in pairs])
+
+
+def state_schema(operator: KeyedOperator) -> dict[str, Any]:
+    """The SSTable asset's definition metadata: the table its `export` makes, when declared."""
+    return {"dagster/column_schema": column_schema(operator.schema)} if operator.schema else {}
+
+
+def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: CheckpointMetadata, *,
+                        prune_due: list[str] | None = None, recovered_run: str | None = None) -> dict[str, Any]:
+    """The checkpoint asset's materialization: what `sparkpoint run` prints for the checkpoint, and more."""
+    facts = checkpoint_facts(storage, report, meta)
+    out: dict[str, Any] = {
+        "checkpoint_id": facts["checkpoint_id"],
+        "summary": (f"chk-{facts['checkpoint_id']}: uploaded {readable_size(facts['checkpointed_size'])} of "
+                    f"{readable_size(facts['state_size'])} state ({facts['incremental_ratio']:.1%}); files "
+                    f"{facts['files_new']} new, {facts['files_reused']} reused, {facts['files_deleted']} deleted; "
+                    f"{report.rows} rows in {facts['duration_s']:.2f} s"),
+        "path": location(facts["path"]),
+        "state_size_bytes": facts["state_size"],
+        "checkpointed_size_bytes": facts["checkpointed_size"],
+        "incremental_ratio": facts["incremental_ratio"],
+        "files_new": facts["files_new"],
+        "files_reused": facts["files_reused"],
+        "files_deleted": facts["files_deleted"],
+        "registry_files": facts["registry_files"],
+        "retained": dg.MetadataValue.json(facts["retained"]),
+        "duration_seconds": facts["duration_s"],
+        "batch": dg.MetadataValue.json(list(report.files)),
+        "dagster/row_count": report.rows,
+        "prune_due": dg.MetadataValue.json(list(prune_due or [])),
+    }
+    if recovered_run:
+        out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
+    return out
+
+
+def sstable_metadata(summary: dict[str, Any]) -> dict[str, Any]:
+    """An SSTable asset's materialization: its subtasks' snapshot of this checkpoint."""
+    out = {
+        "checkpoint_id": summary["checkpoint_id"],
+        "subtasks": summary["subtasks"],
+        "sst_files_new": summary["sst_files_new"],
+        "sst_files_reused": summary["sst_files_reused"],
+        "uploaded_bytes": summary["bytes_uploaded"],
+        "uploaded": readable_size(summary["bytes_uploaded"]),
+    }
+    if "restore" in summary:  # known to the step that restored (a recovery reports from `_metadata`)
+        out["restore"] = summary["restore"]
+    if "rows" in summary:
+        out["dagster/row_count"] = summary["rows"]
+    return plain(out)
+
+
+def output_metadata(facts: dict[str, Any], checkpoint_id: int) -> dict[str, Any]:
+    """The sink's output asset: what this checkpoint made visible."""
+    out: dict[str, Any] = {
+        "checkpoint_id": checkpoint_id,
+        "location": location(facts["url"]),
+        "files": facts["files"],
+        "dagster/row_count": facts["rows"],
+    }
+    if facts["columns"]:
+        out["dagster/column_schema"] = column_schema(facts["columns"])
+    return out

@@ -1,0 +1,110 @@
+"""`build_pipeline_defs`: a user's `Pipeline` as Dagster definitions.
+
+    import dagster as dg
+    from sparkpoint import build_pipeline_defs
+    from my_project.pipelines import clicks, sessions
+
+    defs = dg.Definitions.merge(build_pipeline_defs(clicks), build_pipeline_defs(sessions))
+
+Everything is scoped to the pipeline (see `sparkpoint.resources.scope`): asset keys
+`<name>/<operator>`, `<name>/checkpoint`, `<name>/input`, `<name>/output`; jobs, sensors,
+schedule and resources named `<name>_...`; its own concurrency pool. The resources carry the
+pipeline's own settings; the launchpad or `EnvVar`s override any field, and recovery and
+retention act on the resource config of the run they follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from sparkpoint.assets import build_assets, build_checks
+from sparkpoint.ops import PipelineJobs, build_jobs
+from sparkpoint.pipeline.spec import Pipeline
+from sparkpoint.resources import resources_for
+from sparkpoint.resources.scope import ROLES, PipelineScope
+from sparkpoint.sensors import build_sensors
+
+
+@dataclass(frozen=True)
+class PipelineDefs:
+    """The parts `build_pipeline_defs` puts together, for code that needs one of them."""
+
+    scope: PipelineScope
+    assets: list[Any]
+    checks: list[dg.AssetChecksDefinition]
+    jobs: PipelineJobs
+    sensors: list[dg.SensorDefinition]
+    resources: dict[str, Any]  # by this pipeline's resource keys
+
+    def definitions(self) -> dg.Definitions:
+        return dg.Definitions(
+            assets=self.assets, asset_checks=self.checks, jobs=self.jobs.all(),
+            schedules=[self.jobs.schedule] if self.jobs.schedule else [],
+            sensors=self.sensors, resources=self.resources,
+        )
+
+    def sensor(self, suffix: str) -> dg.SensorDefinition:
+        name = self.scope.name(suffix)
+        return next(s for s in self.sensors if s.name == name)
+
+
+def pipeline_defs(
+    pipeline: Pipeline,
+    *,
+    key_prefix: str | Sequence[str] | None = None,
+    group_name: str | None = None,
+    owners: Sequence[str] = (),
+    tags: Mapping[str, str] | None = None,
+    schedule: str | None = None,
+    schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
+    landing_sensor: bool = True,
+    resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
+    sample_stream: bool = False,
+) -> PipelineDefs:
+    """The parts of `build_pipeline_defs` (same arguments)."""
+    scope = PipelineScope.of(pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags)
+    by_role: dict[str, Any] = resources_for(pipeline, sample_stream=sample_stream)
+    unknown = set(resources or {}) - set(ROLES)
+    if unknown:
+        raise ValueError(f"resources: unknown role(s) {sorted(unknown)}; the roles are {', '.join(ROLES)}")
+    by_role.update(resources or {})
+    jobs = build_jobs(scope, schedule=schedule, schedule_status=schedule_status)
+    return PipelineDefs(
+        scope=scope, assets=build_assets(scope), checks=build_checks(scope), jobs=jobs,
+        sensors=build_sensors(scope, jobs, landing=landing_sensor,
+                              orphan_grace_seconds=by_role["registry"].orphan_grace_seconds),
+        resources=scope.keyed(by_role),
+    )
+
+
+def build_pipeline_defs(
+    pipeline: Pipeline,
+    *,
+    key_prefix: str | Sequence[str] | None = None,
+    group_name: str | None = None,
+    owners: Sequence[str] = (),
+    tags: Mapping[str, str] | None = None,
+    schedule: str | None = None,
+    schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
+    landing_sensor: bool = True,
+    resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
+) -> dg.Definitions:
+    """Dagster definitions for `pipeline`: SSTable assets (one per operator), the checkpoint asset
+    and its checks, the input (observable) and output assets; jobs `<name>_checkpoint`,
+    `_recover`, `_prune`, `_verify`, `_rebuild_registry`, `_savepoint`; sensors `<name>_recovery_sensor`,
+    `_retention_sensor`, `_input_sensor` (runs the checkpoint job when a batch lands; stopped
+    with `landing_sensor=False`); a schedule `<name>_checkpoint_schedule` when `schedule` (cron)
+    is given; resources `<name>_storage`, `_registry`, `_spark`, `_state_backend`, `_source`.
+
+    `key_prefix` (default: the name) prefixes the asset keys; `group_name` (default: the name)
+    groups them; `owners` and `tags` go on every asset; `resources` replaces resources by role
+    (`storage`, `registry`, `spark`, `state_backend`, `source`), e.g. with `EnvVar` fields.
+    """
+    return pipeline_defs(
+        pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags, schedule=schedule,
+        schedule_status=schedule_status, landing_sensor=landing_sensor, resources=resources,
+    ).definitions()

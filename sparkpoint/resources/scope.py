@@ -1,0 +1,122 @@
+"""The names one pipeline's Dagster definitions take, so that two pipelines merge into one code
+location without a clash: asset keys under `<key_prefix>/` (default: the pipeline's name), job,
+sensor, schedule, op and resource names starting with `<name>_`, its own concurrency pool."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from sparkpoint.pipeline.runtime import PipelineError
+from sparkpoint.pipeline.spec import Pipeline
+from sparkpoint.resources import (
+    CheckpointRegistryResource,
+    CheckpointStorageResource,
+    InputResource,
+    PipelineResources,
+    SparkResource,
+    StateBackendResource,
+)
+
+ROLES = ("storage", "registry", "spark", "state_backend", "source")
+_DAGSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+INJECT_TAG = "sparkpoint/inject-failure"
+FAILED_RUN_TAG = "sparkpoint/recovers"
+RECOVERED_BY_TAG = "sparkpoint/recovered-by"
+PIPELINE_TAG = "sparkpoint/pipeline"
+
+
+@dataclass(frozen=True)
+class PipelineScope:
+    pipeline: Pipeline
+    prefix: str
+    key_prefix: tuple[str, ...]
+    group_name: str
+    owners: tuple[str, ...] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, *, key_prefix: str | Sequence[str] | None = None, group_name: str | None = None,
+           owners: Sequence[str] = (), tags: Mapping[str, str] | None = None) -> PipelineScope:
+        if not _DAGSTER_NAME.fullmatch(pipeline.name):
+            raise PipelineError(
+                f"pipeline name {pipeline.name!r} cannot prefix Dagster job, sensor and resource names "
+                "(letters, digits and _ only, not starting with a digit): rename the pipeline "
+                "(its job id can stay: job_id=...)"
+            )
+        prefix_keys = (pipeline.name,) if key_prefix is None else (
+            (key_prefix,) if isinstance(key_prefix, str) else tuple(key_prefix))
+        group = group_name or pipeline.name
+        if not _DAGSTER_NAME.fullmatch(group):
+            raise PipelineError(f"group_name {group!r} must be letters, digits and _ only")
+        return cls(pipeline, pipeline.name, prefix_keys, group, tuple(owners), dict(tags or {}))
+
+    # --- names -------------------------------------------------------------------------------
+
+    def name(self, suffix: str) -> str:
+        return f"{self.prefix}_{suffix}"
+
+    def key(self, name: str) -> dg.AssetKey:
+        return dg.AssetKey([*self.key_prefix, name])
+
+    @property
+    def sstable_keys(self) -> dict[str, dg.AssetKey]:
+        return {op.name: self.key(op.name) for op in self.pipeline.operators}
+
+    @property
+    def checkpoint_key(self) -> dg.AssetKey:
+        return self.key("checkpoint")
+
+    @property
+    def input_key(self) -> dg.AssetKey:
+        return self.key("input")
+
+    @property
+    def output_key(self) -> dg.AssetKey:
+        return self.key("output")
+
+    @property
+    def pool(self) -> str:
+        """One run of this pipeline at a time (the instance gives every pool one slot)."""
+        return self.prefix
+
+    @property
+    def steps(self) -> frozenset[str]:
+        """The op names of its two pipeline steps (what a failed run must have started to need recovery)."""
+        return frozenset({self.name("sstables"), self.name("complete")})
+
+    # --- resources ---------------------------------------------------------------------------
+
+    def resource_key(self, role: str) -> str:
+        return self.name(role)
+
+    def resource_keys(self, *roles: str) -> set[str]:
+        return {self.resource_key(r) for r in roles}
+
+    def keyed(self, by_role: Mapping[str, Any]) -> dict[str, Any]:
+        """Resources (or their run config) by role -> by this pipeline's resource keys."""
+        return {self.resource_key(role): value for role, value in by_role.items()}
+
+    def storage(self, context: Any) -> CheckpointStorageResource:
+        resource: CheckpointStorageResource = getattr(context.resources, self.resource_key("storage"))
+        return resource
+
+    def registry(self, context: Any) -> CheckpointRegistryResource:
+        resource: CheckpointRegistryResource = getattr(context.resources, self.resource_key("registry"))
+        return resource
+
+    def spark(self, context: Any) -> SparkResource:
+        resource: SparkResource = getattr(context.resources, self.resource_key("spark"))
+        return resource
+
+    def source(self, context: Any) -> InputResource:
+        resource: InputResource = getattr(context.resources, self.resource_key("source"))
+        return resource
+
+    def resources(self, context: Any) -> PipelineResources:
+        backend: StateBackendResource = getattr(context.resources, self.resource_key("state_backend"))
+        return PipelineResources(self.storage(context), self.registry(context), backend, self.source(context))
