@@ -3,9 +3,11 @@
 The public API, imported on first use (so that `import sparkpoint.checkpoint` in a Spark task
 loads nothing more):
 
-- your pipeline: `Pipeline`, `KeyedOperator`, the state codecs `JsonCodec`, `StructCodec`,
-  `BytesCodec` (state handles: `state.value_state(name, codec)`, `state.map_state(name, codec)`);
-- the notebook API (pandas DataFrames): `read_state`, `list_checkpoints`, `registry`.
+- your pipeline: `Pipeline`, `KeyedOperator` (its functions take a `RocksDBStateBackend`), the
+  state codecs `JsonCodec`, `StructCodec`, `BytesCodec` (state handles:
+  `state.value_state(name, codec)`, `state.map_state(name, codec)`);
+- the notebook API (pandas DataFrames): `read_state`, `list_checkpoints`, `registry`;
+- Dagster: `build_pipeline_defs(pipeline)` and the `PipelineComponent` of `dg` projects.
 """
 
 import importlib
@@ -16,12 +18,15 @@ __version__ = "0.1.0"
 _HOMES = {
     "Pipeline": "sparkpoint.pipeline.spec",
     "KeyedOperator": "sparkpoint.state.operators",
+    "RocksDBStateBackend": "sparkpoint.state.backend",
     "JsonCodec": "sparkpoint.state.codecs",
     "StructCodec": "sparkpoint.state.codecs",
     "BytesCodec": "sparkpoint.state.codecs",
     "read_state": "sparkpoint.api",
     "list_checkpoints": "sparkpoint.api",
     "registry": "sparkpoint.api",
+    "build_pipeline_defs": "sparkpoint.factory",
+    "PipelineComponent": "sparkpoint.component",
 }
 __all__ = sorted(_HOMES)
 

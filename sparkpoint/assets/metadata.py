@@ -25,7 +25,9 @@ def readable_size(size: float) -> str:
 
 def location(url: str) -> dg.MetadataValue:
     """A local file as a path value (the UI offers to copy it), anything else as a URL."""
-    return dg.MetadataValue.path(url.removeprefix("file://")) if url.startswith("file://") else dg.MetadataValue.url(url)
+    if url.startswith("file://"):
+        return dg.MetadataValue.path(url.removeprefix("file://"))
+    return dg.MetadataValue.url(url)
 
 
 def plain(values: dict[str, Any]) -> dict[str, Any]:

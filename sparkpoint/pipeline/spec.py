@@ -29,6 +29,7 @@ import pandas as pd
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, validate_config
+from sparkpoint.pipeline.settings import resolve_settings
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.rocksdb import RocksDBOptions
@@ -84,6 +85,17 @@ class Pipeline:
     def with_(self, **changes: Any) -> Pipeline:
         """A copy with `changes` (any field), checked like the original."""
         return dataclasses.replace(self, **changes)
+
+    def with_settings(self, settings: Mapping[str, Any]) -> Pipeline:
+        """A copy with `settings` under our names or Flink's keys, as `sparkpoint run --conf`
+        takes them (`state.checkpoints.num-retained`, `parallelism.default`, ...)."""
+        try:
+            resolved = resolve_settings(settings)
+        except ValueError as e:
+            raise PipelineError(f"pipeline {self.name!r}: {e}") from e
+        if "checkpoints_dir" in resolved:
+            resolved["checkpoints_url"] = resolved.pop("checkpoints_dir")
+        return self.with_(**resolved)
 
     def location(self, kind: str) -> str:
         """Where `kind` (input, checkpoints, output, local) is: as given, or under `.sparkpoint/<name>/`."""
@@ -143,19 +155,31 @@ class Pipeline:
 
 def load_pipeline(reference: str) -> Pipeline:
     """`MODULE:ATTR` (the module importable from the working directory or the path) -> its Pipeline."""
+    found = _load(reference, "--pipeline", "my_project.pipelines:clicks")
+    if not isinstance(found, Pipeline):
+        raise PipelineError(f"--pipeline {reference!r} is a {type(found).__name__}, not a sparkpoint.Pipeline")
+    return found
+
+
+def load_operator(reference: str) -> KeyedOperator:
+    """`MODULE:ATTR` -> its KeyedOperator."""
+    found = _load(reference, "operator", "my_project.operators:clicks_per_user")
+    if not isinstance(found, KeyedOperator):
+        raise PipelineError(f"operator {reference!r} is a {type(found).__name__}, not a sparkpoint.KeyedOperator")
+    return found
+
+
+def _load(reference: str, what: str, example: str) -> Any:
     module_name, _, attr = reference.partition(":")
     if not module_name or not attr:
-        raise PipelineError(f"--pipeline {reference!r} must be MODULE:ATTR, e.g. my_project.pipelines:clicks")
+        raise PipelineError(f"{what} {reference!r} must be MODULE:ATTR, e.g. {example}")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))  # a module next to where the command runs, as `python -m` finds it
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise PipelineError(f"--pipeline {reference!r}: cannot import {module_name!r} ({e})") from e
+        raise PipelineError(f"{what} {reference!r}: cannot import {module_name!r} ({e})") from e
     try:
-        found = getattr(module, attr)
+        return getattr(module, attr)
     except AttributeError:
-        raise PipelineError(f"--pipeline {reference!r}: module {module_name!r} has no {attr!r}") from None
-    if not isinstance(found, Pipeline):
-        raise PipelineError(f"--pipeline {reference!r} is a {type(found).__name__}, not a sparkpoint.Pipeline")
-    return found
+        raise PipelineError(f"{what} {reference!r}: module {module_name!r} has no {attr!r}") from None

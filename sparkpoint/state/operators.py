@@ -39,7 +39,7 @@ class KeyedOperator:
     emits: bool = False  # its changed rows go to the exactly-once sink
     # The table `export` makes, as (column, type) pairs (a mapping is accepted): shown by the
     # orchestrator (Dagster's column schema); nothing checks the export against it.
-    schema: tuple[tuple[str, str], ...] = ()
+    schema: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         validate_name(self.name, "operator name")  # it names directories and output files
