@@ -12,21 +12,22 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import numpy as np
 import pandas as pd
 
-from sparkpoint.assets import ASSET_CHECKS, ASSETS, CHECKPOINT_KEY, INJECT_TAG
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.ops import recover_job
+from sparkpoint.factory import pipeline_defs
 from sparkpoint.ops.instance import prepare_dagster_home
 from sparkpoint.pipeline.maintenance import interruption_summary
-from sparkpoint.resources import DEFAULT_INPUT, SparkResource, default_resources
-from sparkpoint.sensors import recovery_sensor
+from sparkpoint.resources import DEFAULT_INPUT, SparkResource
+from sparkpoint.resources.scope import INJECT_TAG
+from sparkpoint.sample import pipeline
 from sparkpoint.spark.session import interrupted, request_interrupt, stop_quietly
 from sparkpoint.state.extract import operator_states
 from sparkpoint.state.sample import item_reach, user_totals
@@ -67,21 +68,25 @@ def main() -> int:
 def run_demo() -> int:
     signal.signal(signal.SIGUSR1, lambda signum, frame: request_interrupt())
     os.environ["DAGSTER_HOME"] = str(prepare_dagster_home(".sparkpoint/dagster"))
-    resources = default_resources()
-    resources["spark"] = SparkResource(stop_on_teardown=False)  # one JVM for the whole demo
-    storage: CheckpointStorage = resources["storage"].open()
+    # Dagster 1.13 warns that sensors' `owners` is beta when it copies a run-failure sensor (we set none).
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    # The code location's sample pipeline, with one JVM for the whole demo.
+    sample = pipeline_defs(pipeline, sample_stream=True, landing_sensor=False,
+                           resources={"spark": SparkResource(app_name=pipeline.name, stop_on_teardown=False)})
+    defs, scope = sample.definitions(), sample.scope
+    storage: CheckpointStorage = pipeline.storage()
     print(f"sparkpoint demo: input {Path(DEFAULT_INPUT).resolve()}, checkpoints {storage.job_url}, "
           f"Dagster instance {os.environ['DAGSTER_HOME']}")
     try:
         with dg.DagsterInstance.get() as instance:
             for tags in RUNS:
-                result = dg.materialize([*ASSETS, *ASSET_CHECKS], resources=resources, instance=instance,
-                                        tags=tags, run_config=QUIET, raise_on_error=False)
+                result = defs.resolve_job_def(scope.name("checkpoint")).execute_in_process(
+                    instance=instance, tags=tags, run_config=QUIET, raise_on_error=False)
                 if interrupted():  # Dagster turns the Ctrl-C into a failed run: stop, heal nothing
                     raise KeyboardInterrupt
                 _report("materialize" + (f" [{tags[INJECT_TAG]}]" if tags else ""), result)
                 if not result.success:
-                    _heal(instance, result, resources)
+                    _heal(instance, result, defs, scope.name)
                     if interrupted():
                         raise KeyboardInterrupt
     except KeyboardInterrupt:
@@ -105,8 +110,11 @@ def _stop_spark() -> None:
     else:
         active.stop()
 
-def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, resources: dict[str, Any]) -> None:
+def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, defs: dg.Definitions,
+          name: Callable[[str], str]) -> None:
     """What the daemon does on a failed run: evaluate the recovery sensor, launch its request."""
+    recovery_sensor = defs.resolve_sensor_def(name("recovery_sensor"))
+    recover_job = defs.resolve_job_def(name("recover"))
     context = dg.build_run_status_sensor_context(
         sensor_name=recovery_sensor.name, dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
         dagster_run=failed.dagster_run,
@@ -117,13 +125,13 @@ def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, resou
         return
     print(f"  recovery sensor: launching `{recover_job.name}` (run key {request.run_key})")
     run = recover_job.execute_in_process(run_config={**request.run_config, **QUIET}, tags=request.tags,
-                                         instance=instance, resources=resources, raise_on_error=False)
+                                         instance=instance, raise_on_error=False)
     _report("recover", run)
 
 
 def _report(what: str, result: dg.ExecuteInProcessResult) -> None:
     done = [e.materialization for e in result.get_asset_materialization_events()
-            if e.materialization.asset_key == CHECKPOINT_KEY]
+            if e.materialization.asset_key.path[-1] == "checkpoint"]
     if not result.success:
         failure = next((e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE), None)
         cause = failure.step_failure_data.error.cause if failure and failure.step_failure_data.error else None
@@ -131,9 +139,7 @@ def _report(what: str, result: dg.ExecuteInProcessResult) -> None:
         print(f"{what}: run {result.run_id[:8]} FAILED: {message}")
     for m in done:
         v = {k: x.value for k, x in m.metadata.items()}
-        print(f"{what}: run {result.run_id[:8]} -> chk-{v['checkpoint_id']} state={v['state_size']}B "
-              f"uploaded={v['checkpointed_size']}B ratio={v['incremental_ratio']} files new={v['files_new']} "
-              f"reused={v['files_reused']} deleted={v['files_deleted']} retained={v['retained']} {v['duration_s']}s")
+        print(f"{what}: run {result.run_id[:8]} -> {v['summary']}; retained {v['retained']}")
     if result.success and not done:
         print(f"{what}: run {result.run_id[:8]} made no new checkpoint")
 
