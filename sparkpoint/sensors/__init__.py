@@ -130,7 +130,8 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing: bool = T
                default_status=dg.DefaultSensorStatus.RUNNING if landing else dg.DefaultSensorStatus.STOPPED,
                required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
                description=f"Materializes `{scope.pipeline.name}` when a batch file lands that no checkpoint consumed")
-    def input_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+    def input_sensor(context: dg.SensorEvaluationContext, **resources: Any) -> dg.RunRequest | dg.SkipReason:
+        # (Dagster passes the required resources as keyword arguments too; context.resources has them.)
         try:
             pending = scope.resources(context).driver(scope.pipeline).pending_files()
         except SparkpointError as e:
