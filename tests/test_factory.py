@@ -130,7 +130,8 @@ def test_the_input_asset_and_the_landing_sensor_follow_the_files(tmp_path: Path)
         assert isinstance(sensor(context), dg.SkipReason)
     for i in range(2):
         pd.DataFrame({"user": ["a", "b"], "page": ["/x", "/y"],
-                      "clicked_at": pd.Timestamp("2026-11-01", tz="UTC")}).to_parquet(tmp_path / "landing" / f"c{i}.parquet")
+                      "clicked_at": pd.Timestamp("2026-11-01", tz="UTC")}
+                     ).to_parquet(tmp_path / "landing" / f"c{i}.parquet")
     (tmp_path / "landing" / "_SUCCESS").write_text("")
     with dg.build_sensor_context(resources=needed) as context:
         request = sensor(context)
@@ -167,7 +168,8 @@ def test_the_component_builds_the_pipeline_it_declares(tmp_path: Path, monkeypat
     for bad, message in ((PipelineComponent(pipeline="my_clicks:not_a_pipeline"), "not a sparkpoint.Pipeline"),
                          (PipelineComponent(pipeline="my_clicks:nothing"), "has no 'nothing'"),
                          (PipelineComponent(name="x"), "give `pipeline: MODULE:ATTR`, or `name` and `operators`"),
-                         (PipelineComponent(name="x", operators=["my_clicks:clicks"]), "not a sparkpoint.KeyedOperator"),
+                         (PipelineComponent(name="x", operators=["my_clicks:clicks"]),
+                          "not a sparkpoint.KeyedOperator"),
                          (PipelineComponent(pipeline="my_clicks:clicks", settings={"state.nope": 1}),
                           "unknown setting 'state.nope'")):
         with pytest.raises(PipelineError, match=message):
@@ -193,7 +195,8 @@ def test_dg_lists_and_scaffolds_the_component(tmp_path: Path):
 
 def test_the_code_version_is_stable_across_processes_and_follows_the_code():
     here = sample.code_version()
-    there = subprocess.run([sys.executable, "-c", "from sparkpoint.sample import pipeline; print(pipeline.code_version())"],
+    code = "from sparkpoint.sample import pipeline; print(pipeline.code_version())"
+    there = subprocess.run([sys.executable, "-c", code],
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
     assert there.stdout.strip() == here
     changed = KeyedOperator("clicks_per_user", key="user", process=pages, export=export)
