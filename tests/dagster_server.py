@@ -27,7 +27,7 @@ from sparkpoint.ops.instance import prepare_dagster_home
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PREFIX = "sparkpoint"
-ASSET_NAMES = ("user_totals", "item_reach", "checkpoint")
+ASSET_NAMES = ("user_totals", "item_reach", "checkpoint", "output")
 CHECKS = ("checkpoint_verifies", "registry_matches_metadata")
 INJECT_TAG = "sparkpoint/inject-failure"
 RECOVERS_TAG = "sparkpoint/recovers"
@@ -36,7 +36,7 @@ DONE = {"SUCCESS", "FAILURE", "CANCELED"}
 WORKSPACE = """\
 load_from:
   - python_module:
-      module_name: sparkpoint.definitions
+      module_name: tests.ui_location
       attribute: defs
       working_directory: {repo}
 """
@@ -120,7 +120,8 @@ class DagsterServer:
     def start(self, timeout: float = 120.0) -> None:
         (self.root / "workspace.yaml").write_text(WORKSPACE.format(repo=REPO))
         env = {**os.environ, "DAGSTER_HOME": str(self.home), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-               "PYTHONPATH": str(REPO), "SPARK_LOCAL_IP": "127.0.0.1"}
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples" / "clickstream")]),
+               "SPARK_LOCAL_IP": "127.0.0.1"}
         env.pop("SPARKPOINT_CHECKPOINT_CRON", None)
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
@@ -205,6 +206,16 @@ class DagsterServer:
         assert result["__typename"] == "LaunchRunSuccess", result
         return str(result["run"]["runId"])
 
+    def launch_job(self, job_name: str, tags: dict[str, str] | None = None) -> str:
+        params = {
+            "selector": {"repositoryLocationName": self.location, "repositoryName": self.repository,
+                         "jobName": job_name},
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+        }
+        result = self.gql(LAUNCH, {"p": params})["launchRun"]
+        assert result["__typename"] == "LaunchRunSuccess", result
+        return str(result["run"]["runId"])
+
     def run(self, run_id: str) -> dict[str, Any]:
         run = self.gql(RUN, {"id": run_id})["runOrError"]
         assert run["__typename"] == "Run", run
@@ -245,17 +256,17 @@ class DagsterServer:
             timeout, last=lambda: self.run(run_id),
         ))
 
-    def materializations(self, name: str) -> list[dict[str, Any]]:
+    def materializations(self, name: str, prefix: str = PREFIX) -> list[dict[str, Any]]:
         """Newest first: {"runId", "timestamp", "metadata": {label: value}}."""
-        asset = self.gql(MATERIALIZATIONS, {"key": {"path": [PREFIX, name]}})["assetOrError"]
+        asset = self.gql(MATERIALIZATIONS, {"key": {"path": [prefix, name]}})["assetOrError"]
         if asset["__typename"] != "Asset":
             return []
         return [{"runId": m["runId"], "timestamp": m["timestamp"],
                  "metadata": {e["label"]: entry_value(e) for e in m["metadataEntries"]}}
                 for m in asset["assetMaterializations"]]
 
-    def checkpoint_ids(self) -> list[int]:
-        return sorted(int(m["metadata"]["checkpoint_id"]) for m in self.materializations("checkpoint"))
+    def checkpoint_ids(self, prefix: str = PREFIX) -> list[int]:
+        return sorted(int(m["metadata"]["checkpoint_id"]) for m in self.materializations("checkpoint", prefix))
 
     def ensure_checkpoint(self) -> None:
         """At least one checkpoint materialized (the UI test may run without the e2e test)."""

@@ -1,4 +1,5 @@
-"""Resources of the Dagster code location pointed at a test's own directories."""
+"""The sample pipeline's Dagster definitions (`sparkpoint.definitions.sample`, built by the factory)
+with resources pointed at a test's own directories."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import dagster as dg
 
-from sparkpoint.assets import ASSET_CHECKS, ASSETS
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.definitions import sample
 from sparkpoint.resources import (
     CheckpointRegistryResource,
     CheckpointStorageResource,
@@ -19,6 +20,11 @@ from sparkpoint.resources import (
 from sparkpoint.spark.generate import generate
 
 JOB = "job"
+SCOPE = sample.scope
+ASSETS, ASSET_CHECKS, JOBS = sample.assets, sample.checks, sample.jobs
+CHECKPOINT_KEY, SSTABLE_KEYS, OUTPUT_KEY = SCOPE.checkpoint_key, SCOPE.sstable_keys, SCOPE.output_key
+recover_job, prune_job = JOBS.recover, JOBS.prune
+recovery_sensor, retention_sensor = sample.sensor("recovery_sensor"), sample.sensor("retention_sensor")
 
 
 def make_input(tmp_path: Path, batches: int, seed: int = 7) -> str:
@@ -27,6 +33,11 @@ def make_input(tmp_path: Path, batches: int, seed: int = 7) -> str:
 
 
 def resources(tmp_path: Path, **registry: Any) -> dict[str, Any]:
+    """By the sample's resource keys (`sparkpoint_storage`, ...)."""
+    return SCOPE.keyed(by_role(tmp_path, **registry))
+
+
+def by_role(tmp_path: Path, **registry: Any) -> dict[str, Any]:
     storage = CheckpointStorageResource(checkpoints_url=f"file://{tmp_path}/ckpt", job_id=JOB)
     return {
         "storage": storage,

@@ -8,10 +8,18 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from sparkpoint.assets import CHECKPOINT_KEY, SSTABLE_KEYS, checkpoint_verifies, registry_matches_metadata
+from sparkpoint.assets import registry_matches, verifies
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.resources import CheckpointStorageResource
-from tests.dagster_setup import JOB, make_input, materialize, storage_of
+from tests.dagster_setup import (
+    CHECKPOINT_KEY,
+    JOB,
+    OUTPUT_KEY,
+    SCOPE,
+    SSTABLE_KEYS,
+    make_input,
+    materialize,
+    storage_of,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -27,7 +35,7 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
         result = materialize(tmp_path, instance)
         assert storage_of(tmp_path).completed_checkpoint_ids()[-1] == expected_id
         by_key = {e.materialization.asset_key: e.materialization for e in result.get_asset_materialization_events()}
-        assert set(by_key) == {CHECKPOINT_KEY, *SSTABLE_KEYS.values()}
+        assert set(by_key) == {CHECKPOINT_KEY, OUTPUT_KEY, *SSTABLE_KEYS.values()}
         assert all(c.passed for c in result.get_asset_check_evaluations())
         assert len(result.get_asset_check_evaluations()) == 2
 
@@ -35,9 +43,11 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     meta = CompletedCheckpointStore(storage).load(2)
     got = values(by_key[CHECKPOINT_KEY])
     assert got["checkpoint_id"] == 2
-    assert got["path"] == f"file://{tmp_path}/ckpt/{JOB}/chk-2/_metadata"
-    assert got["state_size"] == meta.stats.state_size
-    assert got["checkpointed_size"] == meta.stats.checkpointed_size
+    assert got["path"] == f"{tmp_path}/ckpt/{JOB}/chk-2/_metadata"  # a path value
+    assert isinstance(by_key[CHECKPOINT_KEY].metadata["path"], dg.PathMetadataValue)
+    assert got["state_size_bytes"] == meta.stats.state_size
+    assert got["checkpointed_size_bytes"] == meta.stats.checkpointed_size
+    assert got["summary"].startswith("chk-2: uploaded ") and " KiB" in got["summary"]
     assert 0 < got["incremental_ratio"] < 1, "the second checkpoint reuses files of the first"
     assert got["incremental_ratio"] == round(meta.stats.checkpointed_size / meta.stats.state_size, 4)
     assert got["files_new"] == sum(1 for f in meta.files() if f.created_by == 2)
@@ -46,7 +56,10 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     assert got["retained"] == [2, 1]
     one = CompletedCheckpointStore(storage).load(1)
     assert got["registry_files"] == len(meta.paths() | one.paths()) + 2  # + both _metadata
-    assert got["duration_s"] > 0
+    assert got["duration_seconds"] > 0
+    assert got["dagster/row_count"] == 1500
+    assert got["batch"] == ["batch-000001.parquet"]
+    assert got["prune_due"] == []
     assert by_key[CHECKPOINT_KEY].tags["dagster/data_version"] == "2"
 
     sst = values(by_key[SSTABLE_KEYS["user_totals"]])
@@ -54,9 +67,18 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     assert sst["checkpoint_id"] == 2 and sst["subtasks"] == 2
     assert sst["sst_files_new"] == sum(1 for h in handles for f in h.shared if f.created_by == 2)
     assert sst["sst_files_reused"] == sum(1 for h in handles for f in h.shared if f.created_by != 2) > 0
-    assert sst["bytes_uploaded"] == sum(f.size for h in handles for f in h.new_files())
+    assert sst["uploaded_bytes"] == sum(f.size for h in handles for f in h.new_files())
+    assert sst["dagster/row_count"] > 0
     assert sst["restore"] == {"0": "working", "1": "working"}
     assert not list((tmp_path / "ckpt" / JOB).glob("_pending/*")), "completion forgets the attempt"
+
+    out = values(by_key[OUTPUT_KEY])
+    assert out["checkpoint_id"] == 2 and out["files"] == 2  # one part file per subtask of user_totals
+    import pandas as pd
+
+    written = pd.read_parquet(tmp_path / "out")
+    assert out["dagster/row_count"] == int((written["checkpoint_id"] == 2).sum()) > 0
+    assert [c.name for c in out["dagster/column_schema"].columns] == list(written.columns)
 
 
 def test_a_run_without_unconsumed_batch_creates_no_checkpoint(spark, tmp_path: Path):
@@ -70,41 +92,39 @@ def test_a_run_without_unconsumed_batch_creates_no_checkpoint(spark, tmp_path: P
     assert storage_of(tmp_path).completed_checkpoint_ids() == [1]
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "ckpt").rglob("*")) == before
     skipped = [e.step_key for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_SKIPPED]
-    assert "sparkpoint__checkpoint" in skipped
+    assert "sparkpoint_complete" in skipped
 
 
 def test_verify_check_fails_on_a_corrupted_file_and_registry_check_passes(spark, tmp_path: Path):
     make_input(tmp_path, batches=1)
     materialize(tmp_path, dg.DagsterInstance.ephemeral())
-    resource = CheckpointStorageResource(checkpoints_url=f"file://{tmp_path}/ckpt", job_id=JOB)
-    assert checkpoint_verifies(storage=resource).passed
+    assert verifies(SCOPE, storage_of(tmp_path)).passed
     meta = CompletedCheckpointStore(storage_of(tmp_path)).load(1)
     victim = next(f for f in meta.files() if f.path.endswith(".sst"))
     path = tmp_path / "ckpt" / JOB / victim.path
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    result = checkpoint_verifies(storage=resource)
+    result = verifies(SCOPE, storage_of(tmp_path))
     assert not result.passed
     assert victim.path in json.dumps(result.metadata["problems"].value)
-    assert registry_matches_metadata(storage=resource).passed
+    assert registry_matches(SCOPE, storage_of(tmp_path)).passed
 
 
 def test_the_savepoint_job_writes_a_self_contained_savepoint_the_pipeline_resumes_from(spark, tmp_path: Path):
-    from sparkpoint.ops import savepoint_job
-    from tests.dagster_setup import resources
+    from tests.dagster_setup import JOBS, resources
 
     make_input(tmp_path, batches=2)
     instance = dg.DagsterInstance.ephemeral()
     materialize(tmp_path, instance)
-    result = savepoint_job.execute_in_process(instance=instance, resources=resources(tmp_path))
+    result = JOBS.savepoint.execute_in_process(instance=instance, resources=resources(tmp_path))
     assert result.success
     (event,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
     got = {k: v.value for k, v in event.event_specific_data.metadata.items()}  # type: ignore[union-attr]
     sp = CompletedCheckpointStore(storage_of(tmp_path)).load(got["savepoint_id"])
     assert sp.kind == "savepoint" and got["from_checkpoint"] == 1 and got["savepoint_id"] == 2
     assert sp.paths() and all(p.startswith("chk-2/") for p in sp.paths()), "nothing referenced in shared/"
-    assert got["path"] == f"file://{tmp_path}/ckpt/{JOB}/chk-2/_metadata"
+    assert got["path"] == f"{tmp_path}/ckpt/{JOB}/chk-2/_metadata"
     materialize(tmp_path, instance)  # the next batch resumes from the savepoint
     latest = CompletedCheckpointStore(storage_of(tmp_path)).load(3)
     assert latest.source_offsets != sp.source_offsets

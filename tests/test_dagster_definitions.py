@@ -1,4 +1,5 @@
-"""The code location without Spark: recovery sensor decisions, resource errors, concurrency pool."""
+"""The code location without Spark: recovery sensor decisions, resource errors, concurrency pool,
+retention only when something is to prune."""
 
 from __future__ import annotations
 
@@ -7,13 +8,24 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from sparkpoint.assets import ASSET_CHECKS, ASSETS, CHECKPOINT_KEY, POOL, checkpoint
 from sparkpoint.definitions import defs
-from sparkpoint.ops import FAILED_RUN_TAG, JOBS, recover_job
 from sparkpoint.ops.instance import prepare_dagster_home
 from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource, InputResource
-from sparkpoint.sensors import recovery_decision, recovery_sensor, retention_sensor
-from tests.dagster_setup import resources
+from sparkpoint.resources.scope import FAILED_RUN_TAG
+from sparkpoint.sensors import recovery_decision
+from tests.dagster_setup import (
+    ASSET_CHECKS,
+    ASSETS,
+    CHECKPOINT_KEY,
+    JOBS,
+    SCOPE,
+    recover_job,
+    recovery_sensor,
+    resources,
+    retention_sensor,
+)
+
+STORAGE, REGISTRY, SOURCE = (SCOPE.resource_key(r) for r in ("storage", "registry", "source"))
 
 
 def failing_checkpoint_run(
@@ -35,7 +47,7 @@ def failing_checkpoint_run(
 def misconfigured_run(tmp_path: Path, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
     """A run that fails on its configuration before any upload: its input directory is missing."""
     res = resources(tmp_path)
-    res["source"] = InputResource(input_url=str(tmp_path / "missing"), output_url="")
+    res[SOURCE] = InputResource(input_url=str(tmp_path / "missing"), output_url="")
     return dg.materialize([*ASSETS], selection=[CHECKPOINT_KEY], resources=res, instance=instance,
                           raise_on_error=False)
 
@@ -51,15 +63,16 @@ def evaluate(instance: dg.DagsterInstance, run: dg.ExecuteInProcessResult) -> dg
 @pytest.mark.parametrize(
     "job, tags, steps, recover",
     [
-        ("__ASSET_JOB", {}, {"sstables"}, True),
-        ("checkpoint_job", {}, {"sparkpoint__checkpoint"}, True),
-        ("__ASSET_JOB", {"dagster/will_retry": "true"}, {"sstables"}, False),
-        ("recover", {}, {"recover_op"}, False),
-        ("verify", {}, {"verify_op"}, False),
+        ("__ASSET_JOB", {}, {"sparkpoint_sstables"}, True),
+        ("sparkpoint_checkpoint", {}, {"sparkpoint_complete"}, True),
+        ("__ASSET_JOB", {"dagster/will_retry": "true"}, {"sparkpoint_sstables"}, False),
+        ("sparkpoint_recover", {}, {"sparkpoint_recover_op"}, False),
+        ("sparkpoint_verify", {}, {"sparkpoint_verify_op"}, False),
+        ("__ASSET_JOB", {}, {"clicks_sstables", "clicks_complete"}, False),  # another pipeline's steps
     ],
 )
 def test_recovery_decision_table(job, tags, steps, recover):
-    assert (recovery_decision(job, tags, steps) is None) == recover
+    assert (recovery_decision(SCOPE, job, tags, steps) is None) == recover
 
 
 def test_recovery_sensor_launches_once_per_failed_asset_job_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -71,7 +84,7 @@ def test_recovery_sensor_launches_once_per_failed_asset_job_run(tmp_path: Path, 
     assert request.run_key == failed.run_id and request.tags[FAILED_RUN_TAG] == failed.run_id
     # The recovery run launched (it fails here too: the same missing input) and is not healed in turn.
     res = resources(tmp_path)
-    res["source"] = InputResource(input_url=str(tmp_path / "missing"), output_url="")
+    res[SOURCE] = InputResource(input_url=str(tmp_path / "missing"), output_url="")
     recovery = recover_job.execute_in_process(run_config=request.run_config, tags=request.tags, instance=instance,
                                               resources=res, raise_on_error=False)
     assert not recovery.success
@@ -105,7 +118,7 @@ def test_recovery_sensor_skips_runs_dagster_will_retry(tmp_path: Path, monkeypat
 )
 def test_bad_registry_config_fails_with_a_message_naming_the_field(tmp_path: Path, registry, message):
     res = resources(tmp_path)
-    res["registry"] = CheckpointRegistryResource(storage=res["storage"], **registry)
+    res[REGISTRY] = CheckpointRegistryResource(storage=res[STORAGE], **registry)
     result = dg.materialize([*ASSETS], selection=[CHECKPOINT_KEY], resources=res, raise_on_error=False)
     assert not result.success
     assert message in str(result.all_events)
@@ -113,8 +126,8 @@ def test_bad_registry_config_fails_with_a_message_naming_the_field(tmp_path: Pat
 
 def test_bad_storage_options_fail_clearly(tmp_path: Path):
     res = resources(tmp_path)
-    res["storage"] = CheckpointStorageResource(checkpoints_url=f"file://{tmp_path}/c", storage_options="{not json")
-    res["registry"] = CheckpointRegistryResource(storage=res["storage"])
+    res[STORAGE] = CheckpointStorageResource(checkpoints_url=f"file://{tmp_path}/c", storage_options="{not json")
+    res[REGISTRY] = CheckpointRegistryResource(storage=res[STORAGE])
     result = dg.materialize([*ASSETS], selection=[CHECKPOINT_KEY], resources=res, raise_on_error=False)
     assert "storage_options must be a JSON object" in str(result.all_events)
 
@@ -124,16 +137,16 @@ def test_resource_fields_come_from_environment_variables(tmp_path: Path, monkeyp
     monkeypatch.setenv("SP_TEST_RETAIN", "0")
     storage = CheckpointStorageResource(checkpoints_url=dg.EnvVar("SP_TEST_URL"), job_id="envjob")
     res = resources(tmp_path)
-    res["storage"] = storage
-    res["registry"] = CheckpointRegistryResource(storage=storage, num_retained=dg.EnvVar.int("SP_TEST_RETAIN"))
+    res[STORAGE] = storage
+    res[REGISTRY] = CheckpointRegistryResource(storage=storage, num_retained=dg.EnvVar.int("SP_TEST_RETAIN"))
     result = dg.materialize([*ASSETS], selection=[CHECKPOINT_KEY], resources=res, raise_on_error=False)
     assert "num_retained must be at least 1, got 0" in str(result.all_events)
 
 
-def test_every_sparkpoint_step_is_in_one_pool_limited_to_one_run(tmp_path: Path):
-    assert {a.op.pool for a in ASSETS} == {POOL}
-    ops = [node for job in JOBS if isinstance(job, dg.JobDefinition) for node in job.graph.node_defs]
-    assert len(ops) == 5 and {op.pool for op in ops} == {POOL}
+def test_every_step_of_a_pipeline_is_in_its_pool_limited_to_one_run(tmp_path: Path):
+    assert {a.op.pool for a in ASSETS if isinstance(a, dg.AssetsDefinition) and a.is_materializable} == {SCOPE.pool}
+    ops = [node for job in JOBS.all() if isinstance(job, dg.JobDefinition) for node in job.graph.node_defs]
+    assert len(ops) == 5 and {op.pool for op in ops} == {SCOPE.pool} == {"sparkpoint"}
     home = prepare_dagster_home(tmp_path / "dagster")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         pools = instance.get_concurrency_config().pool_config
@@ -143,19 +156,38 @@ def test_every_sparkpoint_step_is_in_one_pool_limited_to_one_run(tmp_path: Path)
 
 def test_definitions_hold_the_documented_names():
     repo = defs.get_repository_def()
-    assert {"recover", "prune", "verify", "rebuild_registry", "savepoint"} <= {j.name for j in repo.get_all_jobs()}
-    assert {s.name for s in repo.sensor_defs} == {recovery_sensor.name, retention_sensor.name}
+    assert {f"sparkpoint_{j}" for j in ("checkpoint", "recover", "prune", "verify", "rebuild_registry", "savepoint")} \
+        <= {j.name for j in repo.get_all_jobs()}
+    assert {s.name for s in repo.sensor_defs} == {"sparkpoint_recovery_sensor", "sparkpoint_retention_sensor",
+                                                  "sparkpoint_input_sensor"}
+    assert repo.get_sensor_def("sparkpoint_input_sensor").default_status == dg.DefaultSensorStatus.STOPPED
     schedule = repo.schedule_defs[0]
+    assert schedule.name == "sparkpoint_checkpoint_schedule"
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
-    assert checkpoint.op.name == "sparkpoint__checkpoint" and len(ASSET_CHECKS) == 2
+    assert len(ASSET_CHECKS) == 2
 
 
-def test_retention_sensor_prunes_once_after_each_new_checkpoint():
+def checkpoint_event(instance: dg.DagsterInstance, cid: int, due: list[str]) -> None:
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        CHECKPOINT_KEY, metadata={"checkpoint_id": cid, "prune_due": dg.MetadataValue.json(due)}))
+
+
+def test_retention_sensor_prunes_only_when_something_is_due():
     instance = dg.DagsterInstance.ephemeral()
     context = dg.build_sensor_context(instance=instance)
     assert isinstance(retention_sensor(context), dg.SkipReason)
-    instance.report_runless_asset_event(dg.AssetMaterialization(CHECKPOINT_KEY, metadata={"checkpoint_id": 1}))
-    first = retention_sensor(context)
+    checkpoint_event(instance, 1, [])
+    first = retention_sensor(context)  # the orphan sweep was never run: due
     assert isinstance(first, list) and len(first) == 1 and isinstance(first[0], dg.RunRequest)
-    assert isinstance(retention_sensor(dg.build_sensor_context(instance=instance, cursor=context.cursor)),
-                      dg.SkipReason)
+    assert first[0].tags["sparkpoint/prune-because"] == "orphan sweep due"
+    context = dg.build_sensor_context(instance=instance, cursor=context.cursor)
+    assert isinstance(retention_sensor(context), dg.SkipReason), "nothing new"
+    checkpoint_event(instance, 2, [])
+    skip = retention_sensor(context)
+    assert isinstance(skip, dg.SkipReason) and "nothing to prune" in (skip.skip_message or ""), \
+        "an ordinary checkpoint within the grace period: no prune run"
+    context = dg.build_sensor_context(instance=instance, cursor=context.cursor)
+    checkpoint_event(instance, 3, ["4 checkpoints retained, num_retained is 2"])
+    due = retention_sensor(context)
+    assert isinstance(due, list) and len(due) == 1
+    assert "num_retained is 2" in due[0].tags["sparkpoint/prune-because"]

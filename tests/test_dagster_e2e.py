@@ -1,5 +1,7 @@
 """End to end through the real webserver and daemon: the UI's "Materialize all" over GraphQL, an
-injected failure healed by the recovery sensor's run, exactly-once state and output."""
+injected failure healed by the recovery sensor's run, exactly-once state and output; a second
+pipeline of its own operators in the same code location, run by its input sensor when files land,
+failed and healed by its own recovery, the sample pipeline untouched."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 JOB = "demo"  # the resources' embedded default job id
-METADATA_KEYS = {"checkpoint_id", "path", "state_size", "checkpointed_size", "incremental_ratio", "files_new",
-                 "files_reused", "files_deleted", "registry_files", "retained", "duration_s"}
+METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "checkpointed_size_bytes",
+                 "incremental_ratio", "files_new", "files_reused", "files_deleted", "registry_files", "retained",
+                 "duration_seconds", "batch", "dagster/row_count", "prune_due"}
 
 
 def export(server: DagsterServer, tmp_path: Path, operator: str) -> pd.DataFrame:
@@ -32,20 +35,22 @@ def export(server: DagsterServer, tmp_path: Path, operator: str) -> pd.DataFrame
 
 def assert_metadata_matches_storage(storage: CheckpointStorage, metadata: dict[str, Any], *,
                                     registry_now: bool) -> None:
-    assert set(metadata) == METADATA_KEYS, sorted(metadata)
+    assert set(metadata) - {"recovered_run"} == METADATA_KEYS, sorted(metadata)
     cid = metadata["checkpoint_id"]
     assert isinstance(cid, int)
     meta = CompletedCheckpointStore(storage).load(cid)
-    assert metadata["path"] == f"{storage.job_url}/{meta.metadata_path}"
-    assert metadata["state_size"] == meta.stats.state_size > 0
-    assert metadata["checkpointed_size"] == meta.stats.checkpointed_size > 0
+    assert metadata["path"] == f"{storage.job_url}/{meta.metadata_path}".removeprefix("file://")  # a path value
+    assert metadata["state_size_bytes"] == meta.stats.state_size > 0
+    assert metadata["checkpointed_size_bytes"] == meta.stats.checkpointed_size > 0
+    assert metadata["summary"].startswith(f"chk-{cid}: uploaded ")
+    assert metadata["dagster/row_count"] > 0 and metadata["batch"]
     assert metadata["incremental_ratio"] == pytest.approx(meta.stats.checkpointed_size / meta.stats.state_size,
                                                           abs=1e-4)
     assert metadata["files_new"] == meta.stats.files_new
     assert metadata["files_reused"] == meta.stats.files_reused
     assert metadata["files_new"] + metadata["files_reused"] > 0
     assert isinstance(metadata["files_deleted"], int) and metadata["files_deleted"] >= 0
-    assert isinstance(metadata["duration_s"], float) and metadata["duration_s"] > 0
+    assert isinstance(metadata["duration_seconds"], float) and metadata["duration_seconds"] > 0
     assert cid in metadata["retained"]
     if registry_now:  # nothing has committed or pruned since
         counts = registry_counts(storage)
@@ -57,7 +62,7 @@ def test_materialize_fail_and_heal_through_the_webserver_and_daemon(dagster_serv
                                                                     tmp_path: Path) -> None:
     server = dagster_server
     storage = CheckpointStorage(server.checkpoints_url, JOB)
-    sensors = server.sensor("recovery_sensor")
+    sensors = server.sensor("sparkpoint_recovery_sensor")
     assert sensors["sensorState"]["status"] == "RUNNING", "the recovery sensor runs by default"
     before = server.checkpoint_ids()
 
@@ -86,7 +91,7 @@ def test_materialize_fail_and_heal_through_the_webserver_and_daemon(dagster_serv
 
     recovery = server.wait_for(f"the recovery run of {failed_id}", recovery_runs, timeout=90,
                                last=lambda: [(r["jobName"], r["status"]) for r in server.runs()[:5]])
-    assert len(recovery) == 1 and recovery[0]["jobName"] == "recover", recovery
+    assert len(recovery) == 1 and recovery[0]["jobName"] == "sparkpoint_recover", recovery
     healed = server.wait_run(recovery[0]["runId"])
     assert healed["status"] == "SUCCESS", f"{healed}\n{server.log_tail()}"
     mats = [m for m in server.materializations("checkpoint") if m["runId"] == healed["runId"]]
@@ -115,3 +120,58 @@ def test_materialize_fail_and_heal_through_the_webserver_and_daemon(dagster_serv
 
     # 5. every retained checkpoint verifies (present, size, CRC32)
     assert main(["verify", "--checkpoints", server.checkpoints_url, "--job-id", JOB]) == 0
+
+
+def test_a_second_pipeline_runs_on_landing_and_heals_on_its_own(dagster_server: DagsterServer) -> None:
+    """The example's `clicks` pipeline (its own operators, columns user/page/clicked_at) beside the
+    sample: files landing start its runs (its input sensor), a failure injected into one of its
+    runs is healed by its own recovery sensor and job, and the sample's checkpoints are untouched."""
+    import sys
+
+    server = dagster_server
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "clickstream"))
+    try:
+        from clickstream.land import land
+    finally:
+        sys.path.pop(0)
+    assert server.sensor("clicks_input_sensor")["sensorState"]["status"] == "RUNNING"
+    sample = CheckpointStorage(server.checkpoints_url, JOB)
+    sample_before = sample.completed_checkpoint_ids()
+    clicks_storage = CheckpointStorage((server.root / ".sparkpoint" / "clicks" / "checkpoints").as_uri(), "clicks")
+
+    land(server.root / ".sparkpoint" / "clicks" / "input", 2)
+    server.wait_for("the input sensor's two runs", lambda: len(server.checkpoint_ids("clicks")) >= 2, timeout=240,
+                    last=lambda: [(r["jobName"], r["status"]) for r in server.runs()[:5]])
+    landed = [server.wait_run(r["runId"]) for r in server.runs() if r["jobName"] == "clicks_checkpoint"]
+    assert len(landed) == 2 and all(r["status"] == "SUCCESS" for r in landed), landed
+    assert {t["value"] for r in landed for t in r["tags"] if t["key"] == "sparkpoint/landed"} == {
+        "clicks-000000.parquet", "clicks-000001.parquet"}, "one run per landed file"
+    assert clicks_storage.completed_checkpoint_ids() == [1, 2]
+
+    # A failure injected into a run of clicks (launched at once, before the input sensor's next
+    # tick would launch one for the new file): its own recovery heals it.
+    land(server.root / ".sparkpoint" / "clicks" / "input", 1)
+    failed_id = server.launch_job("clicks_checkpoint", {INJECT_TAG: "after-upload"})
+    assert server.wait_run(failed_id)["status"] == "FAILURE"
+    recovery = server.wait_for(f"the recovery run of {failed_id}", lambda: server.runs({RECOVERS_TAG: failed_id}),
+                               timeout=120, last=lambda: [(r["jobName"], r["status"]) for r in server.runs()[:5]])
+    assert [r["jobName"] for r in recovery] == ["clicks_recover"], recovery
+    assert server.wait_run(recovery[0]["runId"])["status"] == "SUCCESS"
+    for run in server.runs():  # the input sensor's run for the third file, if it got one, has finished too
+        server.wait_run(run["runId"])
+    assert clicks_storage.completed_checkpoint_ids() == [2, 3]
+    assert sample.completed_checkpoint_ids() == sample_before, "the sample pipeline got no checkpoint from it"
+    assert not [r for r in server.runs() if r["jobName"].startswith("sparkpoint_")
+                and {"key": RECOVERS_TAG, "value": failed_id} in r["tags"]], "the sample's recovery stayed out of it"
+
+    events = pd.concat([pd.read_parquet(p) for p in sorted((server.root / ".sparkpoint" / "clicks" / "input")
+                                                           .glob("clicks-*.parquet"))], ignore_index=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "clickstream"))
+    try:
+        from clickstream.pipelines import clicks
+
+        here = clicks.with_(checkpoints_url=str(server.root / ".sparkpoint" / "clicks" / "checkpoints"))
+        state = here.read_state("clicks_per_user")
+    finally:
+        sys.path.pop(0)
+    assert dict(zip(state["user"], state["clicks"])) == events.groupby("user").size().to_dict()

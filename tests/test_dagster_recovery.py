@@ -8,16 +8,24 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from sparkpoint.assets import CHECKPOINT_KEY, INJECT_TAG
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
-from sparkpoint.ops import FAILED_RUN_TAG, recover_job
-from sparkpoint.sensors import recovery_sensor
+from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, RECOVERED_BY_TAG
 from sparkpoint.state.extract import operator_states
 from sparkpoint.state.sample import item_reach, user_totals
 from sparkpoint.state.verify import verify_checkpoint
 from tests import oracle
-from tests.dagster_setup import JOB, make_input, materialize, resources, storage_of
+from tests.dagster_setup import (
+    CHECKPOINT_KEY,
+    JOB,
+    SSTABLE_KEYS,
+    make_input,
+    materialize,
+    recover_job,
+    recovery_sensor,
+    resources,
+    storage_of,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -50,9 +58,14 @@ def test_injected_failures_heal_to_the_uninterrupted_state_and_exactly_once_outp
         assert storage.completed_checkpoint_ids() == completed_before, point
         healed = heal(tmp_path, instance, failed)
         assert healed.success
-        done = [e.materialization for e in healed.get_asset_materialization_events()]
-        assert [m.asset_key for m in done] == [CHECKPOINT_KEY]
-        assert done[0].metadata["checkpoint_id"].value == max(completed_before) + 1
+        done = {e.materialization.asset_key: e.materialization for e in healed.get_asset_materialization_events()}
+        assert set(done) == {CHECKPOINT_KEY, *SSTABLE_KEYS.values()}, "the graph is current after healing"
+        assert done[CHECKPOINT_KEY].metadata["checkpoint_id"].value == max(completed_before) + 1
+        assert done[CHECKPOINT_KEY].metadata["recovered_run"].value == failed.run_id
+        checks = [e.event_specific_data for e in healed.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+        assert sorted(c.check_name for c in checks) == ["checkpoint_verifies", "registry_matches_metadata"]
+        assert all(c.passed for c in checks)
+        assert instance.get_run_by_id(failed.run_id).tags[RECOVERED_BY_TAG] == healed.run_id
 
     store = CompletedCheckpointStore(storage)
     latest = store.latest()

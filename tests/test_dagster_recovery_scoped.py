@@ -8,27 +8,37 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from sparkpoint.assets import INJECT_TAG
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.ops import prune_job, recover_job
 from sparkpoint.pipeline.attempt import list_attempts
-from sparkpoint.sensors import recovery_sensor, retention_sensor
-from tests.dagster_setup import JOB, make_input, materialize, resources, storage_of
+from sparkpoint.resources.scope import INJECT_TAG
+from tests.dagster_setup import (
+    JOB,
+    SCOPE,
+    make_input,
+    materialize,
+    prune_job,
+    recover_job,
+    recovery_sensor,
+    resources,
+    retention_sensor,
+    storage_of,
+)
 
 pytestmark = pytest.mark.spark
 
 OTHER = "other-job"
+STORAGE, REGISTRY, SOURCE = (SCOPE.resource_key(r) for r in ("storage", "registry", "source"))
 
 
 def other_config(tmp_path: Path, **registry: object) -> dict[str, dict[str, object]]:
     """What a launchpad run for another job id carries (a resource's config given at launch
     starts from the resource's class defaults, so the location is given too)."""
     resources: dict[str, object] = {
-        "storage": {"config": {"checkpoints_url": f"file://{tmp_path}/ckpt", "job_id": OTHER}}
+        STORAGE: {"config": {"checkpoints_url": f"file://{tmp_path}/ckpt", "job_id": OTHER}}
     }
     if registry:
-        resources["registry"] = {"config": registry}
+        resources[REGISTRY] = {"config": registry}
     return {"resources": resources}
 
 
@@ -68,7 +78,7 @@ def test_recovery_heals_the_failed_runs_own_job_and_leaves_the_default_job_alone
     requests = retention_sensor(dg.build_sensor_context(instance=instance))
     assert isinstance(requests, list)
     configs = [r.run_config.get("resources", {}) for r in requests]
-    assert any(c.get("storage") == other_config(tmp_path)["resources"]["storage"] for c in configs), configs
+    assert any(c.get(STORAGE) == other_config(tmp_path)["resources"][STORAGE] for c in configs), configs
     for r in requests:
         assert prune_job.execute_in_process(
             run_config=r.run_config, instance=instance, resources=resources(tmp_path)
@@ -81,7 +91,7 @@ def test_recovery_heals_the_failed_runs_own_job_and_leaves_the_default_job_alone
 def test_a_run_that_failed_on_its_configuration_gets_no_recovery_run(spark, tmp_path: Path):
     make_input(tmp_path, batches=1)
     instance = dg.DagsterInstance.ephemeral()
-    broken = {"resources": {"source": {"config": {"input_url": str(tmp_path / "no-such-input")}}}}
+    broken = {"resources": {SOURCE: {"config": {"input_url": str(tmp_path / "no-such-input")}}}}
     failed = materialize(tmp_path, instance, raise_on_error=False, run_config=broken)
     assert not failed.success
     decision = recovery_sensor(failure_context(instance, failed))
@@ -105,8 +115,8 @@ def test_recovery_heals_a_job_started_from_a_savepoint(spark, tmp_path: Path):
     materialize(tmp_path, instance)  # the old job: chk-1
     saved = take_savepoint(storage_of(tmp_path), target=f"file://{tmp_path}/savepoints/sp")
     started = {"resources": {
-        "storage": {"config": {"checkpoints_url": f"file://{tmp_path}/ckpt", "job_id": "from-sp"}},
-        "registry": {"config": {"from_checkpoint": f"{saved.url}", "claim_mode": "NO_CLAIM"}},
+        STORAGE: {"config": {"checkpoints_url": f"file://{tmp_path}/ckpt", "job_id": "from-sp"}},
+        REGISTRY: {"config": {"from_checkpoint": f"{saved.url}", "claim_mode": "NO_CLAIM"}},
     }}
     failed = materialize(tmp_path, instance, tags={INJECT_TAG: "after-upload"}, raise_on_error=False,
                          run_config=started)

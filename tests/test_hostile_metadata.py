@@ -310,23 +310,23 @@ def test_the_dagster_maintenance_jobs_refuse_hostile_metadata_and_touch_nothing_
     """verify, prune (retention + sweep), rebuild_registry and savepoint, as Dagster runs them."""
     import dagster as dg
 
-    from sparkpoint.ops import prune_job, rebuild_registry_job, savepoint_job, verify_job
     from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource
+    from tests.dagster_setup import JOBS, SCOPE
 
     world = World(tmp_path / "w")
     raw = json.loads(json.dumps(world.raw))
     raw["operators"]["user_totals"]["subtasks"][0]["shared"][0]["path"] = path
     world.write_metadata(apply(raw, []))
     storage = CheckpointStorageResource(checkpoints_url=world.url, job_id="job")
-    resources = {"storage": storage,
-                 "registry": CheckpointRegistryResource(storage=storage, num_retained=1, orphan_grace_seconds=0)}
+    resources = SCOPE.keyed({"storage": storage, "registry": CheckpointRegistryResource(
+        storage=storage, num_retained=1, orphan_grace_seconds=0)})
     outcomes = {}
-    for job in (verify_job, rebuild_registry_job, savepoint_job, prune_job):
+    for job in (JOBS.verify, JOBS.rebuild_registry, JOBS.savepoint, JOBS.prune):
         result = job.execute_in_process(resources=resources, instance=dg.DagsterInstance.ephemeral(),
                                         raise_on_error=False)
         failures = [error_text(e.event_specific_data.error) for e in result.all_events  # type: ignore[union-attr]
                     if e.event_type_value == "STEP_FAILURE"]
-        outcomes[job.name] = (result.success, failures)
+        outcomes[job.name.removeprefix("sparkpoint_")] = (result.success, failures)
         if not result.success:  # a specific message, not a crash deep inside
             assert failures and any(w in failures[0] for w in ("chk-2", "symbolic link", "path", "_metadata")), failures
     assert not outcomes["verify"][0], "a checkpoint naming a file outside the job does not verify"

@@ -11,7 +11,6 @@ import dagster as dg
 import pytest
 
 import sparkpoint
-from sparkpoint.assets import ASSET_CHECKS, ASSETS
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.cli import main
 from sparkpoint.resources import (
@@ -22,6 +21,7 @@ from sparkpoint.resources import (
     StateBackendResource,
 )
 from sparkpoint.spark.generate import generate
+from tests.dagster_setup import ASSET_CHECKS, ASSETS, SCOPE
 
 NAME = "my project [1] #2 100% é"
 
@@ -46,12 +46,12 @@ def test_dagster_resources_cli_and_api_agree_on_a_path_with_special_characters(
     monkeypatch.chdir(root)
     generate(str(root / "in"), batches=2, events_per_batch=500, users=50, items=10, seed=3)
     storage = CheckpointStorageResource(checkpoints_url="ckpt", job_id="job")  # bare, relative paths
-    resources = {
+    resources = SCOPE.keyed({
         "storage": storage, "registry": CheckpointRegistryResource(storage=storage),
         "spark": SparkResource(stop_on_teardown=False),
         "state_backend": StateBackendResource(local_dir="local", parallelism=2),
         "source": InputResource(input_url="in", output_url="out"),
-    }
+    })
     for _ in range(2):
         assert dg.materialize([*ASSETS, *ASSET_CHECKS], resources=resources,
                               instance=dg.DagsterInstance.ephemeral()).success

@@ -94,7 +94,7 @@ def test_parallelism_through_conf_is_checked_like_the_flag(tmp_path: Path, capsy
 
 def test_the_demo_never_lands_a_batch_under_a_consumed_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
-    source = InputResource()
+    source = InputResource(sample_stream=True)
     init(source)
     first = source.land_sample_batch()
     second = source.land_sample_batch()

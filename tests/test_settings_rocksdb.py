@@ -11,9 +11,10 @@ import pytest
 from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.settings import parse_megabytes, resolve_settings
-from sparkpoint.resources import ResourceConfigError, StateBackendResource, pipeline_of
+from sparkpoint.resources import PipelineResources, ResourceConfigError, StateBackendResource
+from sparkpoint.sample import pipeline as sample
 from sparkpoint.state.rocksdb import RocksDBOptions
-from tests.dagster_setup import resources
+from tests.dagster_setup import by_role
 from tests.test_pipeline import config, make_input
 
 
@@ -54,9 +55,9 @@ def test_run_refuses_a_bad_cache_size_before_starting_spark(tmp_path: Path, caps
 
 def test_the_state_backend_resource_carries_the_cache_size(tmp_path: Path):
     make_input(tmp_path, batches=1)
-    res = resources(tmp_path)
+    res = by_role(tmp_path)
     res["state_backend"] = StateBackendResource(local_dir=str(tmp_path / "local"), rocksdb_block_cache_mb=32)
-    pipeline = pipeline_of(res["storage"], res["registry"], res["state_backend"], res["source"])
+    pipeline = PipelineResources(res["storage"], res["registry"], res["state_backend"], res["source"]).driver(sample)
     assert pipeline.config.rocksdb == RocksDBOptions(block_cache_mb=32)
     with pytest.raises(ResourceConfigError, match="block_cache_mb must be between 1 and"):
         StateBackendResource(rocksdb_block_cache_mb=0).setup_for_execution(dg.build_init_resource_context())

@@ -69,7 +69,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
                          metadata=state_schema(pipeline.operator(name)), **common)
             for name, key in scope.sstable_keys.items()
         ],
-        pool=scope.pool,
+        pool=scope.pool, can_subset=True,  # every operator runs in the step; a selection chooses what is reported
         required_resource_keys=scope.resource_keys("storage", "registry", "spark", "state_backend", "source"),
     )
     def sstables(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
@@ -86,6 +86,8 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
                 context.log.warning(empty)
             return
         for name, key in scope.sstable_keys.items():
+            if key not in context.selected_asset_keys:
+                continue
             yield dg.MaterializeResult(asset_key=key, metadata=sstable_metadata(attempt.operator_summary(name)))
 
     output_specs = [dg.AssetSpec(
@@ -102,7 +104,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             description="One materialization = one completed checkpoint (`_metadata`, registry, retention, "
                         "sink commit)",
         ), *output_specs],
-        pool=scope.pool,
+        pool=scope.pool, can_subset=True,  # the checkpoint commits with its output; a selection chooses the reports
         required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
     )
     def complete(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
@@ -114,10 +116,11 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         report, meta = done
         context.log.info(report.line())
         due = prune_due(driver.storage, num_retained=driver.config.num_retained)
-        yield dg.MaterializeResult(asset_key=scope.checkpoint_key,
-                                   metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due),
-                                   data_version=dg.DataVersion(str(meta.checkpoint_id)))
-        if output_specs and driver.sink is not None:
+        if scope.checkpoint_key in context.selected_asset_keys:
+            yield dg.MaterializeResult(asset_key=scope.checkpoint_key,
+                                       metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due),
+                                       data_version=dg.DataVersion(str(meta.checkpoint_id)))
+        if output_specs and driver.sink is not None and scope.output_key in context.selected_asset_keys:
             facts = output_facts(driver.sink, meta.checkpoint_id)
             yield dg.MaterializeResult(asset_key=scope.output_key, metadata=output_metadata(facts, meta.checkpoint_id),
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
