@@ -26,13 +26,19 @@ class ConnectServer:
 
 @contextmanager
 def connect_server(root: Path, *, master: str = "local[2]", timeout: float = 180,
-                   extra_path: str | None = None) -> Iterator[ConnectServer]:
+                   extra_path: str | None = None, own_local_dir: bool = True) -> Iterator[ConnectServer]:
+    """`own_local_dir`: the server's executors keep task-local state in a directory of their own
+    (`SPARKPOINT_LOCAL_DIR`, as a real server's disks do); without it they use each run's
+    `--local-dir`."""
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = root / "connect-server.log"
     env = {**os.environ, "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-           "SPARK_LOG_DIR": str(root), "SPARK_LOCAL_DIRS": str(root / "spark-local"),
-           "SPARKPOINT_LOCAL_DIR": str(root / "sparkpoint-local")}
+           "SPARK_LOG_DIR": str(root), "SPARK_LOCAL_DIRS": str(root / "spark-local")}
+    if own_local_dir:
+        env["SPARKPOINT_LOCAL_DIR"] = str(root / "sparkpoint-local")
+    else:
+        env.pop("SPARKPOINT_LOCAL_DIR", None)
     if extra_path is not None:
         env["PYTHONPATH"] = extra_path
     cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--class",
