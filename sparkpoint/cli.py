@@ -168,7 +168,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sparkpoint.spark.session import spark_session
     from sparkpoint.spark.source import SourceOffsets
 
-    settings = resolve_settings(dict(_key_value(c) for c in args.conf))
+    conf = dict(_key_value(c) for c in args.conf)
+    remote = args.remote or conf.pop("spark.remote", None) or os.environ.get("SPARK_REMOTE") or None
+    settings = resolve_settings(conf)
     pipeline_spec = _pipeline(args)
     if pipeline_spec is None:
         missing = [flag for flag, value in (("--input", args.input), ("--checkpoints", args.checkpoints),
@@ -200,7 +202,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
     pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
                                   {op.name: op.input_columns() for op in pipeline.operators})
-    pipeline.spark = spark_session(args.master, verbose=args.verbose)
+    pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote)
 
     uploaded = 0
 
@@ -506,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-dir", metavar="DIR", help="working RocksDB instances (default .sparkpoint/local, "
                    "with --pipeline .sparkpoint/<name>/local)")
     p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
+    p.add_argument("--remote", metavar="sc://HOST:PORT",
+                   help="attach to a running Spark through Spark Connect instead of starting one "
+                        "(also --conf spark.remote=... or SPARK_REMOTE)")
     p.add_argument("--restore-mode", choices=["CLAIM", "NO_CLAIM"])
     p.add_argument("--from-checkpoint", metavar="PATH", help="<checkpoints-dir>/<job-id>/chk-<N> to start from")
     p.add_argument("--allow-non-restored-state", action="store_const", const=True,

@@ -213,15 +213,11 @@ class PipelineCore:
         # One stage, one task per subtask index running that subtask of every operator: `range`
         # with `parallelism` slices puts exactly one index in each partition (sparkpoint.spark.tasks).
         job = self.spark.range(0, spec.parallelism, 1, spec.parallelism).mapInPandas(run, RESULT_SCHEMA)
-        sc = self.spark.sparkContext
-        previous = {k: sc.getLocalProperty(k) for k in ("spark.jobGroup.id", "spark.job.description")}
+        from sparkpoint.spark.session import job_group
+
         description = f"sparkpoint {spec.job_id}: checkpoint {spec.checkpoint_id}"
-        sc.setJobGroup(spark_job_group(spec.job_id, spec.checkpoint_id), description)
-        try:
+        with job_group(self.spark, spark_job_group(spec.job_id, spec.checkpoint_id), description):
             results = job.collect()
-        finally:
-            for key, value in previous.items():
-                sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes it
         rows = [r.asDict() for r in results]
         if len(rows) != groups:
             raise PipelineError(f"expected {groups} subtask results, Spark returned {len(rows)}")

@@ -117,9 +117,12 @@ class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-
 
 
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """A Spark session: `local[2]` by default, any master URL, extra conf as JSON."""
+    """A Spark session: `local[2]` by default, any master URL, extra conf as JSON; or, with
+    `remote` (`sc://host:port`), a Spark Connect client of a Spark that is already up, so a run
+    starts no JVM of its own."""
 
     master: str = "local[2]"
+    remote: str = ""  # Spark Connect URL; wins over `master`
     conf: str = "{}"  # JSON object of Spark settings
     app_name: str = "sparkpoint"
     stop_on_teardown: bool = True
@@ -129,7 +132,11 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         conf = _json_object(self.conf, "spark: conf")
         from sparkpoint.spark.session import spark_session
 
-        self._session = spark_session(self.master, app_name=self.app_name)
+        remote = self.remote or str(conf.pop("spark.remote", "")) or None
+        try:
+            self._session = spark_session(self.master, app_name=self.app_name, remote=remote)
+        except SparkpointError as e:
+            raise ResourceConfigError(f"spark (master, remote): {e}") from e
         for key, value in conf.items():
             self._session.conf.set(key, str(value))
 

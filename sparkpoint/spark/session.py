@@ -17,18 +17,20 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from pyspark.sql import SparkSession
 
 from sparkpoint.checkpoint.crash import kill_with_this_process
+from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.spark.faults import arm_crash_points
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
@@ -44,9 +46,15 @@ def verbose_from_env() -> bool:
 
 
 def spark_session(
-    master: str = "local[*]", *, app_name: str = "sparkpoint", ui: bool = False, verbose: bool | None = None
+    master: str = "local[*]", *, app_name: str = "sparkpoint", ui: bool = False, verbose: bool | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
+    """A classic session on `master` (the JVM in this process's tree), or, with `remote` (or a
+    master `sc://host:port`), a Spark Connect client of a Spark that is already up: no JVM starts
+    here, and the server's executors run the pipeline's tasks."""
     verbose = verbose_from_env() if verbose is None else verbose
+    if remote or master.startswith("sc://"):
+        return connect_session(remote or master, app_name=app_name, verbose=verbose)
     # pandas 3 works for what sparkpoint asks of PySpark (Arrow batches in and out); PySpark 4.3
     # warns on every UDF all the same.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
@@ -78,6 +86,77 @@ def spark_session(
     return spark
 
 
+def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = False) -> Any:
+    """A Spark Connect session (`sc://host:port[/;params]`), checked before use: a wrong URL is a
+    SparkConnectionError naming it, not a gRPC trace. The server must run this Python with
+    sparkpoint installed (its Python workers run the tasks); the user's own modules are shipped
+    as artifacts (`ship_modules`)."""
+    if not url.startswith("sc://"):
+        raise SparkConnectionError(f"Spark Connect URL {url!r} must start with sc://, e.g. sc://127.0.0.1:15002")
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    if not verbose:
+        _quiet_python_loggers()
+    _reachable(url)
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        spark = ConnectSession.builder.remote(url).appName(app_name).getOrCreate()
+        for key, value in (("spark.sql.session.timeZone", "UTC"),
+                           ("spark.sql.execution.arrow.pyspark.enabled", "true")):
+            spark.conf.set(key, value)  # the first call: reaches the server or fails here
+    except ImportError as e:
+        raise SparkConnectionError(
+            f"Spark Connect needs pyspark's connect extra ({e}): pip install 'pyspark[connect]'") from e
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SparkConnectionError(f"cannot reach the Spark Connect server at {url}: {first}") from e
+    if not verbose:
+        _interrupt_cleanly(spark)
+    return spark
+
+
+def _reachable(url: str, timeout: float = 10.0) -> None:
+    """Fail fast on a server that is not there: the gRPC client retries for minutes."""
+    address = url.removeprefix("sc://").split("/", 1)[0]
+    host, _, port = address.rpartition(":") if ":" in address else (address, "", "15002")
+    try:
+        with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as e:
+        raise SparkConnectionError(f"cannot reach the Spark Connect server at {url}: {e}") from e
+
+
+class SparkConnectionError(SparkpointError):
+    """The Spark this run should attach to cannot be reached."""
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether `spark` is a Spark Connect client (no SparkContext, no RDDs, artifacts for modules)."""
+    module = type(spark).__module__
+    return module.startswith("pyspark.sql.connect")
+
+
+@contextlib.contextmanager
+def job_group(spark: Any, group: str, description: str) -> Iterator[None]:
+    """Spark jobs started inside are found (and cancelled) by `group`: a job group on a classic
+    session, a tag on Spark Connect."""
+    if is_connect(spark):
+        spark.addTag(group)
+        try:
+            yield
+        finally:
+            spark.removeTag(group)
+        return
+    sc = spark.sparkContext
+    previous = {k: sc.getLocalProperty(k) for k in ("spark.jobGroup.id", "spark.job.description")}
+    sc.setJobGroup(group, description)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            sc.setLocalProperty(key, value)  # None removes it
+
+
 def _interrupt_cleanly(spark: SparkSession) -> None:
     """PySpark's SIGINT handler cancels the jobs through py4j from inside the call it interrupts
     (a reentrant call: py4j logs a page of traces). Ours cancels them from another thread and
@@ -101,6 +180,10 @@ def request_interrupt() -> None:
         # Every py4j call here may meet a JVM the driver is already stopping (the session lookup
         # too: it asks the JVM): nothing of it may print, the driver is stopping anyway.
         try:
+            connect = _connect_active()
+            if connect is not None:  # the server goes on; only this client's operations stop
+                connect.interruptAll()
+                return
             active = SparkSession.getActiveSession()
             if active is not None:
                 active.sparkContext.cancelAllJobs()
@@ -108,6 +191,14 @@ def request_interrupt() -> None:
             pass
 
     threading.Thread(target=cancel, daemon=True, name="spark-cancel").start()
+
+
+def _connect_active() -> Any:
+    if "pyspark.sql.connect.session" not in sys.modules:
+        return None
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    return ConnectSession.getActiveSession()
 
 
 def _quiet_python_loggers() -> None:
@@ -198,6 +289,9 @@ def ship_modules(spark: SparkSession, functions: Iterable[Callable[..., Any]]) -
         if path.name == "__init__.py":  # a package: ship it whole, zipped
             target = Path(tempfile.mkdtemp(prefix="sparkpoint-ship-")) / root
             path = Path(shutil.make_archive(str(target), "zip", root_dir=path.parent.parent, base_dir=root))
-        spark.sparkContext.addPyFile(str(path))
+        if is_connect(spark):
+            spark.addArtifacts(str(path), pyfile=True)  # to the server's Python workers, for this session
+        else:
+            spark.sparkContext.addPyFile(str(path))
         shipped.append(str(path))
     return shipped
