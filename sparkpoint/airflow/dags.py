@@ -1,0 +1,82 @@
+"""`sparkpoint_dag`: a pipeline as an Airflow DAG.
+
+    wait_for_batch (with on_landing) >> batch >> checkpoint >> [prune, verify]
+                                        [batch, checkpoint] >> recover (when one of them failed)
+
+`batch` runs the Spark half and persists the attempt under the DAG run's id; `checkpoint`
+completes it and declares the asset `sparkpoint://<job>/checkpoint`, so downstream DAGs can be
+scheduled on new checkpoints; `prune` applies retention; `verify` checks every retained
+checkpoint's files. `recover` runs only when `batch` or `checkpoint` failed (trigger rule
+`one_failed`): it aborts this run's attempt and processes the batch again, so the run's batch is
+committed exactly once (the run is still marked failed: it did fail, and the log says how it
+healed). A retried `batch` task aborts its own earlier attempt first. One run at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow.sdk import DAG, Asset, TriggerRule
+
+from sparkpoint.airflow.operators import (
+    PipelineRef,
+    SparkpointBatchOperator,
+    SparkpointCheckpointOperator,
+    SparkpointLandingSensor,
+    SparkpointPruneOperator,
+    SparkpointRecoverOperator,
+    SparkpointVerifyOperator,
+)
+from sparkpoint.pipeline.spec import Pipeline
+
+
+def checkpoint_asset(job_id: str) -> Asset:
+    """The Airflow asset a job's checkpoints update: `sparkpoint://<job>/checkpoint`."""
+    return Asset(uri=f"sparkpoint://{job_id}/checkpoint", name=f"sparkpoint_{job_id}_checkpoint")
+
+
+def sparkpoint_dag(
+    pipeline: Pipeline | str,
+    *,
+    dag_id: str | None = None,
+    schedule: Any = None,
+    on_landing: bool = False,
+    verify: bool = True,
+    overrides: Mapping[str, Any] | None = None,
+    storage_conn_id: str | None = None,
+    master: str = "local[2]",
+    remote: str | None = None,
+    poke_interval: float = 10.0,
+    orphan_grace_seconds: float = 3600.0,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The DAG of `pipeline` (default id `sparkpoint_<name>`). `schedule`: any Airflow schedule;
+    `on_landing=True` waits for a batch file first (a sensor) and, without a schedule, runs
+    continuously (`@continuous`: the next run starts when one ends, and waits for the next file)."""
+    ref = PipelineRef(pipeline, overrides, storage_conn_id)
+    resolved = ref.resolved()
+    if on_landing and schedule is None:
+        schedule = "@continuous"
+    dag_kwargs.setdefault("max_active_runs", 1)  # one run of a pipeline at a time
+    dag_kwargs.setdefault("catchup", False)
+    dag_kwargs.setdefault("start_date", datetime(2026, 1, 1, tzinfo=timezone.utc))
+    dag_kwargs.setdefault("tags", ["sparkpoint"])
+    dag_kwargs.setdefault("description", f"sparkpoint pipeline {resolved.name!r}: batch, checkpoint, retention")
+    common: dict[str, Any] = {"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id}
+    spark = {"master": master, "remote": remote}
+    with DAG(dag_id or f"sparkpoint_{resolved.name}", schedule=schedule, **dag_kwargs) as dag:
+        batch = SparkpointBatchOperator(task_id="batch", **common, **spark)
+        checkpoint = SparkpointCheckpointOperator(task_id="checkpoint", batch_task_id="batch",
+                                                  outlets=[checkpoint_asset(resolved.effective_job_id)], **common)
+        prune = SparkpointPruneOperator(task_id="prune", orphan_grace_seconds=orphan_grace_seconds, **common)
+        batch >> checkpoint >> prune
+        if verify:
+            checkpoint >> SparkpointVerifyOperator(task_id="verify", **common)
+        recover = SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED, **common, **spark)
+        [batch, checkpoint] >> recover
+        if on_landing:
+            SparkpointLandingSensor(task_id="wait_for_batch", poke_interval=poke_interval, mode="reschedule",
+                                    **common) >> batch
+    return dag

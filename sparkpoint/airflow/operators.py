@@ -1,0 +1,244 @@
+"""Airflow operators over sparkpoint's orchestrator-neutral seam: a few lines each around
+`sparkpoint.pipeline.attempt` (the two halves of a checkpoint) and `sparkpoint.pipeline.maintenance`.
+
+Each takes the pipeline (a `Pipeline`, or `"MODULE:ATTR"` imported where the task runs) and
+`overrides`: locations (`input_url`, `checkpoints_url`, `output_url`, `local_dir`, `job_id`) and
+settings under our names or Flink's keys, as `sparkpoint run --conf` takes them. Storage
+credentials come from an Airflow Connection (`storage_conn_id`): an `aws` connection's login and
+password become the key and secret, its `endpoint_url` and `region_name` extras the client's;
+any connection's `storage_options` extra (JSON) is passed as it is.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.savepoint import take_savepoint
+from sparkpoint.pipeline import maintenance
+from sparkpoint.pipeline.attempt import finish_step, start_step
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.spec import Pipeline, load_pipeline
+
+LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id", "storage_options")
+INJECT_KEY = "sparkpoint_inject_failure"  # dag_run.conf: before-upload | after-upload | before-commit
+
+
+def storage_options_from_connection(conn_id: str) -> dict[str, Any]:
+    """fsspec storage options from an Airflow Connection."""
+    conn = BaseHook.get_connection(conn_id)
+    extra = dict(conn.extra_dejson or {})
+    options: dict[str, Any] = dict(extra.pop("storage_options", {}) or {})
+    if conn.conn_type == "aws":
+        if conn.login:
+            options.setdefault("key", conn.login)
+        if conn.password:
+            options.setdefault("secret", conn.password)
+        client = dict(options.get("client_kwargs", {}))
+        for name in ("endpoint_url", "region_name"):
+            if extra.get(name):
+                client.setdefault(name, extra[name])
+        if client:
+            options["client_kwargs"] = client
+    return options
+
+
+def attempt_id_of(context: Context) -> str:
+    """The attempt id of this DAG run: stable across the retries of its tasks (a retried batch
+    task aborts its own earlier attempt first), a plain name for storage."""
+    run = context["dag_run"]
+    return "af-" + uuid.uuid5(uuid.NAMESPACE_URL, f"airflow:{run.dag_id}/{run.run_id}").hex
+
+
+def injected(context: Context) -> str | None:
+    conf = getattr(context.get("dag_run"), "conf", None) or {}
+    value = conf.get(INJECT_KEY)
+    return str(value) if value else None
+
+
+class PipelineRef:
+    """The pipeline an operator runs: a `Pipeline` or `"MODULE:ATTR"`, its overrides, credentials."""
+
+    def __init__(self, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None, storage_conn_id: str | None):
+        self.pipeline, self.overrides, self.storage_conn_id = pipeline, dict(overrides or {}), storage_conn_id
+        resolve_pipeline(pipeline, self.overrides)  # a bad reference or setting fails when the DAG is parsed
+
+    def resolved(self) -> Pipeline:
+        pipeline = resolve_pipeline(self.pipeline, self.overrides)
+        if self.storage_conn_id:
+            options = {**pipeline.storage_options, **storage_options_from_connection(self.storage_conn_id)}
+            pipeline = pipeline.with_(storage_options=options)
+        return pipeline
+
+    def driver(self, spark: Any = None) -> StatefulPipeline:
+        pipeline = self.resolved()
+        return StatefulPipeline(spark, pipeline.config(), pipeline.operators)
+
+
+def resolve_pipeline(pipeline: Pipeline | str, overrides: Mapping[str, Any]) -> Pipeline:
+    base = load_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+    if not isinstance(base, Pipeline):
+        raise AirflowException(f"pipeline must be a sparkpoint.Pipeline or 'MODULE:ATTR', got {type(base).__name__}")
+    settings = dict(overrides)
+    locations = {k: settings.pop(k) for k in LOCATIONS if k in settings}
+    base = base.with_(**locations) if locations else base
+    return base.with_settings(settings) if settings else base
+
+
+class SparkpointOperator(BaseOperator):
+    """What every sparkpoint operator shares: the pipeline, its overrides, credentials, Spark
+    (`master`, or `remote`: a Spark Connect URL)."""
+
+    ui_color = "#f4a460"
+
+    def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
+                 storage_conn_id: str | None = None, master: str = "local[2]", remote: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ref = PipelineRef(pipeline, overrides, storage_conn_id)
+        self.master, self.remote = master, remote
+
+    def resolved(self) -> Pipeline:
+        return self.ref.resolved()
+
+    def driver(self, spark: Any = None) -> StatefulPipeline:
+        return self.ref.driver(spark)
+
+    def spark(self) -> Any:
+        from sparkpoint.spark.session import spark_session
+
+        return spark_session(self.master, app_name=f"sparkpoint-{self.resolved().name}", remote=self.remote)
+
+
+class SparkpointBatchOperator(SparkpointOperator):
+    """The Spark half of the next unconsumed batch: every subtask restores, applies its rows,
+    snapshots and uploads; the attempt is persisted under this DAG run's id, which goes to XCom
+    (JSON) for `SparkpointCheckpointOperator`. Nothing unconsumed: the task is skipped."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        spark = self.spark()
+        try:
+            driver = self.driver(spark)
+            attempt = start_step(driver, attempt_id_of(context), inject_failure=injected(context))
+        finally:
+            spark.stop()
+        if attempt is None:
+            raise AirflowSkipException(f"no unconsumed batch in {driver.config.input_url}: no new checkpoint")
+        self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
+                      attempt.attempt_id)
+        return {"attempt_id": attempt.attempt_id, "checkpoint_id": attempt.checkpoint_id,
+                "operators": {op.name: attempt.operator_summary(op.name) for op in driver.operators}}
+
+
+class SparkpointCheckpointOperator(SparkpointOperator):
+    """Completes the checkpoint the batch task uploaded (`_metadata`, registry, retention, sink
+    commit), without Spark. Its facts go to the log in one line and to XCom."""
+
+    def __init__(self, *, batch_task_id: str = "batch", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batch_task_id = batch_task_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        pushed = context["ti"].xcom_pull(task_ids=self.batch_task_id)
+        ids = [pushed["attempt_id"]] if isinstance(pushed, dict) else [attempt_id_of(context)]
+        driver = self.driver()
+        done = finish_step(driver, ids, inject_failure=injected(context))
+        if done is None:
+            raise AirflowSkipException("the batch task left no pending checkpoint: no new checkpoint")
+        report, meta = done
+        facts = maintenance.checkpoint_facts(driver.storage, report, meta)
+        self.log.info("sparkpoint %s", report.line())
+        return {**facts, "rows": report.rows, "batch": list(report.files)}
+
+
+class SparkpointRecoverOperator(SparkpointOperator):
+    """After a failed batch or checkpoint task of this DAG run: abort its attempt, rebuild the
+    registry, verify (falling back loudly), and process the batch again, exactly once."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        spark = self.spark()
+        try:
+            report = maintenance.recover(self.driver(spark), failed_before=time.time())
+        finally:
+            spark.stop()
+        self.log.info("sparkpoint recovery: %s", report.summary())
+        if report.fell_back_from:
+            self.log.error("FELL BACK: checkpoints %s failed verification", list(report.fell_back_from))
+        out: dict[str, Any] = {"aborted": list(report.aborted), "uploads_deleted": report.uploads_deleted,
+                               "orphans_deleted": report.orphans_deleted, "restored_from": report.restored_from,
+                               "fell_back_from": list(report.fell_back_from), "summary": report.summary()}
+        if report.batch is not None:
+            out["checkpoint_id"] = report.batch[1].checkpoint_id
+        return out
+
+
+class SparkpointPruneOperator(SparkpointOperator):
+    """Retention: subsume beyond num_retained, forget attempts that can never complete, sweep
+    orphans older than `orphan_grace_seconds`."""
+
+    def __init__(self, *, orphan_grace_seconds: float = 3600.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.orphan_grace_seconds = orphan_grace_seconds
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        pipeline = self.resolved()
+        r = maintenance.prune(pipeline.storage(), num_retained=pipeline.num_retained,
+                              orphan_grace_seconds=self.orphan_grace_seconds)
+        self.log.info("sparkpoint prune: subsumed %s, %s files deleted, %s orphans (%s B), %s stale attempts",
+                      list(r.subsumed), r.files_deleted, r.orphans, r.orphan_bytes, r.stale_attempts)
+        return {"subsumed": list(r.subsumed), "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
+                "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts}
+
+
+class SparkpointVerifyOperator(SparkpointOperator):
+    """Every retained checkpoint's files: present, size, CRC32. Fails when one does not verify."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        problems = maintenance.verify_all(self.resolved().storage())
+        bad = {str(cid): [str(p) for p in ps] for cid, ps in problems.items() if ps}
+        if bad:
+            first = min(bad, key=int)
+            raise AirflowException(f"checkpoints {sorted(bad, key=int)} do not verify; chk-{first}: {bad[first][0]}")
+        self.log.info("sparkpoint verify: checkpoints %s verify", sorted(problems))
+        return {"verified": sorted(problems)}
+
+
+class SparkpointSavepointOperator(SparkpointOperator):
+    """A self-contained, verified copy of the latest checkpoint that retention never deletes
+    (`target`: where; default: the next chk-N of the job)."""
+
+    def __init__(self, *, target: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.target = target
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        result = take_savepoint(self.resolved().storage(), target=self.target)
+        self.log.info("sparkpoint savepoint %s of checkpoint %s: %s", result.metadata.checkpoint_id,
+                      result.source_checkpoint, result.url)
+        return {"savepoint_id": result.metadata.checkpoint_id, "from_checkpoint": result.source_checkpoint,
+                "files": result.files, "path": f"{result.url}/_metadata"}
+
+
+class SparkpointLandingSensor(BaseSensorOperator):
+    """Waits until a batch file no checkpoint consumed is in the pipeline's input."""
+
+    def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
+                 storage_conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ref = PipelineRef(pipeline, overrides, storage_conn_id)
+
+    def poke(self, context: Context) -> bool:
+        try:
+            pending = self.ref.driver().pending_files()
+        except SparkpointError as e:  # e.g. the input directory is not there yet
+            self.log.warning("sparkpoint: input not readable yet: %s", e)
+            return False
+        if pending:
+            self.log.info("sparkpoint: %s batch file(s) waiting, first %s", len(pending), pending[0])
+        return bool(pending)

@@ -1,0 +1,155 @@
+"""The Airflow provider with `dag.test()` (Airflow 3, SQLite, tasks in this process): several
+batches, a failure injected at each point the Dagster tag knows, healed by the DAG's `recover`
+task; the state equals a recomputation and the sink holds every batch exactly once. Also: the
+provider is registered, the DAG's shape, credentials from a Connection, clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Airflow reads its home and database when first imported: a throwaway one for this module.
+_HOME = tempfile.mkdtemp(prefix="sparkpoint-airflow-")
+os.environ["AIRFLOW_HOME"] = _HOME
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME}/airflow.db"
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = f"{_HOME}/dags"  # dag.test() syncs the DAG from its file
+Path(_HOME, "dags").mkdir()
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+
+import pandas as pd  # noqa: E402
+
+from sparkpoint.checkpoint.storage import CheckpointStorage  # noqa: E402
+from sparkpoint.checkpoint.store import CompletedCheckpointStore  # noqa: E402
+from sparkpoint.sample import pipeline as sample  # noqa: E402
+from sparkpoint.spark.generate import generate  # noqa: E402
+from sparkpoint.state.extract import operator_states  # noqa: E402
+from sparkpoint.state.sample import item_reach, user_totals  # noqa: E402
+from tests import oracle  # noqa: E402
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def airflow_db() -> None:
+    done = subprocess.run([str(BIN / "airflow"), "db", "migrate"], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def pipeline_at(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return sample.with_(name="sample_af", job_id="job", input_url=str(tmp_path / "in"),
+                        checkpoints_url=str(tmp_path / "ckpt"), output_url=str(tmp_path / "out"),
+                        local_dir=str(tmp_path / "local"))
+
+
+def dag_file(name: str, tmp_path: Path, **factory: object):  # type: ignore[no-untyped-def]
+    """A DAG file in the DAGs folder (as a user writes one) for the sample pipeline at `tmp_path`;
+    its DAG, imported from the file."""
+    import importlib.util
+
+    path = Path(_HOME, "dags", f"{name}.py")
+    path.write_text(
+        "from sparkpoint.airflow import sparkpoint_dag\n"
+        "from sparkpoint.sample import pipeline\n"
+        f"dag = sparkpoint_dag(pipeline.with_(name='sample_af', job_id='job', input_url={str(tmp_path / 'in')!r}, "
+        f"checkpoints_url={str(tmp_path / 'ckpt')!r}, output_url={str(tmp_path / 'out')!r}, "
+        f"local_dir={str(tmp_path / 'local')!r}), dag_id={name!r}, **{factory!r})\n"
+    )
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dag
+
+
+def states(run) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+
+
+def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp_path: Path):
+    generate(str(tmp_path / "in"), batches=5, events_per_batch=1500, users=300, items=40, seed=9)
+    dag = dag_file("sample_af", tmp_path)
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+
+    first = dag.test()
+    assert states(first) == {"batch": "success", "checkpoint": "success", "prune": "success", "verify": "success",
+                             "recover": "skipped"}, states(first)
+    assert storage.completed_checkpoint_ids() == [1]
+    for point, cid in (("before-upload", 2), ("after-upload", 3), ("before-commit", 4)):
+        run = dag.test(run_conf={"sparkpoint_inject_failure": point})
+        got = states(run)
+        assert got["recover"] == "success", (point, got)
+        assert "failed" in (got["batch"], got["checkpoint"]), (point, got)
+        assert str(run.state) == "failed", "the run did fail; its batch is healed"
+        assert max(storage.completed_checkpoint_ids()) == cid, point
+    last = dag.test()
+    assert states(last)["checkpoint"] == "success"
+    nothing = dag.test()
+    assert states(nothing)["batch"] == "skipped", "no unconsumed batch: nothing to do"
+
+    latest = CompletedCheckpointStore(storage).latest()
+    assert latest is not None and latest.checkpoint_id == 5
+    batches = oracle.read_batches(str(tmp_path / "in"))
+    events = pd.concat(batches, ignore_index=True)
+    with operator_states(storage, latest, user_totals.name) as backends:
+        oracle.assert_totals_equal(pd.concat([user_totals.export(b) for b in backends]), oracle.user_totals(events))
+    with operator_states(storage, latest, item_reach.name) as backends:
+        oracle.assert_reach_equal(pd.concat([item_reach.export(b) for b in backends]), oracle.item_reach(events))
+    output = pd.read_parquet(tmp_path / "out")
+    assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3, 4, 5]
+    for cid, expected in zip([1, 2, 3, 4, 5], oracle.sink_rows(batches)):
+        oracle.assert_totals_equal(output[output["checkpoint_id"] == cid].drop(columns="checkpoint_id"), expected)
+    pending = tmp_path / "ckpt" / "job" / "_pending"
+    assert not pending.exists() or not [p for p in pending.iterdir() if p.suffix == ".json"]
+
+
+def test_the_provider_is_registered_and_the_dag_has_its_shape(tmp_path: Path):
+    from sparkpoint.airflow import get_provider_info, sparkpoint_dag
+
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    listed = subprocess.run([str(BIN / "airflow"), "providers", "list"], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert "sparkpoint" in listed.stdout, listed.stdout[-2000:] + listed.stderr[-2000:]
+    assert get_provider_info()["package-name"] == "sparkpoint"
+
+    (tmp_path / "in").mkdir()
+    dag = sparkpoint_dag(pipeline_at(tmp_path), on_landing=True)
+    assert dag.dag_id == "sparkpoint_sample_af" and dag.max_active_runs == 1
+    assert set(dag.task_ids) == {"wait_for_batch", "batch", "checkpoint", "prune", "verify", "recover"}
+    outlets = dag.get_task("checkpoint").outlets
+    assert [a.uri for a in outlets] == ["sparkpoint://job/checkpoint"]
+    assert dag.get_task("recover").trigger_rule == "one_failed"  # a str enum
+    assert dag.get_task("batch").upstream_task_ids == {"wait_for_batch"}
+
+
+def test_credentials_come_from_an_airflow_connection(monkeypatch: pytest.MonkeyPatch):
+    import json
+
+    from sparkpoint.airflow.operators import storage_options_from_connection
+
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE", json.dumps({
+        "conn_type": "aws", "login": "AKIA", "password": "s3cret",
+        "extra": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}}))
+    assert storage_options_from_connection("lake") == {
+        "key": "AKIA", "secret": "s3cret",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"}}
+
+
+def test_bad_pipeline_references_and_settings_fail_when_the_dag_is_parsed(tmp_path: Path):
+    from sparkpoint.airflow import sparkpoint_dag
+    from sparkpoint.pipeline.runtime import PipelineError
+
+    with pytest.raises(PipelineError, match="cannot import 'no_such_module'"):
+        sparkpoint_dag("no_such_module:pipeline")
+    with pytest.raises(PipelineError, match="unknown setting 'state.nope'"):
+        sparkpoint_dag(pipeline_at(tmp_path), overrides={"state.nope": 1})
+    dag = sparkpoint_dag(pipeline_at(tmp_path), overrides={"state.checkpoints.num-retained": "4"})
+    assert dag.get_task("prune").ref.resolved().num_retained == 4  # type: ignore[attr-defined]
