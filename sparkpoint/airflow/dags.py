@@ -15,7 +15,7 @@ healed). A retried `batch` task aborts its own earlier attempt first. One run at
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import DAG, Asset, TriggerRule
@@ -61,7 +61,7 @@ def sparkpoint_dag(
         schedule = "@continuous"
     dag_kwargs.setdefault("max_active_runs", 1)  # one run of a pipeline at a time
     dag_kwargs.setdefault("catchup", False)
-    dag_kwargs.setdefault("start_date", datetime(2026, 1, 1, tzinfo=timezone.utc))
+    dag_kwargs.setdefault("start_date", datetime(2026, 1, 1, tzinfo=UTC))
     dag_kwargs.setdefault("tags", ["sparkpoint"])
     dag_kwargs.setdefault("description", f"sparkpoint pipeline {resolved.name!r}: batch, checkpoint, retention")
     common: dict[str, Any] = {"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id}
