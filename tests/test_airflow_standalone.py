@@ -1,0 +1,174 @@
+"""End to end in `airflow standalone` on 127.0.0.1 (SQLite, LocalExecutor, small parallelism): the
+two example DAGs side by side. The sample's DAG is triggered through the REST API, a failure is
+injected into one run and healed by its `recover` task, a later run succeeds; the clickstream
+example's DAG runs by itself when files land (its landing sensor, `@continuous`). Each pipeline's
+state equals a recomputation; neither touches the other's checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.spark.generate import generate
+from sparkpoint.state.extract import operator_states, state_table
+from sparkpoint.state.sample import user_totals
+from tests import oracle
+
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+DONE = {"success", "failed"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Airflow:
+    def __init__(self, root: Path) -> None:
+        self.root, self.port = root, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = root / "standalone.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 300) -> None:
+        home, dags = self.root / "airflow-home", self.root / "dags"
+        dags.mkdir(parents=True)
+        for name in ("sample_dag.py", "clickstream_dag.py"):
+            shutil.copy(ROOT / "examples" / "airflow" / name, dags / name)
+        env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+               "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__PARALLELISM": "4",
+               "AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__HOST": "127.0.0.1",
+               "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+               "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+               "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5", "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+               "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+               "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "SPARK_LOCAL_IP": "127.0.0.1",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples" / "clickstream")])}
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], cwd=self.root, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.wait_for("both DAGs parsed", lambda: {"sparkpoint_sparkpoint", "sparkpoint_clicks"} <= self.dag_ids(),
+                      timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
+    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.url}/api/v2{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)
+
+    def dag_ids(self) -> set[str]:
+        try:
+            return {d["dag_id"] for d in self.api("GET", "/dags")["dags"]}
+        except (urllib.error.URLError, ConnectionError, OSError, ValueError):
+            return set()
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        run = self.api("POST", f"/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        return str(run["dag_run_id"])
+
+    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return dict(self.api("GET", f"/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}"))
+
+    def tasks(self, dag_id: str, run_id: str) -> dict[str, str]:
+        got = self.api("GET", f"/dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}/taskInstances")
+        return {t["task_id"]: str(t["state"]) for t in got["task_instances"]}
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict[str, Any]:
+        return dict(self.wait_for(f"{dag_id} run {run_id}", lambda: (r if (r := self.run(dag_id, run_id))["state"]
+                                                                        in DONE else None), timeout))
+
+    def wait_for(self, what: str, probe: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value:
+                return value
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"airflow standalone exited while waiting for {what}\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.tail()}")
+            time.sleep(2)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+
+
+@pytest.fixture
+def airflow(tmp_path: Path) -> Iterator[Airflow]:
+    server = Airflow(tmp_path)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow):
+    root = airflow.root
+    sample_dag, clicks_dag = "sparkpoint_sparkpoint", "sparkpoint_clicks"
+    generate(str(root / ".sparkpoint" / "demo" / "input"), batches=3, events_per_batch=1500, users=300, items=40,
+             seed=2)
+    for dag_id in (sample_dag, clicks_dag):
+        airflow.api("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+    sample = CheckpointStorage((root / ".sparkpoint" / "checkpoints").as_uri(), "demo")
+
+    first = airflow.trigger(sample_dag)
+    assert airflow.wait_run(sample_dag, first)["state"] == "success", airflow.tail()
+    failed = airflow.trigger(sample_dag, {"sparkpoint_inject_failure": "after-upload"})
+    assert airflow.wait_run(sample_dag, failed)["state"] == "failed"
+    tasks = airflow.tasks(sample_dag, failed)
+    assert tasks["batch"] == "failed" and tasks["recover"] == "success", tasks
+    later = airflow.trigger(sample_dag)
+    assert airflow.wait_run(sample_dag, later)["state"] == "success", airflow.tail()
+    assert sample.completed_checkpoint_ids() == [2, 3]
+    latest = CompletedCheckpointStore(sample).latest()
+    assert latest is not None
+    events = pd.concat(oracle.read_batches(str(root / ".sparkpoint" / "demo" / "input")), ignore_index=True)
+    with operator_states(sample, latest, user_totals.name) as backends:
+        oracle.assert_totals_equal(pd.concat([user_totals.export(b) for b in backends]), oracle.user_totals(events))
+
+    # The clickstream DAG waits for files (its landing sensor) and runs by itself when they land.
+    sys.path.insert(0, str(ROOT / "examples" / "clickstream"))
+    try:
+        from clickstream.land import land
+        from clickstream.operators import clicks_per_user
+    finally:
+        sys.path.pop(0)
+    before = sample.completed_checkpoint_ids()
+    land(root / ".sparkpoint" / "clicks" / "input", 2)
+    clicks = CheckpointStorage((root / ".sparkpoint" / "clicks" / "checkpoints").as_uri(), "clicks")
+    airflow.wait_for("two clicks checkpoints", lambda: clicks.completed_checkpoint_ids() == [1, 2], timeout=300)
+    assert sample.completed_checkpoint_ids() == before, "the clicks DAG touched the sample's checkpoints"
+    _, state = state_table(clicks, clicks_per_user)
+    landed = pd.concat([pd.read_parquet(p) for p in sorted((root / ".sparkpoint" / "clicks" / "input")
+                                                           .glob("clicks-*.parquet"))])
+    assert dict(zip(state["user"], state["clicks"])) == landed.groupby("user").size().to_dict()
