@@ -191,3 +191,12 @@ def test_retention_sensor_prunes_only_when_something_is_due():
     due = retention_sensor(context)
     assert isinstance(due, list) and len(due) == 1
     assert "num_retained is 2" in due[0].tags["sparkpoint/prune-because"]
+
+
+def test_retention_sensor_reads_the_cursor_an_earlier_version_left():
+    instance = dg.DagsterInstance.ephemeral()
+    checkpoint_event(instance, 1, [])
+    first = instance.fetch_materializations(CHECKPOINT_KEY, limit=1).records[0].storage_id
+    checkpoint_event(instance, 2, ["2 attempt(s) at or below chk-2 can never complete"])
+    requests = retention_sensor(dg.build_sensor_context(instance=instance, cursor=str(first)))
+    assert isinstance(requests, list) and len(requests) == 1  # only what came after the old cursor

@@ -101,6 +101,8 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing: bool = T
         attempts that can never complete) or the orphan sweep's grace period has passed since
         that job's last prune. Otherwise nothing: no run after every checkpoint."""
         cursor = json.loads(context.cursor) if context.cursor else {}
+        if not isinstance(cursor, dict):  # an earlier version's cursor: the storage id alone
+            cursor = {"storage_id": int(cursor)}
         seen, pruned = cursor.get("storage_id"), dict(cursor.get("pruned", {}))
         records = context.instance.fetch_materializations(scope.checkpoint_key, limit=100, ascending=False).records
         new = [r for r in records if seen is None or r.storage_id > seen]
