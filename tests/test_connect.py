@@ -6,7 +6,6 @@ artifacts, and a wrong URL said in one line."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,12 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark.generate import generate
-from sparkpoint.state.extract import state_table
+from tests.clickstream_project import clicks_state, copy_project
 from tests.connect_server import ConnectServer, connect_server
 from tests.crashkit import assert_pipeline_result, assert_storage_settled, run_command
 
@@ -79,29 +77,14 @@ def test_a_driver_killed_mid_run_is_resumed_by_a_new_client(tmp_path: Path, serv
 
 
 def test_own_operators_reach_the_server_as_artifacts(tmp_path: Path, server: ConnectServer):
-    project = tmp_path / "project"
-    shutil.copytree(ROOT / "examples" / "clickstream", project, ignore=shutil.ignore_patterns(".sparkpoint",
-                                                                                              "__pycache__"))
-    project_env = {**os.environ, "PYTHONPATH": f"{project}{os.pathsep}{ROOT}"}
-    subprocess.run([sys.executable, "-m", "clickstream.land", "--batches", "2", "--into", "landing"], cwd=project,
-                   env=project_env, check=True, capture_output=True)
+    project, project_env = copy_project(tmp_path, landed=2)
     done = subprocess.run(
         [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "clickstream.pipelines:clicks",
          "--input", "landing", "--conf", f"spark.remote={server.url}"],
         cwd=project, env=project_env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    sys.path.insert(0, str(project))
-    try:
-        from clickstream.operators import clicks_per_user
-
-        _, state = state_table(CheckpointStorage(f"file://{project}/.sparkpoint/clicks/checkpoints", "clicks"),
-                               clicks_per_user)
-    finally:
-        sys.path.remove(str(project))
-        for name in [m for m in sys.modules if m == "clickstream" or m.startswith("clickstream.")]:
-            del sys.modules[name]
-    events = pd.concat([pd.read_parquet(p) for p in sorted((project / "landing").glob("*.parquet"))])
-    assert dict(zip(state["user"], state["clicks"])) == events.groupby("user").size().to_dict()
+    state, expected = clicks_state(project)
+    assert state == expected
 
 
 def test_a_wrong_connect_url_is_said_in_one_line(tmp_path: Path):
