@@ -91,12 +91,18 @@ def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: Chec
 def prune_due(storage: CheckpointStorage, *, num_retained: int) -> list[str]:
     """What a prune would do now that the checkpoint step did not: checkpoints beyond
     `num_retained` (the setting was lowered, or retention was skipped) and persisted attempts
-    that can never complete. Two listings, no file read: cheap enough after every checkpoint.
-    (Orphans are the sweep's, due once per grace period.)"""
+    that can never complete. Two listings, and `_metadata` read only when more than
+    `num_retained` are listed: cheap enough after every checkpoint. Savepoints count toward
+    nothing (retention never subsumes them), so one kept in the job's directory is not a prune
+    due after every checkpoint. (Orphans are the sweep's, due once per grace period.)"""
     due = []
     completed = storage.completed_checkpoint_ids()
     if len(completed) > num_retained:
-        due.append(f"{len(completed)} checkpoints retained, num_retained is {num_retained}")
+        listing = CompletedCheckpointStore(storage).load_all()
+        # An unreadable `_metadata` counts (its kind is unknown; retention is blocked until someone looks).
+        checkpoints = sum(1 for m in listing.checkpoints if not m.is_savepoint) + len(listing.unreadable)
+        if checkpoints > num_retained:
+            due.append(f"{checkpoints} checkpoints retained, num_retained is {num_retained}")
     latest = max(completed, default=0)
     stale = [a.attempt_id for a in list_attempts(storage).attempts if a.checkpoint_id <= latest]
     if stale:
