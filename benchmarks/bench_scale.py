@@ -1,0 +1,113 @@
+"""How checkpoint and restore costs grow with the state: `bench_state_backend` at 10 MB, 100 MB and
+1 GB of live state (5 GB with `--large`, for `make bench` only), 1% of the keys changed per
+checkpoint, each size in a process of its own.
+
+Per size: the mean incremental checkpoint (seconds, MB uploaded), uploaded ÷ changed bytes
+(amplification: 1.0 = only what changed) and seconds per MB changed, the restore from primary
+storage and from the task-local copy, and the process's peak memory (VmHWM, polled: loading the
+state, the checkpoints and the restores; RocksDB's block cache is 256 MB). The goal: upload and
+checkpoint time grow with the change, not the state: amplification and seconds per changed MB
+within 1.5x from 100 MB to 1 GB.
+
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_scale [--large] [--out DIR]
+
+It prints a table and writes benchmarks/results/scale.json. Registry rebuild (100 checkpoints x
+1,000 files) and the orphan sweep at 10^5 files are `bench_bookkeeping`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results"
+CHURN = 0.01
+MB = 1024 * 1024
+
+
+def peak_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def one_size(state_mb: int, work: Path) -> dict[str, Any]:
+    out = work / f"state-{state_mb}.json"
+    cmd = [sys.executable, "-m", "benchmarks.bench_state_backend", "--state-mb", str(state_mb), "--changes",
+           str(CHURN), "--checkpoints", "3", "--repeat", "1", "--no-s3", "--out", str(out)]
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, peak_kib(proc.pid))
+        time.sleep(0.2)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{state_mb} MB failed ({proc.returncode}): {stderr[-3000:]}")
+    r = json.loads(out.read_text())
+    phase = r["phases"][0]
+    changed = phase["fraction"] * phase["mean_state_bytes"]
+    row = {
+        "state_mb": state_mb,
+        "state_bytes": phase["mean_state_bytes"],
+        "checkpoint_s": phase["mean_wall_s"],
+        "uploaded_bytes": phase["mean_uploaded_bytes"],
+        "amplification": phase["amplification"],
+        "s_per_changed_mb": phase["mean_wall_s"] / (changed / MB),
+        "restore_primary_s": r["restore"]["primary"]["wall_s"],
+        "restore_local_s": r["restore"]["local"]["wall_s"],
+        "peak_rss_mb": peak / 1024,
+        "wall_s": time.perf_counter() - started,
+    }
+    print(f"  {state_mb:>5} MB: checkpoint {row['checkpoint_s']:.2f} s, uploaded {row['uploaded_bytes'] / MB:.1f} MB "
+          f"(amplification {row['amplification']:.2f}), restore primary {row['restore_primary_s']:.2f} s / local "
+          f"{row['restore_local_s']:.3f} s, peak {row['peak_rss_mb']:.0f} MB", flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--large", action="store_true", help="also 5 GB (make bench)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    sizes = [10, 100, 1024] + ([5120] if args.large else [])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sparkpoint-scale-") as work:
+        for size in sizes:
+            rows.append(one_size(size, Path(work)))
+    print()
+    print(f"{'state':>8} {'checkpoint':>11} {'uploaded':>10} {'ampl.':>6} {'s/changed MB':>13} "
+          f"{'restore primary':>16} {'restore local':>14} {'peak RSS':>9}")
+    for r in rows:
+        print(f"{r['state_mb']:>5} MB {r['checkpoint_s']:>9.2f} s {r['uploaded_bytes'] / MB:>7.1f} MB "
+              f"{r['amplification']:>6.2f} {r['s_per_changed_mb']:>13.3f} {r['restore_primary_s']:>14.2f} s "
+              f"{r['restore_local_s']:>12.3f} s {r['peak_rss_mb']:>6.0f} MB")
+    by = {r["state_mb"]: r for r in rows}
+    growth = {key: by[1024][key] / by[100][key] for key in ("amplification", "s_per_changed_mb")}
+    print(f"100 MB -> 1 GB at {CHURN:.0%} churn: amplification x{growth['amplification']:.2f}, seconds per changed "
+          f"MB x{growth['s_per_changed_mb']:.2f} (goal: within 1.5x)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "scale.json"
+    path.write_text(json.dumps({"when": datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),
+                                "cpus": os.cpu_count(), "churn": CHURN, "rows": rows, "growth_100mb_to_1gb": growth},
+                               indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
