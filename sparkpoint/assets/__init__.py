@@ -121,7 +121,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
                                        metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due),
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
         if output_specs and driver.sink is not None and scope.output_key in context.selected_asset_keys:
-            facts = output_facts(driver.sink, meta.checkpoint_id)
+            facts = output_facts(driver.sink, meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
             yield dg.MaterializeResult(asset_key=scope.output_key, metadata=output_metadata(facts, meta.checkpoint_id),
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
 

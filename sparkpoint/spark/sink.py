@@ -174,16 +174,23 @@ def part_name(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> s
     return f"part-{job_id}~{checkpoint_id:08d}~{operator}~{subtask:05d}.parquet"
 
 
-def output_facts(sink: ExactlyOnceParquetSink, checkpoint_id: int) -> dict[str, Any]:
-    """What checkpoint N made visible: part files, rows and columns (read from the Parquet footers)."""
+def output_facts(sink: ExactlyOnceParquetSink, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
+    """What checkpoint N made visible (`staged`: its `_metadata`'s sink entries): part files, rows
+    and columns, read from those files' Parquet footers only (the output directory is never listed:
+    it grows by a file per subtask and checkpoint)."""
     import pyarrow.parquet as pq
 
-    fs, _ = sink._fs()
-    parts = sorted(sink.committed().get(checkpoint_id, []))
-    rows, columns = 0, {}
-    for path in parts:
-        with fs.open(path, "rb") as f:
-            footer = pq.ParquetFile(f)
-            rows += footer.metadata.num_rows
-            columns.update({field.name: str(field.type) for field in footer.schema_arrow})
-    return {"url": sink.url, "files": len(parts), "rows": rows, "columns": columns}
+    fs, root = sink._fs()
+    rows, files, columns = 0, 0, {}
+    for rel in staged:
+        operator, subtask = _staged_of(rel, checkpoint_id)
+        path = f"{root}/{part_name(sink.job_id, checkpoint_id, operator, int(subtask))}"
+        try:
+            with fs.open(path, "rb") as f:
+                footer = pq.ParquetFile(f)
+                rows += footer.metadata.num_rows
+                columns.update({field.name: str(field.type) for field in footer.schema_arrow})
+        except FileNotFoundError:  # rolled back after a fallback, or removed by hand
+            continue
+        files += 1
+    return {"url": sink.url, "files": files, "rows": rows, "columns": columns}
