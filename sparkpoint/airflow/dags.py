@@ -74,7 +74,8 @@ def sparkpoint_dag(
         batch >> checkpoint >> prune
         if verify:
             checkpoint >> SparkpointVerifyOperator(task_id="verify", **common)
-        recover = SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED, **common, **spark)
+        recover = SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED,
+                                            orphan_grace_seconds=orphan_grace_seconds, **common, **spark)
         [batch, checkpoint] >> recover
         if on_landing:
             SparkpointLandingSensor(task_id="wait_for_batch", poke_interval=poke_interval, mode="reschedule",

@@ -11,7 +11,6 @@ any connection's `storage_options` extra (JSON) is passed as it is.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -159,12 +158,18 @@ class SparkpointCheckpointOperator(SparkpointOperator):
 
 class SparkpointRecoverOperator(SparkpointOperator):
     """After a failed batch or checkpoint task of this DAG run: abort its attempt, rebuild the
-    registry, verify (falling back loudly), and process the batch again, exactly once."""
+    registry, verify (falling back loudly), and process the batch again, exactly once. Orphans
+    (uploads no attempt record names) are swept only past `orphan_grace_seconds`: another writer
+    of the same job (a CLI run) may be uploading right now."""
+
+    def __init__(self, *, orphan_grace_seconds: float = 3600.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.orphan_grace_seconds = orphan_grace_seconds
 
     def execute(self, context: Context) -> dict[str, Any]:
         spark = self.spark()
         try:
-            report = maintenance.recover(self.driver(spark), failed_before=time.time())
+            report = maintenance.recover(self.driver(spark), orphan_grace_seconds=self.orphan_grace_seconds)
         finally:
             spark.stop()
         self.log.info("sparkpoint recovery: %s", report.summary())
