@@ -111,6 +111,27 @@ def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp
     assert not pending.exists() or not [p for p in pending.iterdir() if p.suffix == ".json"]
 
 
+def test_a_retried_batch_task_commits_its_batch_once(tmp_path: Path):
+    """An after-upload failure on the first try; the retry writes an attempt of its own (the
+    failed try's is aborted and fenced for good) and its checkpoint commits; `recover` stays out."""
+    generate(str(tmp_path / "in"), batches=2, events_per_batch=1500, users=300, items=40, seed=4)
+    dag = dag_file("sample_af_retry", tmp_path, default_args={"retries": 1, "retry_delay": 0})
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    run = dag.test(run_conf={"sparkpoint_inject_failure": "after-upload"})
+    got = states(run)
+    assert got["batch"] == "success" and got["checkpoint"] == "success" and got["recover"] == "skipped", got
+    assert storage.completed_checkpoint_ids() == [1]
+    run = dag.test()
+    assert states(run)["checkpoint"] == "success" and storage.completed_checkpoint_ids() == [2, 1][::-1]
+    pending = tmp_path / "ckpt" / "job" / "_pending"
+    assert not pending.exists() or not [p for p in pending.iterdir() if p.suffix == ".json"], \
+        "the failed try's attempt was settled by prune"
+    batches = oracle.read_batches(str(tmp_path / "in"))
+    output = pd.read_parquet(tmp_path / "out")
+    for cid, expected in zip([1, 2], oracle.sink_rows(batches)):
+        oracle.assert_totals_equal(output[output["checkpoint_id"] == cid].drop(columns="checkpoint_id"), expected)
+
+
 def test_the_provider_is_registered_and_the_dag_has_its_shape(tmp_path: Path):
     from sparkpoint.airflow import get_provider_info, sparkpoint_dag
 

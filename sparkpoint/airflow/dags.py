@@ -65,7 +65,7 @@ def sparkpoint_dag(
     dag_kwargs.setdefault("tags", ["sparkpoint"])
     dag_kwargs.setdefault("description", f"sparkpoint pipeline {resolved.name!r}: batch, checkpoint, retention")
     common: dict[str, Any] = {"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id}
-    spark = {"master": master, "remote": remote}
+    spark: dict[str, Any] = {"master": master, "remote": remote}
     with DAG(dag_id or f"sparkpoint_{resolved.name}", schedule=schedule, **dag_kwargs) as dag:
         batch = SparkpointBatchOperator(task_id="batch", **common, **spark)
         checkpoint = SparkpointCheckpointOperator(task_id="checkpoint", batch_task_id="batch",

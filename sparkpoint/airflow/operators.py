@@ -49,13 +49,19 @@ def storage_options_from_connection(conn_id: str) -> dict[str, Any]:
 
 
 def attempt_id_of(context: Context) -> str:
-    """The attempt id of this DAG run: stable across the retries of its tasks (a retried batch
-    task aborts its own earlier attempt first), a plain name for storage."""
-    run = context["dag_run"]
-    return "af-" + uuid.uuid5(uuid.NAMESPACE_URL, f"airflow:{run.dag_id}/{run.run_id}").hex
+    """The attempt id of this try of the batch task: a plain name for storage, new for every try.
+    An attempt id is never reused once an abort claimed it (the abort's claim fences any late
+    completer of that attempt for good), so a retry writes its own attempt; the one of the failed
+    try is settled by `prune` or `recover` once the checkpoint is past it."""
+    run, ti = context["dag_run"], context["ti"]
+    run_part = uuid.uuid5(uuid.NAMESPACE_URL, f"airflow:{run.dag_id}/{run.run_id}").hex[:24]
+    return f"af-{run_part}-t{ti.try_number}"
 
 
 def injected(context: Context) -> str | None:
+    """The failure asked for in the run's conf, on a task's first try only (a retry then heals)."""
+    if context["ti"].try_number > 1:
+        return None
     conf = getattr(context.get("dag_run"), "conf", None) or {}
     value = conf.get(INJECT_KEY)
     return str(value) if value else None
@@ -145,9 +151,10 @@ class SparkpointCheckpointOperator(SparkpointOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         pushed = context["ti"].xcom_pull(task_ids=self.batch_task_id)
-        ids = [pushed["attempt_id"]] if isinstance(pushed, dict) else [attempt_id_of(context)]
+        if not isinstance(pushed, dict) or "attempt_id" not in pushed:
+            raise AirflowSkipException(f"task {self.batch_task_id!r} pushed no attempt: no new checkpoint")
         driver = self.driver()
-        done = finish_step(driver, ids, inject_failure=injected(context))
+        done = finish_step(driver, [str(pushed["attempt_id"])], inject_failure=injected(context))
         if done is None:
             raise AirflowSkipException("the batch task left no pending checkpoint: no new checkpoint")
         report, meta = done

@@ -54,7 +54,8 @@ def spark_session(
     here, and the server's executors run the pipeline's tasks."""
     verbose = verbose_from_env() if verbose is None else verbose
     if remote or master.startswith("sc://"):
-        return connect_session(remote or master, app_name=app_name, verbose=verbose)
+        connected: SparkSession = connect_session(remote or master, app_name=app_name, verbose=verbose)
+        return connected  # the Connect client's SparkSession has the classic one's DataFrame API
     # pandas 3 works for what sparkpoint asks of PySpark (Arrow batches in and out); PySpark 4.3
     # warns on every UDF all the same.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
@@ -157,7 +158,7 @@ def job_group(spark: Any, group: str, description: str) -> Iterator[None]:
             sc.setLocalProperty(key, value)  # None removes it
 
 
-def _interrupt_cleanly(spark: SparkSession) -> None:
+def _interrupt_cleanly(spark: Any) -> None:
     """PySpark's SIGINT handler cancels the jobs through py4j from inside the call it interrupts
     (a reentrant call: py4j logs a page of traces). Ours cancels them from another thread and
     raises KeyboardInterrupt in the driver, which stops at once."""
@@ -251,7 +252,8 @@ def _launch_quiet_gateway(master: str, app_name: str, settings: dict[str, str]) 
         # A session of its own: a Ctrl-C at the terminal reaches this driver only, which cancels
         # the job and stops Spark in order, instead of the JVM and every Python worker printing
         # its own trace. The JVM still ends with the driver (it exits when its stdin closes).
-        gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE, "start_new_session": True})
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            conf, popen_kwargs={"stderr": subprocess.PIPE, "start_new_session": True})
         proc = getattr(gateway, "proc", None)
         if proc is not None:  # a crash point kills it with the driver, as a power cut would
             kill_with_this_process(proc.pid)
