@@ -53,7 +53,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, Subta
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.pipeline.runtime import BatchReport, _Start
+from sparkpoint.pipeline.runtime import BatchReport, PipelineError, _Start
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceOffsets
@@ -77,6 +77,10 @@ class AttemptError(SparkpointError):
 
 class AttemptAborted(CheckpointDeclined):
     """Recovery claimed the attempt first: it will never complete; its batch is processed again."""
+
+
+class AttemptIdReused(PipelineError):
+    """A step was started under an attempt id an abort has fenced at the next checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -597,12 +601,22 @@ def start_step(
     """Step 1: run the Spark half of the next unconsumed batch and persist the attempt.
 
     None when no batch is unconsumed (nothing uploaded, nothing persisted). An attempt this id
-    persisted before (a retried step) is aborted first. `after-upload` fails after persisting.
+    persisted before (a retried step) is aborted first. An abort's claim fences its attempt id at
+    that checkpoint for good (a late completer of the aborted attempt must never commit), so when
+    the next checkpoint is one this id was aborted at, `AttemptIdReused` is raised before any
+    Spark work: a retry needs an id of its own. `after-upload` fails after persisting.
     """
     inject = check_point(inject_failure)
-    for old in pending_attempts(pipeline.storage):
+    storage = pipeline.storage
+    for old in pending_attempts(storage):
         if old.attempt_id == attempt_id:
-            abort_attempt(pipeline.storage, old, pipeline.sink)
+            abort_attempt(storage, old, pipeline.sink)
+    following = max(storage.completed_checkpoint_ids(), default=0) + 1
+    if claim_holder(storage, following, attempt_id) == ABORT:
+        raise AttemptIdReused(
+            f"attempt {attempt_id} was aborted at checkpoint {following} and can never complete it: "
+            "run this step again under a new attempt id (e.g. one per try)"
+        )
     attempt, _ = spark_half_with_fallback(pipeline, attempt_id=attempt_id, inject_failure=inject)
     if attempt is None:
         return None
