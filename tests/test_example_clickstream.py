@@ -156,6 +156,14 @@ def test_two_pipelines_materialize_fail_and_heal_apart(project: Path):
     last = output.sort_values("checkpoint_id").groupby("user").last().reset_index()
     assert dict(zip(last["user"], last["clicks"])) == dict(zip(want_clicks["user"], want_clicks["clicks"]))
 
+    # A launch that sets one field of a resource keeps the pipeline's own values for the others
+    # (Dagster fills what a run config leaves out from the resource class's defaults: those must
+    # be the pipeline's, not the sample's `.sparkpoint/checkpoints`).
+    partial = {"resources": {"clicks_storage": {"config": {"job_id": "clicks"}}}}
+    rebuilt = defs.resolve_job_def("clicks_rebuild_registry").execute_in_process(instance=instance, run_config=partial)
+    (out,) = [e for e in rebuilt.all_events if e.event_type_value == "STEP_OUTPUT"]
+    assert out.event_specific_data.metadata["retained"].value == [4, 3]  # type: ignore[union-attr]
+
     materialized = instance.fetch_materializations(dg.AssetKey(["clicks", "output"]), limit=10).records
     assert len(materialized) == 4
     meta = materialized[0].asset_materialization.metadata

@@ -14,9 +14,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
+import pydantic
 from pydantic import PrivateAttr
 
 from sparkpoint.checkpoint.errors import SparkpointError
@@ -27,7 +28,6 @@ from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.rocksdb import RocksDBOptions
-from sparkpoint.state.sample import SAMPLE_OPERATORS
 
 DEFAULT_CHECKPOINTS = ".sparkpoint/checkpoints"
 DEFAULT_INPUT = ".sparkpoint/demo/input"
@@ -35,6 +35,7 @@ DEFAULT_OUTPUT = ".sparkpoint/demo/output"
 DEFAULT_LOCAL_DIR = ".sparkpoint/local"
 DEFAULT_JOB_ID = "demo"
 _SAMPLE_NAME = re.compile(r"batch-(\d{6})\.parquet")
+R = TypeVar("R", bound=dg.ConfigurableResource)  # type: ignore[type-arg]
 SAMPLE_STREAM = {"events_per_batch": 20_000, "users": 5_000, "items": 500, "seed": 42}
 
 
@@ -196,10 +197,6 @@ class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     files_per_checkpoint: int = 1
     sample_stream: bool = False
 
-    @property
-    def is_demo(self) -> bool:
-        return self.sample_stream
-
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         _json_object(self.input_options, "input: input_options")
         if self.files_per_checkpoint < 1:
@@ -252,53 +249,40 @@ class PipelineResources:
             raise ResourceConfigError(str(e)) from e
 
 
-def pipeline_of(
-    storage: CheckpointStorageResource,
-    registry: CheckpointRegistryResource,
-    backend: StateBackendResource,
-    source: InputResource,
-    spark: Any = None,
-    pipeline: Pipeline | None = None,
-) -> StatefulPipeline:
-    """`pipeline` (default: the sample operators) as the resources configure it (`spark` None:
-    the completing half)."""
-    sample = Pipeline("sample", SAMPLE_OPERATORS)
-    return PipelineResources(storage, registry, backend, source).driver(pipeline or sample, spark)
-
-
 def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[str, dg.ConfigurableResource]:  # type: ignore[type-arg]
-    """The resources of `pipeline`, by role, with its own settings as their values; the launchpad
-    (or `EnvVar`s) override any field."""
-    storage = CheckpointStorageResource(
-        checkpoints_url=pipeline.location("checkpoints"), job_id=pipeline.effective_job_id,
-        storage_options=json.dumps(dict(pipeline.storage_options)),
-    )
+    """The resources of `pipeline`, by role; the launchpad (or `EnvVar`s) override any field.
+
+    The pipeline's settings are the *defaults* of resource classes of its own, not values given
+    to the shared classes: Dagster fills the fields a run config leaves out from the class's
+    defaults, so a launch that sets only `job_id` would otherwise read and write the embedded
+    defaults' locations (the sample's `.sparkpoint/checkpoints`), not the pipeline's."""
+    storage = _own(CheckpointStorageResource, pipeline,
+                   checkpoints_url=pipeline.location("checkpoints"), job_id=pipeline.effective_job_id,
+                   storage_options=json.dumps(dict(pipeline.storage_options)))
+    input_options = dict(pipeline.input_options if pipeline.input_options is not None else pipeline.storage_options)
     return {
         "storage": storage,
-        "registry": CheckpointRegistryResource(
-            storage=storage, num_retained=pipeline.num_retained, retention=pipeline.retention,
-            claim_mode=pipeline.restore_mode, from_checkpoint=pipeline.from_checkpoint or "",
-        ),
-        "spark": SparkResource(app_name=pipeline.name),
-        "state_backend": StateBackendResource(
-            local_dir=pipeline.location("local"), local_recovery=pipeline.local_recovery,
-            incremental=pipeline.incremental, changelog=pipeline.changelog, parallelism=pipeline.parallelism,
-            max_parallelism=pipeline.max_parallelism, rocksdb_block_cache_mb=pipeline.rocksdb.block_cache_mb,
-        ),
-        "source": InputResource(
-            input_url=pipeline.location("input"),
-            input_options=json.dumps(dict(pipeline.input_options)) if pipeline.input_options is not None
-            else storage.storage_options,
-            output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,
-            sample_stream=sample_stream,
-        ),
+        "registry": _own(CheckpointRegistryResource, pipeline, storage=storage,
+                         num_retained=pipeline.num_retained, retention=pipeline.retention,
+                         claim_mode=pipeline.restore_mode, from_checkpoint=pipeline.from_checkpoint or ""),
+        "spark": _own(SparkResource, pipeline, app_name=pipeline.name),
+        "state_backend": _own(StateBackendResource, pipeline,
+                              local_dir=pipeline.location("local"), local_recovery=pipeline.local_recovery,
+                              incremental=pipeline.incremental, changelog=pipeline.changelog,
+                              parallelism=pipeline.parallelism, max_parallelism=pipeline.max_parallelism,
+                              rocksdb_block_cache_mb=pipeline.rocksdb.block_cache_mb),
+        "source": _own(InputResource, pipeline,
+                       input_url=pipeline.location("input"), input_options=json.dumps(input_options),
+                       output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,
+                       sample_stream=sample_stream),
     }
 
 
-def default_resources() -> dict[str, Any]:
-    """The sample pipeline's embedded defaults, by role (the demo's and the tests' resources)."""
-    resources = resources_for(Pipeline("sparkpoint", SAMPLE_OPERATORS, job_id=DEFAULT_JOB_ID,
-                                       input_url=DEFAULT_INPUT, checkpoints_url=DEFAULT_CHECKPOINTS,
-                                       output_url=DEFAULT_OUTPUT, local_dir=DEFAULT_LOCAL_DIR),
-                              sample_stream=True)
-    return resources
+def _own(cls: type[R], pipeline: Pipeline, **defaults: Any) -> R:
+    """An instance of a subclass of `cls` whose field defaults are `defaults` (a resource given as
+    a field, like the registry's storage, is passed as a value)."""
+    nested = {k: defaults.pop(k) for k in list(defaults) if isinstance(defaults[k], dg.ConfigurableResource)}
+    name = re.sub(r"[^0-9A-Za-z_]", "_", pipeline.name)
+    fields: dict[str, Any] = {k: (cls.model_fields[k].annotation, v) for k, v in defaults.items()}
+    own = pydantic.create_model(f"{name}_{cls.__name__}", __base__=cls, __module__=cls.__module__, **fields)
+    return own(**nested)  # type: ignore[no-any-return]
