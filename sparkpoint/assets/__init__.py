@@ -16,10 +16,12 @@ import dagster as dg
 
 from sparkpoint.assets.metadata import (
     checkpoint_metadata,
+    location,
     output_metadata,
     sstable_metadata,
     state_schema,
 )
+from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.attempt import finish_step, start_step
 from sparkpoint.pipeline.maintenance import prune_due, recount, registry_counts, verify_latest
@@ -49,7 +51,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         return dg.ObserveResult(
             data_version=dg.DataVersion(newest or "nothing pending"),
             metadata={"files_pending": len(pending), "newest_file": newest or "",
-                      "location": dg.MetadataValue.url(driver.config.input_url)},
+                      "location": location(driver.config.input_url)},
         )
 
     with warnings.catch_warnings():  # observable source assets are "beta" in Dagster 1.13, and what we need
@@ -115,7 +117,13 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             return
         report, meta = done
         context.log.info(report.line())
-        due = prune_due(driver.storage, num_retained=driver.config.num_retained)
+        # The checkpoint is committed: what follows only reports, and must not fail the step (a
+        # failed step would send a recovery after a checkpoint that completed).
+        try:
+            due = prune_due(driver.storage, num_retained=driver.config.num_retained)
+        except (SparkpointError, OSError) as e:
+            context.log.warning(f"could not tell whether a prune is due ({e}); the retention sensor will prune")
+            due = [f"unknown: {e}"]
         if scope.checkpoint_key in context.selected_asset_keys:
             yield dg.MaterializeResult(asset_key=scope.checkpoint_key,
                                        metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due),

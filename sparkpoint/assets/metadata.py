@@ -101,4 +101,6 @@ def output_metadata(facts: dict[str, Any], checkpoint_id: int) -> dict[str, Any]
     }
     if facts["columns"]:
         out["dagster/column_schema"] = column_schema(facts["columns"])
+    if facts["unreadable"]:
+        out["unreadable_files"] = dg.MetadataValue.json(facts["unreadable"])
     return out

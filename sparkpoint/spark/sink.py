@@ -177,20 +177,25 @@ def part_name(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> s
 def output_facts(sink: ExactlyOnceParquetSink, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
     """What checkpoint N made visible (`staged`: its `_metadata`'s sink entries): part files, rows
     and columns, read from those files' Parquet footers only (the output directory is never listed:
-    it grows by a file per subtask and checkpoint)."""
+    it grows by a file per subtask and checkpoint). Facts for a report after the commit: a file
+    that cannot be read is named in `unreadable`, never raised."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     fs, root = sink._fs()
-    rows, files, columns = 0, 0, {}
+    rows, files, columns, unreadable = 0, 0, {}, []
     for rel in staged:
         operator, subtask = _staged_of(rel, checkpoint_id)
-        path = f"{root}/{part_name(sink.job_id, checkpoint_id, operator, int(subtask))}"
+        name = part_name(sink.job_id, checkpoint_id, operator, int(subtask))
         try:
-            with fs.open(path, "rb") as f:
+            with fs.open(f"{root}/{name}", "rb") as f:
                 footer = pq.ParquetFile(f)
                 rows += footer.metadata.num_rows
                 columns.update({field.name: str(field.type) for field in footer.schema_arrow})
         except FileNotFoundError:  # rolled back after a fallback, or removed by hand
             continue
+        except (OSError, pa.ArrowException) as e:  # a transient read error, or a damaged footer
+            unreadable.append(f"{name}: {e}")
+            continue
         files += 1
-    return {"url": sink.url, "files": files, "rows": rows, "columns": columns}
+    return {"url": sink.url, "files": files, "rows": rows, "columns": columns, "unreadable": unreadable}
