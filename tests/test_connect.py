@@ -91,8 +91,10 @@ def test_a_wrong_connect_url_is_said_in_one_line(tmp_path: Path):
     generate(str(tmp_path / "in"), batches=1, events_per_batch=100, users=10, items=5, seed=1)
     cmd = run_command(str(tmp_path / "in"), f"file://{tmp_path}/ckpt", f"file://{tmp_path}/out", tmp_path / "local")
     for url, message in (("http://127.0.0.1:1", "must start with sc://"),
-                         ("sc://127.0.0.1:1", "cannot reach the Spark Connect server at sc://127.0.0.1:1")):
+                         ("sc://127.0.0.1:1", "cannot reach the Spark Connect server at sc://127.0.0.1:1"),
+                         ("sc://127.0.0.1:1/;token=s3cret", "server at sc://127.0.0.1:1: ")):
         done = subprocess.run([*cmd, "--remote", url], capture_output=True, text=True, env=env(), timeout=300)
         assert done.returncode == 2, done.stderr
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and message in lines[0], done.stderr
+        assert "s3cret" not in done.stderr, "a token in the URL is never printed"

@@ -93,7 +93,8 @@ def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = F
     sparkpoint installed (its Python workers run the tasks); the user's own modules are shipped
     as artifacts (`ship_modules`)."""
     if not url.startswith("sc://"):
-        raise SparkConnectionError(f"Spark Connect URL {url!r} must start with sc://, e.g. sc://127.0.0.1:15002")
+        raise SparkConnectionError(f"a Spark Connect URL must start with sc://, e.g. sc://127.0.0.1:15002 "
+                                   f"(got one starting {url.split(':', 1)[0]!r})")
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     if not verbose:
         _quiet_python_loggers()
@@ -110,21 +111,26 @@ def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = F
             f"Spark Connect needs pyspark's connect extra ({e}): pip install 'pyspark[connect]'") from e
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SparkConnectionError(f"cannot reach the Spark Connect server at {url}: {first}") from e
+        raise SparkConnectionError(f"cannot reach the Spark Connect server at {_shown(url)}: {first}") from e
     if not verbose:
         _interrupt_cleanly(spark)
     return spark
 
 
+def _shown(url: str) -> str:
+    """The URL as messages show it: `sc://host:port`, without its parameters (`;token=...`)."""
+    return "sc://" + url.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+
+
 def _reachable(url: str, timeout: float = 10.0) -> None:
     """Fail fast on a server that is not there: the gRPC client retries for minutes."""
-    address = url.removeprefix("sc://").split("/", 1)[0]
-    host, _, port = address.rpartition(":") if ":" in address else (address, "", "15002")
+    address = _shown(url).removeprefix("sc://")
+    host, _, port = address.rpartition(":") if ":" in address.lstrip("[").split("]")[-1] else (address, "", "15002")
     try:
         with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout):
             pass
     except (OSError, ValueError) as e:
-        raise SparkConnectionError(f"cannot reach the Spark Connect server at {url}: {e}") from e
+        raise SparkConnectionError(f"cannot reach the Spark Connect server at {_shown(url)}: {e}") from e
 
 
 class SparkConnectionError(SparkpointError):
