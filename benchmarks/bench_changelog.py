@@ -2,12 +2,19 @@
 
 user_totals' state (one value state, 40-byte values, keys `u0000123`) of `--users` users over 4
 subtasks: a first checkpoint of every user, then `--checkpoints` checkpoints, each after updating
-a random `--churn` share of the users. For RocksDB files only and for the changelog at each
-`--shares` materialize share, per checkpoint: bytes uploaded (files created by it, from
-`_metadata`) ÷ state (the materialized files the checkpoint lists, the chain left out), then
-mean / median / max; amplification = Σ uploaded ÷ Σ (churn × state); the job directory's bytes
-÷ state at the end; the wall time of the update checkpoints; the time of a restore of the last
-checkpoint from primary storage (a fresh local directory: download, verify, replay the chain).
+a random `--churn` share of the users. Variants: RocksDB files only; the changelog materializing
+at once (the whole materialization in the checkpoint that calls for it) at share 2; and the
+changelog materializing in steps (slices over the next checkpoints, `sparkpoint.state.staging`)
+at each `--shares` materialize share. Per checkpoint: bytes uploaded (files created by it, staged
+slices included, from `_metadata`) ÷ state (the files a restore of it reads, the chain left out),
+then mean / median / max; max ÷ mean of the bytes uploaded per checkpoint (the spike a
+materialization makes: goal <= 2); amplification = Σ uploaded ÷ Σ (churn × state); the job
+directory's bytes ÷ state at the end and at most during the run; the wall time of the update
+checkpoints; the time of a restore of the last checkpoint from primary storage (a fresh local
+directory: download, verify, replay the chain).
+
+The default 160 checkpoints let every changelog variant materialize at least twice (the chain
+calls for it after 64 files at 1% churn, after about 30 at 10%).
 
     .venv/bin/python -m benchmarks.bench_changelog                       # 500k users, 1% and 10%
     .venv/bin/python -m benchmarks.bench_changelog --quick               # 20k users, seconds
@@ -67,17 +74,19 @@ def run(users: int, churn: float, checkpoints: int, options: ChangelogOptions, r
 
     update(keys)
     take_checkpoint(coord, backends)
-    ratios, uploaded, ideal = [], 0, 0.0
+    ratios, uploads, uploaded, ideal, dir_peak = [], [], 0, 0.0, 0.0
     started = time.perf_counter()
     for _ in range(checkpoints):
         update(rng.sample(keys, int(churn * users)))
         done = take_checkpoint(coord, backends)
-        files = list(done.metadata.files())
-        new = sum(f.size for f in files if f.created_by == done.checkpoint_id)
-        state = sum(f.size for f in files if not is_changelog(f.local_name))
+        new = sum(f.size for f in done.metadata.files() if f.created_by == done.checkpoint_id)  # staged too
+        state = sum(f.size for h in done.metadata.subtask_handles() for f in h.files()
+                    if not is_changelog(f.local_name))
         ratios.append(new / state)
+        uploads.append(new)
         uploaded += new
         ideal += churn * state
+        dir_peak = max(dir_peak, storage_bytes(storage) / state)
     seconds = time.perf_counter() - started
     for b in backends:
         b.dispose()
@@ -93,39 +102,51 @@ def run(users: int, churn: float, checkpoints: int, options: ChangelogOptions, r
     restore = time.perf_counter() - t0
     return {
         "mean": statistics.mean(ratios), "median": statistics.median(ratios), "max": max(ratios),
+        "max_over_mean_upload": max(uploads) / statistics.mean(uploads), "mean_upload_bytes": statistics.mean(uploads),
+        "dir_over_state_peak": dir_peak, "per_checkpoint_bytes": uploads,
         "amplification": uploaded / ideal, "dir_over_state": sum(f.size for f in listing) / state,
         "state_bytes": state, "checkpoint_seconds": seconds / checkpoints, "restore_seconds": restore,
         "per_checkpoint": ratios,
     }
 
 
+def storage_bytes(storage: CheckpointStorage) -> int:
+    return sum(f.size for d in ("shared", *(f"chk-{i}" for i in storage.completed_checkpoint_ids()))
+               for f in storage.walk(d))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=500_000)
     parser.add_argument("--churn", default="0.01,0.1", help="comma-separated shares of users per checkpoint")
-    parser.add_argument("--checkpoints", type=int, default=40)
-    parser.add_argument("--shares", default="1,2,4", help="changelog materialize shares to compare")
+    parser.add_argument("--checkpoints", type=int, default=160)
+    parser.add_argument("--shares", default="1,2,4", help="materialize shares to compare, in steps")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.quick:
-        args.users, args.checkpoints = 20_000, 6
-    variants = [("files", ChangelogOptions(enabled=False))] + [
-        (f"changelog share={s}", ChangelogOptions(enabled=True, materialize_share=float(s)))
+    max_chain = 64
+    if args.quick:  # a short chain, so that the few checkpoints still materialize
+        args.users, args.checkpoints, max_chain = 20_000, 12, 4
+    variants = [
+        ("files", ChangelogOptions(enabled=False)),
+        ("changelog at once share=2", ChangelogOptions(enabled=True, max_chain=max_chain, in_steps=False)),
+    ] + [
+        (f"changelog share={s}", ChangelogOptions(enabled=True, materialize_share=float(s), max_chain=max_chain))
         for s in args.shares.split(",")
     ]
     results: dict[str, Any] = {"users": args.users, "checkpoints": args.checkpoints, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="bench-changelog-") as tmp:
         for churn in map(float, args.churn.split(",")):
             print(f"\n{args.users} users, {churn:.0%} updated per checkpoint, {args.checkpoints} checkpoints")
-            print(f"{'variant':24s} {'mean':>7s} {'median':>7s} {'max':>6s} {'amp':>5s} {'dir/state':>9s} "
-                  f"{'s/chk':>6s} {'restore s':>9s}")
+            print(f"{'variant':26s} {'mean':>7s} {'median':>7s} {'max':>6s} {'max/mean B':>10s} {'amp':>5s} "
+                  f"{'dir/state end (peak)':>20s} {'s/chk':>6s} {'restore s':>9s}")
             for label, options in variants:
                 r = run(args.users, churn, args.checkpoints, options, Path(tmp) / "run")
                 results["runs"][f"{churn}/{label}"] = r
-                print(f"{label:24s} {r['mean']:7.4f} {r['median']:7.4f} {r['max']:6.3f} {r['amplification']:5.2f} "
-                      f"{r['dir_over_state']:9.2f} {r['checkpoint_seconds']:6.2f} {r['restore_seconds']:9.2f}",
-                      flush=True)
+                print(f"{label:26s} {r['mean']:7.4f} {r['median']:7.4f} {r['max']:6.3f} "
+                      f"{r['max_over_mean_upload']:10.2f} {r['amplification']:5.2f} "
+                      f"{r['dir_over_state']:12.2f} ({r['dir_over_state_peak']:4.2f}) {r['checkpoint_seconds']:6.2f} "
+                      f"{r['restore_seconds']:9.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("changelog_quick.json" if args.quick else "changelog.json")
     path.write_text(json.dumps(results, indent=1))

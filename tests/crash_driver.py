@@ -47,7 +47,7 @@ def run(root: str, seed: int, batches: int) -> None:
     storage = storage_of(root)
     backends = [
         RocksDBStateBackend(storage, OPERATOR, i, parallelism=PARALLELISM, local_dir=f"{root}/local",
-                            changelog=ChangelogOptions(enabled=True, max_chain=3))
+                            changelog=ChangelogOptions(enabled=True, max_chain=3, slice_min_bytes=1))
         for i in range(PARALLELISM)
     ]
     coordinator = CheckpointCoordinator(storage, num_retained=RETAINED)

@@ -66,12 +66,12 @@ class Subtask:
     """One subtask taking checkpoints with the changelog on, the model of its state, and the
     model as of every checkpoint taken."""
 
-    def __init__(self, storage: CheckpointStorage, local: Path, seed: int, retained: int = 2):
+    def __init__(self, storage: CheckpointStorage, local: Path, seed: int, retained: int = 2, **kw):
         self.rng = random.Random(seed)
         self.coord = CheckpointCoordinator(storage, num_retained=retained)
         self.model: Model = {}
         self.states: list[Model] = []
-        self.b = backend(storage, local)
+        self.b = backend(storage, local, **kw)
         self.b.restore(None)
 
     def checkpoint(self):
@@ -143,7 +143,8 @@ def test_materialization_policy(materialized, chain_bytes, chain_files, expected
 def test_changelog_checkpoints_upload_one_small_file_and_materialize_on_schedule(
     local_storage: CheckpointStorage, tmp_path: Path
 ):
-    s = Subtask(local_storage, tmp_path / "local", seed=1)
+    at_once = ChangelogOptions(enabled=True, materialize_share=10.0, max_chain=4, in_steps=False)
+    s = Subtask(local_storage, tmp_path / "local", seed=1, changelog=at_once)
     kinds = []
     for _ in range(11):
         done = s.checkpoint()

@@ -41,10 +41,21 @@ def run(spark, config, storage: CheckpointStorage) -> tuple[list, list[set[str]]
     return reports, seen
 
 
+def switched(storage: CheckpointStorage, checkpoint_id: int) -> bool:
+    """Checkpoint N switched to a materialization in steps: new RocksDB files beside an older chain."""
+    meta = CompletedCheckpointStore(storage).load(checkpoint_id)
+    return any(
+        any(f.created_by == checkpoint_id and not cl.is_changelog(f.local_name) for f in h.files())
+        and any(cl.is_changelog(f.local_name) and f.created_by < checkpoint_id for f in h.files())
+        for h in meta.subtask_handles()
+    )
+
+
 def test_changelog_pipeline_is_exact_through_materializations_a_new_machine_and_a_rescale(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=7)
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
-    on = replace(config(tmp_path, max_batches=4), **resolve_settings(SETTINGS))
+    on = replace(config(tmp_path, max_batches=4),
+                 **resolve_settings({**SETTINGS, "changelog_materialize_in_steps": "false"}))
     reports, seen = run(spark, on, storage)
     assert seen == [{"files"}, {"log"}, {"log"}, {"files"}]
     assert all(r.checkpointed_size < r.state_size / 2 for r in reports[1:3])
@@ -86,3 +97,21 @@ def test_a_corrupt_changelog_file_falls_back_and_replays_exactly_once(spark, tmp
     output = pd.read_parquet(tmp_path / "out")
     assert len(output) == sum(len(e) for e in oracle.sink_rows(oracle.read_batches(input_dir)))
 
+
+
+def test_a_materialization_in_steps_runs_in_the_spark_tasks(spark, tmp_path: Path):
+    """The default: the chain calls for a materialization and a later checkpoint switches to it
+    (slices written and ingested in the tasks); exact through a new machine and a rescale."""
+    input_dir = make_input(tmp_path, batches=8)
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    on = replace(config(tmp_path, max_batches=6), **resolve_settings(SETTINGS))
+    reports, seen = run(spark, on, storage)
+    assert {"files"} not in seen[1:]  # never materialized at once
+    assert any(switched(storage, r.checkpoint_id) for r in reports)
+    reports = StatefulPipeline(spark, replace(on, max_batches=1, local_dir=str(tmp_path / "m2"))).run()
+    assert set(reports[0].restored) == {"primary"}
+    reports, _ = run(spark, replace(on, max_batches=None, parallelism=2), storage)
+    assert set(reports[0].restored) == {"rescale"}
+    events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
+    oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
+    oracle.assert_reach_equal(export(tmp_path, "item_reach"), oracle.item_reach(events))

@@ -111,6 +111,7 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
                 "state_size": sum(f.size for f in h.files()),
                 "shared": [_file(f) for f in h.shared],
                 "private": [_file(f) for f in h.private],
+                "staged": [_file(f) for f in h.staged],
             }
             for h in op.subtasks
         ]

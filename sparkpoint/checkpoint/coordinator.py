@@ -153,7 +153,7 @@ class CheckpointCoordinator:
         if key in pending.acks and pending.acks[key] != handle:
             # A retried task acknowledged twice: keep the first, drop the second's new files
             # (never one the registry knows, whatever the handle claims).
-            kept = {g.path for g in pending.acks[key].files()}
+            kept = {g.path for g in pending.acks[key].stored()}
             self.storage.delete(
                 f.path for f in handle.new_files() if f.path not in kept and not self.registry.is_known(f.path)
             )
@@ -340,7 +340,7 @@ class CheckpointCoordinator:
         referenced: dict[str, int] = {}
         sizes: dict[str, int] = {}
         for handle in pending.acks.values():
-            for f in handle.files():
+            for f in handle.stored():
                 if f.created_by > cid:
                     raise CheckpointDeclined(
                         f"checkpoint {cid} references {f.path}, created by the later checkpoint {f.created_by}: "
@@ -442,7 +442,7 @@ def _check_layout(handle: SubtaskStateHandle) -> None:
     """New files must sit where the layout says; reused ones may be anywhere the registry knows."""
     shared_prefix = shared_dir(handle.operator, handle.subtask) + "/"
     private_prefix = private_dir(handle.checkpoint_id, handle.operator, handle.subtask) + "/"
-    for f in handle.shared:
+    for f in handle.shared + handle.staged:
         if f.created_by == handle.checkpoint_id and not f.path.startswith(shared_prefix):
             raise CheckpointDeclined(f"new shared file {f.path} is not under {shared_prefix}")
     for f in handle.private:

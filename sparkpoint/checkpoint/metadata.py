@@ -32,8 +32,13 @@ FORMAT_NAME = "sparkpoint-checkpoint"
 # materialized files). A checkpoint without one is still written as version 2, so that it stays
 # readable by older sparkpoint; a version-2 reader would restore a chain's base and drop the chain,
 # which is why a chain is written as version 3 only and a version-2 file listing one is refused.
-FORMAT_VERSION = 3
+# Version 4: a subtask may list `staged` files, the slices of a materialization in progress that
+# no restore reads yet but that must live as long as the checkpoint (an older reader would drop
+# them from its registry and delete them); written only when some subtask has them.
+FORMAT_VERSION = 4
+CHAIN_VERSION = 3
 CHAIN_FREE_VERSION = 2
+READABLE_VERSIONS = (CHAIN_FREE_VERSION, CHAIN_VERSION, FORMAT_VERSION)
 MAX_OFFSETS_DEPTH = 32  # source offsets deeper than this are refused, not recursed into
 KINDS = ("checkpoint", "savepoint")
 CLAIM_MODES = ("CLAIM", "NO_CLAIM")
@@ -100,14 +105,35 @@ class SubtaskStateHandle:
     max_parallelism: int
     shared: tuple[FileHandle, ...]
     private: tuple[FileHandle, ...]
+    # Slices of a materialization in progress (`sparkpoint.state.staging`): kept alive with this
+    # checkpoint, read by no restore until a later checkpoint lists them among its shared files.
+    staged: tuple[FileHandle, ...] = ()
 
     def files(self) -> Iterator[FileHandle]:
+        """The files a restore of this subtask reads."""
         yield from self.shared
         yield from self.private
 
+    def stored(self) -> Iterator[FileHandle]:
+        """Every file this subtask's snapshot keeps alive: what a restore reads, and the staged slices."""
+        yield from self.files()
+        yield from self.staged
+
     def new_files(self) -> list[FileHandle]:
         """Files this checkpoint uploaded (the ones an abort deletes)."""
-        return [f for f in self.files() if f.created_by == self.checkpoint_id]
+        return [f for f in self.stored() if f.created_by == self.checkpoint_id]
+
+    def subtask_json(self) -> dict[str, Any]:
+        """The fields `_metadata` lists for this subtask (`staged` only when there are some)."""
+        out: dict[str, Any] = {
+            "subtask": self.subtask,
+            "key_group_range": self.key_group_range.to_json(),
+            "shared": [f.to_json() for f in self.shared],
+            "private": [f.to_json() for f in self.private],
+        }
+        if self.staged:
+            out["staged"] = [f.to_json() for f in self.staged]
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +144,7 @@ class SubtaskStateHandle:
             "max_parallelism": self.max_parallelism,
             "shared": [f.to_json() for f in self.shared],
             "private": [f.to_json() for f in self.private],
+            **({"staged": [f.to_json() for f in self.staged]} if self.staged else {}),
         }
 
     def dumps(self) -> str:
@@ -212,8 +239,9 @@ class CheckpointMetadata:
             yield from op.subtasks
 
     def files(self) -> Iterator[FileHandle]:
+        """Every file this checkpoint keeps alive (staged slices included)."""
         for handle in self.subtask_handles():
-            yield from handle.files()
+            yield from handle.stored()
 
     def paths(self) -> set[str]:
         return {f.path for f in self.files()}
@@ -227,10 +255,19 @@ class CheckpointMetadata:
     def has_changelog(self) -> bool:
         return any(is_changelog_name(f.local_name) for f in self.files())
 
+    def has_staged(self) -> bool:
+        return any(h.staged for h in self.subtask_handles())
+
+    def format_version(self) -> int:
+        """The oldest version that can say everything this checkpoint lists."""
+        if self.has_staged():
+            return FORMAT_VERSION
+        return CHAIN_VERSION if self.has_changelog() else CHAIN_FREE_VERSION
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION if self.has_changelog() else CHAIN_FREE_VERSION,
+            "version": self.format_version(),
             "job_id": self.job_id,
             "checkpoint_id": self.checkpoint_id,
             "kind": self.kind,
@@ -242,15 +279,7 @@ class CheckpointMetadata:
             "operators": {
                 name: {
                     "max_parallelism": op.max_parallelism,
-                    "subtasks": [
-                        {
-                            "subtask": h.subtask,
-                            "key_group_range": h.key_group_range.to_json(),
-                            "shared": [f.to_json() for f in h.shared],
-                            "private": [f.to_json() for f in h.private],
-                        }
-                        for h in op.subtasks
-                    ],
+                    "subtasks": [h.subtask_json() for h in op.subtasks],
                 }
                 for name, op in sorted(self.operators.items())
             },
@@ -456,9 +485,16 @@ def _subtask_from_json(
         raise v.fail(f"{name}.key_group_range", f"is empty: start {start} > end {end}")
     shared = tuple(_file_from_json(v, f, f"{name}.shared[{i}]") for i, f in enumerate(v.array(obj, "shared", name)))
     private = tuple(_file_from_json(v, f, f"{name}.private[{i}]") for i, f in enumerate(v.array(obj, "private", name)))
-    for f in shared + private:
+    staged = tuple(
+        _file_from_json(v, f, f"{name}.staged[{i}]")
+        for i, f in enumerate(v.array(obj, "staged", name) if "staged" in obj else [])
+    )
+    for f in shared + private + staged:
         if f.created_by > checkpoint_id:
             raise v.fail(f"{name}", f"file {f.path} claims to be created by a later checkpoint {f.created_by}")
+    paths = [f.path for f in shared + private + staged]
+    if len(set(paths)) != len(paths):
+        raise v.fail(f"{name}", "lists the same stored file twice")
     return SubtaskStateHandle(
         operator=operator,
         subtask=v.integer(obj, "subtask", name),
@@ -467,6 +503,7 @@ def _subtask_from_json(
         max_parallelism=max_parallelism,
         shared=shared,
         private=private,
+        staged=staged,
     )
 
 
@@ -476,10 +513,10 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
     if fmt != FORMAT_NAME:
         raise v.fail("format", f"must be {FORMAT_NAME!r}, got {fmt!r}: this is not a sparkpoint checkpoint")
     version = v.integer(obj, "version", "")
-    if version not in (CHAIN_FREE_VERSION, FORMAT_VERSION):
+    if version not in READABLE_VERSIONS:
         raise v.fail(
             "version",
-            f"is {version}, this sparkpoint reads versions {CHAIN_FREE_VERSION} and {FORMAT_VERSION}; "
+            f"is {version}, this sparkpoint reads versions {', '.join(map(str, READABLE_VERSIONS))}; "
             "upgrade sparkpoint to read it",
         )
     checkpoint_id = v.integer(obj, "checkpoint_id", "", minimum=1)
@@ -546,6 +583,8 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
     )
     if version == CHAIN_FREE_VERSION and meta.has_changelog():
         raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
+    if version < FORMAT_VERSION and meta.has_staged():
+        raise v.fail("version", f"is {version}, but the file lists staged files, which only version 4 has")
     # Last, so that a hostile file is told by the field it breaks; this catches what still parses.
     stored = v.string(obj, "checksum", "")
     if stored != _checksum_of_written_text(text, stored) and stored != content_checksum(obj):

@@ -156,7 +156,7 @@ def _savepoint_metadata(
 
     def own(h: SubtaskStateHandle) -> SubtaskStateHandle:
         files = tuple(replace(f, path=moved[f.path], created_by=new_id) for f in h.files())
-        return replace(h, checkpoint_id=new_id, shared=(), private=files)
+        return replace(h, checkpoint_id=new_id, shared=(), private=files, staged=())  # no slices: nothing reads them
 
     operators = {name: OperatorState(op.max_parallelism, tuple(own(h) for h in op.subtasks))
                  for name, op in meta.operators.items()}

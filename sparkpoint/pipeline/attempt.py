@@ -190,8 +190,8 @@ class PendingAttempt:
 def snapshot_summary(handles: Iterable[SubtaskStateHandle], checkpoint_id: int) -> dict[str, Any]:
     """One operator's snapshot in checkpoint N: subtasks, SST files new/reused, bytes uploaded."""
     handles = list(handles)
-    new = [f for h in handles for f in h.shared if f.created_by == checkpoint_id]
-    reused = [f for h in handles for f in h.shared if f.created_by != checkpoint_id]
+    new = [f for h in handles for f in h.shared + h.staged if f.created_by == checkpoint_id]
+    reused = [f for h in handles for f in h.shared + h.staged if f.created_by != checkpoint_id]
     return {
         "checkpoint_id": checkpoint_id,
         "subtasks": len(handles),

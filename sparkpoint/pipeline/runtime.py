@@ -65,11 +65,12 @@ class PipelineConfig:
     changelog: bool = True  # FLIP-158: upload changed entries, materialize RocksDB files now and then
     changelog_materialize_share: float = 2.0  # materialize when the chain reaches this share of the state
     changelog_max_chain: int = 64  # ... or this many changelog files
+    changelog_materialize_in_steps: bool = True  # upload a materialization in slices over many checkpoints
 
     def changelog_options(self) -> ChangelogOptions:
         return ChangelogOptions(
             enabled=self.changelog, materialize_share=self.changelog_materialize_share,
-            max_chain=self.changelog_max_chain,
+            max_chain=self.changelog_max_chain, in_steps=self.changelog_materialize_in_steps,
         )
     allow_non_restored_state: bool = False  # a checkpoint's operator this job lacks is dropped
     allow_new_operators: bool = False  # an operator of this job the checkpoint lacks starts empty

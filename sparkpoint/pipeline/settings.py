@@ -64,6 +64,7 @@ _PARSERS: dict[str, Any] = {
     "changelog": parse_bool,
     "changelog_materialize_share": float,
     "changelog_max_chain": int,
+    "changelog_materialize_in_steps": parse_bool,
     "rocksdb_block_cache_mb": parse_megabytes,
     "rocksdb_cache_index_and_filter_blocks": parse_bool,
 }

@@ -60,6 +60,7 @@ class Pipeline:
     changelog: bool = True
     changelog_materialize_share: float = 2.0
     changelog_max_chain: int = 64
+    changelog_materialize_in_steps: bool = True
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
     allow_non_restored_state: bool = False
     allow_new_operators: bool = False

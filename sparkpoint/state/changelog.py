@@ -80,6 +80,11 @@ class ChangelogOptions:
     enabled: bool = False
     materialize_share: float = 2.0
     max_chain: int = 64
+    # Upload a materialization as slices over the next checkpoints (`sparkpoint.state.staging`)
+    # instead of all in the checkpoint that calls for it; the chain then reaches about 1.5x the
+    # thresholds above before the materialization takes over, never 2x (then it is done at once).
+    in_steps: bool = True
+    slice_min_bytes: int = 64 << 10  # a smaller slice waits for the next checkpoint, unless it is the last
 
     def __post_init__(self) -> None:
         if not self.materialize_share > 0:
@@ -92,6 +97,15 @@ class ChangelogOptions:
         if state_bytes <= 0:
             return True
         return chain_files >= self.max_chain or chain_bytes >= self.materialize_share * state_bytes
+
+    def thresholds(self, state_bytes: int) -> tuple[float, int]:
+        """(chain bytes, chain files) at which the chain calls for a materialization."""
+        return self.materialize_share * state_bytes, self.max_chain
+
+    def overdue(self, state_bytes: int, chain_bytes: int, chain_files: int) -> bool:
+        """The chain is twice what calls for a materialization: too long to start one in steps."""
+        return state_bytes <= 0 or chain_files >= 2 * self.max_chain or (
+            chain_bytes >= 2 * self.materialize_share * state_bytes)
 
 
 @dataclass

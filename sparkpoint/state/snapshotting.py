@@ -23,7 +23,8 @@ from sparkpoint.checkpoint.errors import (
 from sparkpoint.checkpoint.files import stored_size_problems
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle, metadata_path
 from sparkpoint.checkpoint.paths import private_dir, shared_dir
-from sparkpoint.state import changelog
+from sparkpoint.state import changelog, staging
+from sparkpoint.state.localfiles import write_replacing
 from sparkpoint.state.restore import (
     SHARED_SUFFIXES,
     read_fingerprints,
@@ -32,7 +33,7 @@ from sparkpoint.state.restore import (
 from sparkpoint.state.rocksdb import (
     flush_all,
 )
-from sparkpoint.state.subtask import SubtaskState
+from sparkpoint.state.subtask import SWITCHED, SubtaskState
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,13 @@ class Snapshotting(SubtaskState):
         shutil.rmtree(local, ignore_errors=True)  # an earlier attempt at the same id
         if not full:
             self._check_base_on_storage()
-        base = None if full else self._chain_base()
+        base, steps = (None, None) if full else self._chain_base()
         try:
             if base is not None:
-                handle = self._snapshot_changelog(checkpoint_id, base, names, local)
+                handle = self._snapshot_changelog(checkpoint_id, base, names, local, steps)
             else:
                 handle = self._snapshot_files(checkpoint_id, full, local)
+                self._native_pending.add(checkpoint_id)
         except BaseException:
             shutil.rmtree(local, ignore_errors=True)
             raise
@@ -104,25 +106,41 @@ class Snapshotting(SubtaskState):
                       self.subtask, self._base_id, "; ".join(f"{p}: {w}" for p, w in report.unrepairable.items()))
             self.forget_base()
 
-    def _chain_base(self) -> SubtaskStateHandle | None:
-        """The confirmed handle the next changelog file can extend (None: materialize)."""
+    def _chain_base(self) -> tuple[SubtaskStateHandle | None, staging.Staging | bool | None]:
+        """The confirmed handle the next changelog file can extend (None: materialize now), and
+        the materialization in steps going on, or True when this checkpoint starts one."""
         base = self._base_handle
         if self._log is None or not self.incremental or base is None or base.private:
-            return None  # a handle with private files was written without the changelog
+            return None, None  # a handle with private files was written without the changelog
         if self._log_base != self._base_id:  # the log does not start at the base
-            return None
+            return None, None
+        state, chain_bytes, chain_files = self._chain_figures(base)
+        if self.changelog.in_steps:
+            steps = staging.Staging.resume(self.dir, base)
+            if steps is not None:
+                return (None, None) if steps.overdue(chain_bytes, chain_files) else (base, steps)
+        if not self.changelog.should_materialize(state, chain_bytes, chain_files):
+            return base, None
+        if not self.changelog.in_steps or self.changelog.overdue(state, chain_bytes, chain_files):
+            return None, None
+        return base, True
+
+    def _chain_figures(self, base: SubtaskStateHandle) -> tuple[int, int, int]:
+        """(state bytes, chain bytes, chain files) as `ChangelogOptions` weighs them."""
         chain = [f for f in base.shared if changelog.is_changelog(f.local_name)]
         materialized = sum(f.size for f in base.shared if not changelog.is_changelog(f.local_name))
         working = sum(int(f["size"]) for f in self._open_db().live_files())  # flushed: the state now
-        if self.changelog.should_materialize(max(materialized, working), sum(f.size for f in chain), len(chain)):
-            return None
-        return base
+        return max(materialized, working), sum(f.size for f in chain), len(chain)
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
         Checkpoint(self._open_db()).create_checkpoint(str(local))
         crash_point("after-native-checkpoint")
-        base = {} if full or not self.incremental else self._base
+        staging.drop_all(self.dir)  # this materialization supersedes any in steps
+        # After a materialization in steps switched, the base's RocksDB files are another
+        # database's: a name alike in the working database is not the same file.
+        foreign = (self.dir / SWITCHED).exists()
+        base = {} if full or not self.incremental or foreign else self._base
         # With the changelog on, later checkpoints re-reference MANIFEST, CURRENT and OPTIONS
         # too: they go to shared/ (never reused by name, their content changes).
         everything_shared = self._log is not None
@@ -153,9 +171,11 @@ class Snapshotting(SubtaskState):
         return self._handle(checkpoint_id, reused + new_shared, private)
 
     def _snapshot_changelog(
-        self, checkpoint_id: int, base: SubtaskStateHandle, names: list[str], local: Path
+        self, checkpoint_id: int, base: SubtaskStateHandle, names: list[str], local: Path,
+        steps: staging.Staging | bool | None,
     ) -> SubtaskStateHandle:
-        """The base's files plus one changelog file of what changed since the base."""
+        """The base's files plus one changelog file of what changed since the base; with a
+        materialization in steps going on, its next slices too, or the switch to it."""
         assert self._log is not None
         local.mkdir(parents=True)
         log_name = changelog.local_name(checkpoint_id)
@@ -167,12 +187,90 @@ class Snapshotting(SubtaskState):
         except BaseException:
             self._delete_quietly([rel])
             raise
+        self._staged_now = []
+        if steps is True:
+            state, chain_bytes, chain_files = self._chain_figures(base)
+            staging.Staging.start(self.dir, self._open_db(), checkpoint_id, new[0].path,
+                                  chain=(chain_bytes, chain_files), threshold=self.changelog.thresholds(state),
+                                  key_groups=(self.key_group_range.start, self.key_group_range.end))
+        elif isinstance(steps, staging.Staging):
+            switched = self._step(checkpoint_id, base, steps, new[0], local)
+            if switched is not None:
+                return switched
         if self.local_recovery:
             if self._link_local_copy(base, local):
                 record_fingerprints(local, [], self._base_fingerprints())
             else:
                 shutil.rmtree(local, ignore_errors=True)  # no task-local copy of the base: restore from storage
-        return self._handle(checkpoint_id, list(base.shared) + new, [])
+        return self._handle(checkpoint_id, list(base.shared) + new, [], list(self._staged_now))
+
+    def _step(
+        self, checkpoint_id: int, base: SubtaskStateHandle, steps: staging.Staging, log_file: FileHandle, local: Path
+    ) -> SubtaskStateHandle | None:
+        """Upload the slices due now; after the last one, the handle that switches to them (else
+        None, and `_staged_now` lists the slices so far)."""
+        since = [f for f in base.shared if (staging.changelog_id(f.local_name) or 0) > steps.at] + [log_file]
+        pace = steps.pace(sum(f.size for f in since), len(since))
+        fresh = steps.write_slices(pace, self.options, minimum=self.changelog.slice_min_bytes)
+        prefix = shared_dir(self.operator, self.subtask)
+        pairs = [(str(steps.dir / steps.name_of(s)), f"{prefix}/{uuid.uuid4().hex}.sst") for s in fresh]
+        try:
+            uploads = self.storage.upload(pairs, checkpoint_id)
+        except BaseException:
+            self._delete_quietly([rel for _, rel in pairs])
+            raise
+        steps.uploaded(uploads)
+        self._staged_now = list(base.staged) + uploads
+        if not steps.done:
+            return None
+        problems = stored_size_problems(self.storage, list(base.staged))
+        if problems:
+            log.warning("%s subtask %s: slices of the materialization in steps are damaged on stable storage (%s); "
+                        "it starts again", self.operator, self.subtask, "; ".join(map(str, problems[:3])))
+            steps.drop()
+            self._delete_quietly([f.path for f in uploads])
+            self._staged_now = []
+            return None
+        return self._switch(checkpoint_id, steps, since, local)
+
+    def _switch(
+        self, checkpoint_id: int, steps: staging.Staging, chain: list[FileHandle], local: Path
+    ) -> SubtaskStateHandle:
+        """The handle of a RocksDB materialization made of the slices, plus the chain after it."""
+        final, ingested = steps.build(self.options)
+        slices = {f.local_name: f for f in self._staged_now}
+        materialized = []
+        for name, piece in sorted(ingested.items()):
+            stored = slices[steps.name_of(piece)]
+            materialized.append(FileHandle(name, stored.path, stored.size, stored.crc32, stored.created_by))
+        prefix = shared_dir(self.operator, self.subtask)
+        small = [(str(final / n), f"{prefix}/{uuid.uuid4().hex}{os.path.splitext(n)[1]}")
+                 for n in sorted(os.listdir(final)) if n not in ingested]
+        try:
+            materialized += self.storage.upload(small, checkpoint_id)
+        except BaseException:
+            self._delete_quietly([rel for _, rel in small])
+            raise
+        write_replacing(self.dir / SWITCHED, str(checkpoint_id).encode())
+        if self.local_recovery and not self._link_switched_copy(final, chain, local):
+            shutil.rmtree(local, ignore_errors=True)
+        elif self.local_recovery:
+            record_fingerprints(local, list(ingested), {})  # the slices' bytes, checksummed when uploaded
+        log.info("%s subtask %s: checkpoint %s switches to the materialization of checkpoint %s (%d slices)",
+                 self.operator, self.subtask, checkpoint_id, steps.at, len(ingested))
+        self._staged_now = []
+        return self._handle(checkpoint_id, materialized + chain, [])
+
+    def _link_switched_copy(self, final: Path, chain: list[FileHandle], local: Path) -> bool:
+        previous = self.dir / f"chk-{self._base_id}"
+        try:
+            for name in os.listdir(final):
+                os.link(final / name, local / name)
+            for f in chain[:-1]:  # the last is this checkpoint's, written in `local` already
+                os.link(previous / f.local_name, local / f.local_name)
+        except OSError:
+            return False
+        return True
 
     def _base_fingerprints(self) -> dict[str, list[int]]:
         return read_fingerprints(self.dir / f"chk-{self._base_id}") if self._base_id is not None else {}
@@ -188,7 +286,10 @@ class Snapshotting(SubtaskState):
             return False
         return True
 
-    def _handle(self, checkpoint_id: int, shared: list[FileHandle], private: list[FileHandle]) -> SubtaskStateHandle:
+    def _handle(
+        self, checkpoint_id: int, shared: list[FileHandle], private: list[FileHandle],
+        staged: list[FileHandle] | None = None,
+    ) -> SubtaskStateHandle:
         return SubtaskStateHandle(
             operator=self.operator,
             subtask=self.subtask,
@@ -197,6 +298,7 @@ class Snapshotting(SubtaskState):
             max_parallelism=self.max_parallelism,
             shared=tuple(sorted(shared, key=lambda f: f.local_name)),
             private=tuple(private),
+            staged=tuple(staged or ()),
         )
 
     def confirm(self, checkpoint_id: int) -> None:
@@ -207,6 +309,9 @@ class Snapshotting(SubtaskState):
         """
         if checkpoint_id in self._pending:
             self._confirm_base(checkpoint_id, self._pending[checkpoint_id])
+            if checkpoint_id in self._native_pending:  # the base is the working database's own files again
+                (self.dir / SWITCHED).unlink(missing_ok=True)
+            self._native_pending = {c for c in self._native_pending if c > checkpoint_id}
         elif checkpoint_id != self._base_id:
             raise CheckpointDeclined(f"{self}: checkpoint {checkpoint_id} is not pending here, cannot confirm it")
         self._pending = {k: v for k, v in self._pending.items() if k > checkpoint_id}

@@ -44,11 +44,16 @@ V = TypeVar("V")
 
 
 _MARKER = "working.json"
+# Present while the confirmed base's RocksDB files may be another database's than db/ (a
+# materialization in steps switched to a database built from its slices): a snapshot of db/ then
+# reuses no file of the base by name. Gone once db/ is rebuilt from a checkpoint's files, or a
+# snapshot of db/'s own files is confirmed.
+SWITCHED = "base-built-elsewhere"
 
 
 def handle_digest(handle: SubtaskStateHandle) -> str:
     """Identifies one acknowledged snapshot: same digest, same files."""
-    parts = sorted(f"{f.path}:{f.size}:{f.crc32}" for f in handle.files())
+    parts = sorted(f"{f.path}:{f.size}:{f.crc32}" for f in handle.stored())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -88,6 +93,8 @@ class SubtaskState:
         self._base_id: int | None = None
         self._base_handle: SubtaskStateHandle | None = None
         self._pending: dict[int, SubtaskStateHandle] = {}
+        self._native_pending: set[int] = set()  # pending snapshots of db/'s own files
+        self._staged_now: list[FileHandle] = []  # the slices the snapshot being taken lists
         self._log = ChangeLog() if self.changelog.enabled else None
         self._log_base: int | None = None  # the checkpoint the logged changes start from
         self._clean = False  # db/ equals the checkpoint named in working.json
@@ -146,6 +153,7 @@ class SubtaskState:
 
     def _forget_working(self) -> None:
         (self.dir / _MARKER).unlink(missing_ok=True)
+        (self.dir / SWITCHED).unlink(missing_ok=True)  # the next db/ is made from a checkpoint's files
         self._clean = False
         if self.db_path.exists():
             # Out of the way at once, deleted in the background: freeing the blocks of a working

@@ -1,0 +1,319 @@
+"""A materialization in steps: the state of one checkpoint uploaded as SST slices over many.
+
+With the changelog on, a subtask materializes when its chain grows long (`ChangelogOptions`).
+Done at once, that checkpoint uploads the whole state while every other uploads one changelog
+file: measured, 3-5x the mean upload, and 100x on a large state at 1% churn. In steps, the
+checkpoint that calls for a materialization takes a native RocksDB checkpoint of its state (hard
+links: no bytes copied) into `<subtask dir>/mat-<N>/snap` and uploads nothing more. Each later
+checkpoint still uploads its changelog file, and besides it the next slice of that snapshot: the
+entries of one state in key order from where the last slice ended, written with RocksDB's
+`SstFileWriter` to `slice-<N>-<seq>.sst`. Its handle lists the slices so far as `staged` (the
+registry keeps them; no restore reads them). The slices are paced by the chain: they are all up
+once the chain has grown by half of what it was when the materialization started, so the
+materialization's bytes spread over half a cycle and no checkpoint uploads more than about twice
+the mean (the mean itself is as before: one materialization per cycle).
+
+The checkpoint that uploads the last slice *switches*: it ingests the slices into a new local
+database (RocksDB moves them in unchanged, under its own file names), takes a native checkpoint
+of it, uploads only its small files (CURRENT, MANIFEST, OPTIONS) and lists a plain RocksDB
+materialization: those files, the slices already stored (same bytes, same CRC32) under the names
+RocksDB gave them, then the chain after N. A restore cannot tell it from any other.
+
+Everything a later process needs to go on is on the local disk (`staging.json`), and it goes on
+only when that record agrees with the confirmed checkpoint's handle: N's changelog file is in its
+chain and its staged slices are the record's first ones, path, size and CRC32. Anything else
+(another machine, a rollback past N, a damaged slice) discards the staging; the chain goes on and
+the next checkpoint starts a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Checkpoint, IngestExternalFileOptions, ReadOptions, SstFileWriter
+
+from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
+from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX
+from sparkpoint.state.localfiles import write_replacing
+from sparkpoint.state.rocksdb import RocksDBOptions, list_states, open_db
+
+log = logging.getLogger(__name__)
+
+RECORD = "staging.json"
+DIR_PREFIX = "mat-"
+SLICE_PREFIX = "slice-"
+
+
+def staging_dirs(subtask_dir: Path) -> list[Path]:
+    return sorted(p for p in subtask_dir.glob(f"{DIR_PREFIX}*") if p.is_dir() and not p.is_symlink())
+
+
+def drop_all(subtask_dir: Path, keep: Path | None = None) -> None:
+    for d in staging_dirs(subtask_dir):
+        if d != keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def changelog_id(local_name: str) -> int | None:
+    """changelog-000000000007 -> 7."""
+    tail = local_name[len(CHANGELOG_PREFIX):] if local_name.startswith(CHANGELOG_PREFIX) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+@dataclass
+class Slice:
+    seq: int
+    state: str
+    last: str  # hex of the last key in it
+    raw: int  # bytes of its keys and values
+    path: str = ""  # on storage, once uploaded
+    size: int = 0
+    crc32: int = 0
+    created_by: int = 0
+
+    def handle(self, local_name: str) -> FileHandle:
+        return FileHandle(local_name, self.path, self.size, self.crc32, self.created_by)
+
+
+def slice_name(at: int, seq: int) -> str:
+    return f"{SLICE_PREFIX}{at:012d}-{seq:06d}.sst"
+
+
+@dataclass
+class Staging:
+    """The record of one materialization in steps (see the module's text)."""
+
+    dir: Path
+    at: int  # the checkpoint whose state `snap/` holds
+    anchor: str  # the storage path of checkpoint `at`'s changelog file
+    goal_bytes: float  # the slices are all up once the chain has grown this much since `at` ...
+    goal_files: float  # ... or by this many files
+    limit_bytes: int  # a chain this long has the materialization done at once (`overdue`)
+    limit_files: int
+    total: int  # bytes of the snapshot's SSTs: what the slices will about add up to
+    key_groups: tuple[int, int] = (0, 0)  # the subtask's key-group range [first, last]
+    weights: dict[str, float] = field(default_factory=dict)  # each state's share of the snapshot
+    done: bool = False  # every entry is in a slice
+    slices: list[Slice] = field(default_factory=list)
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, subtask_dir: Path, db: Any, at: int, anchor: str, *, chain: tuple[int, int],
+              threshold: tuple[float, int], key_groups: tuple[int, int]) -> Staging:
+        """Snapshot the working database (flushed: it is checkpoint `at`) into mat-<at>/snap.
+
+        `chain` is (bytes, files) of the chain now, `threshold` the (bytes, files) at which it
+        calls for a materialization. The slices are paced to be up after half a threshold of
+        growth, and before the chain reaches twice the threshold, where it is done at once."""
+        drop_all(subtask_dir)
+        d = subtask_dir / f"{DIR_PREFIX}{at}"
+        d.mkdir(parents=True)
+        Checkpoint(db).create_checkpoint(str(d / "snap"))
+        total = sum(e.stat().st_size for e in os.scandir(d / "snap") if e.name.endswith(".sst"))
+        limit_bytes, limit_files = int(2 * threshold[0]), 2 * threshold[1]
+        states = list_states(str(d / "snap"))
+        sizes = {n: max(1, db.get_column_family(n).property_int_value("rocksdb.estimate-live-data-size") or 0)
+                 for n in states}
+        staging = cls(
+            d, at, anchor,
+            goal_bytes=max(1.0, min(threshold[0] / 2, 0.8 * (limit_bytes - chain[0]))),
+            goal_files=max(1.0, min(threshold[1] / 2, 0.8 * (limit_files - chain[1]))),
+            limit_bytes=limit_bytes, limit_files=limit_files, total=total, key_groups=key_groups,
+            weights={n: sizes[n] / sum(sizes.values()) for n in states},
+        )
+        staging.save()
+        return staging
+
+    def overdue(self, chain_bytes: int, chain_files: int) -> bool:
+        return chain_bytes >= self.limit_bytes or chain_files >= self.limit_files
+
+    @classmethod
+    def resume(cls, subtask_dir: Path, base: SubtaskStateHandle) -> Staging | None:
+        """The staging that goes on from the confirmed `base`, or None (every other one dropped)."""
+        found = None
+        anchors = {f.path for f in base.shared}
+        for d in staging_dirs(subtask_dir):
+            try:
+                staging = cls.load(d)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("dropping the unreadable staging record in %s: %s", d, e)
+                continue
+            if found is None and staging.anchor in anchors and staging.agrees_with(base.staged):
+                found = staging
+        drop_all(subtask_dir, keep=found.dir if found else None)
+        if found is not None and len(found.slices) > len(base.staged):  # a later, aborted checkpoint's
+            for s in found.slices[len(base.staged):]:
+                (found.dir / found.name_of(s)).unlink(missing_ok=True)
+            found.slices = found.slices[: len(base.staged)]
+            found.done = False
+            found.save()
+        return found
+
+    def agrees_with(self, staged: tuple[FileHandle, ...]) -> bool:
+        if len(staged) > len(self.slices):
+            return False
+        for s, f in zip(self.slices, staged):
+            if (self.name_of(s), s.path, s.size, s.crc32) != (f.local_name, f.path, f.size, f.crc32):
+                return False
+            local = self.dir / self.name_of(s)
+            if not local.is_file() or local.is_symlink() or local.stat().st_size != s.size:
+                return False
+        return True
+
+    @classmethod
+    def load(cls, d: Path) -> Staging:
+        raw = json.loads((d / RECORD).read_text())
+        slices = [Slice(**s) for s in raw.pop("slices")]
+        raw["key_groups"] = tuple(raw["key_groups"])
+        return cls(dir=d, slices=slices, **raw)
+
+    def save(self) -> None:
+        data = {k: v for k, v in asdict(self).items() if k not in ("dir", "slices")}
+        data["slices"] = [asdict(s) for s in self.slices]
+        write_replacing(self.dir / RECORD, json.dumps(data).encode())
+
+    def drop(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def name_of(self, s: Slice) -> str:
+        return slice_name(self.at, s.seq)
+
+    def staged_handles(self) -> list[FileHandle]:
+        return [s.handle(self.name_of(s)) for s in self.slices if s.path]
+
+    # --- slices ------------------------------------------------------------------------------
+
+    def pace(self, since_bytes: int, since_files: int) -> float:
+        """The share of the state that should be in slices once the chain has grown this much
+        since `at` (1: all of it)."""
+        return min(1.0, max(since_bytes / self.goal_bytes, since_files / self.goal_files))
+
+    def position(self, state: str | None, key: bytes | None) -> float:
+        """How far into the snapshot the slices are after `key` of `state` (0..1). Keys start
+        with their key group and keyed state hashes evenly into key groups, so the key's place
+        in the subtask's key-group range is its place in the state."""
+        if state is None:
+            return 0.0
+        names = sorted(self.weights)
+        done = sum(self.weights[n] for n in names[: names.index(state)]) if state in names else 0.0
+        if key is None or len(key) < 2 or state not in self.weights:
+            return done
+        first, last = self.key_groups
+        group = int.from_bytes(key[:2], "big") + (key[2] / 256 if len(key) > 2 else 0.0)
+        within = min(1.0, max(0.0, (group - first) / max(1, last - first + 1)))
+        return done + self.weights[state] * within
+
+    def write_slices(self, pace: float, options: RocksDBOptions, *, minimum: int) -> list[Slice]:
+        """Write slices up to `pace` (a share of the state, see `position`); everything left at
+        1. None when what is due comes to less than about `minimum` bytes and more is to come."""
+        last = self.slices[-1] if self.slices else None
+        done_so_far = self.position(last.state, bytes.fromhex(last.last)) if last else 0.0
+        if self.done or (pace < 1 and (pace - done_so_far) * self.total < minimum):
+            return []
+        snap = self.dir / "snap"
+        db = open_db(str(snap), [], options, create=False, read_only=True)
+        written: list[Slice] = []
+        target = math.inf if pace >= 1 else pace
+        try:
+            states = list_states(str(snap))
+            state, after = (last.state, bytes.fromhex(last.last)) if last else (None, None)
+            for name in states if state is None else states[states.index(state):]:
+                piece, exhausted = self._write_one(db, name, after if name == state else None, target, options)
+                if piece is not None:
+                    written.append(piece)
+                    self.slices.append(piece)
+                if not exhausted:
+                    break
+            else:
+                self.done = True
+        finally:
+            db.close()
+        self.save()
+        return written
+
+    def _write_one(self, db: Any, state: str, after: bytes | None, target: float,
+                   options: RocksDBOptions) -> tuple[Slice | None, bool]:
+        """One slice of `state` from after the key `after` up to position `target`: (the slice
+        or None, whether the state has no entry left)."""
+        it = db.get_column_family(state).iter(ReadOptions())
+        seq = len(self.slices)
+        path = self.dir / slice_name(self.at, seq)
+        writer = None
+        raw, last, n = 0, b"", 0
+        try:
+            if after is None:
+                it.seek_to_first()
+            else:
+                it.seek(after)
+                if it.valid() and it.key() == after:
+                    it.next()
+            while it.valid():
+                key = it.key()
+                if n % 256 == 0 and self.position(state, key) >= target:
+                    break
+                n += 1
+                if writer is None:
+                    writer = SstFileWriter(options=options.build(create=True))
+                    writer.open(str(path))
+                value = it.value()
+                writer[key] = value
+                raw += len(key) + len(value)
+                last = key
+                it.next()
+            it.status()
+            exhausted = not it.valid()
+        finally:
+            del it  # a live iterator holds the database open
+        if writer is None:
+            return None, exhausted
+        writer.finish()
+        return Slice(seq=seq, state=state, last=last.hex(), raw=raw), exhausted
+
+    def uploaded(self, handles: list[FileHandle]) -> None:
+        by_name = {h.local_name: h for h in handles}
+        for s in self.slices:
+            h = by_name.get(self.name_of(s))
+            if h is not None:
+                s.path, s.size, s.crc32, s.created_by = h.path, h.size, h.crc32, h.created_by
+        self.save()
+
+    # --- the switch --------------------------------------------------------------------------
+
+    def build(self, options: RocksDBOptions) -> tuple[Path, dict[str, Slice]]:
+        """Ingest every slice into a new database and take a native checkpoint of it: returns
+        that directory and, for each SST in it, the slice it is (same bytes)."""
+        built, final = self.dir / "built", self.dir / "final"
+        shutil.rmtree(built, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+        states = list_states(str(self.dir / "snap"))
+        db = open_db(str(built), states, options, create=True)
+        names: dict[str, Slice] = {}
+        try:
+            opts = IngestExternalFileOptions()
+            opts.set_move_files(True)
+            for s in self.slices:
+                link = built.parent / f"ingest-{s.seq}.sst"  # RocksDB moves the link, the slice stays
+                link.unlink(missing_ok=True)
+                os.link(self.dir / self.name_of(s), link)
+                before = {n for n in os.listdir(built) if n.endswith(".sst")}
+                db.get_column_family(s.state).ingest_external_file([str(link)], opts)
+                link.unlink(missing_ok=True)
+                new = {n for n in os.listdir(built) if n.endswith(".sst")} - before
+                if len(new) != 1:
+                    raise RuntimeError(f"ingesting {self.name_of(s)} added {sorted(new)} to {built}")
+                names[new.pop()] = s
+            Checkpoint(db).create_checkpoint(str(final))
+        finally:
+            db.close()
+        for name, s in names.items():
+            if (final / name).stat().st_size != s.size:
+                raise RuntimeError(f"{final / name} is not the slice {self.name_of(s)} it was ingested from")
+        return final, names

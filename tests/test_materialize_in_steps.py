@@ -1,0 +1,234 @@
+"""A materialization in steps (`sparkpoint.state.staging`): slices uploaded over several
+checkpoints, kept alive by the registry, then one checkpoint that switches to a RocksDB
+materialization made of them. Every checkpoint on the way restores exactly, by every path."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import MetadataError
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state import changelog as cl
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.staging import SLICE_PREFIX
+
+# Not the sample's state: a session window per device (start, end, events) and, per device, the
+# set of firmware versions seen, over 2 subtasks.
+SESSION = StructCodec[tuple[int, int, int]]("<qqi")
+SEEN = StructCodec[tuple[int]]("<i")
+STEPS = ChangelogOptions(enabled=True, materialize_share=1.0, max_chain=6, slice_min_bytes=1)
+Model = dict[tuple[str, str, str], tuple[int, ...]]
+
+
+def backends(storage: CheckpointStorage, local: Path, options: ChangelogOptions = STEPS) -> list[RocksDBStateBackend]:
+    return [RocksDBStateBackend(storage, "sessions", s, parallelism=2, max_parallelism=16, local_dir=local,
+                                changelog=options) for s in range(2)]
+
+
+def owner(bs: list[RocksDBStateBackend], key: str) -> RocksDBStateBackend:
+    from sparkpoint.state.keygroups import key_group_for
+
+    return next(b for b in bs if key_group_for(key, 16) in b.key_group_range)
+
+
+def mutate(bs: list[RocksDBStateBackend], model: Model, rng: random.Random, n: int = 1500) -> None:
+    for _ in range(n):
+        device = f"dev-{rng.randrange(4000):05d}"
+        b = owner(bs, device)
+        if rng.random() < 0.85:
+            session = (rng.randrange(1 << 40), rng.randrange(1 << 40), rng.randrange(1000))
+            b.value_state("session", SESSION).put(device, session)
+            model[("session", device, "")] = session
+            fw, seen = f"fw{rng.randrange(12)}", (rng.randrange(100),)
+            b.map_state("firmware", SEEN).put(device, fw, seen)
+            model[("firmware", device, fw)] = seen
+        elif rng.random() < 0.5:
+            b.value_state("session", SESSION).delete(device)
+            model.pop(("session", device, ""), None)
+        else:
+            b.map_state("firmware", SEEN).remove_key(device)
+            for k in [k for k in model if k[0] == "firmware" and k[1] == device]:
+                del model[k]
+
+
+def read_all(bs: list[RocksDBStateBackend]) -> Model:
+    out: Model = {}
+    for b in bs:
+        out.update({("session", k.decode(), ""): v for k, v in b.value_state("session", SESSION).items()})
+        out.update({("firmware", k.decode(), u.decode()): v for k, u, v in b.map_state("firmware", SEEN).items()})
+    return out
+
+
+def restored(storage: CheckpointStorage, meta: CheckpointMetadata, local: Path) -> Model:
+    shutil.rmtree(local, ignore_errors=True)
+    bs = backends(storage, local)
+    try:
+        for b in bs:
+            assert b.restore(meta).source == "primary"
+        return read_all(bs)
+    finally:
+        for b in bs:
+            b.dispose()
+
+
+def kind(meta: CheckpointMetadata) -> str:
+    """What the checkpoint did: files (at once), log, slices (some staged) or switch."""
+    kinds = set()
+    for h in meta.subtask_handles():
+        new = [f for f in h.shared if f.created_by == meta.checkpoint_id]
+        if any(f.created_by == meta.checkpoint_id for f in h.staged):
+            kinds.add("slices")
+        elif any(not cl.is_changelog(f.local_name) for f in new) and any(cl.is_changelog(f.local_name) for f in h.shared):
+            kinds.add("switch")
+        elif any(not cl.is_changelog(f.local_name) for f in new):
+            kinds.add("files")
+        else:
+            kinds.add("log")
+    return "+".join(sorted(kinds))
+
+
+def test_a_materialization_in_steps_restores_exactly_at_every_checkpoint(local_storage: CheckpointStorage,
+                                                                          tmp_path: Path):
+    rng, model = random.Random(7), {}
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    bs = backends(local_storage, tmp_path / "local")
+    for b in bs:
+        b.restore(None)
+    kinds = []
+    for _ in range(24):
+        mutate(bs, model, rng)
+        done = take_checkpoint(coord, bs)
+        meta = CompletedCheckpointStore(local_storage).load(done.checkpoint_id)  # as written
+        kinds.append(kind(meta))
+        assert meta.format_version() == (4 if meta.has_staged() else 3 if meta.has_changelog() else 2)
+        for h in meta.subtask_handles():
+            names = [f.local_name for f in h.files()]
+            assert not any(n.startswith(SLICE_PREFIX) for n in names)  # a restore never sees a slice
+            assert "CURRENT" in names and any(n.startswith("MANIFEST-") for n in names)
+            assert all(f.local_name.startswith(SLICE_PREFIX) for f in h.staged)
+        assert restored(local_storage, meta, tmp_path / "fresh") == model
+        # the registry keeps exactly what retained checkpoints list, staged slices included
+        referenced = {f.path for cp in CompletedCheckpointStore(local_storage).load_all().checkpoints
+                      for f in cp.files()}
+        assert {f.path for f in local_storage.walk("shared")} == referenced
+    assert read_all(bs) == model
+    assert kinds[0] == "files"
+    assert "files" not in "+".join(kinds[1:]), kinds  # never materialized at once again
+    assert sum("switch" in k for k in kinds) >= 2 and sum("slices" in k for k in kinds) >= 2, kinds
+    # the working database and the task-local copy of a switched checkpoint restore it too
+    last = CompletedCheckpointStore(local_storage).latest()
+    assert last is not None
+    for b in bs:
+        b.close()
+    again = backends(local_storage, tmp_path / "local")
+    sources = {b.restore(last).source for b in again}
+    assert sources == {"working"} and read_all(again) == model
+    for b in again:
+        (b.dir / "working.json").unlink()
+    assert {b.restore(last).source for b in again} == {"local"} and read_all(again) == model
+
+
+def test_a_new_process_goes_on_with_the_slices_of_the_last(local_storage: CheckpointStorage, tmp_path: Path):
+    """Every Dagster run is a new process: the staging record on the local disk carries on."""
+    rng, model = random.Random(3), {}
+    staged_counts = []
+    meta = None
+    by_files = ChangelogOptions(enabled=True, materialize_share=100.0, max_chain=8, slice_min_bytes=1)
+    for _ in range(20):
+        coord = CheckpointCoordinator(local_storage, num_retained=2)
+        bs = backends(local_storage, tmp_path / "local", by_files)
+        for b in bs:
+            b.restore(meta)
+        mutate(bs, model, rng)
+        done = take_checkpoint(coord, bs)
+        meta = done.metadata
+        staged_counts.append(max(len(h.staged) for h in meta.subtask_handles()))
+        for b in bs:
+            b.close()
+    assert restored(local_storage, meta, tmp_path / "fresh") == model
+    # slices accumulate across processes (1, 2, ... then 0 at the switch), never restart mid-way
+    runs = [c for c in staged_counts if c]
+    assert runs and max(runs) >= 3, staged_counts
+    for before, after in zip(staged_counts, staged_counts[1:]):
+        assert after == 0 or after > before, staged_counts
+
+
+def test_a_damaged_slice_restarts_the_materialization_and_loses_nothing(local_storage: CheckpointStorage,
+                                                                         tmp_path: Path):
+    rng, model = random.Random(11), {}
+    coord = CheckpointCoordinator(local_storage, num_retained=3)
+    bs = backends(local_storage, tmp_path / "local")
+    for b in bs:
+        b.restore(None)
+    damaged = None
+    for _ in range(24):
+        mutate(bs, model, rng)
+        done = take_checkpoint(coord, bs)
+        staged = [f for h in done.metadata.subtask_handles() for f in h.staged]
+        if damaged is None and staged:
+            damaged = staged[0]
+            local_storage.delete([damaged.path])  # gone from stable storage before the switch
+    assert damaged is not None
+    last = CompletedCheckpointStore(local_storage).latest()
+    assert last is not None and damaged.path not in last.paths()
+    assert restored(local_storage, last, tmp_path / "fresh") == model
+    assert read_all(bs) == model
+
+
+def test_at_once_when_asked(local_storage: CheckpointStorage, tmp_path: Path):
+    options = ChangelogOptions(enabled=True, materialize_share=1.0, max_chain=6, in_steps=False)
+    rng, model = random.Random(5), {}
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    bs = backends(local_storage, tmp_path / "local", options)
+    for b in bs:
+        b.restore(None)
+    kinds = []
+    for _ in range(12):
+        mutate(bs, model, rng)
+        kinds.append(kind(take_checkpoint(coord, bs).metadata))
+    assert not any("slices" in k or "switch" in k for k in kinds)
+    assert kinds.count("files") >= 2
+    assert read_all(bs) == model
+
+
+def _staged_metadata(local_storage: CheckpointStorage, tmp_path: Path) -> dict:
+    rng, model = random.Random(7), {}
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    bs = backends(local_storage, tmp_path / "local")
+    for b in bs:
+        b.restore(None)
+    for _ in range(24):
+        mutate(bs, model, rng)
+        done = take_checkpoint(coord, bs)
+        if done.metadata.has_staged():
+            return json.loads(local_storage.read_bytes(done.metadata.metadata_path))
+    raise AssertionError("no checkpoint listed staged slices")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(version=3), "only version 4 has"),
+    (lambda d: next(s for op in d["operators"].values() for s in op["subtasks"] if s.get("staged"))["staged"].append(
+        next(s for op in d["operators"].values() for s in op["subtasks"] if s.get("staged"))["shared"][0]),
+     "the same stored file twice"),
+    (lambda d: next(s for op in d["operators"].values() for s in op["subtasks"] if s.get("staged")).update(
+        staged="x"), "staged"),
+])
+def test_hostile_staged_fields_are_refused(local_storage: CheckpointStorage, tmp_path: Path, change, message):
+    from sparkpoint.checkpoint.metadata import content_checksum
+
+    data = _staged_metadata(local_storage, tmp_path)
+    change(data)
+    data.pop("checksum")
+    data["checksum"] = content_checksum(data)  # a file written that way, not damaged
+    with pytest.raises(MetadataError, match=message):
+        CheckpointMetadata.loads(json.dumps(data).encode())
