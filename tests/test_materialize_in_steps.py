@@ -88,22 +88,24 @@ def kind(meta: CheckpointMetadata) -> str:
         new = [f for f in h.shared if f.created_by == meta.checkpoint_id]
         if any(f.created_by == meta.checkpoint_id for f in h.staged):
             kinds.add("slices")
-        elif any(not cl.is_changelog(f.local_name) for f in new) and any(cl.is_changelog(f.local_name) for f in h.shared):
-            kinds.add("switch")
         elif any(not cl.is_changelog(f.local_name) for f in new):
-            kinds.add("files")
+            kinds.add("switch" if any(cl.is_changelog(f.local_name) for f in h.shared) else "files")
         else:
             kinds.add("log")
     return "+".join(sorted(kinds))
 
 
-def test_a_materialization_in_steps_restores_exactly_at_every_checkpoint(local_storage: CheckpointStorage,
-                                                                          tmp_path: Path):
-    rng, model = random.Random(7), {}
-    coord = CheckpointCoordinator(local_storage, num_retained=2)
-    bs = backends(local_storage, tmp_path / "local")
+def started(storage: CheckpointStorage, local: Path, seed: int, retained: int = 2):
+    """A new job's subtasks, their coordinator, the model of their state and its random source."""
+    bs = backends(storage, local)
     for b in bs:
         b.restore(None)
+    return bs, CheckpointCoordinator(storage, num_retained=retained), {}, random.Random(seed)
+
+
+def test_a_materialization_in_steps_restores_exactly_at_every_checkpoint(local_storage: CheckpointStorage,
+                                                                          tmp_path: Path):
+    bs, coord, model, rng = started(local_storage, tmp_path / "local", 7)
     kinds = []
     for _ in range(24):
         mutate(bs, model, rng)
@@ -160,16 +162,12 @@ def test_a_new_process_goes_on_with_the_slices_of_the_last(local_storage: Checkp
     runs = [c for c in staged_counts if c]
     assert runs and max(runs) >= 3, staged_counts
     for before, after in zip(staged_counts, staged_counts[1:]):
-        assert after == 0 or after > before, staged_counts
+        assert after == 0 or after >= before, staged_counts
 
 
 def test_a_damaged_slice_restarts_the_materialization_and_loses_nothing(local_storage: CheckpointStorage,
                                                                          tmp_path: Path):
-    rng, model = random.Random(11), {}
-    coord = CheckpointCoordinator(local_storage, num_retained=3)
-    bs = backends(local_storage, tmp_path / "local")
-    for b in bs:
-        b.restore(None)
+    bs, coord, model, rng = started(local_storage, tmp_path / "local", 11, retained=3)
     damaged = None
     for _ in range(24):
         mutate(bs, model, rng)
@@ -202,11 +200,7 @@ def test_at_once_when_asked(local_storage: CheckpointStorage, tmp_path: Path):
 
 
 def _staged_metadata(local_storage: CheckpointStorage, tmp_path: Path) -> dict:
-    rng, model = random.Random(7), {}
-    coord = CheckpointCoordinator(local_storage, num_retained=2)
-    bs = backends(local_storage, tmp_path / "local")
-    for b in bs:
-        b.restore(None)
+    bs, coord, model, rng = started(local_storage, tmp_path / "local", 7)
     for _ in range(24):
         mutate(bs, model, rng)
         done = take_checkpoint(coord, bs)
@@ -232,3 +226,23 @@ def test_hostile_staged_fields_are_refused(local_storage: CheckpointStorage, tmp
     data["checksum"] = content_checksum(data)  # a file written that way, not damaged
     with pytest.raises(MetadataError, match=message):
         CheckpointMetadata.loads(json.dumps(data).encode())
+
+
+def test_a_savepoint_of_a_checkpoint_with_staged_slices_copies_what_a_restore_reads(local_storage: CheckpointStorage,
+                                                                                     tmp_path: Path):
+    from sparkpoint.checkpoint.savepoint import take_savepoint
+
+    bs, coord, model, rng = started(local_storage, tmp_path / "local", 7)
+    for _ in range(24):
+        mutate(bs, model, rng)
+        done = take_checkpoint(coord, bs)
+        if done.metadata.has_staged():
+            break
+    assert done.metadata.has_staged()
+    result = take_savepoint(local_storage, target=f"file://{tmp_path}/savepoints/sp-1")
+    sp_storage = CheckpointStorage(f"file://{tmp_path}/savepoints", "sp-1")
+    sp = CompletedCheckpointStore(sp_storage).latest()
+    assert sp is not None and not sp.has_staged() and sp.format_version() == 3
+    assert all(not f.local_name.startswith(SLICE_PREFIX) for f in sp.files())
+    assert restored(sp_storage, sp, tmp_path / "fresh") == model
+    assert result is not None

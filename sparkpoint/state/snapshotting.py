@@ -211,7 +211,9 @@ class Snapshotting(SubtaskState):
         None, and `_staged_now` lists the slices so far)."""
         since = [f for f in base.shared if (staging.changelog_id(f.local_name) or 0) > steps.at] + [log_file]
         pace = steps.pace(sum(f.size for f in since), len(since))
-        fresh = steps.write_slices(pace, self.options, minimum=self.changelog.slice_min_bytes)
+        # a small state is cut into at most about 64 slices, a large one into slices of at least the minimum
+        minimum = min(self.changelog.slice_min_bytes, steps.total // 64)
+        fresh = steps.write_slices(pace, self.options, minimum=minimum)
         prefix = shared_dir(self.operator, self.subtask)
         pairs = [(str(steps.dir / steps.name_of(s)), f"{prefix}/{uuid.uuid4().hex}.sst") for s in fresh]
         try:
@@ -235,9 +237,17 @@ class Snapshotting(SubtaskState):
 
     def _switch(
         self, checkpoint_id: int, steps: staging.Staging, chain: list[FileHandle], local: Path
-    ) -> SubtaskStateHandle:
-        """The handle of a RocksDB materialization made of the slices, plus the chain after it."""
-        final, ingested = steps.build(self.options)
+    ) -> SubtaskStateHandle | None:
+        """The handle of a RocksDB materialization made of the slices, plus the chain after it
+        (None when RocksDB will not build it: this checkpoint is a plain changelog one, and the
+        next materialization starts again)."""
+        try:
+            final, ingested = steps.build(self.options)
+        except Exception as e:  # rocksdict raises bare Exception; a local failure, nothing stored is touched
+            log.warning("%s subtask %s: the materialization in steps of checkpoint %s could not be built (%s); "
+                        "it starts again", self.operator, self.subtask, steps.at, e)
+            steps.drop()
+            return None
         slices = {f.local_name: f for f in self._staged_now}
         materialized = []
         for name, piece in sorted(ingested.items()):
