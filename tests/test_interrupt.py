@@ -99,3 +99,27 @@ def test_the_cancel_thread_is_silent_when_the_jvm_is_already_gone(monkeypatch: p
         if thread.name == "spark-cancel":
             thread.join(5)
     assert raised == []
+
+
+def test_an_interrupt_that_lands_in_a_finalizer_is_delivered_again_without_a_trace(tmp_path: Path):
+    """Ctrl-C while a file object is being collected: Python would print the KeyboardInterrupt as
+    'ignored' and drop it. The run must still stop, with no trace on stderr."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from sparkpoint.spark import session\n"
+        "signal.signal(signal.SIGINT, lambda s, f: (_ for _ in ()).throw(KeyboardInterrupt()))\n"
+        "session._keep_interrupts_out_of_finalizers()\n"
+        "class Closing:\n"
+        "    def __del__(self):\n"
+        "        raise KeyboardInterrupt\n"
+        "Closing()\n"
+        "try:\n"
+        "    time.sleep(5)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped', flush=True)\n"
+        "    sys.exit(130)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 130 and done.stdout.strip() == "stopped", (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr

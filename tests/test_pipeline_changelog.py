@@ -102,12 +102,15 @@ def test_a_corrupt_changelog_file_falls_back_and_replays_exactly_once(spark, tmp
 def test_a_materialization_in_steps_runs_in_the_spark_tasks(spark, tmp_path: Path):
     """The default: the chain calls for a materialization and a later checkpoint switches to it
     (slices written and ingested in the tasks); exact through a new machine and a rescale."""
-    input_dir = make_input(tmp_path, batches=8)
+    input_dir = make_input(tmp_path, batches=9)
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
-    on = replace(config(tmp_path, max_batches=6), **resolve_settings(SETTINGS))
-    reports, seen = run(spark, on, storage)
-    assert {"files"} not in seen[1:]  # never materialized at once
-    assert any(switched(storage, r.checkpoint_id) for r in reports)
+    by_files = {**SETTINGS, "changelog-max-chain": "3", "changelog_materialize_share": "100"}
+    on = replace(config(tmp_path, max_batches=7), **resolve_settings(by_files))
+    seen: list[tuple[set[str], bool]] = []  # read as each checkpoint completes: retention drops the older ones
+    StatefulPipeline(spark, on).run(
+        lambda r: seen.append((kinds(storage, r.checkpoint_id), switched(storage, r.checkpoint_id))))
+    assert {"files"} not in [k for k, _ in seen[1:]]  # never materialized at once
+    assert any(s for _, s in seen), seen
     reports = StatefulPipeline(spark, replace(on, max_batches=1, local_dir=str(tmp_path / "m2"))).run()
     assert set(reports[0].restored) == {"primary"}
     reports, _ = run(spark, replace(on, max_batches=None, parallelism=2), storage)

@@ -176,6 +176,25 @@ def _interrupt_cleanly(spark: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_interrupt)
+    _keep_interrupts_out_of_finalizers()
+
+
+def _keep_interrupts_out_of_finalizers() -> None:
+    """A KeyboardInterrupt raised while a finalizer runs (a file object closing as it is
+    collected) cannot propagate: Python prints it with a traceback and drops it. Ours deliver
+    SIGINT again a moment later instead, and print nothing."""
+    if getattr(sys.unraisablehook, "_sparkpoint", False):
+        return
+    default = sys.unraisablehook
+
+    def on_unraisable(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+            return
+        default(unraisable)
+
+    on_unraisable._sparkpoint = True  # type: ignore[attr-defined]
+    sys.unraisablehook = on_unraisable
 
 
 def request_interrupt() -> None:
