@@ -107,7 +107,6 @@ class Staging:
     limit_files: int
     total: int  # bytes of the snapshot's SSTs: what the slices will about add up to
     key_groups: tuple[int, int] = (0, 0)  # the subtask's key-group range [first, last]
-    weights: dict[str, float] = field(default_factory=dict)  # each state's share of the snapshot
     keys_estimate: int = 0  # the snapshot's entries, estimated from a sample of its key groups
     done: bool = False  # every entry is in a slice
     slices: list[Slice] = field(default_factory=list)
@@ -124,19 +123,17 @@ class Staging:
         of growth, and before the chain reaches twice the threshold, where it is done at once."""
         drop_all(subtask_dir)
         d = subtask_dir / f"{DIR_PREFIX}{at}"
+        _fresh(d)
         d.mkdir(parents=True)
         Checkpoint(db).create_checkpoint(str(d / "snap"))
         total = sum(e.stat().st_size for e in os.scandir(d / "snap") if e.name.endswith(".sst"))
         limit_bytes, limit_files = int(2 * threshold[0]), 2 * threshold[1]
         states = list_states(str(d / "snap"))
-        sizes = {n: max(1, db.get_column_family(n).property_int_value("rocksdb.estimate-live-data-size") or 0)
-                 for n in states}
         staging = cls(
             d, at, anchor,
             goal_bytes=max(1.0, min(SPREAD * threshold[0], 0.8 * (limit_bytes - chain[0]))),
             goal_files=max(1.0, min(SPREAD * threshold[1], 0.8 * (limit_files - chain[1]))),
             limit_bytes=limit_bytes, limit_files=limit_files, total=total, key_groups=key_groups,
-            weights={n: sizes[n] / sum(sizes.values()) for n in states},
             keys_estimate=_count_by_sample(db, states, key_groups),
         )
         staging.save()
@@ -206,21 +203,6 @@ class Staging:
         since `at` (1: all of it)."""
         return min(1.0, max(since_bytes / self.goal_bytes, since_files / self.goal_files))
 
-    def position(self, state: str | None, key: bytes | None) -> float:
-        """How far into the snapshot the slices are after `key` of `state` (0..1). Keys start
-        with their key group and keyed state hashes evenly into key groups, so the key's place
-        in the subtask's key-group range is its place in the state."""
-        if state is None:
-            return 0.0
-        names = sorted(self.weights)
-        done = sum(self.weights[n] for n in names[: names.index(state)]) if state in names else 0.0
-        if key is None or len(key) < 2 or state not in self.weights:
-            return done
-        first, last = self.key_groups
-        group = int.from_bytes(key[:2], "big") + (key[2] / 256 if len(key) > 2 else 0.0)
-        within = min(1.0, max(0.0, (group - first) / max(1, last - first + 1)))
-        return done + self.weights[state] * within
-
     def write_slices(self, pace: float, options: RocksDBOptions, *, minimum: int) -> list[Slice]:
         """Write slices up to `pace`, a share of the snapshot's entries (everything left at 1).
         None when what is due comes to less than about `minimum` bytes and more is to come."""
@@ -262,6 +244,7 @@ class Staging:
         it = db.get_column_family(state).iter(ReadOptions())
         seq = len(self.slices)
         path = self.dir / slice_name(self.at, seq)
+        path.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
         writer = None
         raw, last, n = 0, b"", 0
         try:
@@ -304,8 +287,8 @@ class Staging:
         """Ingest every slice into a new database and take a native checkpoint of it: returns
         that directory and, for each SST in it, the slice it is (same bytes)."""
         built, final = self.dir / "built", self.dir / "final"
-        shutil.rmtree(built, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)
+        _fresh(built)
+        _fresh(final)
         states = list_states(str(self.dir / "snap"))
         db = open_db(str(built), states, options, create=True)
         names: dict[str, Slice] = {}
@@ -330,6 +313,14 @@ class Staging:
             if (final / name).stat().st_size != s.size:
                 raise RuntimeError(f"{final / name} is not the slice {self.name_of(s)} it was ingested from")
         return final, names
+
+
+def _fresh(path: Path) -> None:
+    """Nothing at `path`: a link is unlinked (never followed), a directory removed."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def _count_by_sample(db: Any, states: list[str], key_groups: tuple[int, int]) -> int:
