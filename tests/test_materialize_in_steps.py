@@ -246,3 +246,34 @@ def test_a_savepoint_of_a_checkpoint_with_staged_slices_copies_what_a_restore_re
     assert all(not f.local_name.startswith(SLICE_PREFIX) for f in sp.files())
     assert restored(sp_storage, sp, tmp_path / "fresh") == model
     assert result is not None
+
+
+def test_links_planted_in_a_staging_directory_are_never_written_through(local_storage: CheckpointStorage,
+                                                                        tmp_path: Path):
+    from sparkpoint.state.staging import slice_name
+
+    bs, coord, model, rng = started(local_storage, tmp_path / "local", 7)
+    sentinel, elsewhere = tmp_path / "sentinel", tmp_path / "elsewhere"
+    sentinel.write_bytes(b"keep")
+    elsewhere.mkdir()
+    (elsewhere / "inside").write_bytes(b"keep")
+    planted = 0
+    for _ in range(24):
+        mutate(bs, model, rng)
+        take_checkpoint(coord, bs)
+        for b in bs:
+            for d in b.dir.glob("mat-*"):
+                at = int(d.name.split("-")[1])
+                for seq in range(200):
+                    link = d / slice_name(at, seq)
+                    if not link.exists() and not link.is_symlink():
+                        link.symlink_to(sentinel)
+                        planted += 1
+                for name in ("built", "final"):
+                    if not (d / name).exists():
+                        (d / name).symlink_to(elsewhere, target_is_directory=True)
+    assert planted
+    assert sentinel.read_bytes() == b"keep"
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["inside"] and (elsewhere / "inside").read_bytes() == b"keep"
+    last = CompletedCheckpointStore(local_storage).latest()
+    assert last is not None and restored(local_storage, last, tmp_path / "fresh") == model
