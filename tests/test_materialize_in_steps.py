@@ -277,3 +277,43 @@ def test_links_planted_in_a_staging_directory_are_never_written_through(local_st
     assert sorted(p.name for p in elsewhere.iterdir()) == ["inside"] and (elsewhere / "inside").read_bytes() == b"keep"
     last = CompletedCheckpointStore(local_storage).latest()
     assert last is not None and restored(local_storage, last, tmp_path / "fresh") == model
+
+
+def _until_staged(storage: CheckpointStorage, tmp_path: Path, seed: int = 7, slices: int = 2):
+    """A job whose latest checkpoint lists at least `slices` staged slices for some subtask."""
+    bs, coord, model, rng = started(storage, tmp_path / "local", seed, retained=3)
+    for _ in range(24):
+        mutate(bs, model, rng)
+        done = take_checkpoint(coord, bs)
+        if max(len(h.staged) for h in done.metadata.subtask_handles()) >= slices:
+            return bs, coord, model, rng, done.metadata
+    raise AssertionError("no checkpoint listed staged slices")
+
+
+def test_a_missing_staged_slice_does_not_fail_the_checkpoints_that_do_not_read_it(local_storage: CheckpointStorage,
+                                                                                   tmp_path: Path):
+    """No restore reads a staged slice: a checkpoint that lists one that is gone still verifies,
+    so that recovery does not fall back past it (discarding it and retracting its output), and
+    the repair of the retained checkpoints has nothing to say about it."""
+    from sparkpoint.checkpoint.files import stored_size_problems
+    from sparkpoint.state.repair import repair_checkpoints
+    from sparkpoint.state.verify import verify_checkpoint
+
+    bs, coord, model, rng, meta = _until_staged(local_storage, tmp_path)
+    gone = next(f for h in meta.subtask_handles() for f in h.staged)
+    local_storage.delete([gone.path])
+    assert restored(local_storage, meta, tmp_path / "fresh") == model  # it restores exactly
+    assert verify_checkpoint(local_storage, meta) == []
+    assert stored_size_problems(local_storage, list(meta.restored_files())) == []
+    retained = CompletedCheckpointStore(local_storage).load_all().checkpoints
+    report = repair_checkpoints(local_storage, tmp_path / "local", retained)
+    assert report.lost == [] and report.unrepairable == {}
+    # the staging notices it before switching, starts again, and nothing is lost
+    for _ in range(16):
+        mutate(bs, model, rng)
+        take_checkpoint(coord, bs)
+    last = CompletedCheckpointStore(local_storage).latest()
+    assert last is not None and gone.path not in last.paths()
+    assert verify_checkpoint(local_storage, last) == []
+    assert restored(local_storage, last, tmp_path / "fresh") == model
+

@@ -243,6 +243,13 @@ class CheckpointMetadata:
         for handle in self.subtask_handles():
             yield from handle.stored()
 
+    def restored_files(self) -> Iterator[FileHandle]:
+        """The files a restore of this checkpoint reads: not the staged slices, which only the
+        materialization in steps reads, and which it checks itself before a checkpoint switches
+        to them (then they are shared files of that checkpoint)."""
+        for handle in self.subtask_handles():
+            yield from handle.files()
+
     def paths(self) -> set[str]:
         return {f.path for f in self.files()}
 

@@ -71,13 +71,13 @@ class StatefulPipeline(PipelineCore):
 
     def _check_committed(self, start: _Start) -> _Start:
         """What the Dagster blocking check does for a materialization, for every checkpoint this
-        loop commits: every file it lists must be on stable storage with its size (one listing
+        loop commits: every file a restore of it reads must be on stable storage with its size (one listing
         per directory; the CRC32s of its uploads were taken as they were written). A bad file is
         rewritten from a task-local copy; otherwise the checkpoint is discarded and its batch
         replayed from the newest older one (`_fall_back`), before anything builds on it."""
         meta = start.metadata
         assert meta is not None
-        problems = stored_size_problems(self.storage, list(meta.files()))
+        problems = stored_size_problems(self.storage, list(meta.restored_files()))
         if not problems:
             return start
         error = CheckpointCorrupted(

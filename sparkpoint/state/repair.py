@@ -109,7 +109,7 @@ def repair_checkpoints(
     for meta in checkpoints:
         for op, state in meta.operators.items():
             for h in state.subtasks:
-                for f in h.files():
+                for f in h.stored():
                     where.setdefault(f.path, (op, f))
         for p in verify_checkpoint(storage, meta, deep=deep):
             bad.setdefault(p.path, p.problem)

@@ -17,8 +17,10 @@ _CHUNK = 4 * 1024 * 1024
 
 
 def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, *, deep: bool = True) -> list[FileProblem]:
-    """Every file `_metadata` lists: present, of the recorded size and (with `deep`) CRC32."""
-    files = {f.path: f for f in meta.files()}
+    """Every file a restore of the checkpoint reads: present, of the recorded size and (with
+    `deep`) CRC32. Not the staged slices it lists: no restore reads them, and a checkpoint that
+    does not verify is fallen back from (its output retracted) or stops a recovery."""
+    files = {f.path: f for f in meta.restored_files()}
     limit = raw_limit(meta.stats.state_size)
     problems = storage.parallel(lambda f: _check(storage, f, deep, limit),
                                 sorted(files.values(), key=lambda f: f.path))
