@@ -317,3 +317,43 @@ def test_a_missing_staged_slice_does_not_fail_the_checkpoints_that_do_not_read_i
     assert verify_checkpoint(local_storage, last) == []
     assert restored(local_storage, last, tmp_path / "fresh") == model
 
+
+def test_corrupt_staging_files_go_with_the_local_state_they_were_linked_from(local_storage: CheckpointStorage,
+                                                                            tmp_path: Path):
+    """A staging snapshot is hard links to the working database's SSTs: when RocksDB reports
+    corruption, discarding the local state (what a task does then) discards the staging too,
+    and the next checkpoint succeeds instead of reading the same rotten block forever."""
+    from sparkpoint.state.rocksdb import is_corruption
+
+    bs, coord, model, rng, meta = _until_staged(local_storage, tmp_path, slices=1)
+    at: dict[int, Model] = {meta.checkpoint_id: dict(model)}
+    rotten = 0
+    for b in bs:
+        for snap in b.dir.glob("mat-*/snap"):
+            for sst in snap.glob("*.sst"):  # a flipped data block in each (a copy: db/ stays good)
+                data = bytearray(sst.read_bytes())
+                data[len(data) // 4] ^= 0xFF
+                sst.unlink()
+                sst.write_bytes(bytes(data))
+                rotten += 1
+    assert rotten
+    failures: list[int] = []
+    for step in range(12):
+        try:
+            mutate(bs, model, rng)
+            done = take_checkpoint(coord, bs)
+        except Exception as e:
+            assert is_corruption(e), e
+            failures.append(step)
+            latest = CompletedCheckpointStore(local_storage).latest()
+            assert latest is not None
+            for b in bs:
+                b.discard_local_state()
+                b.restore(latest)
+            model = dict(at[latest.checkpoint_id])
+            continue
+        at[done.checkpoint_id] = dict(model)
+    assert len(failures) <= 1 and 11 not in failures, failures  # one failure, then it goes on
+    assert read_all(bs) == model
+    last = CompletedCheckpointStore(local_storage).latest()
+    assert last is not None and restored(local_storage, last, tmp_path / "fresh") == model

@@ -23,6 +23,7 @@ from sparkpoint.checkpoint.errors import (
 from sparkpoint.checkpoint.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
 from sparkpoint.checkpoint.storage import CheckpointStorage, fsync_dir
+from sparkpoint.state import staging
 from sparkpoint.state.changelog import ChangeLog, ChangelogOptions
 from sparkpoint.state.codecs import Codec
 from sparkpoint.state.handles import MapState, ValueState, _KeyedState
@@ -202,7 +203,8 @@ class SubtaskState:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def discard_local_state(self) -> None:
-        """Forget the working database and every task-local copy, without flushing anything: what
+        """Forget the working database, every task-local copy and any materialization in steps
+        (`staging`: made of the same files), without flushing anything: what
         to do when RocksDB reports corruption in them (`rocksdb.is_corruption`). The next
         `restore` reads stable storage."""
         if self.db is not None:
@@ -214,6 +216,10 @@ class SubtaskState:
                 log.warning("closing the corrupt database of %s: %s", self, e)
         self._forget_working()
         self._drop_local_checkpoints(keep=set())
+        # A materialization in steps going on: its snapshot is hard links to db/'s SSTs of then,
+        # and its slices were read from them. Kept, the next snapshot would read the same bad
+        # block again, and every checkpoint after it fail the same way.
+        staging.drop_all(self.dir)
 
     def _open_db(self, *, create: bool = False) -> Rdict:
         if self.db is None:
