@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkpoint.checkpoint.errors import CheckpointCorrupted, StorageError
+from sparkpoint.checkpoint.errors import CheckpointCorrupted, PathEscapesJobDirectory
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile, crc32_of_file
 
@@ -48,12 +48,16 @@ def mismatch(f: FileHandle, size: int | None, crc_of: Callable[[], int] | None) 
 
 def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) -> list[FileProblem]:
     """Presence and size of `files` on storage, from one listing per directory they sit in (a
-    subtask's files share one: on an object store a request or two, not one per file)."""
+    subtask's files share one: on an object store a request or two, not one per file).
+
+    Storage that cannot be reached raises (StorageError): a file is "missing" only when storage
+    said so. Taken for missing, an endpoint down for a moment would have the driver's check after
+    a commit fall back from a checkpoint that verifies (rule 10)."""
     listed: dict[str, StoredFile | None] = {}
     for directory in sorted({posixpath.dirname(f.path) for f in files}):
         try:
             listed.update((s.path, s) for s in storage.walk(directory))
-        except (ValueError, StorageError):  # the job directory itself, or no safe path: file by file
+        except (ValueError, PathEscapesJobDirectory):  # the job directory itself, or no safe path: file by file
             for f in files:
                 if posixpath.dirname(f.path) == directory:
                     listed[f.path] = _stored_or_none(storage, f.path)
@@ -70,7 +74,7 @@ def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) ->
 def _stored_or_none(storage: CheckpointStorage, rel: str) -> StoredFile | None:
     try:
         return storage.info(rel)
-    except (FileNotFoundError, ValueError, StorageError):  # missing, or a path no one may read
+    except (FileNotFoundError, ValueError, PathEscapesJobDirectory):  # missing, or a path no one may read
         return None
 
 
