@@ -21,9 +21,11 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -45,6 +47,33 @@ def peak_kib(pid: int) -> int:
     return 0
 
 
+# What the interval that ends with a line of the benchmark's log did (its lines follow the work).
+PHASES = [(r"\] calibration:", "build the state"), (r"\] loaded ", "build the state"),
+          ("initial checkpoint", "first checkpoint (everything new)"), (r"% #\d", "incremental checkpoints"),
+          ("% full", "full checkpoint"), ("restore from", "restores"), ("transfer on", "bench's own put/get")]
+TASK_PHASES = ("incremental checkpoints", "full checkpoint", "restores")
+
+
+def reset_peak(pid: int) -> None:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := current RSS
+    except OSError:
+        pass
+
+
+def phase_peaks(proc: subprocess.Popen[str], lines: list[str]) -> dict[str, int]:
+    """Peak KiB per phase: at each line the child logs, the high-water mark since the last line goes
+    to that line's phase, and is reset. `lines` collects the log."""
+    peaks: dict[str, int] = {}
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        phase = next((name for pattern, name in PHASES if re.search(pattern, line)), "other")
+        peaks[phase] = max(peaks.get(phase, 0), peak_kib(proc.pid))
+        reset_peak(proc.pid)
+    return peaks
+
+
 def one_size(state_mb: int, work: Path) -> dict[str, Any]:
     out = work / f"state-{state_mb}.json"
     cmd = [sys.executable, "-m", "benchmarks.bench_state_backend", "--state-mb", str(state_mb), "--changes",
@@ -52,11 +81,14 @@ def one_size(state_mb: int, work: Path) -> dict[str, Any]:
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    peak = 0
-    while proc.poll() is None:
-        peak = max(peak, peak_kib(proc.pid))
-        time.sleep(0.2)
-    stderr = proc.stderr.read() if proc.stderr else ""
+    lines: list[str] = []
+    peaks: dict[str, int] = {}
+    reader = threading.Thread(target=lambda: peaks.update(phase_peaks(proc, lines)), daemon=True)
+    reader.start()
+    reader.join()
+    proc.wait()
+    stderr = "".join(lines)
+    peak = max(peaks.values(), default=0)
     if proc.returncode != 0:
         raise RuntimeError(f"{state_mb} MB failed ({proc.returncode}): {stderr[-3000:]}")
     r = json.loads(out.read_text())
@@ -72,35 +104,43 @@ def one_size(state_mb: int, work: Path) -> dict[str, Any]:
         "restore_primary_s": r["restore"]["primary"]["wall_s"],
         "restore_local_s": r["restore"]["local"]["wall_s"],
         "peak_rss_mb": peak / 1024,
+        "peak_rss_mb_by_phase": {name: kib / 1024 for name, kib in peaks.items()},
+        "task_peak_rss_mb": max((peaks.get(name, 0) for name in TASK_PHASES), default=0) / 1024,
         "wall_s": time.perf_counter() - started,
     }
     print(f"  {state_mb:>5} MB: checkpoint {row['checkpoint_s']:.2f} s, uploaded {row['uploaded_bytes'] / MB:.1f} MB "
           f"(amplification {row['amplification']:.2f}), restore primary {row['restore_primary_s']:.2f} s / local "
-          f"{row['restore_local_s']:.3f} s, peak {row['peak_rss_mb']:.0f} MB", flush=True)
+          f"{row['restore_local_s']:.3f} s, peak {row['peak_rss_mb']:.0f} MB (checkpoints and restores "
+          f"{row['task_peak_rss_mb']:.0f} MB)", flush=True)
+    print("         peak by phase: " + ", ".join(f"{name} {mb:.0f} MB" for name, mb in
+                                                row["peak_rss_mb_by_phase"].items()), flush=True)
     return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true", help="also 5 GB (make bench)")
+    parser.add_argument("--sizes", help="comma-separated MB instead (e.g. 1024,5120)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    sizes = [10, 100, 1024] + ([5120] if args.large else [])
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [10, 100, 1024] + ([5120] if args.large else [])
     rows = []
     with tempfile.TemporaryDirectory(prefix="sparkpoint-scale-") as work:
         for size in sizes:
             rows.append(one_size(size, Path(work)))
     print()
     print(f"{'state':>8} {'checkpoint':>11} {'uploaded':>10} {'ampl.':>6} {'s/changed MB':>13} "
-          f"{'restore primary':>16} {'restore local':>14} {'peak RSS':>9}")
+          f"{'restore primary':>16} {'restore local':>14} {'peak RSS':>9} {'of which a task':>16}")
     for r in rows:
         print(f"{r['state_mb']:>5} MB {r['checkpoint_s']:>9.2f} s {r['uploaded_bytes'] / MB:>7.1f} MB "
               f"{r['amplification']:>6.2f} {r['s_per_changed_mb']:>13.3f} {r['restore_primary_s']:>14.2f} s "
-              f"{r['restore_local_s']:>12.3f} s {r['peak_rss_mb']:>6.0f} MB")
+              f"{r['restore_local_s']:>12.3f} s {r['peak_rss_mb']:>6.0f} MB {r['task_peak_rss_mb']:>13.0f} MB")
     by = {r["state_mb"]: r for r in rows}
-    growth = {key: by[1024][key] / by[100][key] for key in ("amplification", "s_per_changed_mb")}
-    print(f"100 MB -> 1 GB at {CHURN:.0%} churn: amplification x{growth['amplification']:.2f}, seconds per changed "
-          f"MB x{growth['s_per_changed_mb']:.2f} (goal: within 1.5x)")
+    growth = {key: by[1024][key] / by[100][key] for key in ("amplification", "s_per_changed_mb")} \
+        if {100, 1024} <= set(by) else None
+    if growth:
+        print(f"100 MB -> 1 GB at {CHURN:.0%} churn: amplification x{growth['amplification']:.2f}, seconds per "
+              f"changed MB x{growth['s_per_changed_mb']:.2f} (goal: within 1.5x)")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "scale.json"
     path.write_text(json.dumps({"when": datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),

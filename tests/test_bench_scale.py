@@ -126,3 +126,15 @@ def test_damage_benchmark_quick_run_finds_no_silent_damage(tmp_path: Path, layou
         assert x["open"] + x["read"] + x["harmless"] + x["SILENT"] == x["trials"] > 50
         assert x["SILENT"] == 0 and x["silent_offsets"] == [], x
         assert x["open"] + x["read"] > 0  # the damage is seen, not just survived
+
+
+def test_bench_scale_tells_a_tasks_peak_memory_from_building_the_state(tmp_path: Path):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", "--sizes", "10", "--out", str(tmp_path)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "scale.json").read_text())["rows"]
+    phases = row["peak_rss_mb_by_phase"]
+    assert {"build the state", "incremental checkpoints", "restores"} <= set(phases), phases
+    assert 0 < row["task_peak_rss_mb"] <= row["peak_rss_mb"]
+    assert row["peak_rss_mb"] == max(phases.values())
