@@ -165,7 +165,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from sparkpoint.pipeline.driver import StatefulPipeline
     from sparkpoint.pipeline.settings import resolve_settings
-    from sparkpoint.spark.session import spark_session
+    from sparkpoint.spark.session import session_key, spark_session
     from sparkpoint.spark.source import SourceOffsets
 
     conf = dict(_key_value(c) for c in args.conf)
@@ -202,7 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
     pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
                                   {op.name: op.input_columns() for op in pipeline.operators})
-    pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote)
+    pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote,
+                                   share=session_key(config.job_id, pipeline.operators))
 
     uploaded = 0
 

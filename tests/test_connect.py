@@ -1,7 +1,8 @@
 """Runs attached to a Spark that is already up, through Spark Connect (a real server on 127.0.0.1,
 started and stopped here): the same exactly-once results as a Spark of the run's own, a driver
 killed mid-run and resumed by a new client, a user's own operators shipped to the server as
-artifacts, and a wrong URL said in one line."""
+artifacts, runs of the same code sharing a server session (changed code in one of its own), and a
+wrong URL said in one line."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
@@ -98,3 +102,73 @@ def test_a_wrong_connect_url_is_said_in_one_line(tmp_path: Path):
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and message in lines[0], done.stderr
         assert "s3cret" not in done.stderr, "a token in the URL is never printed"
+
+
+def _session_key(project: Path, project_env: dict[str, str]) -> str:
+    code = ("from clickstream.pipelines import clicks; from sparkpoint.spark.session import session_key; "
+            "print(session_key(clicks.effective_job_id, clicks.operators))")
+    return subprocess.run([sys.executable, "-c", code], cwd=project, env=project_env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _imports_clickstream(url: str) -> bool:
+    """Whether a UDF on the session at `url` can import the project (shipped to that session only)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    def probe(frames: Iterator[Any]) -> Iterator[Any]:
+        import importlib.util
+
+        import pandas as pd
+
+        for _ in frames:
+            yield pd.DataFrame({"found": [importlib.util.find_spec("clickstream") is not None]})
+
+    spark = ConnectSession.builder.remote(url).create()
+    spark.release_session_on_close = False
+    try:
+        return bool(spark.range(0, 1, 1, 1).mapInPandas(probe, "found boolean").collect()[0]["found"])
+    finally:
+        spark.stop()
+
+
+def test_runs_of_the_same_code_share_a_session_and_changed_code_runs_in_its_own(tmp_path: Path, server: ConnectServer):
+    """A run's server session outlives it for the next run of the same job and code (its Python
+    workers stay warm); changed operator code attaches to a session of its own, so no worker runs
+    a module the earlier version imported: the second batch counts ten per click."""
+    project, project_env = copy_project(tmp_path, landed=2)
+    run = [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "clickstream.pipelines:clicks",
+           "--input", "landing", "--conf", f"spark.remote={server.url}", "--max-batches", "1"]
+    done = subprocess.run(run, cwd=project, env=project_env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    first = _session_key(project, project_env)
+    shared = f"{server.url}/;session_id={uuid.uuid5(uuid.NAMESPACE_URL, f'sparkpoint/{first}/0')}"
+    assert _imports_clickstream(shared), "the run's session, with the project it shipped, is there for the next"
+    assert not _imports_clickstream(server.url), "a session of its own has none of it"
+
+    operators = project / "clickstream" / "operators.py"
+    v1 = "(int(n) + (o[0] if o else 0), max(int(t), o[1] if o else int(t)))"
+    assert v1 in operators.read_text()
+    operators.write_text(operators.read_text().replace(v1, v1.replace("(int(n) +", "(10 * int(n) +")))
+    assert _session_key(project, project_env) != first
+    done = subprocess.run(run, cwd=project, env=project_env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    state, _ = clicks_state(project)
+    batches = [pd.read_parquet(p).groupby("user").size() for p in sorted((project / "landing").glob("*.parquet"))]
+    expected = batches[0].add(10 * batches[1], fill_value=0).astype(int).to_dict()
+    assert state == expected, "the second batch ran the changed code"
+
+
+def test_a_session_id_the_server_closed_is_passed_over(server: ConnectServer):
+    from sparkpoint.spark.session import connect_session
+
+    key = f"closed-{uuid.uuid4().hex}"
+    first = connect_session(server.url, share=key)
+    first_id = first.client._session_id
+    first.release_session_on_close = True
+    first.stop()  # released: the server keeps the id closed
+    second = connect_session(server.url, share=key)
+    try:
+        assert second.client._session_id != first_id
+        assert second.range(3).count() == 3
+    finally:
+        second.stop()

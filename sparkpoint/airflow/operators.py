@@ -116,9 +116,11 @@ class SparkpointOperator(BaseOperator):
         return self.ref.driver(spark)
 
     def spark(self) -> Any:
-        from sparkpoint.spark.session import spark_session
+        from sparkpoint.spark.session import session_key, spark_session
 
-        return spark_session(self.master, app_name=f"sparkpoint-{self.resolved().name}", remote=self.remote)
+        pipeline = self.resolved()
+        return spark_session(self.master, app_name=f"sparkpoint-{pipeline.name}", remote=self.remote,
+                             share=session_key(pipeline.effective_job_id, pipeline.operators))
 
 
 class SparkpointBatchOperator(SparkpointOperator):

@@ -76,7 +76,8 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
     )
     def sstables(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
         source = scope.source(context)
-        driver = scope.resources(context).driver(pipeline, scope.spark(context).session)
+        driver = scope.resources(context).driver(pipeline)
+        driver.spark = scope.spark(context).session_for(driver)
         inject = context.run.tags.get(INJECT_TAG)
         attempt = start_step(driver, context.run.run_id, inject_failure=inject)
         if attempt is None and source.land_sample_batch(driver.consumed_files()):

@@ -120,7 +120,8 @@ class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """A Spark session: `local[2]` by default, any master URL, extra conf as JSON; or, with
     `remote` (`sc://host:port`), a Spark Connect client of a Spark that is already up, so a run
-    starts no JVM of its own."""
+    starts no JVM of its own. On Connect the runs of a pipeline share a server session (its
+    Python workers stay warm between runs; see `sparkpoint.spark.session`): `session_for`."""
 
     master: str = "local[2]"
     remote: str = ""  # Spark Connect URL; wins over `master`
@@ -128,26 +129,57 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     app_name: str = "sparkpoint"
     stop_on_teardown: bool = True
     _session: Any = PrivateAttr(default=None)
+    _remote: str | None = PrivateAttr(default=None)
+    _conf: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        conf = _json_object(self.conf, "spark: conf")
-        from sparkpoint.spark.session import spark_session
+        self._conf = _json_object(self.conf, "spark: conf")
+        from sparkpoint.spark.session import check_reachable, spark_session
 
-        remote = self.remote or str(conf.pop("spark.remote", "")) or None
+        self._remote = self.remote or str(self._conf.pop("spark.remote", "")) or None
         try:
-            self._session = spark_session(self.master, app_name=self.app_name, remote=remote)
+            if self._remote:  # the session itself when a step knows its pipeline (`session_for`)
+                check_reachable(self._remote)
+            else:
+                self._session = spark_session(self.master, app_name=self.app_name)
         except SparkpointError as e:
             raise ResourceConfigError(f"spark (master, remote): {e}") from e
-        for key, value in conf.items():
+        if self._session is not None:
+            self._configure()
+
+    def _configure(self) -> None:
+        for key, value in self._conf.items():
             self._session.conf.set(key, str(value))
+
+    def session_for(self, driver: StatefulPipeline) -> Any:
+        """The session to run `driver`'s batches on: on Spark Connect, the server session its
+        runs share (same job, same code)."""
+        if self._session is None and self._remote:
+            from sparkpoint.spark.session import session_key, spark_session
+
+            try:
+                self._session = spark_session(self.master, app_name=self.app_name, remote=self._remote,
+                                              share=session_key(driver.config.job_id, driver.operators))
+            except SparkpointError as e:
+                raise ResourceConfigError(f"spark (master, remote): {e}") from e
+            self._configure()
+        return self.session
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._session is not None and self.stop_on_teardown:
-            self._session.stop()  # PySpark never stops it by itself
-        self._session = None
+            self._session.stop()  # PySpark never stops it by itself (a shared Connect session: this client only)
+        self._session, self._remote = None, None
 
     @property
     def session(self) -> Any:
+        if self._session is None and self._remote:  # for no pipeline in particular: a session of its own
+            from sparkpoint.spark.session import spark_session
+
+            try:
+                self._session = spark_session(self.master, app_name=self.app_name, remote=self._remote)
+            except SparkpointError as e:
+                raise ResourceConfigError(f"spark (master, remote): {e}") from e
+            self._configure()
         if self._session is None:
             raise ResourceConfigError("spark: the session exists only while a step runs")
         return self._session

@@ -6,23 +6,31 @@ resolves to a loopback address, the JVM's incubator-module warning) never reache
 any other line the JVM writes to standard error is passed through. `verbose=True` (or the
 environment variable SPARKPOINT_VERBOSE=1, which `sparkpoint --verbose` sets) keeps Spark's own
 logging as it is.
+
+On Spark Connect, the runs of one pipeline share a server session (`share=`, `session_key`): a
+session's Python workers are its own (its artifacts are on their path), so a new session per run
+started new workers, whose imports cost about two seconds of every checkpoint on this machine.
+The session's id is derived from the job and the bytes of the operators' code: a run of changed
+code gets a session, and workers, of its own, never modules another version imported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 import warnings
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -47,14 +55,15 @@ def verbose_from_env() -> bool:
 
 def spark_session(
     master: str = "local[*]", *, app_name: str = "sparkpoint", ui: bool = False, verbose: bool | None = None,
-    remote: str | None = None,
+    remote: str | None = None, share: str | None = None,
 ) -> SparkSession:
     """A classic session on `master` (the JVM in this process's tree), or, with `remote` (or a
     master `sc://host:port`), a Spark Connect client of a Spark that is already up: no JVM starts
-    here, and the server's executors run the pipeline's tasks."""
+    here, and the server's executors run the pipeline's tasks; with `share` (a `session_key`) in
+    the server session every run with that key attaches to."""
     verbose = verbose_from_env() if verbose is None else verbose
     if remote or master.startswith("sc://"):
-        connected: SparkSession = connect_session(remote or master, app_name=app_name, verbose=verbose)
+        connected: SparkSession = connect_session(remote or master, app_name=app_name, verbose=verbose, share=share)
         return connected  # the Connect client's SparkSession has the classic one's DataFrame API
     # pandas 3 works for what sparkpoint asks of PySpark (Arrow batches in and out); PySpark 4.3
     # warns on every UDF all the same.
@@ -87,25 +96,26 @@ def spark_session(
     return spark
 
 
-def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = False) -> Any:
+def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = False,
+                    share: str | None = None) -> Any:
     """A Spark Connect session (`sc://host:port[/;params]`), checked before use: a wrong URL is a
     SparkConnectionError naming it, not a gRPC trace. The server must run this Python with
     sparkpoint installed (its Python workers run the tasks); the user's own modules are shipped
-    as artifacts (`ship_modules`)."""
-    if not url.startswith("sc://"):
-        raise SparkConnectionError(f"a Spark Connect URL must start with sc://, e.g. sc://127.0.0.1:15002 "
-                                   f"(got one starting {url.split(':', 1)[0]!r})")
+    as artifacts (`ship_modules`). With `share`, the server session whose id `share` gives (a
+    URL that names a `session_id` keeps it): stopping this client leaves it, and its warm Python
+    workers, to the next run; one the server has closed (idle past its timeout) is skipped."""
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     if not verbose:
         _quiet_python_loggers()
-    _reachable(url)
+    check_reachable(url)
     try:
         from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-        spark = ConnectSession.builder.remote(url).appName(app_name).getOrCreate()
-        for key, value in (("spark.sql.session.timeZone", "UTC"),
-                           ("spark.sql.execution.arrow.pyspark.enabled", "true")):
-            spark.conf.set(key, value)  # the first call: reaches the server or fails here
+        if share and "session_id=" not in url:
+            spark = _shared_session(ConnectSession, url, share)
+        else:
+            spark = ConnectSession.builder.remote(url).appName(app_name).getOrCreate()
+            _first_call(spark)
     except ImportError as e:
         raise SparkConnectionError(
             f"Spark Connect needs pyspark's connect extra ({e}): pip install 'pyspark[connect]'") from e
@@ -117,13 +127,86 @@ def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = F
     return spark
 
 
+# A shared session the server has closed keeps its id closed: the next generation's id is tried.
+SHARED_SESSION_GENERATIONS = 32
+
+
+def _first_call(spark: Any) -> None:
+    for key, value in (("spark.sql.session.timeZone", "UTC"), ("spark.sql.execution.arrow.pyspark.enabled", "true")):
+        spark.conf.set(key, value)  # the first call: reaches the server or fails here
+
+
+def _shared_session(connect_session_class: Any, url: str, share: str) -> Any:
+    """The first session of the ids `share` gives that the server has not closed."""
+    base = url if "/;" in url else url.rstrip("/") + "/"
+    for generation in range(SHARED_SESSION_GENERATIONS):
+        session_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"sparkpoint/{share}/{generation}"))
+        # No builder options: create() would send them at once, outside the try, and leave the
+        # refused session the process's active one.
+        spark = connect_session_class.builder.remote(f"{base};session_id={session_id}").create()
+        spark.release_session_on_close = False  # stop() closes this client only
+        try:
+            _first_call(spark)
+            return spark
+        except Exception as e:
+            spark.stop()
+            if "SESSION_CLOSED" not in str(e):
+                raise
+    spark = connect_session_class.builder.remote(url).create()  # every id closed: one of its own
+    _first_call(spark)
+    return spark
+
+
+def session_key(job_id: str, operators: Iterable[Any]) -> str:
+    """What the runs that may share a Spark Connect session have in common: the job, and the
+    bytes of the files the operators' functions come from (their top-level packages whole,
+    sparkpoint's own included). Any change to that code gives another key, so a session's
+    workers never run modules another version imported, and the session never holds an
+    artifact of the same name with other bytes."""
+    digest = hashlib.sha256(job_id.encode())
+    functions = [fn for op in operators for fn in (op.process, op.export)]
+    roots = dict(code_roots(functions))
+    if "sparkpoint" not in roots:
+        roots["sparkpoint"] = Path(__file__).parent.parent / "__init__.py"
+    for root, path in sorted(roots.items()):
+        for f in _module_files(path):
+            digest.update(f"\0{root}/{f.relative_to(path.parent).as_posix()}\0".encode())
+            digest.update(f.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _module_files(path: Path) -> list[Path]:
+    """A module's file, or every file of its package but compiled ones (`__pycache__` changes
+    with whichever Python imported it last)."""
+    if path.name != "__init__.py":
+        return [path]
+    return sorted(f for f in path.parent.rglob("*")
+                  if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo"))
+
+
+def _zip_package(init: Path, root: str) -> Path:
+    """The package as a zip whose bytes depend only on its files' names and bytes (the same
+    artifact every run, as a shared session requires)."""
+    target = Path(tempfile.mkdtemp(prefix="sparkpoint-ship-")) / f"{root}.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for f in _module_files(init):
+            info = zipfile.ZipInfo(f"{root}/{f.relative_to(init.parent).as_posix()}", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
+    return target
+
+
 def _shown(url: str) -> str:
     """The URL as messages show it: `sc://host:port`, without its parameters (`;token=...`)."""
     return "sc://" + url.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
 
 
-def _reachable(url: str, timeout: float = 10.0) -> None:
-    """Fail fast on a server that is not there: the gRPC client retries for minutes."""
+def check_reachable(url: str, timeout: float = 10.0) -> None:
+    """A Spark Connect URL, and a server listening there: fail fast on one that is not there
+    (the gRPC client retries for minutes)."""
+    if not url.startswith("sc://"):
+        raise SparkConnectionError(f"a Spark Connect URL must start with sc://, e.g. sc://127.0.0.1:15002 "
+                                   f"(got one starting {url.split(':', 1)[0]!r})")
     address = _shown(url).removeprefix("sc://")
     host, _, port = address.rpartition(":") if ":" in address.lstrip("[").split("]")[-1] else (address, "", "15002")
     try:
@@ -149,9 +232,11 @@ def job_group(spark: Any, group: str, description: str) -> Iterator[None]:
     session, a tag on Spark Connect."""
     if is_connect(spark):
         spark.addTag(group)
+        spark.addTag(CLIENT_TAG)  # what a Ctrl-C interrupts: this client's operations, not the session's
         try:
             yield
         finally:
+            spark.removeTag(CLIENT_TAG)
             spark.removeTag(group)
         return
     sc = spark.sparkContext
@@ -207,8 +292,8 @@ def request_interrupt() -> None:
         # too: it asks the JVM): nothing of it may print, the driver is stopping anyway.
         try:
             connect = _connect_active()
-            if connect is not None:  # the server goes on; only this client's operations stop
-                connect.interruptAll()
+            if connect is not None:  # the server and the session go on; only this client's operations stop
+                connect.interruptTag(CLIENT_TAG)
                 return
             active = SparkSession.getActiveSession()
             if active is not None:
@@ -242,6 +327,8 @@ class _NotFromPy4j(logging.Filter):
 
 _muted = threading.Event()
 _interrupted = threading.Event()
+# This process's operations on a Spark Connect session that other runs may share.
+CLIENT_TAG = f"sparkpoint-client-{uuid.uuid4().hex}"
 
 
 def interrupted() -> bool:
@@ -300,22 +387,28 @@ def _filter_lines(source: IO[bytes], target: IO[str]) -> None:
                 pass
 
 
+def code_roots(functions: Iterable[Callable[..., Any]]) -> list[tuple[str, Path]]:
+    """The top-level modules `functions` come from, with their file (`__init__.py` for a package)."""
+    out = []
+    for root in sorted({fn.__module__.partition(".")[0] for fn in functions if getattr(fn, "__module__", None)}):
+        module = sys.modules.get(root)
+        origin = getattr(module, "__file__", None) if module is not None else None
+        if origin is not None:
+            out.append((root, Path(origin)))
+    return out
+
+
 def ship_modules(spark: SparkSession, functions: Iterable[Callable[..., Any]]) -> list[str]:
     """Make the user's modules that `functions` come from importable on every executor
     (`addPyFile` of the module's file, or of its top-level package zipped): a keyed operator's
     functions travel by reference to their module. Modules installed in site-packages, the
     standard library and sparkpoint's own are left alone. Returns what was shipped."""
     shipped = []
-    for root in sorted({fn.__module__.partition(".")[0] for fn in functions if getattr(fn, "__module__", None)}):
-        module = sys.modules.get(root)
-        origin = getattr(module, "__file__", None) if module is not None else None
-        if root in ("sparkpoint", "__main__") or origin is None or "site-packages" in origin \
-                or origin.startswith(sys.base_prefix):
+    for root, path in code_roots(functions):
+        if root in ("sparkpoint", "__main__") or "site-packages" in str(path) or str(path).startswith(sys.base_prefix):
             continue
-        path = Path(origin)
         if path.name == "__init__.py":  # a package: ship it whole, zipped
-            target = Path(tempfile.mkdtemp(prefix="sparkpoint-ship-")) / root
-            path = Path(shutil.make_archive(str(target), "zip", root_dir=path.parent.parent, base_dir=root))
+            path = _zip_package(path, root)
         if is_connect(spark):
             spark.addArtifacts(str(path), pyfile=True)  # to the server's Python workers, for this session
         else:
