@@ -36,8 +36,8 @@ DONE = {"SUCCESS", "FAILURE", "CANCELED"}
 WORKSPACE = """\
 load_from:
   - python_module:
-      module_name: tests.ui_location
-      attribute: defs
+      module_name: {module}
+      attribute: {attribute}
       working_directory: {repo}
 """
 
@@ -104,10 +104,13 @@ def entry_value(entry: dict[str, Any]) -> Any:
 
 
 class DagsterServer:
-    """`dagster dev -w workspace.yaml -h 127.0.0.1 -p PORT` in `root`, stopped by process group."""
+    """`dagster dev -w workspace.yaml -h 127.0.0.1 -p PORT` in `root`, stopped by process group,
+    serving `module`'s `attribute` (the tests' location by default) with `env` added."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, module: str = "tests.ui_location", attribute: str = "defs",
+                 env: dict[str, str] | None = None) -> None:
         self.root = root
+        self.module, self.attribute, self.extra_env = module, attribute, dict(env or {})
         self.home = prepare_dagster_home(root / "dagster-home")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -118,10 +121,11 @@ class DagsterServer:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
-        (self.root / "workspace.yaml").write_text(WORKSPACE.format(repo=REPO))
+        (self.root / "workspace.yaml").write_text(WORKSPACE.format(module=self.module, attribute=self.attribute,
+                                                                   repo=REPO))
         env = {**os.environ, "DAGSTER_HOME": str(self.home), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples" / "clickstream")]),
-               "SPARK_LOCAL_IP": "127.0.0.1"}
+               "SPARK_LOCAL_IP": "127.0.0.1", **self.extra_env}
         env.pop("SPARKPOINT_CHECKPOINT_CRON", None)
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(

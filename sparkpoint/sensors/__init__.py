@@ -128,7 +128,7 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing: bool = T
             return dg.SkipReason("nothing to prune: retention kept up in the checkpoint step, orphan sweep not due")
         return list(requests.values())
 
-    @dg.sensor(name=scope.name("input_sensor"), target=jobs.checkpoint, minimum_interval_seconds=5,
+    @dg.sensor(name=scope.name("input_sensor"), target=jobs.checkpoint, minimum_interval_seconds=1,
                default_status=dg.DefaultSensorStatus.RUNNING if landing else dg.DefaultSensorStatus.STOPPED,
                required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
                description=f"Materializes `{scope.pipeline.name}` when a batch file lands that no checkpoint consumed")
