@@ -203,7 +203,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
                                   {op.name: op.input_columns() for op in pipeline.operators})
     pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote,
-                                   share=session_key(config.job_id, pipeline.operators))
+                                   share=session_key(config.job_id, pipeline.operators) if remote else None)
 
     uploaded = 0
 

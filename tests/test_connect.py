@@ -21,6 +21,7 @@ import pytest
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark.generate import generate
+from sparkpoint.spark.session import connect_session, job_group, shared_session_id
 from tests.clickstream_project import clicks_state, copy_project
 from tests.connect_server import ConnectServer, connect_server
 from tests.crashkit import assert_pipeline_result, assert_storage_settled, run_command
@@ -141,7 +142,7 @@ def test_runs_of_the_same_code_share_a_session_and_changed_code_runs_in_its_own(
     done = subprocess.run(run, cwd=project, env=project_env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     first = _session_key(project, project_env)
-    shared = f"{server.url}/;session_id={uuid.uuid5(uuid.NAMESPACE_URL, f'sparkpoint/{first}/0')}"
+    shared = f"{server.url}/;session_id={shared_session_id(first)}"
     assert _imports_clickstream(shared), "the run's session, with the project it shipped, is there for the next"
     assert not _imports_clickstream(server.url), "a session of its own has none of it"
 
@@ -159,8 +160,6 @@ def test_runs_of_the_same_code_share_a_session_and_changed_code_runs_in_its_own(
 
 
 def test_a_session_id_the_server_closed_is_passed_over(server: ConnectServer):
-    from sparkpoint.spark.session import connect_session
-
     key = f"closed-{uuid.uuid4().hex}"
     first = connect_session(server.url, share=key)
     first_id = first.client._session_id
@@ -172,3 +171,37 @@ def test_a_session_id_the_server_closed_is_passed_over(server: ConnectServer):
         assert second.range(3).count() == 3
     finally:
         second.stop()
+
+
+def test_an_interrupted_client_stops_its_job_in_a_session_that_outlives_it(tmp_path: Path, server: ConnectServer):
+    """Stopping a shared session's client leaves the session to the next run: a Ctrl-C (here an
+    alarm raising KeyboardInterrupt in the driver) must interrupt the job itself, or it runs on."""
+    spark = connect_session(server.url, share=f"interrupt-{uuid.uuid4().hex}")
+    marker = str(tmp_path / "the job ran to its end")
+
+    def slow(frames: Iterator[Any]) -> Iterator[Any]:
+        import time
+
+        for frame in frames:
+            time.sleep(12)
+            with open(marker, "a") as out:
+                out.write("done\n")
+            yield frame
+
+    spark.range(0, 1, 1, 1).mapInPandas(slow, "id long").collect()
+    assert Path(marker).read_text() == "done\n", "the job, left alone, runs to its end"
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(5)
+    try:
+        with pytest.raises(KeyboardInterrupt), job_group(spark, "sparkpoint-test", "interrupted"):
+            spark.range(0, 1, 1, 1).mapInPandas(slow, "id long").collect()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        spark.stop()
+    time.sleep(15)
+    assert Path(marker).read_text() == "done\n", "the job ran on after its client was interrupted"

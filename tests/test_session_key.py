@@ -60,3 +60,12 @@ def test_the_shipped_package_has_the_same_bytes_whenever_its_files_do(package: P
     assert b.read_bytes() == a
     assert sorted(zipfile.ZipFile(b).namelist()) == ["userpkg/__init__.py", "userpkg/ops.py",
                                                      "userpkg/sub/__init__.py", "userpkg/sub/helpers.py"]
+
+
+def test_settings_a_run_leaves_on_its_session_are_part_of_the_key(package: Path):
+    ops = importlib.import_module("userpkg.ops")
+    op = SimpleNamespace(process=ops.process, export=ops.export)
+    plain = session_key("clicks", [op])
+    assert session_key("clicks", [op], {}) == plain
+    tuned = session_key("clicks", [op], {"spark.sql.shuffle.partitions": "8"})
+    assert tuned != plain and session_key("clicks", [op], {"spark.sql.shuffle.partitions": 8}) == tuned

@@ -120,7 +120,7 @@ class SparkpointOperator(BaseOperator):
 
         pipeline = self.resolved()
         return spark_session(self.master, app_name=f"sparkpoint-{pipeline.name}", remote=self.remote,
-                             share=session_key(pipeline.effective_job_id, pipeline.operators))
+                             share=session_key(pipeline.effective_job_id, pipeline.operators) if self.remote else None)
 
 
 class SparkpointBatchOperator(SparkpointOperator):

@@ -158,10 +158,13 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             from sparkpoint.spark.session import session_key, spark_session
 
             try:
-                self._session = spark_session(self.master, app_name=self.app_name, remote=self._remote,
-                                              share=session_key(driver.config.job_id, driver.operators))
+                self._session = spark_session(
+                    self.master, app_name=self.app_name, remote=self._remote,
+                    share=session_key(driver.config.job_id, driver.operators, self._conf))
             except SparkpointError as e:
-                raise ResourceConfigError(f"spark (master, remote): {e}") from e
+                # As when setup refused it: a configuration error, which no recovery run heals
+                # (the recovery sensor reads the causes too).
+                raise ResourceConfigError(f"spark (master, remote): {e}") from None
             self._configure()
         return self.session
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -28,10 +29,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,6 +43,7 @@ from sparkpoint.checkpoint.crash import kill_with_this_process
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.spark.faults import arm_crash_points
 
+log = logging.getLogger(__name__)
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 # What the JVM prints before log4j is configured, or outside it.
 _CHATTER = re.compile(
@@ -122,12 +125,15 @@ def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = F
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SparkConnectionError(f"cannot reach the Spark Connect server at {_shown(url)}: {first}") from e
+    _connect_sessions[:] = [spark]
     if not verbose:
         _interrupt_cleanly(spark)
     return spark
 
 
-# A shared session the server has closed keeps its id closed: the next generation's id is tried.
+# A shared session the server has closed (idle past its timeout) keeps its id closed for as long
+# as the server runs: the next generation's id is tried. Ids start again each UTC day, so a
+# pipeline idle for hours every day uses up no more than a day's worth of them.
 SHARED_SESSION_GENERATIONS = 32
 
 
@@ -140,7 +146,7 @@ def _shared_session(connect_session_class: Any, url: str, share: str) -> Any:
     """The first session of the ids `share` gives that the server has not closed."""
     base = url if "/;" in url else url.rstrip("/") + "/"
     for generation in range(SHARED_SESSION_GENERATIONS):
-        session_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"sparkpoint/{share}/{generation}"))
+        session_id = shared_session_id(share, generation)
         # No builder options: create() would send them at once, outside the try, and leave the
         # refused session the process's active one.
         spark = connect_session_class.builder.remote(f"{base};session_id={session_id}").create()
@@ -152,18 +158,27 @@ def _shared_session(connect_session_class: Any, url: str, share: str) -> Any:
             spark.stop()
             if "SESSION_CLOSED" not in str(e):
                 raise
-    spark = connect_session_class.builder.remote(url).create()  # every id closed: one of its own
+    log.warning("every shared Spark Connect session id of today is closed on %s; this run uses a session of "
+                "its own (its Python workers start cold)", _shown(url))
+    spark = connect_session_class.builder.remote(url).create()
     _first_call(spark)
     return spark
 
 
-def session_key(job_id: str, operators: Iterable[Any]) -> str:
+def shared_session_id(share: str, generation: int = 0, day: str | None = None) -> str:
+    day = day or time.strftime("%Y-%m-%d", time.gmtime())
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"sparkpoint/{share}/{day}/{generation}"))
+
+
+def session_key(job_id: str, operators: Iterable[Any], settings: Mapping[str, Any] | None = None) -> str:
     """What the runs that may share a Spark Connect session have in common: the job, and the
     bytes of the files the operators' functions come from (their top-level packages whole,
     sparkpoint's own included). Any change to that code gives another key, so a session's
     workers never run modules another version imported, and the session never holds an
-    artifact of the same name with other bytes."""
+    artifact of the same name with other bytes. `settings`: the Spark settings a run puts on the
+    session, which stay on it (other settings get a session of their own)."""
     digest = hashlib.sha256(job_id.encode())
+    digest.update(json.dumps({str(k): str(v) for k, v in (settings or {}).items()}, sort_keys=True).encode())
     functions = [fn for op in operators for fn in (op.process, op.export)]
     roots = dict(code_roots(functions))
     if "sparkpoint" not in roots:
@@ -171,7 +186,10 @@ def session_key(job_id: str, operators: Iterable[Any]) -> str:
     for root, path in sorted(roots.items()):
         for f in _module_files(path):
             digest.update(f"\0{root}/{f.relative_to(path.parent).as_posix()}\0".encode())
-            digest.update(f.read_bytes())
+            try:
+                digest.update(f.read_bytes())
+            except OSError:  # a module imported from a zip: its name stands for it
+                digest.update(b"unreadable")
     return digest.hexdigest()[:32]
 
 
@@ -188,11 +206,11 @@ def _zip_package(init: Path, root: str) -> Path:
     """The package as a zip whose bytes depend only on its files' names and bytes (the same
     artifact every run, as a shared session requires)."""
     target = Path(tempfile.mkdtemp(prefix="sparkpoint-ship-")) / f"{root}.zip"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:  # no compressor's version in the bytes
         for f in _module_files(init):
             info = zipfile.ZipInfo(f"{root}/{f.relative_to(init.parent).as_posix()}", date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, f.read_bytes(), zipfile.ZIP_DEFLATED)
+            info.create_system, info.external_attr = 3, 0o644 << 16
+            archive.writestr(info, f.read_bytes(), zipfile.ZIP_STORED)
     return target
 
 
@@ -235,6 +253,13 @@ def job_group(spark: Any, group: str, description: str) -> Iterator[None]:
         spark.addTag(CLIENT_TAG)  # what a Ctrl-C interrupts: this client's operations, not the session's
         try:
             yield
+        except BaseException:
+            # A Ctrl-C, a terminated step, a timeout: the session outlives this client (shared),
+            # so its job must not run on. pyspark's client releases an execution it abandons; the
+            # tag makes sure, whatever way out, from the thread whose tags the job carries.
+            with contextlib.suppress(Exception):
+                spark.interruptTag(CLIENT_TAG)
+            raise
         finally:
             spark.removeTag(CLIENT_TAG)
             spark.removeTag(group)
@@ -305,11 +330,9 @@ def request_interrupt() -> None:
 
 
 def _connect_active() -> Any:
-    if "pyspark.sql.connect.session" not in sys.modules:
-        return None
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-    return ConnectSession.getActiveSession()
+    """The Connect session this process made last (the cancel thread runs apart from the thread
+    that made it, and pyspark's active session is per thread)."""
+    return _connect_sessions[-1] if _connect_sessions else None
 
 
 def _quiet_python_loggers() -> None:
@@ -329,6 +352,7 @@ _muted = threading.Event()
 _interrupted = threading.Event()
 # This process's operations on a Spark Connect session that other runs may share.
 CLIENT_TAG = f"sparkpoint-client-{uuid.uuid4().hex}"
+_connect_sessions: list[Any] = []  # the last one is what a Ctrl-C interrupts
 
 
 def interrupted() -> bool:
