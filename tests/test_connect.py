@@ -134,13 +134,15 @@ def _imports_clickstream(url: str) -> bool:
 
 def test_runs_of_the_same_code_share_a_session_and_changed_code_runs_in_its_own(tmp_path: Path, server: ConnectServer):
     """A run's server session outlives it for the next run of the same job and code (its Python
-    workers stay warm); changed operator code attaches to a session of its own, so no worker runs
-    a module the earlier version imported: the second batch counts ten per click."""
-    project, project_env = copy_project(tmp_path, landed=2)
+    workers stay warm, the package it ships is the same artifact again); changed operator code
+    attaches to a session of its own, so no worker runs a module the earlier version imported:
+    the third batch counts ten per click."""
+    project, project_env = copy_project(tmp_path, landed=3)
     run = [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "clickstream.pipelines:clicks",
            "--input", "landing", "--conf", f"spark.remote={server.url}", "--max-batches", "1"]
-    done = subprocess.run(run, cwd=project, env=project_env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for _ in range(2):  # the second run ships the same package again, to the same session
+        done = subprocess.run(run, cwd=project, env=project_env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     first = _session_key(project, project_env)
     shared = f"{server.url}/;session_id={shared_session_id(first)}"
     assert _imports_clickstream(shared), "the run's session, with the project it shipped, is there for the next"
@@ -155,8 +157,8 @@ def test_runs_of_the_same_code_share_a_session_and_changed_code_runs_in_its_own(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     state, _ = clicks_state(project)
     batches = [pd.read_parquet(p).groupby("user").size() for p in sorted((project / "landing").glob("*.parquet"))]
-    expected = batches[0].add(10 * batches[1], fill_value=0).astype(int).to_dict()
-    assert state == expected, "the second batch ran the changed code"
+    expected = batches[0].add(batches[1], fill_value=0).add(10 * batches[2], fill_value=0).astype(int).to_dict()
+    assert state == expected, "the third batch ran the changed code, the first two the code before"
 
 
 def test_a_session_id_the_server_closed_is_passed_over(server: ConnectServer):
