@@ -155,18 +155,21 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         """The session to run `driver`'s batches on: on Spark Connect, the server session its
         runs share (same job, same code)."""
         if self._session is None and self._remote:
-            from sparkpoint.spark.session import session_key, spark_session
+            from sparkpoint.spark.session import session_key
 
-            try:
-                self._session = spark_session(
-                    self.master, app_name=self.app_name, remote=self._remote,
-                    share=session_key(driver.config.job_id, driver.operators, self._conf))
-            except SparkpointError as e:
-                # As when setup refused it: a configuration error, which no recovery run heals
-                # (the recovery sensor reads the causes too).
-                raise ResourceConfigError(f"spark (master, remote): {e}") from None
-            self._configure()
+            self._connect(session_key(driver.config.job_id, driver.operators, self._conf))
         return self.session
+
+    def _connect(self, share: str | None) -> None:
+        from sparkpoint.spark.session import spark_session
+
+        try:
+            self._session = spark_session(self.master, app_name=self.app_name, remote=self._remote, share=share)
+        except SparkpointError as e:
+            # As when setup refused it: a configuration error, which no recovery run heals (the
+            # recovery sensor reads the causes too).
+            raise ResourceConfigError(f"spark (master, remote): {e}") from None
+        self._configure()
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._session is not None and self.stop_on_teardown:
@@ -176,13 +179,7 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     @property
     def session(self) -> Any:
         if self._session is None and self._remote:  # for no pipeline in particular: a session of its own
-            from sparkpoint.spark.session import spark_session
-
-            try:
-                self._session = spark_session(self.master, app_name=self.app_name, remote=self._remote)
-            except SparkpointError as e:
-                raise ResourceConfigError(f"spark (master, remote): {e}") from e
-            self._configure()
+            self._connect(None)
         if self._session is None:
             raise ResourceConfigError("spark: the session exists only while a step runs")
         return self._session
