@@ -1,7 +1,8 @@
 """One writer of the zombie-writer test (tests/test_zombie_writers.py), run as its own process.
 
 It processes batches 1..N of a deterministic input into two RocksDB subtasks and, for each batch,
-races the other writer for checkpoint id N: both wait at a barrier, then trigger exactly N. The
+races the other writer for checkpoint id N: both wait at a barrier, then trigger exactly N (every
+third id, one of them by turns starts 0.2 s late, so each writer wins some on any machine). The
 winner commits its sink output for N (a file created exclusively, naming the writer); the loser
 aborts. One JSON line per id on stdout says what happened.
 """
@@ -67,7 +68,13 @@ def main() -> None:
         keys = batch(n)
         count_round(subtasks, model, keys)
         barrier(Path(args.barrier), n, args.name, 2)
-        time.sleep(rng.random() * 0.01)  # who gets there first varies
+        if n % 3 == 0:
+            # Every third id, the writers take turns starting late, so each wins some whatever
+            # the machine's timing favours; the late one still races and loses the create.
+            late = ("live", "zombie")[(n // 3) % 2]
+            time.sleep(0.2 if args.name == late else 0.0)
+        else:
+            time.sleep(rng.random() * 0.01)  # a free race: who gets there first varies
         try:
             take_checkpoint(coord, subtasks, source_offsets={"batch": n, "writer": args.name}, checkpoint_id=n)
         except CheckpointAlreadyExists as e:
