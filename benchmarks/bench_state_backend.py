@@ -543,9 +543,10 @@ def run(args: argparse.Namespace, work: Path, url: str) -> dict[str, Any]:
                                                                     args.repeat)
     finally:
         backend.dispose()
-        if args.storage and storage.job_dir_exists():  # the temp dir goes as a whole
+        if args.storage and not args.keep_storage and storage.job_dir_exists():  # the temp dir goes as a whole
             storage.fs.rm(storage.root, recursive=True)
     return {
+        "storage": {"url": url, "job_id": storage.job_id, "kept": bool(args.storage and args.keep_storage)},
         "load": loaded,
         "initial": initial.to_json(),
         "phases": phases,
@@ -586,6 +587,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--changes", default="0.01,0.1", help="fractions of keys changed per checkpoint (default 0.01,0.1)")
     p.add_argument("--checkpoints", type=int, default=5, help="incremental checkpoints per fraction (default 5)")
     p.add_argument("--storage", metavar="URL", help="fsspec URL for checkpoints (default: file:// in a temp dir)")
+    p.add_argument("--keep-storage", action="store_true",
+                   help="leave the checkpoints on --storage (bench_scale's task process restores them)")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each restore and transfer (default 3)")
     p.add_argument("--no-s3", dest="s3", action="store_false", help="skip the transfers to S3 (moto on 127.0.0.1)")
     p.add_argument("--quick", action="store_true", help="smoke test: 64 MB, 2 checkpoints per fraction")

@@ -369,8 +369,10 @@ def test_an_open_reads_no_index_or_filter_block_the_first_read_puts_them_in_the_
                 cf.property_int_value("rocksdb.block-cache-usage"))
 
     measured = {}
-    for cached in (True, False):  # False: RocksDB's own default, still selectable
-        db = open_db(str(tmp_path / "db"), [], RocksDBOptions(cache_index_and_filter_blocks=cached), create=False)
+    for cached, cache_mb in ((True, 31), (False, 33)):  # False: RocksDB's own default, still selectable
+        # The block cache is the process's: a size no other test uses gives this one a cache of its own.
+        options = RocksDBOptions(cache_index_and_filter_blocks=cached, block_cache_mb=cache_mb)
+        db = open_db(str(tmp_path / "db"), [], options, create=False)
         cf = db.get_column_family("s")
         opened = memory(cf)
         assert cf[b"k000012345"] is not None and cf[b"k000049999"] is not None
@@ -389,3 +391,47 @@ def test_an_open_reads_no_index_or_filter_block_the_first_read_puts_them_in_the_
     db.close()
     with pytest.raises(ValueError, match="block_cache_mb"):
         RocksDBOptions(block_cache_mb=0)
+
+
+def test_every_database_a_process_opens_shares_one_block_cache_and_one_memtable_budget(tmp_path: Path):
+    # Flink's managed memory, per process: a state created after the open, a second database (a
+    # staging snapshot, a rescaling restore's source) and many column families stay within one
+    # block cache and two write buffers, instead of a cache per open and memtables per state.
+    from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, ensure_column_families, open_db
+
+    options = RocksDBOptions(block_cache_mb=21, write_buffer_mb=2)  # sizes no other test uses
+    states = [f"s{i}" for i in range(6)]
+    db = open_db(str(tmp_path / "a"), [], options, create=True)
+    ensure_column_families(db, str(tmp_path / "a"), states, options)  # made after the open
+    rng = random.Random(3)
+    cfs = [db.get_column_family(name) for name in states]  # held: a handle flushes when it is dropped
+    peak = 0
+    for i in range(40_000):
+        for c in cfs:
+            c[b"k%07d" % i] = rng.randbytes(30)
+        if i % 1000 == 999:
+            peak = max(peak, sum(c.property_int_value("rocksdb.cur-size-all-mem-tables") for c in cfs))
+    # Alone, each state would hold up to two 2 MB memtables (9.6 MB written in all, none flushed);
+    # together they stay within about two write buffers.
+    assert 1 << 20 < peak < 6 << 20, peak
+    cf = cfs[0]
+    assert cf.property_int_value("rocksdb.block-cache-capacity") == 21 << 20
+    for c in cfs:
+        c.flush(True)
+    other = open_db(str(tmp_path / "b"), ["t"], options, create=True)
+    t = other.get_column_family("t")
+    for i in range(20_000):
+        t[b"t%07d" % i] = rng.randbytes(30)
+    t.flush(True)
+    before = cf.property_int_value("rocksdb.block-cache-usage")
+    assert t.property_int_value("rocksdb.block-cache-usage") == before  # one cache, seen from both
+    for i in range(0, 20_000, 50):
+        assert t[b"t%07d" % i] is not None
+    grown = cf.property_int_value("rocksdb.block-cache-usage")
+    assert grown > before + 100_000  # the other database's reads went into the same cache
+    # A scan of a whole state reads around the cache instead of evicting what the reads need.
+    assert count_keys(cf) == 40_000
+    assert cf.property_int_value("rocksdb.block-cache-usage") < grown + 50_000
+    del cf, cfs, t
+    other.close()
+    db.close()

@@ -42,6 +42,7 @@ from sparkpoint.state.rocksdb import (
     is_corruption,
     list_states,
     open_db,
+    scan_options,
 )
 from sparkpoint.state.subtask import SubtaskState
 
@@ -311,7 +312,7 @@ class Restoring(SubtaskState):
             ) from e
 
     def _merge_from(self, source: Path, lower: bytes, upper: bytes) -> None:
-        from rocksdict import ReadOptions, WriteBatch
+        from rocksdict import WriteBatch
 
         db = self._open_db()
         try:
@@ -325,9 +326,7 @@ class Restoring(SubtaskState):
             ensure_column_families(db, str(self.db_path), names, self.options)
             for name in names:
                 handle = db.get_column_family_handle(name)
-                opts = ReadOptions()
-                opts.set_iterate_upper_bound(upper)
-                it = other.get_column_family(name).iter(opts)
+                it = other.get_column_family(name).iter(scan_options(upper))
                 try:
                     it.seek(lower)
                     batch, n = WriteBatch(raw_mode=True), 0

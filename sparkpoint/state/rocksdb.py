@@ -5,16 +5,25 @@ to upload. The default here is the setting measured best in FIELD-NOTES.md (univ
 compaction, L0 trigger 8, a 10-bit bloom filter, no TTL or periodic rewrite); `leveled` is
 RocksDB's own default, kept for comparison.
 
-Index and filter blocks live in the database's block cache, as in Flink's default
+Index and filter blocks live in the block cache, as in Flink's default
 (`state.backend.rocksdb.memory.managed`), those of level-0 files pinned, instead of each open
 loading every SST's whole index and filter into memory. An open then reads none of them, and what
 they hold in memory is capped by the cache. Measured on a 1.5 GB state: the open takes 7 ms instead
 of 26, and with its first 1,000 random reads 23 ms instead of 33.
+
+Memory is the process's, as Flink's managed memory is the slot's: every database a process opens
+(the working one, a staging snapshot, the databases a rescaling restore reads from) and every
+column family in them share one block cache of `block_cache_mb` and one write buffer manager
+that holds their memtables together to two write buffers. A task's RocksDB memory is then bounded
+by those two figures, whatever the state's size, its number of states, or how many databases a
+restore opens. Whole-state scans (staging slices, a rescaling restore, counting) bypass the cache
+(`scan_options`): they read every block once, and would only evict what the task's reads need.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -26,6 +35,7 @@ from rocksdict import (
     Options,
     Rdict,
     ReadOptions,
+    WriteBufferManager,
     WriteOptions,
 )
 
@@ -43,8 +53,8 @@ class RocksDBOptions:
     bloom_bits: int = 10
     write_buffer_mb: int = 64
     background_jobs: int = 2
-    # Each open database's block cache; index and filter blocks are kept in it (False: each
-    # open loads them whole into memory, RocksDB's default).
+    # The process's block cache, shared by every database it opens; index and filter blocks are
+    # kept in it (False: each open loads them whole into memory, RocksDB's default).
     block_cache_mb: int = 256
     cache_index_and_filter_blocks: bool = True
 
@@ -56,8 +66,9 @@ class RocksDBOptions:
                 f"block_cache_mb must be between 1 and {MAX_BLOCK_CACHE_MB} (1 TB), got {self.block_cache_mb}"
             )
 
-    def build(self, *, create: bool, cache: Cache | None = None) -> Options:
-        """RocksDB options; the column families of one database share its `cache` (None: a new one)."""
+    def build(self, *, create: bool) -> Options:
+        """RocksDB options, with the process's shared block cache and write buffer manager."""
+        cache, buffers = process_memory(self)
         opts = Options(raw_mode=True)
         opts.create_if_missing(create)
         opts.create_missing_column_families(create)
@@ -69,15 +80,43 @@ class RocksDBOptions:
         table = BlockBasedOptions()
         if self.bloom_bits > 0:
             table.set_bloom_filter(self.bloom_bits, False)
-        table.set_block_cache(cache if cache is not None else Cache(self.block_cache_mb << 20))  # the db keeps it
+        table.set_block_cache(cache)
         if self.cache_index_and_filter_blocks:
             table.set_cache_index_and_filter_blocks(True)
             table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         opts.set_block_based_table_factory(table)
         opts.set_write_buffer_size(self.write_buffer_mb * 1024 * 1024)
+        opts.set_write_buffer_manager(buffers)
         opts.set_max_background_jobs(self.background_jobs)
         opts.set_keep_log_file_num(2)
         return opts
+
+
+_memory: dict[tuple[int, int, int], tuple[Cache, WriteBufferManager]] = {}
+_memory_lock = threading.Lock()
+
+
+def process_memory(options: RocksDBOptions) -> tuple[Cache, WriteBufferManager]:
+    """This process's block cache of `block_cache_mb` and its write buffer manager (two write
+    buffers for all memtables together), made at the first open. Keyed by the process id too: a
+    forked child (Spark's Python daemon forks its workers) makes its own instead of sharing the
+    parent's locks."""
+    key = (os.getpid(), options.block_cache_mb, options.write_buffer_mb)
+    with _memory_lock:
+        if key not in _memory:
+            _memory[key] = (Cache(options.block_cache_mb << 20),
+                            WriteBufferManager(2 * options.write_buffer_mb << 20, False))
+        return _memory[key]
+
+
+def scan_options(upper: bytes | None = None) -> ReadOptions:
+    """Read options for a scan of a whole state or key-group range: its blocks stay out of the
+    block cache (RocksDB's advice for bulk scans), and the scan ends before `upper`."""
+    opts = ReadOptions()
+    opts.fill_cache(False)  # type: ignore[call-arg]  # a method taking the flag; the stubs say otherwise
+    if upper is not None:
+        opts.set_iterate_upper_bound(upper)
+    return opts
 
 
 def open_db(
@@ -102,12 +141,11 @@ def open_db(
             names |= set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF}
         except Exception as e:  # its MANIFEST unreadable, or the open-file limit: said as the open says it
             raise StateBackendError(f"RocksDB cannot list the column families of {path}: {e}") from e
-    cache = Cache(options.block_cache_mb << 20)
-    cf_options = {name: options.build(create=create, cache=cache) for name in sorted(names)}
+    cf_options = {name: options.build(create=create) for name in sorted(names)}
     try:
         db = Rdict(
             path,
-            options=options.build(create=create, cache=cache),
+            options=options.build(create=create),
             column_families=cf_options,
             access_type=AccessType.read_only() if read_only else AccessType.read_write(),
         )
@@ -166,7 +204,7 @@ def compact_all(db: Rdict, column_families: Iterable[str]) -> None:
 def count_keys(cf: Rdict) -> int:
     """The entries of a column family. The iterator's status is asked at the end: at a bad block
     a plain `keys()` just stops, and the count would come out short without a word."""
-    it = cf.iter(ReadOptions())
+    it = cf.iter(scan_options())
     try:
         it.seek_to_first()
         n = 0

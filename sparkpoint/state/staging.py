@@ -37,12 +37,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Checkpoint, IngestExternalFileOptions, ReadOptions, SstFileWriter
+from rocksdict import Checkpoint, IngestExternalFileOptions, SstFileWriter
 
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX
 from sparkpoint.state.localfiles import write_replacing
-from sparkpoint.state.rocksdb import RocksDBOptions, list_states, open_db
+from sparkpoint.state.rocksdb import RocksDBOptions, list_states, open_db, scan_options
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class Staging:
                    options: RocksDBOptions) -> tuple[Slice | None, bool]:
         """One slice of at most `due` entries of `state` from after the key `after`: (the slice
         or None, whether the state has no entry left)."""
-        it = db.get_column_family(state).iter(ReadOptions())
+        it = db.get_column_family(state).iter(scan_options())
         seq = len(self.slices)
         path = self.dir / slice_name(self.at, seq)
         path.unlink(missing_ok=True)  # a leftover, or a link planted there: never written through
@@ -333,9 +333,7 @@ def _count_by_sample(db: Any, states: list[str], key_groups: tuple[int, int]) ->
     upper = (first + sampled).to_bytes(2, "big")
     total = 0
     for name in states:
-        opts = ReadOptions()
-        opts.set_iterate_upper_bound(upper)
-        it = db.get_column_family(name).iter(opts)
+        it = db.get_column_family(name).iter(scan_options(upper))
         try:
             it.seek(first.to_bytes(2, "big"))
             n = 0
