@@ -138,3 +138,10 @@ def test_bench_scale_tells_a_tasks_peak_memory_from_building_the_state(tmp_path:
     assert {"build the state", "incremental checkpoints", "restores"} <= set(phases), phases
     assert 0 < row["task_peak_rss_mb"] <= row["peak_rss_mb"]
     assert row["peak_rss_mb"] == max(phases.values())
+    # A task in a process of its own: a primary restore into an empty directory, then a new
+    # process restoring what the first left locally; each read and wrote its batch and committed.
+    first, second = row["tasks"]
+    assert first["restored_from"] == "primary" and second["restored_from"] in ("local", "working")
+    for t in (first, second):
+        assert t["baseline_mb"] < t["peak_after_restore_mb"] <= t["peak_mb"], t
+        assert t["uploaded_bytes"] > 0 and t["rocksdb_at_end_mb"]["block-cache-usage"] > 0

@@ -194,7 +194,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.state.changelog)
     parallelism: int = 2
     max_parallelism: int = 128
-    rocksdb_block_cache_mb: int = 256  # each open database's block cache, index and filter blocks included
+    rocksdb_block_cache_mb: int = 256  # the process's block cache, shared by every database it opens
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         if not 1 <= self.max_parallelism <= MAX_KEY_GROUPS:
