@@ -63,6 +63,8 @@ def one_task(storage: CheckpointStorage, local: Path, keys: int, batch: int, ver
         if any(v is None for v in found):
             raise RuntimeError(f"the restored state lost {sum(v is None for v in found)} of {batch} keys")
         del found
+        read_s = time.perf_counter() - started
+        cache_after_reads = backend.db.property_int_value("rocksdb.block-cache-usage") if backend.db else 0
         write_keys(state, ids, version)
         batch_s = time.perf_counter() - started
         started = time.perf_counter()
@@ -78,6 +80,8 @@ def one_task(storage: CheckpointStorage, local: Path, keys: int, batch: int, ver
         "restored_from": restored.source,
         "restore_s": restore_s,
         "batch_s": batch_s,
+        "read_s": read_s,
+        "block_cache_after_reads_mb": (cache_after_reads or 0) / MB,
         "checkpoint_s": checkpoint_s,
         "uploaded_bytes": done.metadata.stats.checkpointed_size,
         "rss_before_mb": before / 1024,

@@ -165,8 +165,9 @@ def restart(
     return subtasks, coord
 
 
-def test_two_hundred_checkpoints_under_storage_faults_restore_exactly_and_leave_no_orphan(tmp_path: Path):
-    row = run_under_faults(tmp_path, checkpoints=200, seed=11, rate=0.06, restore_every=5)
+def test_a_hundred_and_twenty_checkpoints_under_storage_faults_restore_exactly_and_leave_no_orphan(tmp_path: Path):
+    # make soak runs 500 checkpoints under each of 6 seeds
+    row = run_under_faults(tmp_path, checkpoints=120, seed=11, rate=0.06, restore_every=5)
     assert row["failed"] > 0, "the fault rate should make some checkpoints fail"
     report("faults_storage_quick", [row])
 

@@ -45,7 +45,7 @@ def interrupt_after(cmd: list[str], cwd: Path, prefix: str, nth: int, delay: flo
 
 @pytest.mark.parametrize("delay", [0.0, 0.15, 0.4])
 def test_one_ctrl_c_stops_run_in_one_line_and_a_rerun_resumes(tmp_path: Path, delay: float):
-    generate(str(tmp_path / "in"), batches=8, events_per_batch=20000, users=3000, items=200, seed=4)
+    generate(str(tmp_path / "in"), batches=5, events_per_batch=8000, users=3000, items=200, seed=4)
     cmd = [sys.executable, "-m", "sparkpoint.cli", "run", "--input", "in", "--checkpoints", "ckpt", "--job-id", "j",
            "--local-dir", "local", "--output", "out"]
     code, out, err, seconds = interrupt_after(cmd, tmp_path, "chk-", 2, delay)
