@@ -98,3 +98,31 @@ def test_bulk_paths_refuse_keys_of_another_subtask(local_storage: CheckpointStor
         with pytest.raises(KeyError, match="wrong subtask"):
             b.map_state("seen", BytesCodec()).put_absent([(foreign, "u", b"")])
         assert list(state.items()) == [], "nothing was written"
+
+
+def test_reads_of_many_keys_go_to_rocksdb_in_slices_and_come_back_in_order(local_storage: CheckpointStorage,
+                                                                           tmp_path: Path):
+    # A multi-get pins every block it reads until it returns: reads of more keys than a slice
+    # are split, and the answer is still one value (or None) per key, in the caller's order.
+    from sparkpoint.state.handles import MULTI_GET_SLICE
+
+    n = 2 * MULTI_GET_SLICE + 123
+    assert n == 8315  # the keys named below
+    with backend(local_storage, tmp_path / "a") as b:
+        b.restore(None)
+        state = b.value_state("totals", TOTALS)
+        state.put_many([(f"k{i}", (i, i / 2, i % 7)) for i in range(0, n, 2)])  # the odd keys are absent
+        b.compact()
+        keys = [f"k{i}" for i in reversed(range(n))]
+        got = state.get_many(keys)
+        assert len(got) == n
+        assert got == [(i, i / 2, i % 7) if i % 2 == 0 else None for i in reversed(range(n))]
+        seen: list[int] = []
+
+        def bump(stored: list[bytes | None]) -> list[bytes | None]:
+            seen.append(len(stored))
+            return [s if s is not None else TOTALS.encode((0, 0.0, 0)) for s in stored]
+
+        assert state.update_many_encoded(keys, bump) == n
+        assert seen == [n]  # the caller's function still sees the whole batch at once
+        assert state.get_many(["k1", "k8313", "k8312"]) == [(0, 0.0, 0), (0, 0.0, 0), (8312, 4156.0, 8312 % 7)]

@@ -31,6 +31,7 @@ from sparkpoint.state.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_r
 V = TypeVar("V")
 log = logging.getLogger(__name__)
 _LEN = struct.Struct(">I")
+MULTI_GET_SLICE = 4096  # keys per RocksDB multi-get: what one pins stays near 16 MB of 4 KB blocks
 
 
 @cache
@@ -121,9 +122,14 @@ class _KeyedState(Generic[V]):
         del self._handle  # holds the database too, and cannot be closed
 
     def _multi_get(self, keys: list[bytes]) -> list[bytes | None]:
-        if not keys:
-            return []
-        return cast(list[bytes | None], self._cf.get(cast(Any, keys)))
+        # In slices: a multi-get pins the data block of every key it reads until it returns, over
+        # the cache's capacity if need be (measured: 100,000 keys of a 5 GB state held 430 MB).
+        if len(keys) <= MULTI_GET_SLICE:
+            return cast(list[bytes | None], self._cf.get(cast(Any, keys))) if keys else []
+        found: list[bytes | None] = []
+        for start in range(0, len(keys), MULTI_GET_SLICE):
+            found += cast(list[bytes | None], self._cf.get(cast(Any, keys[start : start + MULTI_GET_SLICE])))
+        return found
 
     def _all(self) -> Iterator[tuple[bytes, bytes]]:
         return self._scan(*key_group_bounds(self._kg_range))
