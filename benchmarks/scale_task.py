@@ -98,13 +98,15 @@ def main() -> None:
     p.add_argument("--keys", type=int, required=True, help="the keys the state holds (ids 0..keys-1)")
     p.add_argument("--batch-keys", type=int, default=100_000)
     p.add_argument("--local", type=Path, required=True)
+    # Not the bench's own random sequence: a task reading the keys its churn last wrote would read
+    # a few small recent files instead of the whole state.
     p.add_argument("--seed", type=int, default=7, help="picks the batch's keys; also the version written")
     args = p.parse_args()
     storage = CheckpointStorage(args.storage, args.job_id)
     batch = min(args.batch_keys, args.keys)
     reset_peak()
     out = {"batch_keys": batch, "baseline_mb": rss_kib("VmRSS") / 1024,
-           **one_task(storage, args.local, args.keys, batch, args.seed, random.Random(args.seed))}
+           **one_task(storage, args.local, args.keys, batch, args.seed, random.Random(f"task-{args.seed}"))}
     out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out))
 
