@@ -435,3 +435,23 @@ def test_every_database_a_process_opens_shares_one_block_cache_and_one_memtable_
     del cf, cfs, t
     other.close()
     db.close()
+
+
+def test_a_forked_child_makes_its_own_rocksdb_memory(tmp_path: Path):
+    # Spark's Python daemon forks its workers: a child must not share its parent's cache and lock.
+    import os
+
+    from sparkpoint.state import rocksdb
+
+    db = rocksdb.open_db(str(tmp_path / "db"), ["s"], rocksdb.RocksDBOptions(block_cache_mb=23), create=True)
+    parent_cache, _ = rocksdb.process_memory(rocksdb.RocksDBOptions(block_cache_mb=23))
+    assert rocksdb._caches[23] is parent_cache
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of the parent's, and a cache of its own on request
+        ok = 23 not in rocksdb._caches and rocksdb.process_memory(rocksdb.RocksDBOptions(block_cache_mb=23))[0] \
+            is not parent_cache
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    db.close()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert rocksdb._caches[23] is parent_cache  # the parent's is untouched

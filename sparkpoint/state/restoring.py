@@ -326,7 +326,8 @@ class Restoring(SubtaskState):
             ensure_column_families(db, str(self.db_path), names, self.options)
             for name in names:
                 handle = db.get_column_family_handle(name)
-                it = other.get_column_family(name).iter(scan_options(upper))
+                opts = scan_options(upper)  # held while the iterator lives: it reads the bound from it
+                it = other.get_column_family(name).iter(opts)
                 try:
                     it.seek(lower)
                     batch, n = WriteBatch(raw_mode=True), 0

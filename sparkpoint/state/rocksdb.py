@@ -92,26 +92,44 @@ class RocksDBOptions:
         return opts
 
 
-_memory: dict[tuple[int, int, int], tuple[Cache, WriteBufferManager]] = {}
+_caches: dict[int, Cache] = {}
+_buffers: dict[int, WriteBufferManager] = {}
 _memory_lock = threading.Lock()
+
+
+def _forget_parents_memory() -> None:
+    """In a forked child (Spark's Python daemon forks its workers): the parent's cache and lock
+    are not this process's to share, so it makes its own at its first open."""
+    global _memory_lock
+    _caches.clear()
+    _buffers.clear()
+    _memory_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parents_memory)
 
 
 def process_memory(options: RocksDBOptions) -> tuple[Cache, WriteBufferManager]:
     """This process's block cache of `block_cache_mb` and its write buffer manager (two write
-    buffers for all memtables together), made at the first open. Keyed by the process id too: a
-    forked child (Spark's Python daemon forks its workers) makes its own instead of sharing the
-    parent's locks."""
-    key = (os.getpid(), options.block_cache_mb, options.write_buffer_mb)
+    buffers for all memtables together), made at the first open that asks for them."""
     with _memory_lock:
-        if key not in _memory:
-            _memory[key] = (Cache(options.block_cache_mb << 20),
-                            WriteBufferManager(2 * options.write_buffer_mb << 20, False))
-        return _memory[key]
+        cache = _caches.get(options.block_cache_mb)
+        if cache is None:
+            cache = _caches[options.block_cache_mb] = Cache(options.block_cache_mb << 20)
+        buffers = _buffers.get(options.write_buffer_mb)
+        if buffers is None:
+            buffers = _buffers[options.write_buffer_mb] = WriteBufferManager(2 * options.write_buffer_mb << 20,
+                                                                             False)
+        return cache, buffers
 
 
 def scan_options(upper: bytes | None = None) -> ReadOptions:
     """Read options for a scan of a whole state or key-group range: its blocks stay out of the
-    block cache (RocksDB's advice for bulk scans), and the scan ends before `upper`."""
+    block cache (RocksDB's advice for bulk scans), and the scan ends before `upper`.
+
+    Keep the returned options referenced for as long as the iterator lives: the iterator reads
+    the bound from them, and a bound freed under it stops bounding (a rescaling restore would
+    then copy key groups that are not its own)."""
     opts = ReadOptions()
     opts.fill_cache(False)  # type: ignore[call-arg]  # a method taking the flag; the stubs say otherwise
     if upper is not None:

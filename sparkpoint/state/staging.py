@@ -333,7 +333,8 @@ def _count_by_sample(db: Any, states: list[str], key_groups: tuple[int, int]) ->
     upper = (first + sampled).to_bytes(2, "big")
     total = 0
     for name in states:
-        it = db.get_column_family(name).iter(scan_options(upper))
+        opts = scan_options(upper)  # held while the iterator lives: it reads the bound from it
+        it = db.get_column_family(name).iter(opts)
         try:
             it.seek(first.to_bytes(2, "big"))
             n = 0
