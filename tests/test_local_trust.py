@@ -150,6 +150,24 @@ def test_is_corruption_reads_rocksdb_status_text_through_the_chain():
     assert not is_corruption(ValueError("Corruption: a user's own message"))
 
 
+def test_a_restore_reads_from_disk_not_from_blocks_an_earlier_open_of_the_same_files_cached(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    # The block cache is the process's and outlives a database: a Spark worker that ran the last
+    # batch still holds its blocks. A restore empties it, so a file rewritten since is seen.
+    model, meta = two_checkpoints(local_storage, tmp_path / "local")
+    with backend(local_storage, tmp_path / "local") as b:
+        assert b.restore(meta).source == "local"
+        assert read_all(b) == model  # every block of the state is now in the cache
+    for sst in local_copy(local_storage, tmp_path / "local").glob("*.sst"):
+        rewrite_in_place(sst)
+    with backend(local_storage, tmp_path / "local") as b:
+        assert b.restore(meta).source == "working", "db/ is checkpoint 2, and RocksDB opens its files"
+        with pytest.raises(Exception) as err:
+            read_all(b)
+        assert is_corruption(err.value), err.value
+
+
 @pytest.mark.spark
 def test_pipeline_heals_a_task_local_copy_rewritten_behind_rocksdbs_back(spark, tmp_path: Path):
     generate(str(tmp_path / "in"), batches=2, events_per_batch=2000, users=300, items=40, seed=12)

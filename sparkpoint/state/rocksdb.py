@@ -123,6 +123,17 @@ def process_memory(options: RocksDBOptions) -> tuple[Cache, WriteBufferManager]:
         return cache, buffers
 
 
+def drop_cached_blocks() -> None:
+    """Empty this process's block caches of every block no open iterator or pinned level-0 file
+    holds. A restore starts with it: the database it opens then reads its files from disk, so an
+    SST changed behind RocksDB's back is seen at its first read (its checksums fail), instead of
+    being answered from blocks cached while an earlier task had the same file open."""
+    with _memory_lock:
+        for megabytes, cache in _caches.items():
+            cache.set_capacity(0)
+            cache.set_capacity(megabytes << 20)
+
+
 def scan_options(upper: bytes | None = None) -> ReadOptions:
     """Read options for a scan of a whole state or key-group range: its blocks stay out of the
     block cache (RocksDB's advice for bulk scans), and the scan ends before `upper`.
