@@ -164,8 +164,8 @@ def main() -> None:
               f"{r['amplification']:>6.2f} {r['s_per_changed_mb']:>13.3f} {r['restore_primary_s']:>14.2f} s "
               f"{r['restore_local_s']:>12.3f} s {r['peak_rss_mb']:>6.0f} MB "
               f"{r['tasks'][0]['peak_mb']:>12.0f} / {r['tasks'][1]['peak_mb']:.0f} MB")
-    print(f"A task reads and writes {TASK_BATCH:,} random keys at every size; its peak is bounded by the state if it"
-          " does not grow with it (RocksDB's block cache is 256 MB, a memtable 64 MB).")
+    print(f"A task reads and writes {TASK_BATCH:,} random keys at every size: its peak is bounded by the block cache"
+          " (256 MB) and that batch, not by the state, when it stops growing once the state outgrows the cache.")
     by = {r["state_mb"]: r for r in rows}
     growth = {key: by[1024][key] / by[100][key] for key in ("amplification", "s_per_changed_mb")} \
         if {100, 1024} <= set(by) else None
