@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -65,10 +66,37 @@ def local_storage(tmp_path: Path) -> CheckpointStorage:
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """One local Spark session for every in-process pipeline test (the JVM starts once)."""
+def _spark_sessions() -> Iterator[list[Any]]:
+    sessions: list[Any] = []
+    yield sessions
+    for session in sessions:
+        session.stop()
+
+
+@pytest.fixture
+def spark(_spark_sessions: list[Any]) -> Any:
+    """One local Spark session for the in-process pipeline tests (the JVM starts once). Code under
+    test may stop the process's session, as the Airflow operators do at the end of their task:
+    the next test that asks gets a new one, whatever order the tests run in."""
     from sparkpoint.spark.session import spark_session
 
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
+    if not _spark_sessions or _spark_sessions[-1].sparkContext._jsc is None:
+        _spark_sessions.append(spark_session("local[2]"))
+    return _spark_sessions[-1]
+
+
+# `make test` runs the files on two workers (pytest-xdist, whole files per worker, handed out in
+# collection order as workers free up). These take the longest alone (tens of seconds to minutes:
+# servers, daemons, new processes); started first, they overlap each other and the short files
+# fill the gaps, instead of one of them starting last while the other worker sits idle.
+LONGEST_FIRST = (
+    "test_dagster_e2e.py", "test_airflow_standalone.py", "test_interrupt.py", "test_airflow.py",
+    "test_bench_vs_spark.py", "test_connect.py", "test_materialize_in_steps.py", "test_crash.py",
+    "test_faults_storage.py", "test_registry_stateful.py", "test_s3_e2e.py", "test_bench_scale.py",
+    "test_cluster.py", "test_load.py", "test_dagster_ui.py", "test_cluster_own_operator.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
