@@ -93,7 +93,7 @@ LONGEST_FIRST = (
     "test_dagster_e2e.py", "test_airflow_standalone.py", "test_interrupt.py", "test_airflow.py",
     "test_bench_vs_spark.py", "test_connect.py", "test_materialize_in_steps.py", "test_crash.py",
     "test_faults_storage.py", "test_registry_stateful.py", "test_s3_e2e.py", "test_bench_scale.py",
-    "test_cluster.py", "test_load.py", "test_dagster_ui.py", "test_cluster_own_operator.py",
+    "test_cluster.py", "test_load.py", "test_dagster_ui.py", "test_cluster_own_operator.py", "test_classcache.py",
 )
 
 

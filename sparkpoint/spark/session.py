@@ -41,6 +41,7 @@ from pyspark.sql import SparkSession
 
 from sparkpoint.checkpoint.crash import kill_with_this_process
 from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.spark.classcache import ClassArchive
 from sparkpoint.spark.faults import arm_crash_points
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def spark_session(
     settings.update({f"spark.executorEnv.{k}": v for k, v in arm_crash_points().items()})
     if not verbose:
         _quiet_python_loggers()
-        _launch_quiet_gateway(master, app_name, settings)
+    _launch_gateway(master, app_name, settings, quiet=not verbose)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -372,28 +373,36 @@ def stop_quietly(spark: SparkSession) -> None:
             pass
 
 
-def _launch_quiet_gateway(master: str, app_name: str, settings: dict[str, str]) -> None:
-    """Start the JVM as PySpark would (once per process, with the same settings), but with the quiet
-    log4j configuration and its standard error filtered line by line; PySpark then uses it."""
+def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, quiet: bool) -> None:
+    """Start the JVM as PySpark would (once per process, with the same settings), mapping the
+    class archive of earlier starts (`classcache`); `quiet`: with the quiet log4j configuration
+    and its standard error filtered line by line. PySpark then uses it."""
     from pyspark import SparkConf, SparkContext
+    from pyspark.find_spark_home import _find_spark_home
     from pyspark.java_gateway import launch_gateway
 
     with SparkContext._lock:
         if SparkContext._gateway is not None:
             return
-        if master.startswith("local"):  # the driver binds to loopback anyway; this spares the hostname note
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        archive = ClassArchive(_find_spark_home())
+        java_options = [archive.java_options()]
+        popen_kwargs: dict[str, Any] = {}
+        if quiet:
+            if master.startswith("local"):  # the driver binds to loopback anyway; this spares the hostname note
+                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            java_options.insert(0, f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
+            # A session of its own: a Ctrl-C at the terminal reaches this driver only, which cancels
+            # the job and stops Spark in order, instead of the JVM and every Python worker printing
+            # its own trace. The JVM still ends with the driver (it exits when its stdin closes).
+            popen_kwargs = {"stderr": subprocess.PIPE, "start_new_session": True}
         conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
-        conf.set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}")
-        # A session of its own: a Ctrl-C at the terminal reaches this driver only, which cancels
-        # the job and stops Spark in order, instead of the JVM and every Python worker printing
-        # its own trace. The JVM still ends with the driver (it exits when its stdin closes).
-        gateway = launch_gateway(  # type: ignore[no-untyped-call]
-            conf, popen_kwargs={"stderr": subprocess.PIPE, "start_new_session": True})
+        if options := " ".join(o for o in java_options if o):
+            conf.set("spark.driver.extraJavaOptions", options)
+        gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
         proc = getattr(gateway, "proc", None)
         if proc is not None:  # a crash point kills it with the driver, as a power cut would
             kill_with_this_process(proc.pid)
-        if proc is not None and proc.stderr is not None:
+        if quiet and proc is not None and proc.stderr is not None:
             threading.Thread(target=_filter_lines, args=(proc.stderr, sys.stderr), daemon=True,
                              name="spark-stderr").start()
         SparkContext._gateway = gateway

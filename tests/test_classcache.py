@@ -1,0 +1,134 @@
+"""The driver JVM's class archive (`sparkpoint.spark.classcache`): recorded by a first start, mapped
+by the next ones, and never mapped when it is not whole, not ours, or reached through a link."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.spark import classcache
+from sparkpoint.spark.classcache import WRITTEN, ClassArchive, archive_key, usable_archive
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "k" * 24
+
+# A new process: a Spark session of its own, one Python job whose answer is known, and what its
+# JVM was told about the archive.
+CHILD = """
+import json
+from sparkpoint.spark.session import spark_session
+spark = spark_session("local[1]")
+total = spark.range(0, 1000, numPartitions=2).mapInPandas(
+    lambda it: (b.assign(id=b.id * 3) for b in it), "id long").groupBy().sum("id").collect()[0][0]
+args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+print(json.dumps({"total": total, "args": [a for a in args if "Archive" in a or "Shared" in a]}))
+spark.stop()
+"""
+
+
+def start_spark(cache: Path) -> tuple[dict[str, object], str]:
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, classcache.ENV: str(cache)}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    return json.loads(lines[-1]), done.stdout + done.stderr
+
+
+def wait_for_recording(cache: Path) -> None:
+    deadline = time.monotonic() + 240  # the JVM writes it after the driver has exited
+    while time.monotonic() < deadline:
+        if any(WRITTEN in p.read_bytes() for p in cache.glob("*.log")):
+            return
+        time.sleep(1)
+    raise AssertionError(f"no recording was written: {sorted(p.name for p in cache.iterdir())}")
+
+
+@pytest.mark.spark
+def test_the_first_start_records_an_archive_the_next_maps_and_a_damaged_one_is_refused(tmp_path: Path):
+    cache = tmp_path / "jvm"
+    first, output = start_spark(cache)
+    assert first["total"] == 3 * sum(range(1000))
+    assert any(a.startswith("-XX:ArchiveClassesAtExit=") for a in first["args"]), first  # type: ignore[attr-defined]
+    assert "cds" not in output and "Skipping" not in output, output[-2000:]  # the JVM's notes stay off the terminal
+    wait_for_recording(cache)
+
+    second, output = start_spark(cache)
+    (archive,) = cache.glob("*.jsa")
+    assert archive.stat().st_size == int(archive.name.split(".")[1])
+    assert f"-XX:SharedArchiveFile={archive}" in second["args"], second
+    assert second["total"] == first["total"]
+    assert "cds" not in output, output[-2000:]
+
+    # Damaged in place, same size: the JVM's own checksums refuse it, and the job is still right.
+    with open(archive, "r+b") as f:
+        f.seek(archive.stat().st_size // 2)
+        f.write(b"\xff" * 4096)
+    third, output = start_spark(cache)
+    assert f"-XX:SharedArchiveFile={archive}" in third["args"] and third["total"] == first["total"]
+    assert "cds" not in output, output[-2000:]
+    # Truncated, a JVM that mapped it would die of SIGBUS: `usable_archive` never passes a file
+    # shorter than its name says (below).
+
+
+def test_an_archive_is_used_only_whole_regular_and_of_its_own_key(tmp_path: Path):
+    good = tmp_path / f"{KEY}.10.jsa"
+    good.write_bytes(b"x" * 10)
+    assert usable_archive(tmp_path, KEY) == good
+    assert usable_archive(tmp_path, "other" + KEY[5:]) is None
+    good.write_bytes(b"x" * 9)  # shorter than its name says
+    assert usable_archive(tmp_path, KEY) is None
+    good.unlink()
+    outside = tmp_path / "outside.jsa"
+    outside.write_bytes(b"x" * 10)
+    (tmp_path / f"{KEY}.10.jsa").symlink_to(outside)  # a planted link is never followed
+    assert usable_archive(tmp_path, KEY) is None
+
+
+def test_a_recording_is_adopted_only_once_its_jvm_logged_it_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(classcache.ENV, str(tmp_path / "jvm"))
+    monkeypatch.setattr(classcache, "archive_key", lambda spark_home: KEY)
+    first = ClassArchive("unused")
+    assert first.use is None and first.record is not None and "ArchiveClassesAtExit" in first.java_options()
+    first.record.write_bytes(b"y" * 1234)  # the JVM's dump, but no log line yet: maybe cut short
+    log_file = first.record.with_name(first.record.name.replace(".jsa.tmp", ".log"))
+    log_file.write_bytes(b"[info][cds,dynamic] Gathering classes\n")
+    second = ClassArchive("unused")
+    assert second.use is None and second.record != first.record
+    log_file.write_bytes(b"[info][cds,dynamic] " + WRITTEN + b" 0x800b - 0x900b\n")
+    third = ClassArchive("unused")
+    assert third.use == tmp_path / "jvm" / f"{KEY}.1234.jsa" and third.record is None
+    assert "-XX:SharedArchiveFile=" in third.java_options() and "VerifySharedSpaces" in third.java_options()
+    assert not log_file.exists() and not first.record.exists()
+
+
+def test_no_archive_in_a_directory_others_can_write_or_when_turned_off(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(classcache, "archive_key", lambda spark_home: KEY)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(classcache.ENV, str(shared))
+    assert ClassArchive("unused").java_options() == ""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv(classcache.ENV, str(tmp_path / "link"))
+    assert ClassArchive("unused").java_options() == ""
+    monkeypatch.setenv(classcache.ENV, "off")
+    assert ClassArchive("unused").java_options() == ""
+
+
+def test_another_spark_or_jdk_gets_an_archive_of_its_own(tmp_path: Path):
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / "spark-core.jar").write_bytes(b"a" * 10)
+    before = archive_key(tmp_path)
+    assert before is not None
+    (tmp_path / "jars" / "spark-core.jar").write_bytes(b"a" * 11)
+    assert archive_key(tmp_path) not in (None, before)
+    assert archive_key(tmp_path / "no-spark-here") is None
