@@ -12,6 +12,10 @@ spawn until it exits after one checkpoint:
   driver's disk too, but the JVM and the Python workers start again);
 * new job: empty state, one batch of 20,000 events.
 
+With a Spark of its own, the driver JVM maps the class archive an earlier start recorded
+(`sparkpoint.spark.classcache`; the first, untimed run records it when there is none):
+`SPARKPOINT_JVM_CACHE=off` measures without it.
+
 Flink's figures on the same data (quoted from the issue, measured earlier on this machine): restore
 22.9 s (changelog backend 19.7 s), new job 12.7 s.
 
@@ -38,6 +42,7 @@ from typing import Any
 
 from benchmarks.bench_vs_spark import fixed_workload
 from sparkpoint.pipeline.spec import Pipeline
+from sparkpoint.spark.classcache import cache_dir
 from sparkpoint.state.sample import user_totals
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,6 +152,8 @@ def main() -> None:
         "when": datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),
         "cpus": os.cpu_count(), "users": USERS, "churn": CHURN, "parallelism": PARALLELISM,
         "repeat": args.repeat, "flink": FLINK, "rows": rows,
+        # The driver JVM's class archive (sparkpoint.spark.classcache): SPARKPOINT_JVM_CACHE=off for none.
+        "jvm_class_archive": "off" if cache_dir() is None else str(cache_dir()),
     }, indent=2))
     print(f"wrote {out}")
 

@@ -122,6 +122,10 @@ def test_no_archive_in_a_directory_others_can_write_or_when_turned_off(tmp_path:
     assert ClassArchive("unused").java_options() == ""
     monkeypatch.setenv(classcache.ENV, "off")
     assert ClassArchive("unused").java_options() == ""
+    for odd in ("with space", "with:colon", "with,comma", "with=equals", "brackets[1]"):
+        monkeypatch.setenv(classcache.ENV, str(tmp_path / odd))  # the JVM's options cannot quote these
+        assert ClassArchive("unused").java_options() == "", odd
+        assert not (tmp_path / odd).exists()
 
 
 def test_another_spark_or_jdk_gets_an_archive_of_its_own(tmp_path: Path):

@@ -113,6 +113,7 @@ def usable_archive(directory: Path, key: str) -> Path | None:
     return None
 
 
+_PLAIN_PATH = re.compile(r"^[\w./+@-]+$", re.ASCII)
 WRITTEN = b"Written dynamic archive"  # what JDK 13+ logs (cds+dynamic=info) once the archive is whole
 
 
@@ -147,9 +148,19 @@ class ClassArchive:
     def __init__(self, spark_home: str | Path) -> None:
         self.use: Path | None = None
         self.record: Path | None = None
-        directory = cache_dir()
+        try:
+            directory = cache_dir()
+        except (RuntimeError, KeyError) as e:  # no home directory to put it in
+            log.debug("no JVM class archive: %s", e)
+            return
         key = archive_key(spark_home) if directory is not None else None
         if directory is None or key is None:
+            return
+        if not _PLAIN_PATH.match(str(directory)):
+            # The JVM's option syntax has no quoting for these (spaces split extraJavaOptions,
+            # ':' and ',' split -Xlog): an archive path with them would be read as something else.
+            log.warning("not using JVM class archives in %r: set %s to a path of letters, digits and ./_-+@ only",
+                        str(directory), ENV)
             return
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
