@@ -17,6 +17,9 @@ from tests.dagster_server import dagster_server  # noqa: F401  (session fixture:
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+# The driver JVM's class archive (sparkpoint.spark.classcache) of the test runs: in the project's
+# build directory, not the user's cache; every Spark started by a test, in or out of process, uses it.
+os.environ.setdefault("SPARKPOINT_JVM_CACHE", str(Path(__file__).resolve().parent.parent / "build" / "jvm-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,8 @@ def test_the_first_start_records_an_archive_the_next_maps_and_a_damaged_one_is_r
     assert second["total"] == first["total"]
     assert "cds" not in output, output[-2000:]
 
-    # Damaged in place, same size: the JVM's own checksums refuse it, and the job is still right.
+    # Damaged in place, same size: the JVM is given it and checks it (-XX:+VerifySharedSpaces
+    # refused such a file when measured), and the job's answer is still right.
     with open(archive, "r+b") as f:
         f.seek(archive.stat().st_size // 2)
         f.write(b"\xff" * 4096)
@@ -106,6 +107,23 @@ def test_a_recording_is_adopted_only_once_its_jvm_logged_it_whole(tmp_path: Path
     assert "-XX:SharedArchiveFile=" in third.java_options() and "VerifySharedSpaces" in third.java_options()
     assert not log_file.exists() and not first.record.exists()
 
+    # Two starts recorded at once: the one left over once an archive exists is removed, not kept.
+    late = tmp_path / "jvm" / f"{KEY}.late.jsa.tmp"
+    late.write_bytes(b"z" * 99)
+    late.with_name(f"{KEY}.late.log").write_bytes(WRITTEN + b"\n")
+    assert ClassArchive("unused").use == third.use
+    assert sorted(p.name for p in (tmp_path / "jvm").iterdir()) == [f"{KEY}.1234.jsa"]
+
+
+def test_no_recording_where_the_jvm_would_refuse_to_write_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(classcache.ENV, str(tmp_path / "jvm"))
+    monkeypatch.setattr(classcache, "archive_key", lambda spark_home: KEY)
+    spark_home = tmp_path / "spark"
+    (spark_home / "conf").mkdir(parents=True)
+    assert ClassArchive(spark_home).record is not None  # an empty conf directory is fine
+    (spark_home / "conf" / "spark-defaults.conf.template").write_text("# a distribution's template\n")
+    assert ClassArchive(spark_home).java_options() == ""  # JDK 17: non-empty directory on the class path
+
 
 def test_no_archive_in_a_directory_others_can_write_or_when_turned_off(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch):
@@ -128,11 +146,14 @@ def test_no_archive_in_a_directory_others_can_write_or_when_turned_off(tmp_path:
         assert not (tmp_path / odd).exists()
 
 
-def test_another_spark_or_jdk_gets_an_archive_of_its_own(tmp_path: Path):
+def test_another_spark_gets_an_archive_of_its_own(tmp_path: Path):
     (tmp_path / "jars").mkdir()
     (tmp_path / "jars" / "spark-core.jar").write_bytes(b"a" * 10)
     before = archive_key(tmp_path)
     assert before is not None
     (tmp_path / "jars" / "spark-core.jar").write_bytes(b"a" * 11)
     assert archive_key(tmp_path) not in (None, before)
+    resized = archive_key(tmp_path)
+    os.utime(tmp_path / "jars" / "spark-core.jar", ns=(1, 1))  # same size, another mtime: the JVM would refuse
+    assert archive_key(tmp_path) not in (None, resized)
     assert archive_key(tmp_path / "no-spark-here") is None

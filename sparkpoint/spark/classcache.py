@@ -14,13 +14,14 @@ maps a truncated archive dies of SIGBUS (measured with JDK 17), so:
 
 * a JVM without an archive records one at its exit into `<key>.<random>.jsa.tmp` and logs
   "Written dynamic archive" to `<key>.<random>.log` once the file is whole; a later start
-  renames a recording whose log says so to `<key>.<size>.jsa`. Nothing waits for the dump: the
+  links the largest recording whose log says so as `<key>.<size>.jsa`. Nothing waits for the dump: the
   JVM writes it after the driver has exited;
 * an archive is used only if it is a regular file of this user of the size its name says, in a
   directory that is this user's and writable by no one else; a JVM verifies its checksums as it
   maps it (`-XX:+VerifySharedSpaces`, about 0.1 s) and starts without it when they fail;
 * a recording whose log never says it was written (a JVM killed mid-dump) is never used, and is
-  removed after an hour.
+  removed after an hour; whole recordings left once an archive exists (starts that recorded at
+  the same time) are removed by the next start. Archives of other keys are left to the user.
 
 The JVM's own notes about the archive (classes it cannot share) are kept off the terminal.
 """
@@ -50,7 +51,7 @@ def cache_dir() -> Path | None:
     if configured.lower() in ("off", "0", "false", "no", "none"):
         return None
     if configured:
-        return Path(configured).expanduser()
+        return Path(configured).expanduser().absolute()
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
     return Path(base) / "sparkpoint" / "jvm"
 
@@ -62,25 +63,38 @@ def _java() -> Path | None:
 
 
 def archive_key(spark_home: str | Path) -> str | None:
-    """The JDK (its binary and its module image) and Spark (version, every jar by name and
-    size): any change names another archive. None when no JVM can be found."""
+    """The JDK (its binary and its module image) and Spark (where it is, every jar by name, size
+    and mtime, as the JVM checks them when it maps an archive): any change names another
+    archive. None when no JVM can be found."""
     java = _java()
     if java is None:
         return None
-    digest = hashlib.sha256(str(java).encode())
+    home = os.path.realpath(spark_home)
+    digest = hashlib.sha256(f"{java}|{home}".encode())
     for part in (java, java.parent.parent / "lib" / "modules"):
         try:
             st = part.stat()
         except OSError:
             continue
         digest.update(f"|{part}:{st.st_size}:{st.st_mtime_ns}".encode())
-    jars = Path(spark_home) / "jars"
     try:
-        for entry in sorted(os.scandir(jars), key=lambda e: e.name):
-            digest.update(f"|{entry.name}:{entry.stat().st_size}".encode())
+        for entry in sorted(os.scandir(Path(home) / "jars"), key=lambda e: e.name):
+            st = entry.stat()
+            digest.update(f"|{entry.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     except OSError:
         return None  # not a Spark we know how to key: no archive
     return digest.hexdigest()[:24]
+
+
+def can_record(spark_home: str | Path) -> bool:
+    """JDK 17 will not record an archive when a non-empty directory is on the class path, and
+    Spark puts its conf directory first (a Spark distribution ships templates in it; pip's
+    pyspark has none): such a JVM would pay for a recording it never writes."""
+    conf = Path(os.environ.get("SPARK_CONF_DIR") or Path(spark_home) / "conf")
+    try:
+        return not any(os.scandir(conf))
+    except OSError:
+        return True  # no conf directory: nothing on the class path to refuse
 
 
 def _private(directory: Path) -> bool:
@@ -113,32 +127,56 @@ def usable_archive(directory: Path, key: str) -> Path | None:
     return None
 
 
-_PLAIN_PATH = re.compile(r"^[\w./+@-]+$", re.ASCII)
+_PLAIN_PATH = re.compile(r"[\w./+@-]+", re.ASCII)
 WRITTEN = b"Written dynamic archive"  # what JDK 13+ logs (cds+dynamic=info) once the archive is whole
 
 
-def _adopt_recording(directory: Path, key: str) -> Path | None:
-    """Rename the first whole recording to `<key>.<size>.jsa`; drop recordings abandoned long ago."""
+def _log_of(record: Path) -> Path:
+    return record.with_name(record.name[: -len(".jsa.tmp")] + ".log")
+
+
+def _logged_whole(record_log: Path) -> bool:
+    try:  # never through a link, never blocking on a FIFO planted there
+        fd = os.open(record_log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and WRITTEN in f.read(1 << 20)
+
+
+def _tidy(directory: Path, key: str, *, adopt: bool) -> Path | None:
+    """With `adopt`, make the largest whole recording `<key>.<size>.jsa` (the one that saw the
+    most of Spark's classes). Whole recordings left over once an archive exists, and anything of a
+    recording older than an hour (a JVM killed mid-dump, one that refused to record), go."""
     now = time.time()
-    adopted: Path | None = None
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if not (entry.name.startswith(f"{key}.") and entry.name.endswith(".jsa.tmp")):
+    whole: list[tuple[int, Path]] = []
+    for entry in list(os.scandir(directory)):
+        if not entry.name.startswith(f"{key}.") or not entry.name.endswith((".jsa.tmp", ".log")):
             continue
-        record = Path(entry.path)
-        record_log = record.with_name(record.name[: -len(".jsa.tmp")] + ".log")
+        path = Path(entry.path)
         try:
-            st = record.lstat()
-            with open(record_log, "rb") as f:  # never a link: a recording's log is the JVM's own file
-                whole = stat.S_ISREG(os.fstat(f.fileno()).st_mode) and WRITTEN in f.read(1 << 20)
-            if adopted is None and whole and stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                adopted = directory / f"{key}.{st.st_size}.jsa"
-                os.replace(record, adopted)
-                record_log.unlink(missing_ok=True)
-            elif now - st.st_mtime > ABANDONED_SECONDS:
-                record.unlink(missing_ok=True)
-                record_log.unlink(missing_ok=True)
+            st = path.lstat()
         except OSError:
             continue
+        if entry.name.endswith(".jsa.tmp") and stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() \
+                and _logged_whole(_log_of(path)):
+            whole.append((st.st_size, path))
+        elif now - st.st_mtime > ABANDONED_SECONDS:
+            path.unlink(missing_ok=True)
+    adopted: Path | None = None
+    for size, record in sorted(whole, reverse=True):
+        if adopt and adopted is None:
+            target = directory / f"{key}.{size}.jsa"
+            try:
+                # A link, not a rename: never replaces an archive a JVM on another host has mapped.
+                os.link(record, target)
+                adopted = target
+            except FileExistsError:
+                adopted = usable_archive(directory, key)
+            except OSError:
+                continue
+        record.unlink(missing_ok=True)
+        _log_of(record).unlink(missing_ok=True)
     return adopted
 
 
@@ -156,7 +194,7 @@ class ClassArchive:
         key = archive_key(spark_home) if directory is not None else None
         if directory is None or key is None:
             return
-        if not _PLAIN_PATH.match(str(directory)):
+        if not _PLAIN_PATH.fullmatch(str(directory)):
             # The JVM's option syntax has no quoting for these (spaces split extraJavaOptions,
             # ':' and ',' split -Xlog): an archive path with them would be read as something else.
             log.warning("not using JVM class archives in %r: set %s to a path of letters, digits and ./_-+@ only",
@@ -171,8 +209,14 @@ class ClassArchive:
             log.warning("not using JVM class archives in %s: it is a link, not this user's, or writable by others",
                         directory)
             return
-        self.use = usable_archive(directory, key) or _adopt_recording(directory, key)
-        if self.use is None:
+        try:
+            self.use = usable_archive(directory, key)
+            adopted = _tidy(directory, key, adopt=self.use is None)
+            self.use = self.use or adopted
+        except OSError as e:  # the directory went away under us, or cannot be listed
+            log.debug("no JVM class archive in %s: %s", directory, e)
+            return
+        if self.use is None and can_record(spark_home):
             self.record = directory / f"{key}.{uuid.uuid4().hex[:12]}.jsa.tmp"
 
     def java_options(self) -> str:
@@ -180,7 +224,6 @@ class ClassArchive:
         if self.use is not None:
             return f"-XX:SharedArchiveFile={self.use} -XX:+VerifySharedSpaces {QUIET}"
         if self.record is not None:
-            record_log = self.record.with_name(self.record.name[: -len(".jsa.tmp")] + ".log")
             return (f"-XX:ArchiveClassesAtExit={self.record} {QUIET} "
-                    f"-Xlog:cds+dynamic=info:file={record_log}::filecount=0")
+                    f"-Xlog:cds+dynamic=info:file={_log_of(self.record)}::filecount=0")
         return ""
