@@ -86,20 +86,3 @@ def spark(_spark_sessions: list[Any]) -> Any:
     if not _spark_sessions or _spark_sessions[-1].sparkContext._jsc is None:
         _spark_sessions.append(spark_session("local[2]"))
     return _spark_sessions[-1]
-
-
-# `make test` runs the files on two workers (pytest-xdist, whole files per worker, handed out in
-# collection order as workers free up). These take the longest alone (tens of seconds to minutes:
-# servers, daemons, new processes); started first, they overlap each other and the short files
-# fill the gaps, instead of one of them starting last while the other worker sits idle.
-LONGEST_FIRST = (
-    "test_dagster_e2e.py", "test_airflow_standalone.py", "test_interrupt.py", "test_airflow.py",
-    "test_bench_vs_spark.py", "test_connect.py", "test_materialize_in_steps.py", "test_crash.py",
-    "test_faults_storage.py", "test_registry_stateful.py", "test_s3_e2e.py", "test_bench_scale.py",
-    "test_cluster.py", "test_load.py", "test_dagster_ui.py", "test_cluster_own_operator.py", "test_classcache.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
