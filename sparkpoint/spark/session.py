@@ -400,7 +400,7 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
             conf.set("spark.driver.extraJavaOptions", options)
         gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
         proc = getattr(gateway, "proc", None)
-        if proc is not None:  # a crash point kills it with the driver, as a power cut would
+        if quiet and proc is not None:  # its own group: a crash point kills it with the driver, as a power cut would
             kill_with_this_process(proc.pid)
         if quiet and proc is not None and proc.stderr is not None:
             threading.Thread(target=_filter_lines, args=(proc.stderr, sys.stderr), daemon=True,
