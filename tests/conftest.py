@@ -19,7 +19,8 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 # The driver JVM's class archive (sparkpoint.spark.classcache) of the test runs: in the project's
 # build directory, not the user's cache; every Spark started by a test, in or out of process, uses it.
-os.environ.setdefault("SPARKPOINT_JVM_CACHE", str(Path(__file__).resolve().parent.parent / "build" / "jvm-cache"))
+_JVM_CACHE = Path(__file__).resolve().parent.parent / "build" / "jvm-cache"
+os.environ.setdefault("SPARKPOINT_JVM_CACHE", str(_JVM_CACHE) if " " not in str(_JVM_CACHE) else "off")
 
 
 @pytest.fixture(scope="session")

@@ -197,7 +197,8 @@ class ClassArchive:
         if not _PLAIN_PATH.fullmatch(str(directory)):
             # The JVM's option syntax has no quoting for these (spaces split extraJavaOptions,
             # ':' and ',' split -Xlog): an archive path with them would be read as something else.
-            log.warning("not using JVM class archives in %r: set %s to a path of letters, digits and ./_-+@ only",
+            # Said at info: a home directory with a space is the user's, not a fault to repeat each run.
+            log.info("not using JVM class archives in %r: set %s to a path of letters, digits and ./_-+@ only",
                         str(directory), ENV)
             return
         try:
