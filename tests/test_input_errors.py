@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +25,6 @@ def test_a_clickstream_without_the_operators_columns_is_refused_before_spark_sta
     pd.DataFrame({"user": ["u1", "u2"], "page": ["/a", "/b"],
                   "clicked_at": pd.to_datetime(["2026-01-01", "2026-01-02"])}).to_parquet(
         tmp_path / "in" / "clicks-0001.parquet")
-    started = time.monotonic()
     done = run(tmp_path)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -34,7 +32,7 @@ def test_a_clickstream_without_the_operators_columns_is_refused_before_spark_sta
     assert "user_id" in lines[0] and "'user_totals'" in lines[0] and "clicks-0001.parquet" in lines[0]
     assert "clicked_at, page, user" in lines[0]  # what the file has
     assert "Traceback" not in done.stderr and "FieldRef" not in done.stderr
-    assert time.monotonic() - started < 60 and not (tmp_path / "local").exists(), "no Spark task ran"
+    assert not (tmp_path / "local").exists(), "no Spark task ran"
     assert not (tmp_path / "ckpt" / "clicks").exists()
 
 

@@ -123,3 +123,31 @@ def test_an_interrupt_that_lands_in_a_finalizer_is_delivered_again_without_a_tra
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 130 and done.stdout.strip() == "stopped", (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
+HANGING_STOP = """
+import sys, time
+from sparkpoint.spark import session
+
+spark = session.spark_session("local[1]")
+assert spark.range(5).count() == 5
+jvm = session._launched_jvm
+
+class StopThatHangs:  # Spark's stop waiting on a task that never answers its cancellation
+    def stop(self):
+        time.sleep(600)
+
+started = time.monotonic()
+session.stop_quietly(StopThatHangs(), grace=float(sys.argv[1]))
+print(round(time.monotonic() - started, 1), jvm.wait(timeout=30), flush=True)
+"""
+
+
+def test_an_interrupted_spark_that_does_not_stop_in_time_has_its_jvm_killed(tmp_path: Path):
+    done = subprocess.run([sys.executable, "-c", HANGING_STOP, "2"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    seconds, returncode = done.stdout.split()
+    assert returncode == str(-signal.SIGKILL), "the JVM was killed, not left running"
+    assert 2 <= float(seconds) < 60, "it waited out the grace, then stopped waiting"
+    assert done.stderr.strip() == "", "the kill prints nothing of its own"

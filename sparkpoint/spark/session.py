@@ -351,6 +351,9 @@ class _NotFromPy4j(logging.Filter):
 
 _muted = threading.Event()
 _interrupted = threading.Event()
+STOP_GRACE_SECONDS = 5.0  # how long an interrupted Spark may take to stop in order
+_launched_jvm: subprocess.Popen[bytes] | None = None  # the JVM `_launch_gateway` started, if any
+_launched_jvm_group = False  # whether that JVM leads a process group of its own
 # This process's operations on a Spark Connect session that other runs may share.
 CLIENT_TAG = f"sparkpoint-client-{uuid.uuid4().hex}"
 _connect_sessions: list[Any] = []  # the last one is what a Ctrl-C interrupts
@@ -362,21 +365,56 @@ def interrupted() -> bool:
     return _interrupted.is_set()
 
 
-def stop_quietly(spark: SparkSession) -> None:
+def stop_quietly(spark: SparkSession, grace: float = STOP_GRACE_SECONDS) -> None:
     """Stop Spark after a Ctrl-C without its complaints about the job it was told to drop (the
-    JVM's standard error is no longer passed on; py4j's and PySpark's are swallowed)."""
+    JVM's standard error is no longer passed on; py4j's and PySpark's are swallowed).
+
+    A Ctrl-C stops within seconds: when Spark has not stopped in order after `grace` seconds (a
+    task that does not answer its cancellation, a JVM starved of CPU), the JVM this process
+    started is killed with its Python workers, as a crash would: the uploads of the interrupted
+    checkpoint are recovery's or the orphan sweep's either way, and nothing committed depends on
+    the JVM."""
     _muted.set()
-    with contextlib.redirect_stderr(io.StringIO()):
+    started = time.monotonic()
+    stopped = threading.Event()
+
+    def stop() -> None:
         try:
             spark.stop()
         except Exception:  # the JVM may be gone already
             pass
+        stopped.set()
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        threading.Thread(target=stop, daemon=True, name="spark-stop").start()
+        if not stopped.wait(grace) and _kill_launched_jvm(grace):
+            stopped.wait(1.0)  # py4j's calls fail at once on the closed socket
+    log.debug("Spark stopped after the interrupt in %.1f s%s", time.monotonic() - started,
+              "" if stopped.is_set() else " (its stop did not return)")
+
+
+def _kill_launched_jvm(grace: float) -> bool:
+    """SIGKILL the JVM `_launch_gateway` started (its process group, when it has one of its own:
+    the JVM and the Python workers it forked); whether there was one to kill."""
+    launched = _launched_jvm
+    if launched is None or launched.poll() is not None:
+        return False
+    log.info("Spark did not stop within %.0f s of the interrupt: its JVM is killed", grace)
+    try:
+        if _launched_jvm_group:
+            os.killpg(launched.pid, signal.SIGKILL)
+        else:
+            launched.kill()
+    except ProcessLookupError:  # it ended in between
+        return False
+    return True
 
 
 def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, quiet: bool) -> None:
     """Start the JVM as PySpark would (once per process, with the same settings), mapping the
     class archive of earlier starts (`classcache`); `quiet`: with the quiet log4j configuration
     and its standard error filtered line by line. PySpark then uses it."""
+    global _launched_jvm, _launched_jvm_group
     from pyspark import SparkConf, SparkContext
     from pyspark.find_spark_home import _find_spark_home
     from pyspark.java_gateway import launch_gateway
@@ -400,6 +438,7 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
             conf.set("spark.driver.extraJavaOptions", options)
         gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
         proc = getattr(gateway, "proc", None)
+        _launched_jvm, _launched_jvm_group = proc, quiet
         if quiet and proc is not None:  # its own group: a crash point kills it with the driver, as a power cut would
             kill_with_this_process(proc.pid)
         if quiet and proc is not None and proc.stderr is not None:
