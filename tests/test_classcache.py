@@ -56,6 +56,10 @@ def test_the_first_start_records_an_archive_the_next_maps_and_a_damaged_one_is_r
     assert first["total"] == 3 * sum(range(1000))
     assert any(a.startswith("-XX:ArchiveClassesAtExit=") for a in first["args"]), first  # type: ignore[attr-defined]
     assert "cds" not in output and "Skipping" not in output, output[-2000:]  # the JVM's notes stay off the terminal
+    # The caller's pipes closed when the driver exited, while its JVM was still writing the
+    # archive (about 20 s here): nobody reading a run's output waits for the recording.
+    (recording_log,) = cache.glob("*.log")
+    assert WRITTEN not in recording_log.read_bytes(), "the run's output ended only once the archive was written"
     wait_for_recording(cache)
 
     second, output = start_spark(cache)

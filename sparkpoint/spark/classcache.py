@@ -14,8 +14,9 @@ maps a truncated archive dies of SIGBUS (measured with JDK 17), so:
 
 * a JVM without an archive records one at its exit into `<key>.<random>.jsa.tmp` and logs
   "Written dynamic archive" to `<key>.<random>.log` once the file is whole; a later start
-  links the largest recording whose log says so as `<key>.<size>.jsa`. Nothing waits for the dump: the
-  JVM writes it after the driver has exited;
+  links the largest recording whose log says so as `<key>.<size>.jsa`. Nothing waits for the dump
+  (about 20 s here): the JVM writes it after the driver has exited, and its output passes through
+  the driver, so a reader of the run's output (a pipe, a CI log) sees it end with the driver;
 * an archive is used only if it is a regular file of this user of the size its name says, in a
   directory that is this user's and writable by no one else; a JVM verifies its checksums as it
   maps it (`-XX:+VerifySharedSpaces`, about 0.1 s) and starts without it when they fail;

@@ -424,7 +424,10 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
             return
         archive = ClassArchive(_find_spark_home())
         java_options = [archive.java_options()]
-        popen_kwargs: dict[str, Any] = {}
+        # Its output comes through this process: a caller reading ours (a pipe, a CI log, `| tee`)
+        # sees it end when this process does, not when the JVM has also written its class
+        # archive at exit (about 20 s, the first time).
+        popen_kwargs: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
         if quiet:
             if master.startswith("local"):  # the driver binds to loopback anyway; this spares the hostname note
                 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -432,7 +435,7 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
             # A session of its own: a Ctrl-C at the terminal reaches this driver only, which cancels
             # the job and stops Spark in order, instead of the JVM and every Python worker printing
             # its own trace. The JVM still ends with the driver (it exits when its stdin closes).
-            popen_kwargs = {"stderr": subprocess.PIPE, "start_new_session": True}
+            popen_kwargs["start_new_session"] = True
         conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
         if options := " ".join(o for o in java_options if o):
             conf.set("spark.driver.extraJavaOptions", options)
@@ -441,22 +444,27 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
         _launched_jvm, _launched_jvm_group = proc, quiet
         if quiet and proc is not None:  # its own group: a crash point kills it with the driver, as a power cut would
             kill_with_this_process(proc.pid)
-        if quiet and proc is not None and proc.stderr is not None:
-            threading.Thread(target=_filter_lines, args=(proc.stderr, sys.stderr), daemon=True,
-                             name="spark-stderr").start()
+        if proc is not None:
+            for name, source, target, filtered in (("spark-stdout", proc.stdout, "stdout", False),
+                                                   ("spark-stderr", proc.stderr, "stderr", quiet)):
+                threading.Thread(target=_pass_lines, args=(source, target, filtered), daemon=True, name=name).start()
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
 
 
-def _filter_lines(source: IO[bytes], target: IO[str]) -> None:
+def _pass_lines(source: IO[bytes], target: str, filtered: bool) -> None:
+    """Copy the JVM's `source` line by line to this process's `target` ("stdout" or "stderr", as
+    it is at each line); `filtered`: without Spark's chatter, and nothing once Spark is stopping."""
     for raw in iter(source.readline, b""):
         line = raw.decode("utf-8", "replace")
-        if not _muted.is_set() and not _CHATTER.match(line):
-            try:
-                target.write(line)
-                target.flush()
-            except (OSError, ValueError):  # the terminal went away: keep draining the pipe
-                pass
+        if filtered and (_muted.is_set() or _CHATTER.match(line)):
+            continue
+        try:
+            stream = getattr(sys, target)
+            stream.write(line)
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # the terminal went away: keep draining the pipe
+            pass
 
 
 def code_roots(functions: Iterable[Callable[..., Any]]) -> list[tuple[str, Path]]:
