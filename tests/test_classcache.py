@@ -161,3 +161,26 @@ def test_another_spark_gets_an_archive_of_its_own(tmp_path: Path):
     os.utime(tmp_path / "jars" / "spark-core.jar", ns=(1, 1))  # same size, another mtime: the JVM would refuse
     assert archive_key(tmp_path) not in (None, resized)
     assert archive_key(tmp_path / "no-spark-here") is None
+
+
+def test_archives_of_another_key_unused_for_30_days_go_and_ours_is_marked_used(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    cache = tmp_path / "jvm"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setenv(classcache.ENV, str(cache))
+    monkeypatch.setattr(classcache, "archive_key", lambda spark_home: KEY.replace("k", "a"))
+    ours = cache / f"{'a' * 24}.10.jsa"
+    ours.write_bytes(b"x" * 10)
+    other = "b" * 24  # an upgraded-away Spark
+    stale = [cache / f"{other}.20.jsa", cache / f"{other}.0123456789ab.jsa.tmp", cache / f"{other}.0123456789ab.log"]
+    recent = cache / f"{'c' * 24}.30.jsa"  # another installation that still uses its archive
+    foreign = cache / "notes.jsa"  # not a name this module gives: the user's
+    for path in (*stale, recent, foreign):
+        path.write_bytes(b"y" * 3)
+    month_ago = time.time() - 31 * 86400
+    for path in (*stale, foreign, ours):
+        os.utime(path, (month_ago, month_ago))
+
+    assert ClassArchive("unused").use == ours
+    assert sorted(p.name for p in cache.iterdir()) == sorted([ours.name, recent.name, foreign.name])
+    assert ours.stat().st_mtime > time.time() - 60, "mapping it marks it used"

@@ -22,7 +22,10 @@ maps a truncated archive dies of SIGBUS (measured with JDK 17), so:
   maps it (`-XX:+VerifySharedSpaces`, about 0.1 s) and starts without it when they fail;
 * a recording whose log never says it was written (a JVM killed mid-dump) is never used, and is
   removed after an hour; whole recordings left once an archive exists (starts that recorded at
-  the same time) are removed by the next start. Archives of other keys are left to the user.
+  the same time) are removed by the next start;
+* each start marks the archive it maps as used (its mtime); the archives and recordings of another
+  key (a JDK or Spark since upgraded, another installation sharing the cache) that no start has
+  used for 30 days are removed, so upgrades do not pile up archives of some 150 MB each.
 
 The JVM's own notes about the archive (classes it cannot share) are kept off the terminal.
 """
@@ -44,6 +47,8 @@ log = logging.getLogger(__name__)
 ENV = "SPARKPOINT_JVM_CACHE"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 ABANDONED_SECONDS = 3600  # a .tmp older than this was left by a JVM that died mid-dump
+UNUSED_SECONDS = 30 * 86400  # another key's archive no start has mapped for this long goes
+_OURS = re.compile(r"^[0-9a-f]{24}\.[0-9a-z]+\.(jsa|jsa\.tmp|log)$")  # what this module names files
 
 
 def cache_dir() -> Path | None:
@@ -181,6 +186,31 @@ def _tidy(directory: Path, key: str, *, adopt: bool) -> Path | None:
     return adopted
 
 
+def _forget_unused(directory: Path, key: str) -> list[str]:
+    """Remove the files of other keys (archives, recordings, their logs) that are this user's,
+    named as this module names them, and untouched for `UNUSED_SECONDS`; their names."""
+    now = time.time()
+    removed = []
+    for entry in list(os.scandir(directory)):
+        if entry.name.startswith(f"{key}.") or not _OURS.match(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and now - st.st_mtime > UNUSED_SECONDS:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+        except OSError:  # gone already, or not ours to remove
+            continue
+    return removed
+
+
+def _mark_used(archive: Path) -> None:
+    try:
+        os.utime(archive)
+    except OSError:  # a read-only cache: the archive is still mapped, only never counted as used
+        pass
+
+
 class ClassArchive:
     """What the driver JVM of this process is told: map an archive, or record one at its exit."""
 
@@ -215,6 +245,10 @@ class ClassArchive:
             self.use = usable_archive(directory, key)
             adopted = _tidy(directory, key, adopt=self.use is None)
             self.use = self.use or adopted
+            if self.use is not None:
+                _mark_used(self.use)
+            if removed := _forget_unused(directory, key):
+                log.info("removed JVM class archives no start has used for 30 days: %s", ", ".join(removed))
         except OSError as e:  # the directory went away under us, or cannot be listed
             log.debug("no JVM class archive in %s: %s", directory, e)
             return
