@@ -92,13 +92,17 @@ def archive_key(spark_home: str | Path) -> str | None:
     return digest.hexdigest()[:24]
 
 
+def spark_conf_dir(spark_home: str | Path) -> Path:
+    """The directory Spark reads `spark-defaults.conf` from, and puts first on the class path."""
+    return Path(os.environ.get("SPARK_CONF_DIR") or Path(spark_home) / "conf")
+
+
 def can_record(spark_home: str | Path) -> bool:
     """JDK 17 will not record an archive when a non-empty directory is on the class path, and
     Spark puts its conf directory first (a Spark distribution ships templates in it; pip's
     pyspark has none): such a JVM would pay for a recording it never writes."""
-    conf = Path(os.environ.get("SPARK_CONF_DIR") or Path(spark_home) / "conf")
     try:
-        return not any(os.scandir(conf))
+        return not any(os.scandir(spark_conf_dir(spark_home)))
     except OSError:
         return True  # no conf directory: nothing on the class path to refuse
 

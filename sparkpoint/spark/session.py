@@ -41,7 +41,7 @@ from pyspark.sql import SparkSession
 
 from sparkpoint.checkpoint.crash import kill_with_this_process
 from sparkpoint.checkpoint.errors import SparkpointError
-from sparkpoint.spark.classcache import ClassArchive
+from sparkpoint.spark.classcache import ClassArchive, spark_conf_dir
 from sparkpoint.spark.faults import arm_crash_points
 
 log = logging.getLogger(__name__)
@@ -422,8 +422,11 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
     with SparkContext._lock:
         if SparkContext._gateway is not None:
             return
-        archive = ClassArchive(_find_spark_home())
-        java_options = [archive.java_options()]
+        spark_home = _find_spark_home()
+        # Ours go in `spark.driver.extraJavaOptions`, which replaces the value spark-defaults.conf
+        # gives it: the user's options are kept, after ours (a setting of theirs wins).
+        java_options = [ClassArchive(spark_home).java_options(),
+                        spark_defaults(spark_conf_dir(spark_home)).get("spark.driver.extraJavaOptions", "")]
         # Its output comes through this process: a caller reading ours (a pipe, a CI log, `| tee`)
         # sees it end when this process does, not when the JVM has also written its class
         # archive at exit (about 20 s, the first time).
@@ -450,6 +453,35 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
                 threading.Thread(target=_pass_lines, args=(source, target, filtered), daemon=True, name=name).start()
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
+
+
+def spark_defaults(conf_dir: Path) -> dict[str, str]:
+    """The settings of `conf_dir`/spark-defaults.conf, read as Spark reads it (a Java properties
+    file: `#`/`!` comments, a key ended by whitespace, `=` or `:`, a trailing backslash continuing
+    the line, values trimmed); empty when there is none."""
+    try:
+        text = (conf_dir / "spark-defaults.conf").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    settings: dict[str, str] = {}
+    pending = ""
+    for raw in text.splitlines():
+        line = pending + raw.strip()
+        if not pending and (not line or line[0] in "#!"):
+            continue
+        if (len(line) - len(line.rstrip("\\"))) % 2:  # an odd number of backslashes: it goes on
+            pending = line[:-1]
+            continue
+        pending = ""
+        match = re.match(r"((?:[^\s=:\\]|\\.)+)\s*[=:]?\s*(.*)", line)
+        if match:
+            settings[_unescape(match.group(1))] = _unescape(match.group(2)).strip()
+    return settings
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}.get(m.group(1), m.group(1)),
+                  text)
 
 
 def _pass_lines(source: IO[bytes], target: str, filtered: bool) -> None:
