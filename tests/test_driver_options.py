@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkpoint.spark.session import spark_defaults
+from sparkpoint.spark.properties import read_properties, spark_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,33 +32,46 @@ spark.stop()
 def test_the_users_driver_java_options_reach_the_jvm_with_ours(tmp_path: Path):
     conf = tmp_path / "conf"
     conf.mkdir()
-    (conf / "spark-defaults.conf").write_text(
-        "# the user's cluster defaults\n"
-        "spark.driver.extraJavaOptions  -Dsparkpoint.test.flag=kept \\\n"
-        "    -Dsparkpoint.test.other=too\n"
-        "spark.sql.shuffle.partitions 3\n")
+    # -verbose:class: the JVM writes some MB to its standard output before PySpark's launch
+    # returns, far more than a pipe holds: nothing may wait for a reader that is not there yet.
+    (conf / "spark-defaults.conf").write_bytes(
+        b"# the user's cluster defaults, caf\xe9 in Latin-1\n"
+        b"spark.driver.extraJavaOptions  -Dsparkpoint.test.flag=kept \\\n"
+        b"    -Dsparkpoint.test.other=too -verbose:class\n"
+        b"spark.sql.shuffle.partitions 3\n")
+    env = {k: v for k, v in os.environ.items() if k != "SPARKPOINT_VERBOSE"}
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "SPARK_CONF_DIR": str(conf)})
+                          env={**env, "PYTHONPATH": str(ROOT), "SPARK_CONF_DIR": str(conf)})
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith('{"flag"')]
+    got = json.loads(line)
     assert got["flag"] == "kept" and got["other"] == "too" and got["count"] == 7
     assert any(a.startswith("-Dlog4j2.configurationFile=") for a in got["args"]), "ours are there too"
+    assert done.stdout.count("[class,load]") > 1000, "the JVM's standard output comes through the driver"
 
 
-def test_spark_defaults_are_read_as_a_java_properties_file(tmp_path: Path):
-    (tmp_path / "spark-defaults.conf").write_text(
+def test_spark_defaults_are_read_as_a_java_properties_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    assert read_properties(
         "! a comment\n"
         "   # an indented comment ending in a backslash \\\n"
         "spark.a   1\n"
-        "spark.b=2\n"
+        "spark.b=2\r\n"
         "spark.c : three  \n"
         "spark.d    -Dx=1 \\\n"
         "           -Dy=2\n"
         "spark.e    C:\\\\tmp\n"
-        "\n")
-    assert spark_defaults(tmp_path) == {"spark.a": "1", "spark.b": "2", "spark.c": "three",
-                                        "spark.d": "-Dx=1 -Dy=2", "spark.e": "C:\\tmp"}
-    assert spark_defaults(tmp_path / "missing") == {}
-    (tmp_path / "dir").mkdir()
-    (tmp_path / "dir" / "spark-defaults.conf").mkdir()  # not a file: no settings, no error
-    assert spark_defaults(tmp_path / "dir") == {}
+        "spark.f    -Dname=caf\\u00e9\fx\n"  # a form feed is no line end in Java
+        "spark.g    not continued \\  \n"  # whitespace after the backslash
+        "spark.h    ends the file \\") == {
+        "spark.a": "1", "spark.b": "2", "spark.c": "three", "spark.d": "-Dx=1 -Dy=2", "spark.e": "C:\\tmp",
+        "spark.f": "-Dname=caf\u00e9\fx", "spark.g": "not continued", "spark.h": "ends the file"}
+
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "conf"))
+    assert spark_defaults(tmp_path) == {}, "no file: no settings"
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-defaults.conf").mkdir()  # not a file: no settings, no error
+    assert spark_defaults(tmp_path) == {}
+    (tmp_path / "mine.conf").write_bytes(b"# \xff odd byte\nspark.x 1\n")
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--properties-file {tmp_path / 'mine.conf'} pyspark-shell")
+    assert spark_defaults(tmp_path) == {"spark.x": "1"}, "the file spark-submit is told to read"

@@ -126,12 +126,13 @@ def test_an_interrupt_that_lands_in_a_finalizer_is_delivered_again_without_a_tra
 
 
 HANGING_STOP = """
-import sys, time
+import os, sys, time
 from sparkpoint.spark import session
 
 spark = session.spark_session("local[1]")
-assert spark.range(5).count() == 5
+assert spark.range(5).mapInPandas(lambda it: it, "id long").count() == 5  # PySpark's daemon is up
 jvm = session._launched_jvm
+daemons = session._groups_led_by_children_of(jvm.pid)
 
 class StopThatHangs:  # Spark's stop waiting on a task that never answers its cancellation
     def stop(self):
@@ -139,15 +140,30 @@ class StopThatHangs:  # Spark's stop waiting on a task that never answers its ca
 
 started = time.monotonic()
 session.stop_quietly(StopThatHangs(), grace=float(sys.argv[1]))
-print(round(time.monotonic() - started, 1), jvm.wait(timeout=30), flush=True)
+seconds = time.monotonic() - started
+code = jvm.wait(timeout=30)
+
+def alive(pid):  # a zombie is gone: only its exit status waits for a parent that may never reap it
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+deadline = time.monotonic() + 30
+while any(alive(pid) for pid in daemons) and time.monotonic() < deadline:
+    time.sleep(0.1)
+left = [pid for pid in daemons if alive(pid)]
+print(round(seconds, 1), code, len(daemons), len(left), flush=True)
 """
 
 
 def test_an_interrupted_spark_that_does_not_stop_in_time_has_its_jvm_killed(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if k != "SPARKPOINT_VERBOSE"}
     done = subprocess.run([sys.executable, "-c", HANGING_STOP, "2"], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
-    seconds, returncode = done.stdout.split()
+    seconds, returncode, daemons, left = done.stdout.split()
     assert returncode == str(-signal.SIGKILL), "the JVM was killed, not left running"
+    assert int(daemons) >= 1 and left == "0", "PySpark's daemon (a process group of its own) went with it"
     assert 2 <= float(seconds) < 60, "it waited out the grace, then stopped waiting"
     assert done.stderr.strip() == "", "the kill prints nothing of its own"

@@ -200,7 +200,11 @@ def _forget_unused(directory: Path, key: str) -> list[str]:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and now - st.st_mtime > UNUSED_SECONDS:
+            if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and now - st.st_mtime > UNUSED_SECONDS):
+                continue
+            # Looked at again just before: a start of that installation may have marked it used
+            # since (one that maps it in the instant between starts without it, and records anew).
+            if now - os.lstat(entry.path).st_mtime > UNUSED_SECONDS:
                 os.unlink(entry.path)
                 removed.append(entry.name)
         except OSError:  # gone already, or not ours to remove

@@ -41,8 +41,9 @@ from pyspark.sql import SparkSession
 
 from sparkpoint.checkpoint.crash import kill_with_this_process
 from sparkpoint.checkpoint.errors import SparkpointError
-from sparkpoint.spark.classcache import ClassArchive, spark_conf_dir
+from sparkpoint.spark.classcache import ClassArchive
 from sparkpoint.spark.faults import arm_crash_points
+from sparkpoint.spark.properties import spark_defaults
 
 log = logging.getLogger(__name__)
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
@@ -385,21 +386,24 @@ def stop_quietly(spark: SparkSession, grace: float = STOP_GRACE_SECONDS) -> None
             pass
         stopped.set()
 
-    with contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PySpark warns that it could not shut the JVM down cleanly
         threading.Thread(target=stop, daemon=True, name="spark-stop").start()
         if not stopped.wait(grace) and _kill_launched_jvm(grace):
-            stopped.wait(1.0)  # py4j's calls fail at once on the closed socket
+            stopped.wait(grace)  # py4j's calls fail at once on the closed socket
     log.debug("Spark stopped after the interrupt in %.1f s%s", time.monotonic() - started,
               "" if stopped.is_set() else " (its stop did not return)")
 
 
 def _kill_launched_jvm(grace: float) -> bool:
-    """SIGKILL the JVM `_launch_gateway` started (its process group, when it has one of its own:
-    the JVM and the Python workers it forked); whether there was one to kill."""
+    """SIGKILL the JVM `_launch_gateway` started (its process group, when it has one of its own)
+    and the groups of the Python daemons it forked (PySpark's daemon leads a group of its own,
+    with its workers); wait for the JVM to be gone. Whether there was one to kill."""
     launched = _launched_jvm
     if launched is None or launched.poll() is not None:
         return False
     log.info("Spark did not stop within %.0f s of the interrupt: its JVM is killed", grace)
+    daemons = _groups_led_by_children_of(launched.pid)
     try:
         if _launched_jvm_group:
             os.killpg(launched.pid, signal.SIGKILL)
@@ -407,7 +411,27 @@ def _kill_launched_jvm(grace: float) -> bool:
             launched.kill()
     except ProcessLookupError:  # it ended in between
         return False
+    for group in daemons:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        launched.wait(grace)
     return True
+
+
+def _groups_led_by_children_of(pid: int) -> list[int]:
+    """The process groups that children of `pid` lead (Linux's /proc; none elsewhere), never this
+    process's own group."""
+    groups = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rpartition(")")[2].split()
+        except OSError:  # it ended while we looked
+            continue
+        child = int(stat_file.parent.name)
+        if len(fields) > 2 and int(fields[1]) == pid and int(fields[2]) == child != os.getpgrp():
+            groups.append(child)
+    return groups
 
 
 def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, quiet: bool) -> None:
@@ -426,11 +450,17 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
         # Ours go in `spark.driver.extraJavaOptions`, which replaces the value spark-defaults.conf
         # gives it: the user's options are kept, after ours (a setting of theirs wins).
         java_options = [ClassArchive(spark_home).java_options(),
-                        spark_defaults(spark_conf_dir(spark_home)).get("spark.driver.extraJavaOptions", "")]
+                        spark_defaults(spark_home).get("spark.driver.extraJavaOptions", "")]
         # Its output comes through this process: a caller reading ours (a pipe, a CI log, `| tee`)
         # sees it end when this process does, not when the JVM has also written its class
-        # archive at exit (about 20 s, the first time).
-        popen_kwargs: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        # archive at exit (about 20 s, the first time). The readers run before the JVM starts:
+        # it may write more than a pipe holds before PySpark's launch returns.
+        ends = [os.pipe(), os.pipe()]
+        for name, (read_end, _), target, filtered in (("spark-stdout", ends[0], "stdout", False),
+                                                      ("spark-stderr", ends[1], "stderr", quiet)):
+            threading.Thread(target=_pass_lines, args=(os.fdopen(read_end, "rb"), target, filtered), daemon=True,
+                             name=name).start()
+        popen_kwargs: dict[str, Any] = {"stdout": ends[0][1], "stderr": ends[1][1]}
         if quiet:
             if master.startswith("local"):  # the driver binds to loopback anyway; this spares the hostname note
                 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -442,60 +472,37 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
         conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
         if options := " ".join(o for o in java_options if o):
             conf.set("spark.driver.extraJavaOptions", options)
-        gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
+        try:
+            gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
+        finally:  # the JVM has its copies: the readers see the end when it exits
+            for _, write_end in ends:
+                os.close(write_end)
         proc = getattr(gateway, "proc", None)
         _launched_jvm, _launched_jvm_group = proc, quiet
         if quiet and proc is not None:  # its own group: a crash point kills it with the driver, as a power cut would
             kill_with_this_process(proc.pid)
-        if proc is not None:
-            for name, source, target, filtered in (("spark-stdout", proc.stdout, "stdout", False),
-                                                   ("spark-stderr", proc.stderr, "stderr", quiet)):
-                threading.Thread(target=_pass_lines, args=(source, target, filtered), daemon=True, name=name).start()
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
 
 
-def spark_defaults(conf_dir: Path) -> dict[str, str]:
-    """The settings of `conf_dir`/spark-defaults.conf, read as Spark reads it (a Java properties
-    file: `#`/`!` comments, a key ended by whitespace, `=` or `:`, a trailing backslash continuing
-    the line, values trimmed); empty when there is none."""
-    try:
-        text = (conf_dir / "spark-defaults.conf").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return {}
-    settings: dict[str, str] = {}
-    pending = ""
-    for raw in text.splitlines():
-        line = pending + raw.strip()
-        if not pending and (not line or line[0] in "#!"):
-            continue
-        if (len(line) - len(line.rstrip("\\"))) % 2:  # an odd number of backslashes: it goes on
-            pending = line[:-1]
-            continue
-        pending = ""
-        match = re.match(r"((?:[^\s=:\\]|\\.)+)\s*[=:]?\s*(.*)", line)
-        if match:
-            settings[_unescape(match.group(1))] = _unescape(match.group(2)).strip()
-    return settings
-
-
-def _unescape(text: str) -> str:
-    return re.sub(r"\\(.)", lambda m: {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}.get(m.group(1), m.group(1)),
-                  text)
-
-
 def _pass_lines(source: IO[bytes], target: str, filtered: bool) -> None:
     """Copy the JVM's `source` line by line to this process's `target` ("stdout" or "stderr", as
-    it is at each line); `filtered`: without Spark's chatter, and nothing once Spark is stopping."""
+    it is at each line); `filtered`: without Spark's chatter, and nothing once Spark is stopping.
+    A line goes to the stream's file descriptor in one write, as the JVM's own writes did: never
+    into the middle of a line of ours, and never holding the stream's lock (a daemon thread
+    holding it as the interpreter exits aborts the exit)."""
     for raw in iter(source.readline, b""):
         line = raw.decode("utf-8", "replace")
         if filtered and (_muted.is_set() or _CHATTER.match(line)):
             continue
+        stream = getattr(sys, target, None)
         try:
-            stream = getattr(sys, target)
-            stream.write(line)
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # the terminal went away: keep draining the pipe
+            os.write(stream.fileno(), raw)  # type: ignore[union-attr]
+        except (AttributeError, ValueError, io.UnsupportedOperation):  # no descriptor: a capture, a StringIO
+            with contextlib.suppress(Exception):
+                stream.write(line)  # type: ignore[union-attr]
+                stream.flush()  # type: ignore[union-attr]
+        except OSError:  # the terminal went away: keep draining the pipe
             pass
 
 
