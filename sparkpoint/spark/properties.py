@@ -20,7 +20,7 @@ _CONTROL = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 def read_properties(text: str) -> dict[str, str]:
     """A Java properties file's settings: `#`/`!` comment lines, a key ended by whitespace, `=` or
     `:`, a line ending in an odd number of backslashes continued on the next (its leading
-    whitespace dropped), `\\t`, `\\uXXXX` and other escapes; values trimmed, as Spark trims them."""
+    whitespace dropped), `\\t`, `\\u` with four hex digits and other escapes; values trimmed, as Spark trims them."""
     settings: dict[str, str] = {}
     logical: list[str] = []
     pending: str | None = None

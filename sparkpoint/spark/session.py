@@ -451,16 +451,7 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
         # gives it: the user's options are kept, after ours (a setting of theirs wins).
         java_options = [ClassArchive(spark_home).java_options(),
                         spark_defaults(spark_home).get("spark.driver.extraJavaOptions", "")]
-        # Its output comes through this process: a caller reading ours (a pipe, a CI log, `| tee`)
-        # sees it end when this process does, not when the JVM has also written its class
-        # archive at exit (about 20 s, the first time). The readers run before the JVM starts:
-        # it may write more than a pipe holds before PySpark's launch returns.
-        ends = [os.pipe(), os.pipe()]
-        for name, (read_end, _), target, filtered in (("spark-stdout", ends[0], "stdout", False),
-                                                      ("spark-stderr", ends[1], "stderr", quiet)):
-            threading.Thread(target=_pass_lines, args=(os.fdopen(read_end, "rb"), target, filtered), daemon=True,
-                             name=name).start()
-        popen_kwargs: dict[str, Any] = {"stdout": ends[0][1], "stderr": ends[1][1]}
+        popen_kwargs: dict[str, Any] = {}
         if quiet:
             if master.startswith("local"):  # the driver binds to loopback anyway; this spares the hostname note
                 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -472,6 +463,16 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
         conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
         if options := " ".join(o for o in java_options if o):
             conf.set("spark.driver.extraJavaOptions", options)
+        # Its output comes through this process: a caller reading ours (a pipe, a CI log, `| tee`)
+        # sees it end when this process does, not when the JVM has also written its class
+        # archive at exit (about 20 s, the first time). The readers run before the JVM starts:
+        # it may write more than a pipe holds before PySpark's launch returns.
+        ends = [os.pipe(), os.pipe()]
+        for name, (read_end, _), target, filtered in (("spark-stdout", ends[0], "stdout", False),
+                                                      ("spark-stderr", ends[1], "stderr", quiet)):
+            threading.Thread(target=_pass_lines, args=(os.fdopen(read_end, "rb"), target, filtered), daemon=True,
+                             name=name).start()
+        popen_kwargs.update(stdout=ends[0][1], stderr=ends[1][1])
         try:
             gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
         finally:  # the JVM has its copies: the readers see the end when it exits
