@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import pandas as pd
 
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
+from sparkpoint.pipeline.fingerprint import fingerprint
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, validate_config
 from sparkpoint.pipeline.settings import resolve_settings
 from sparkpoint.state.extract import state_table
@@ -122,16 +122,16 @@ class Pipeline:
         return PipelineConfig(**values)
 
     def code_version(self) -> str:
-        """Stable across processes; changes when an operator's definition or code changes."""
+        """Stable across processes; changes when an operator's definition or code changes, or a
+        value its functions compute with: what they close over (an operator a factory made with
+        `threshold=10` and one made with `threshold=1000` differ), their defaults, the globals
+        they name, a `functools.partial`'s arguments. What is covered and what is not:
+        `sparkpoint.pipeline.fingerprint`."""
         digest = hashlib.sha256()
         for op in self.operators:
             digest.update(repr((op.name, op.key, op.columns, op.emits, op.schema)).encode())
             for fn in (op.process, op.export):
-                try:
-                    text = inspect.getsource(fn)
-                except (OSError, TypeError):  # built in, or defined where no source is kept
-                    text = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
-                digest.update(text.encode())
+                digest.update(fingerprint(fn).encode())
         return digest.hexdigest()[:16]
 
     def operator(self, name: str) -> KeyedOperator:
