@@ -25,6 +25,7 @@ import dagster as dg
 from sparkpoint.factory import build_pipeline_defs
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.spec import Pipeline, load_operator, load_pipeline
+from sparkpoint.sensors.landing import RETRY_SECONDS, SETTLE_SECONDS
 
 _LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id")
 
@@ -50,11 +51,14 @@ class PipelineComponent(dg.Component, dg.Model, dg.Resolvable):
     tags: dict[str, str] = {}
     schedule: str | None = None  # cron for the checkpoint job
     landing_sensor: bool = True  # run the checkpoint job when a batch file lands
+    landing_settle_seconds: float = SETTLE_SECONDS  # ... once it has been unchanged this long
+    landing_retry_seconds: float = RETRY_SECONDS  # a file a run did not consume: again after this (doubling)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return build_pipeline_defs(
             self.resolve_pipeline(), key_prefix=self.key_prefix, group_name=self.group_name, owners=self.owners,
             tags=self.tags, schedule=self.schedule, landing_sensor=self.landing_sensor,
+            landing_settle_seconds=self.landing_settle_seconds, landing_retry_seconds=self.landing_retry_seconds,
         )
 
     def resolve_pipeline(self) -> Pipeline:

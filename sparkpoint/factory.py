@@ -27,6 +27,7 @@ from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.resources import resources_for
 from sparkpoint.resources.scope import ROLES, PipelineScope
 from sparkpoint.sensors import build_sensors
+from sparkpoint.sensors.landing import RETRY_SECONDS, SETTLE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ def pipeline_defs(
     landing_sensor: bool = True,
     resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
     sample_stream: bool = False,
+    landing_settle_seconds: float = SETTLE_SECONDS,
+    landing_retry_seconds: float = RETRY_SECONDS,
 ) -> PipelineDefs:
     """The parts of `build_pipeline_defs` (same arguments)."""
     scope = PipelineScope.of(pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags)
@@ -75,8 +78,9 @@ def pipeline_defs(
     jobs = build_jobs(scope, schedule=schedule, schedule_status=schedule_status)
     return PipelineDefs(
         scope=scope, assets=build_assets(scope), checks=build_checks(scope), jobs=jobs,
-        sensors=build_sensors(scope, jobs, landing=landing_sensor,
-                              orphan_grace_seconds=by_role["registry"].orphan_grace_seconds),
+        sensors=build_sensors(scope, jobs, landing_sensor=landing_sensor,
+                              orphan_grace_seconds=by_role["registry"].orphan_grace_seconds,
+                              settle_seconds=landing_settle_seconds, retry_seconds=landing_retry_seconds),
         resources=scope.keyed(by_role),
     )
 
@@ -92,6 +96,8 @@ def build_pipeline_defs(
     schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
     landing_sensor: bool = True,
     resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
+    landing_settle_seconds: float = SETTLE_SECONDS,
+    landing_retry_seconds: float = RETRY_SECONDS,
 ) -> dg.Definitions:
     """Dagster definitions for `pipeline`: SSTable assets (one per operator), the checkpoint asset
     and its checks, the input (observable) and output assets; jobs `<name>_checkpoint`,
@@ -103,8 +109,12 @@ def build_pipeline_defs(
     `key_prefix` (default: the name) prefixes the asset keys; `group_name` (default: the name)
     groups them; `owners` and `tags` go on every asset; `resources` replaces resources by role
     (`storage`, `registry`, `spark`, `state_backend`, `source`), e.g. with `EnvVar` fields.
+    The input sensor offers a file once it has been unchanged for `landing_settle_seconds` (a
+    file still being copied is not read), and a file that earlier runs did not consume again
+    `landing_retry_seconds` after the last (doubling with each run), at once if it changed.
     """
     return pipeline_defs(
         pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags, schedule=schedule,
         schedule_status=schedule_status, landing_sensor=landing_sensor, resources=resources,
+        landing_settle_seconds=landing_settle_seconds, landing_retry_seconds=landing_retry_seconds,
     ).definitions()

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -132,9 +133,10 @@ def test_the_input_asset_and_the_landing_sensor_follow_the_files(tmp_path: Path)
         pd.DataFrame({"user": ["a", "b"], "page": ["/x", "/y"],
                       "clicked_at": pd.Timestamp("2026-11-01", tz="UTC")}
                      ).to_parquet(tmp_path / "landing" / f"c{i}.parquet")
+        os.utime(tmp_path / "landing" / f"c{i}.parquet", (0, time.time() - 60))  # settled: written a minute ago
     (tmp_path / "landing" / "_SUCCESS").write_text("")
-    with dg.build_sensor_context(resources=needed) as context:
-        request = sensor(context)
+    with dg.build_sensor_context(resources=needed, instance=dg.DagsterInstance.ephemeral()) as context:
+        request = sensor(context)  # (it asks the instance for the file's earlier runs)
     assert isinstance(request, dg.RunRequest) and request.run_key == "landed-c0.parquet"
 
     from dagster._core.definitions.observe import observe  # Dagster 1.13 exports no public `observe`

@@ -7,6 +7,11 @@ the failed run alone (which of *this pipeline's* steps it started, how they fail
 and launches the pipeline's recover job once per failed run (run key = the failed run's id) with
 the failed run's own resource config, so a run launched for another job id, input or checkpoint
 location is healed there, not in the defaults, and another pipeline's failure is never touched.
+A failed recover run is not recovered again (it could fail the same way for ever): the sensor
+tags it `sparkpoint/not-recovered` with what to do, and says so in its skip reason.
+
+The input sensor's decisions (when a file has settled, when a file a run did not consume is
+offered again) are in `sparkpoint.sensors.landing`.
 """
 
 
@@ -20,8 +25,10 @@ import dagster as dg
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.ops import PipelineJobs
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PipelineScope
+from sparkpoint.sensors import landing
 
 WILL_RETRY_TAG = "dagster/will_retry"
+NOT_RECOVERED_TAG = "sparkpoint/not-recovered"
 # Failures of the configuration or the input itself, before any upload: a recovery with the
 # same config would fail the same way.
 CONFIG_ERRORS = frozenset({"ResourceConfigError", "DagsterInvalidConfigError", "SourceError", "SourceSchemaError",
@@ -47,6 +54,16 @@ def recovery_decision(
     return None
 
 
+def not_recovered_note(scope: PipelineScope, job_name: str, tags: Mapping[str, str]) -> str | None:
+    """What a failed run of this pipeline's own recover job is tagged with (None for any other run)."""
+    if job_name != scope.name("recover"):
+        return None
+    healed = tags.get(FAILED_RUN_TAG)
+    what = f"the recovery of run {healed}" if healed else "this recovery"
+    return (f"{what} failed and is not recovered again: fix the cause, then launch {scope.name('recover')}"
+            + (f" with failed_run_id {healed}" if healed else ""))
+
+
 def resources_config(run: dg.DagsterRun, job: dg.JobDefinition) -> dict[str, Any]:
     """The run's resource config for the resources `job` uses (a run launched from the launchpad
     for another job id carries it; the defaults fill in the rest)."""
@@ -69,15 +86,21 @@ def _failure_classes(instance: dg.DagsterInstance, run_id: str, steps: frozenset
     return names
 
 
-def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing: bool = True,
-                  orphan_grace_seconds: float = 3600.0) -> list[dg.SensorDefinition]:
-    """Recovery and retention (running), and the input-landing sensor (running when `landing`)."""
+def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: bool = True,
+                  orphan_grace_seconds: float = 3600.0, settle_seconds: float = landing.SETTLE_SECONDS,
+                  retry_seconds: float = landing.RETRY_SECONDS) -> list[dg.SensorDefinition]:
+    """Recovery and retention (running), and the input-landing sensor (running when
+    `landing_sensor`; `settle_seconds` and `retry_seconds` as in `sparkpoint.sensors.landing`)."""
     recover_job, prune_job = jobs.recover, jobs.prune
 
     @dg.run_failure_sensor(name=scope.name("recovery_sensor"), request_job=recover_job,
                            default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=10)
     def recovery_sensor(context: dg.RunFailureSensorContext) -> dg.RunRequest | dg.SkipReason:
         run = context.dagster_run
+        note = not_recovered_note(scope, run.job_name, run.tags)
+        if note:  # said on the run itself, where the UI shows it
+            context.instance.add_run_tags(run.run_id, {NOT_RECOVERED_TAG: note})
+            return dg.SkipReason(f"run {run.run_id}: {note}")
         started = {e.step_key for e in context.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
                    if e.step_key}
         why_not = recovery_decision(scope, run.job_name, run.tags, started,
@@ -129,19 +152,36 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing: bool = T
         return list(requests.values())
 
     @dg.sensor(name=scope.name("input_sensor"), target=jobs.checkpoint, minimum_interval_seconds=1,
-               default_status=dg.DefaultSensorStatus.RUNNING if landing else dg.DefaultSensorStatus.STOPPED,
+               default_status=dg.DefaultSensorStatus.RUNNING if landing_sensor else dg.DefaultSensorStatus.STOPPED,
                required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
                description=f"Materializes `{scope.pipeline.name}` when a batch file lands that no checkpoint consumed")
     def input_sensor(context: dg.SensorEvaluationContext, **resources: Any) -> dg.RunRequest | dg.SkipReason:
         # (Dagster passes the required resources as keyword arguments too; context.resources has them.)
+        # One run per batch file: while it runs, the same first file is pending and the sensor
+        # waits for it; a file its run did not consume is offered again under a new run key.
         try:
-            pending = scope.resources(context).driver(scope.pipeline).pending_files()
+            driver = scope.resources(context).driver(scope.pipeline)
+            pending = driver.pending_files()
+            if not pending:
+                return dg.SkipReason("no batch file waiting")
+            name, now = pending[0], time.time()
+            stat = driver.source.stat(name)
+            seen, unsettled = landing.settle(landing.FileSeen.from_cursor(context.cursor), name, stat, now,
+                                             settle_seconds)
+            context.update_cursor(seen.to_cursor())
+            if unsettled:
+                return dg.SkipReason(unsettled)
+            runs = landing.landed_runs(context.instance, scope.name("input_sensor"), name)
+            decision = landing.landing_decision(name, stat, runs, landing.active_recoveries(context.instance, runs),
+                                                now, retry_seconds)
+            # The runs ended after the listing above: had one consumed the file, a new listing shows it.
+            if decision.again and name not in driver.pending_files():
+                return dg.SkipReason(f"{name} was consumed while the sensor looked")
         except SparkpointError as e:
             return dg.SkipReason(f"input not readable: {e}")
-        if not pending:
-            return dg.SkipReason("no batch file waiting")
-        # One run per batch file: while it runs, the same first file is pending and its run key
-        # is taken; a run that fails leaves the file to its recovery run.
-        return dg.RunRequest(run_key=f"landed-{pending[0]}", tags={"sparkpoint/landed": pending[0]})
+        if decision.run_key is None:
+            return dg.SkipReason(decision.reason)
+        context.log.info(decision.reason)
+        return dg.RunRequest(run_key=decision.run_key, tags=dict(decision.tags))
 
     return [recovery_sensor, retention_sensor, input_sensor]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 import fsspec
@@ -57,11 +58,20 @@ class SourceOffsets:
         return SourceOffsets(self.consumed + tuple(files))
 
 
+@dataclass(frozen=True)
+class BatchStat:
+    """What a listing tells of a batch file: its size, and when it was last modified (seconds
+    since the epoch; None where the filesystem does not say)."""
+
+    size: int
+    modified: float | None
+
+
 class BatchSource(Protocol):
     """What the pipeline needs of its input: list the batches, check and read one. A batch is a
     file (name) the checkpoint's offsets record once consumed; the source never forgets one.
     `ParquetDirectorySource` is the one today; CSV or JSON lines directories, or a table format's
-    snapshots, fit the same five calls."""
+    snapshots, fit the same calls."""
 
     url: str
     accepted: str  # the names it takes as batches, said in messages (e.g. "*.parquet, ...")
@@ -72,6 +82,7 @@ class BatchSource(Protocol):
     def check_columns(self, names: list[str], required: dict[str, list[str]]) -> None: ...
     def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame: ...
     def url_of(self, name: str) -> str: ...  # the batch's full URL, for messages and the tasks
+    def stat(self, name: str) -> BatchStat: ...  # size and modification time (is it still being written?)
 
 
 class ParquetDirectorySource:
@@ -134,8 +145,33 @@ class ParquetDirectorySource:
     def url_of(self, name: str) -> str:
         return str(self.fs.unstrip_protocol(posixpath.join(self.root, name)))
 
+    def stat(self, name: str) -> BatchStat:
+        """Size and modification time of batch file `name`, read without opening it."""
+        try:
+            info = self.fs.info(posixpath.join(self.root, name))
+        except (OSError, ValueError) as e:
+            raise SourceError(f"cannot look at input file {self.url_of(name)}: {e}") from e
+        return BatchStat(int(info.get("size") or 0), _modified(info))
+
     def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
         return read_parquet(self.url_of(name), self.storage_options, columns)
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """The modification time in an fsspec `info` (seconds since the epoch): each filesystem names
+    it its own way (local `mtime`, S3 `LastModified`, GCS `updated`, memory `created`)."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if isinstance(value, datetime):
+            return value.timestamp()
+    return None
 
 
 def read_parquet(url: str, storage_options: dict[str, Any], columns: list[str] | None = None) -> pd.DataFrame:

@@ -1,0 +1,182 @@
+"""When the input sensor offers a landed batch file: pure functions of plain facts, then the two
+look-ups in the Dagster instance they need.
+
+A run key is spent by the run it launched, whatever that run's outcome: Dagster never launches a
+second run for a key a sensor used (DESIGN rule 12). So the key of a file's run counts the runs
+of it before (`landed-<file>`, then `landed-<file>-1`, ...). While a run of the file, or the
+recovery of one that failed, is queued or in progress, the sensor waits for it. Once every run of
+the file ended and the file is still not consumed (the run failed, was cancelled, failed in
+resource setup before any step, or succeeded on another batch), the file is offered again: at
+once if it changed since that run (its size or modification time: the cause may be gone),
+otherwise after a delay that doubles with each run, so a file that fails the same way every time
+is not run every few seconds, and a failed run's recovery sensor has time to launch its recovery.
+
+A file is offered only once it has settled: its size and modification time unchanged for
+`settle_seconds`, seen from its modification time or across two ticks (the cursor keeps what the
+last tick saw, for filesystems whose clock runs ahead or that give no time). A file still being
+copied (a local `cp`, NFS, a FUSE mount) is not read half-written. A writer that may pause for
+longer writes under a name starting with `_` or `.` and renames the file when it is complete:
+the source skips those names.
+
+Every skip says what the sensor waits for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import dagster as dg
+
+from sparkpoint.resources.scope import FAILED_RUN_TAG
+from sparkpoint.spark.source import BatchStat
+
+LANDED_TAG = "sparkpoint/landed"
+SIZE_TAG, MODIFIED_TAG = "sparkpoint/landed-size", "sparkpoint/landed-modified"
+SETTLE_SECONDS = 2.0  # a file unchanged this long is complete (a copy writes more often than that)
+RETRY_SECONDS = 30.0  # the first re-offer of an unchanged file; doubles with each run, up to:
+RETRY_MAX_SECONDS = 1800.0
+_FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+@dataclass(frozen=True)
+class FileSeen:
+    """The first pending file as a tick saw it, and since when it has looked so (the cursor)."""
+
+    name: str
+    size: int
+    modified: float | None
+    since: float
+
+    def to_cursor(self) -> str:
+        return json.dumps({"file": self.name, "size": self.size, "modified": self.modified, "since": self.since})
+
+    @classmethod
+    def from_cursor(cls, cursor: str | None) -> FileSeen | None:
+        """None for no cursor, or an earlier version's."""
+        try:
+            raw = json.loads(cursor or "null")
+            return cls(str(raw["file"]), int(raw["size"]), raw["modified"], float(raw["since"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def settle(before: FileSeen | None, name: str, stat: BatchStat, now: float,
+           settle_seconds: float = SETTLE_SECONDS) -> tuple[FileSeen, str | None]:
+    """(what the cursor keeps, None when `name` has settled, otherwise what the sensor waits for)."""
+    same = before is not None and (before.name, before.size, before.modified) == (name, stat.size, stat.modified)
+    seen = before if same and before is not None else FileSeen(name, stat.size, stat.modified, now)
+    quiet = now - seen.since
+    if stat.modified is not None:
+        quiet = max(quiet, now - stat.modified)
+    if quiet >= settle_seconds:
+        return seen, None
+    return seen, (f"waiting for {name} to settle: {stat.size} bytes, unchanged for {max(quiet, 0.0):.1f} s of "
+                  f"{settle_seconds:g} s (a file still being written is not read)")
+
+
+@dataclass(frozen=True)
+class LandedRun:
+    """A run the input sensor requested for a file, as the decision needs it."""
+
+    run_id: str
+    status: str  # Dagster's run status, e.g. FAILURE
+    run_key: str | None
+    ended_at: float | None  # None while it is queued or in progress
+    size: int | None = None  # the file as it was when the run was requested (its tags)
+    modified: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.ended_at is None
+
+
+@dataclass(frozen=True)
+class Landing:
+    """The decision: a run key to request (with its tags), or None and what the sensor waits for."""
+
+    run_key: str | None
+    reason: str
+    tags: Mapping[str, str]
+    again: bool = False  # a re-offer of a file that earlier runs did not consume
+
+
+def run_key(name: str, attempt: int) -> str:
+    return f"landed-{name}" if attempt == 0 else f"landed-{name}-{attempt}"
+
+
+def retry_delay(ended_runs: int, retry_seconds: float = RETRY_SECONDS) -> float:
+    """How long after the last run of an unchanged file it is offered again."""
+    return float(min(retry_seconds * 2 ** max(ended_runs - 1, 0), RETRY_MAX_SECONDS))
+
+
+def landing_decision(
+    name: str, stat: BatchStat, runs: Sequence[LandedRun], recoveries: Mapping[str, str], now: float,
+    retry_seconds: float = RETRY_SECONDS,
+) -> Landing:
+    """Whether to request a run for the settled first pending file `name`. `runs`: the sensor's
+    earlier runs of it, any order; `recoveries`: failed run id -> its recovery run still queued
+    or in progress."""
+    tags = {LANDED_TAG: name, SIZE_TAG: str(stat.size), MODIFIED_TAG: repr(stat.modified)}
+    for run in runs:
+        if run.active:
+            return Landing(None, f"waiting for run {run.run_id} of {name} ({run.status})", tags)
+        if run.run_id in recoveries:
+            return Landing(None, f"waiting for recovery run {recoveries[run.run_id]} of run {run.run_id}, "
+                                 f"which failed on {name}", tags)
+    if not runs:
+        return Landing(run_key(name, 0), f"{name} landed", tags)
+    used = {run.run_key for run in runs}
+    attempt = len(runs)
+    while run_key(name, attempt) in used:  # a deleted run freed a lower number
+        attempt += 1
+    last = max(runs, key=lambda r: r.ended_at or 0.0)
+    if (last.size, last.modified) != (stat.size, stat.modified) and last.size is not None:
+        return Landing(run_key(name, attempt), f"{name} changed since run {last.run_id} ({last.status})", tags,
+                       again=True)
+    due = (last.ended_at or 0.0) + retry_delay(len(runs), retry_seconds)
+    ran = f"{len(runs)} run{'s' if len(runs) > 1 else ''} of {name} ended without consuming it"
+    if now < due:
+        return Landing(None, f"{ran}, the last {last.run_id} with {last.status}: offering it again in "
+                             f"{due - now:.0f} s, or once it changes", tags)
+    return Landing(run_key(name, attempt), f"{ran}: offering it again", tags, again=True)
+
+
+# --- the look-ups ---------------------------------------------------------------------------------
+
+
+def landed_runs(instance: dg.DagsterInstance, sensor_name: str, name: str) -> list[LandedRun]:
+    """The runs `sensor_name` requested for file `name` (Dagster tags each with the sensor's name)."""
+    records = instance.get_run_records(dg.RunsFilter(tags={LANDED_TAG: name, "dagster/sensor_name": sensor_name}))
+    return [_landed(r) for r in records]
+
+
+def active_recoveries(instance: dg.DagsterInstance, runs: Sequence[LandedRun]) -> dict[str, str]:
+    """Failed run id -> the id of its recovery run that is queued or in progress."""
+    found = {}
+    for run in runs:
+        if run.status != dg.DagsterRunStatus.FAILURE.value:
+            continue
+        for record in instance.get_run_records(dg.RunsFilter(tags={FAILED_RUN_TAG: run.run_id})):
+            if record.dagster_run.status not in _FINISHED:
+                found[run.run_id] = record.dagster_run.run_id
+    return found
+
+
+def _landed(record: dg.RunRecord) -> LandedRun:
+    run = record.dagster_run
+    ended = None
+    if run.status in _FINISHED:
+        ended = record.end_time or record.update_timestamp.timestamp()
+    size, modified = _number(run.tags.get(SIZE_TAG)), _number(run.tags.get(MODIFIED_TAG))
+    return LandedRun(run.run_id, run.status.value, run.tags.get("dagster/run_key"), ended,
+                     int(size) if size is not None else None, modified)
+
+
+def _number(text: str | None) -> float | None:
+    """A number a tag holds (None for no tag, "None", or an earlier version's run without one)."""
+    try:
+        return float(text) if text not in (None, "None") else None
+    except ValueError:
+        return None
