@@ -13,7 +13,8 @@
       settings:                                  # our names or Flink's keys
         state.checkpoints.num-retained: 3
 
-It builds what `build_pipeline_defs` builds; `dg check defs` and `dg dev` load it.
+It builds what `build_pipeline_defs` builds, and is refused as it is when another pipeline of the
+process writes the same job directory; `dg check defs` and `dg dev` load it.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ Everything is scoped to the pipeline (see `sparkpoint.resources.scope`): asset k
 schedule and resources named `<name>_...`; its own concurrency pool. The resources carry the
 pipeline's own settings; the launchpad or `EnvVar`s override any field, and recovery and
 retention act on the resource config of the run they follow.
+
+Because each pipeline has its own pool, two pipelines that write one job directory (the same
+checkpoints location and job id) would run at once against it: the factory refuses the second
+pipeline built in one process for a job directory (`Definitions.merge` of the two, two
+components), naming both. Building the same pipeline again (a reload) is not refused.
 """
 
 from __future__ import annotations
@@ -22,12 +27,19 @@ from typing import Any
 import dagster as dg
 
 from sparkpoint.assets import build_assets, build_checks
+from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.ops import PipelineJobs, build_jobs
+from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.resources import resources_for
 from sparkpoint.resources.scope import ROLES, PipelineScope
 from sparkpoint.sensors import build_sensors
 from sparkpoint.sensors.landing import RETRY_SECONDS, SETTLE_SECONDS
+
+# (checkpoints URL, job id) -> the name of the pipeline whose definitions this process built for
+# it. For the process's life: how long definitions live says nothing (Dagster's own caches keep
+# some alive after the code location dropped them).
+_JOB_DIRS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ def pipeline_defs(
     if unknown:
         raise ValueError(f"resources: unknown role(s) {sorted(unknown)}; the roles are {', '.join(ROLES)}")
     by_role.update(resources or {})
+    claim_job_dir(pipeline, by_role["storage"])
     jobs = build_jobs(scope, schedule=schedule, schedule_status=schedule_status)
     return PipelineDefs(
         scope=scope, assets=build_assets(scope), checks=build_checks(scope), jobs=jobs,
@@ -83,6 +96,24 @@ def pipeline_defs(
                               settle_seconds=landing_settle_seconds, retry_seconds=landing_retry_seconds),
         resources=scope.keyed(by_role),
     )
+
+
+def claim_job_dir(pipeline: Pipeline, storage: Any) -> None:
+    """Refuse `pipeline` when this process built another pipeline's definitions for the job
+    directory its `storage` resource writes: each pipeline has its own pool, so their runs would
+    overlap on one directory. A location set through `EnvVar` is known only at launch and is not
+    checked. A notebook that renames a pipeline restarts its kernel to build it again."""
+    url, job_id = getattr(storage, "checkpoints_url", None), getattr(storage, "job_id", None)
+    if not all(isinstance(v, str) and not isinstance(v, dg.EnvVar) for v in (url, job_id)):
+        return
+    key = (storage_url(str(url)), str(job_id))
+    other = _JOB_DIRS.setdefault(key, pipeline.name)
+    if other != pipeline.name:
+        raise PipelineError(
+            f"pipelines {other!r} and {pipeline.name!r} both write job {job_id!r} under {key[0]}: each runs in "
+            "its own pool, so their runs would overlap on one job directory; give one of them another job_id "
+            "or checkpoints_url"
+        )
 
 
 def build_pipeline_defs(
@@ -112,6 +143,10 @@ def build_pipeline_defs(
     The input sensor offers a file once it has been unchanged for `landing_settle_seconds` (a
     file still being copied is not read), and a file that earlier runs did not consume again
     `landing_retry_seconds` after the last (doubling with each run), at once if it changed.
+
+    Raises:
+        PipelineError: another pipeline's definitions in this process write the same job
+            directory (checkpoints location and job id); the message names both.
     """
     return pipeline_defs(
         pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags, schedule=schedule,
