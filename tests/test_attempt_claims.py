@@ -182,7 +182,7 @@ def test_an_abort_leaves_an_attempt_its_completer_claimed(tmp_path: Path):
     completer, aborter, attempt = setup_job(tmp_path)
     from sparkpoint.pipeline.attempt import COMPLETE, claim
 
-    assert claim(completer.storage, attempt, COMPLETE)  # a completer is between its claim and its commit
+    assert claim(completer.storage, 2, attempt.attempt_id, COMPLETE)  # a completer is between its claim and its commit
     settlement = settle_attempts(aborter.storage, aborter.sink)
     assert settlement.left_to_completer == (2,) and settlement.aborted == ()
     assert all(aborter.storage.exists(f.path) for f in attempt.new_files()), "nothing of the attempt is deleted"

@@ -231,6 +231,12 @@ class CheckpointCoordinator:
             log.warning("checkpoint %s: the commit reported %r but our _metadata is in place", cid, error)
             return
         reason = "another writer committed the same checkpoint id" if committed else "the commit failed"
+        try:  # count what the winner's `_metadata` references: a completer of the same attempt shares our files
+            self._rebuild()
+        except Exception as e:  # cannot tell what is referenced: keep every file, the sweep decides later
+            self.pending.pop(cid, None)
+            log.error("checkpoint %s: %s, and the registry cannot be rebuilt (%s); deleting nothing", cid, reason, e)
+            raise error from None
         self.abort(cid, reason=reason)
         raise error
 
@@ -287,6 +293,10 @@ class CheckpointCoordinator:
         """Forget a pending checkpoint and delete what it uploaded, best effort."""
         pending = self.pending.pop(checkpoint_id, None)
         if pending is None:
+            return 0
+        if self.registry.deletion_blocked:  # some `_metadata` cannot be read: it may reference them
+            log.warning("abort of checkpoint %s deletes nothing while %s", checkpoint_id,
+                        "; ".join(self.registry.blocked_reasons))
             return 0
         doomed = {f.path for h in pending.acks.values() for f in h.new_files() if not self.registry.is_known(f.path)}
         log.info("aborting checkpoint %s (%s): deleting %d new files", checkpoint_id, reason, len(doomed))
@@ -395,9 +405,10 @@ class CheckpointCoordinator:
         """Apply retention now (e.g. after `num_retained` was lowered): (subsumed ids, files
         deleted, why deletion was blocked or None).
 
-        With `newest` (the checkpoint just committed), nothing is subsumed unless the files it
-        re-references are still there with their size: older checkpoints that do not need a
-        damaged file are never dropped in favour of one that does (one listing per directory)."""
+        With `newest` (the checkpoint just committed), nothing is subsumed unless every file it
+        lists, new and re-referenced, is there with its size: older checkpoints are never dropped
+        in favour of one that cannot be restored (a damaged reused file, or a new upload an orphan
+        sweep took while it committed). One listing per directory."""
         doomed = checkpoints_to_subsume(list(self._kinds.items()), self.num_retained)
         if doomed and newest is None:  # e.g. `prune` after num_retained was lowered: the same guard
             kept = sorted(set(self._kinds) - set(doomed))
@@ -407,10 +418,9 @@ class CheckpointCoordinator:
                 log.error("retention skipped: checkpoint %s cannot be read (%s)", kept[-1], e)
                 return [], 0, f"checkpoint {kept[-1]} cannot be read ({e})"
         if doomed and newest is not None:
-            reused = [f for f in newest.files() if f.created_by != newest.checkpoint_id]
-            problems = stored_size_problems(self.storage, reused)
+            problems = stored_size_problems(self.storage, list(newest.files()))
             if problems:
-                why = (f"checkpoint {newest.checkpoint_id} re-references damaged files ("
+                why = (f"checkpoint {newest.checkpoint_id} lists missing or damaged files ("
                        + "; ".join(str(p) for p in problems[:3]) + f"): checkpoints {doomed} are kept")
                 log.error("retention skipped: %s", why)
                 return [], 0, why

@@ -29,6 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir, is_plain_name, validate_relative
 
@@ -273,6 +274,7 @@ class CheckpointStorage:
         """Only "not found" means absent: fsspec's own `exists` says False on any error, and a
         `_metadata` that a timeout hid would drop a retained checkpoint from the registry's count."""
         path = self.abspath(rel)
+        storage_step("info", path)
         try:
             self._retrying(f"looking up {rel}", self.fs.info, path)
         except (FileNotFoundError, NotADirectoryError):
@@ -280,11 +282,14 @@ class CheckpointStorage:
         return True
 
     def read_bytes(self, rel: str) -> bytes:
-        return bytes(self._retrying(f"reading {rel}", self.fs.cat_file, self.abspath(rel)))
+        path = self.abspath(rel)
+        storage_step("read", path)
+        return bytes(self._retrying(f"reading {rel}", self.fs.cat_file, path))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         path = self.abspath(rel)
         self._makedirs([path])
+        storage_step("write", path)
         self._retrying(f"writing {rel}", self._write, path, data)
 
     def _write(self, path: str, data: bytes) -> None:
@@ -292,7 +297,9 @@ class CheckpointStorage:
             f.write(data)
 
     def info(self, rel: str) -> StoredFile:
-        info = self._retrying(f"looking up {rel}", self.fs.info, self.abspath(rel))
+        path = self.abspath(rel)
+        storage_step("info", path)
+        info = self._retrying(f"looking up {rel}", self.fs.info, path)
         return StoredFile(path=rel, size=int(info.get("size") or 0), modified=_modified(info))
 
     def commit_exclusive(self, rel: str, data: bytes) -> None:
@@ -305,6 +312,7 @@ class CheckpointStorage:
         """
         path = self.abspath(rel)
         self._makedirs([path])
+        storage_step("create", path)
         if self._local:
             self._commit_local(path, data)
             return
@@ -355,6 +363,7 @@ class CheckpointStorage:
 
         def one(item: tuple[str, str, str]) -> FileHandle:
             local, rel, target = item
+            storage_step("upload", target)
             if self._local:
                 size, crc = copy_with_crc32(local, target, fsync=True)
             else:
@@ -385,6 +394,7 @@ class CheckpointStorage:
 
         def one(item: tuple[str, str]) -> tuple[int, int]:
             source, local = item
+            storage_step("download", source)
             self._retrying(f"downloading {source}", self.fs.get_file, source, local)
             return size_and_crc32(local)
 
@@ -395,7 +405,12 @@ class CheckpointStorage:
         sources = [(self.abspath(rel), local) for rel, local in pairs]
         for _, local in sources:
             os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-        self.parallel(lambda p: self._retrying(f"downloading {p[0]}", self.fs.get_file, p[0], p[1]), sources)
+
+        def one(item: tuple[str, str]) -> None:
+            storage_step("download", item[0])
+            self._retrying(f"downloading {item[0]}", self.fs.get_file, item[0], item[1])
+
+        self.parallel(one, sources)
 
     def delete(self, rels: Iterable[str]) -> int:
         """Delete files in parallel; files already gone are fine. Returns how many were asked.
@@ -413,6 +428,7 @@ class CheckpointStorage:
             return len(paths)
 
         def rm(path: str) -> None:
+            storage_step("delete", path)
             try:
                 self._retrying(f"deleting {path}", self.fs.rm_file, path)
             except FileNotFoundError:  # gone already (or by an earlier try whose response was lost)
@@ -423,7 +439,7 @@ class CheckpointStorage:
 
     def parallel(self, fn: Any, items: Sequence[Any], *, workers: int | None = None) -> list[Any]:
         """`fn` over `items` on this storage's worker threads (at most `workers`), results in order."""
-        if len(items) <= 1 or workers == 1:
+        if len(items) <= 1 or min(workers or self.max_workers, self.max_workers) == 1:
             return [fn(item) for item in items]
         with ThreadPoolExecutor(max_workers=min(workers or self.max_workers, self.max_workers, len(items))) as pool:
             return list(pool.map(fn, items))
@@ -446,6 +462,7 @@ class CheckpointStorage:
     def checkpoint_dirs(self) -> list[int]:
         """Ids of every `chk-N` directory, with or without `_metadata`, ascending."""
         self.fs.invalidate_cache(self.root)  # another writer may have committed since we last looked
+        storage_step("list", f"{self.root}/chk-*")
         try:
             entries = self._retrying("listing the checkpoints", self.fs.ls, self.root, False)
         except FileNotFoundError:
@@ -472,6 +489,7 @@ class CheckpointStorage:
     def walk(self, top: str) -> list[StoredFile]:
         """Every file below `top` (relative), with size and modification time; links are listed
         as links (`symlink=True`), never entered. Names that are no safe relative path are skipped."""
+        storage_step("walk", f"{self.root}/{top}")
         if self._local:
             return self._walk_local(top)
         base = self.abspath(top)
@@ -532,6 +550,7 @@ class CheckpointStorage:
         """Local filesystems keep empty directories after deletes; object stores have none."""
         if not self._local:
             return
+        storage_step("rmdir", f"{self.root}/{top}")
         removed: set[str] = set()
         for dirpath, dirnames, filenames in os.walk(self.abspath(top), topdown=False):
             if filenames or any(os.path.join(dirpath, d) not in removed for d in dirnames):
@@ -607,6 +626,7 @@ def _modified(info: dict[str, Any]) -> float:
 
 def _unlink_all(paths: list[str]) -> None:
     for path in paths:
+        storage_step("delete", path)
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -20,7 +20,7 @@ from typing import Any
 
 import dagster as dg
 
-from sparkpoint.assets import registry_matches, verifies
+from sparkpoint.assets import registry_matches, run_lineage, verifies
 from sparkpoint.assets.metadata import checkpoint_metadata, location, plain, sstable_metadata
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
@@ -66,8 +66,11 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         failed = context.instance.get_run_record_by_id(failed_id) if failed_id else None
         if failed is not None:  # the link back: the failed run names the run that heals it
             context.instance.add_run_tags(failed_id, {RECOVERED_BY_TAG: context.run_id})
+        # The failed run's attempts (its own id and those of the runs it re-executed) are fenced
+        # before the sweep that takes what it uploaded: a zombie of it can never commit then.
         report = maintenance.recover(
             driver, failed_before=failed.end_time if failed and failed.end_time else None,
+            failed_attempts=tuple(run_lineage(failed.dagster_run)) if failed else (),
             orphan_grace_seconds=resources.registry.orphan_grace_seconds,
         )
         context.log.info(f"recovery of run {failed_id or '?'}: {report.summary()}")

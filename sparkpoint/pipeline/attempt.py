@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import (
+    CheckpointAlreadyExists,
     CheckpointCorrupted,
     CheckpointDeclined,
     DeletionBlocked,
@@ -53,6 +54,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, Subta
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.claims import ABORT, COMPLETE, PENDING_DIR, claim, claim_holder, claim_path, read_claim
 from sparkpoint.pipeline.runtime import BatchReport, PipelineError, _Start
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
@@ -66,9 +68,7 @@ log = logging.getLogger(__name__)
 
 ATTEMPT_FORMAT = "sparkpoint-pending-attempt"
 ATTEMPT_VERSION = 1
-PENDING_DIR = "_pending"
 UNREADABLE_DIR = f"{PENDING_DIR}/unreadable"  # attempt records set aside by `recover`
-COMPLETE, ABORT = "complete", "abort"  # the two sides that may claim an attempt
 
 
 class AttemptError(SparkpointError):
@@ -77,6 +77,10 @@ class AttemptError(SparkpointError):
 
 class AttemptAborted(CheckpointDeclined):
     """Recovery claimed the attempt first: it will never complete; its batch is processed again."""
+
+
+class AttemptInProgress(AttemptError):
+    """Another step holds the attempt's claim and may be committing it right now."""
 
 
 class AttemptIdReused(PipelineError):
@@ -211,44 +215,6 @@ def attempt_path(checkpoint_id: int, attempt_id: str) -> str:
     return f"{PENDING_DIR}/chk-{checkpoint_id}-{attempt_id}.json"
 
 
-def claim_path(checkpoint_id: int, attempt_id: str) -> str:
-    return f"{PENDING_DIR}/chk-{checkpoint_id}-{attempt_id}.claim"
-
-
-def claim(storage: CheckpointStorage, attempt: PendingAttempt, side: str) -> bool:
-    """Claim `attempt` for `side` (COMPLETE or ABORT) by exclusive create: True when this caller
-    may act.
-
-    Exactly one completer may act (two completers of one attempt would race for the same
-    `_metadata`, and the loser's abort would delete the winner's uploads); aborts are idempotent,
-    so every aborter may act once an abort holds the claim. A claim that cannot be read is taken
-    for the other side's: acting on a guess could delete what a completer commits.
-    """
-    path = claim_path(attempt.checkpoint_id, attempt.attempt_id)
-    record = json.dumps({"side": side, "at": time.time(), "by": uuid.uuid4().hex}).encode()
-    try:
-        storage.commit_exclusive(path, record)
-        return True
-    except FileExistsError:
-        pass
-    try:
-        held = storage.read_bytes(path)
-        holder = json.loads(held).get("side")
-    except Exception as e:
-        log.warning("claim %s/%s cannot be read (%s): taking it for the other side's", storage.job_url, path, e)
-        return False
-    return held == record or (side == ABORT and holder == ABORT)  # == record: our own write, its response lost
-
-
-def claim_holder(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str) -> str | None:
-    """Which side holds the attempt's claim (None: no claim, or an unreadable one)."""
-    try:
-        side = json.loads(storage.read_bytes(claim_path(checkpoint_id, attempt_id))).get("side")
-    except Exception:
-        return None
-    return side if side in (COMPLETE, ABORT) else None
-
-
 # --- the two halves ---------------------------------------------------------------------------
 
 
@@ -320,11 +286,10 @@ def complete_attempt(
     if attempt.job_id != pipeline.config.job_id:
         raise AttemptError(f"attempt {attempt.path} belongs to job {attempt.job_id!r}, not {pipeline.config.job_id!r}")
     storage = pipeline.storage
-    if persisted and not claim(storage, attempt, COMPLETE):
-        raise AttemptAborted(
-            f"checkpoint {cid} of attempt {attempt.attempt_id} was aborted by recovery (or is being completed by "
-            f"another step): nothing was committed; recovery processes batch {list(attempt.files)} again"
-        )
+    if persisted and not claim(storage, cid, attempt.attempt_id, COMPLETE):
+        committed = _take_over(pipeline, attempt)
+        if committed is not None:
+            return committed
     if coordinator is None:
         _, coordinator = pipeline._begin()
         coordinator.trigger(expected=attempt.expected, checkpoint_id=cid)
@@ -337,28 +302,76 @@ def complete_attempt(
                                                               "sink": list(attempt.staged)})
     except (InjectedFailure, KeyboardInterrupt):
         raise  # as a crash would leave it: recovery, the next start and the sweep settle it
+    except CheckpointAlreadyExists:
+        if persisted and _committed_by(storage, attempt):  # another completer of this attempt won: done
+            return _finish_committed(pipeline, attempt)
+        _after_failure(storage, attempt, persisted)
+        raise
     except BaseException as e:
         coordinator.abort(cid, reason=f"batch {list(attempt.files)} failed to complete: {type(e).__name__}")
-        try:  # handles not acknowledged before the failure: the coordinator never saw their uploads
-            _delete_unreferenced(storage, attempt)
-        except Exception as cleanup:  # best effort: the orphan sweep gets what is left
-            log.warning("checkpoint %s: could not delete every upload of the attempt: %s", cid, cleanup)
-        if persisted:
-            _release_claim(storage, attempt)
+        _after_failure(storage, attempt, persisted)
         raise
     crash_point("after-metadata-before-sink-commit")
     if pipeline.sink:
         pipeline.sink.commit(cid, list(attempt.staged))
     if persisted:
         _forget(storage, attempt)
-    meta = completed.metadata
-    report = BatchReport(
-        checkpoint_id=cid, files=attempt.files, rows=attempt.rows,
+    return _report(attempt, completed.metadata, completed.files_deleted), completed.metadata
+
+
+def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: int) -> BatchReport:
+    return BatchReport(
+        checkpoint_id=meta.checkpoint_id, files=attempt.files, rows=attempt.rows,
         state_size=meta.stats.state_size, checkpointed_size=meta.stats.checkpointed_size,
-        files_new=completed.files_new, files_reused=completed.files_reused, files_deleted=completed.files_deleted,
+        files_new=meta.stats.files_new, files_reused=meta.stats.files_reused, files_deleted=files_deleted,
         seconds=time.time() - attempt.started_at, restored=tuple(s.restore for s in attempt.subtasks),
     )
-    return report, meta
+
+
+def _finish_committed(pipeline: PipelineCore, attempt: PendingAttempt) -> tuple[BatchReport, CheckpointMetadata]:
+    """Checkpoint N is committed with this attempt's files (by a completer that died before its
+    sink commit, or by another completer of the same attempt): make its output visible (safe to
+    repeat) and forget the attempt."""
+    meta = CompletedCheckpointStore(pipeline.storage).load(attempt.checkpoint_id)
+    if pipeline.sink:
+        pipeline.sink.commit(attempt.checkpoint_id, list(attempt.staged))
+    _forget(pipeline.storage, attempt)
+    log.warning("checkpoint %s of attempt %s was committed by an earlier try; its output is committed now",
+                attempt.checkpoint_id, attempt.attempt_id)
+    return _report(attempt, meta, 0), meta
+
+
+def _take_over(pipeline: PipelineCore, attempt: PendingAttempt) -> tuple[BatchReport, CheckpointMetadata] | None:
+    """This completer lost the attempt's claim: raise what happened, or go on when the claim is a
+    completer's that is known dead (a retry after a kill -9 or an OOM between its claim and its
+    commit). Returns the checkpoint when that completer had committed it already."""
+    storage, cid = pipeline.storage, attempt.checkpoint_id
+    held = read_claim(storage, cid, attempt.attempt_id)
+    batch = list(attempt.files)
+    if held is not None and held.side == ABORT:
+        raise AttemptAborted(
+            f"checkpoint {cid} of attempt {attempt.attempt_id} was aborted by {held.reason or 'recovery'} "
+            f"({held.describe()}): nothing was "
+            f"committed, and this attempt never will be; recovery processes batch {batch} again"
+        )
+    if _committed_by(storage, attempt):
+        return _finish_committed(pipeline, attempt)
+    if held is None:
+        raise AttemptInProgress(
+            f"checkpoint {cid} of attempt {attempt.attempt_id}: its claim {claim_path(cid, attempt.attempt_id)} "
+            "cannot be read, so this step cannot tell who holds it and commits nothing. Run the recover job: "
+            f"once a newer checkpoint took its place it settles the attempt and processes batch {batch} again"
+        )
+    if not held.holder_is_gone():
+        raise AttemptInProgress(
+            f"checkpoint {cid} of attempt {attempt.attempt_id} is being completed by {held.describe()}; this step "
+            "leaves it to that process and commits nothing. If that process is gone (it cannot be checked from "
+            f"another host), run the recover job: it processes batch {batch} again as a newer checkpoint and "
+            "settles this attempt"
+        )
+    log.warning("checkpoint %s of attempt %s: its completer (%s) is gone; this step completes it",
+                cid, attempt.attempt_id, held.describe())
+    return None
 
 
 @dataclass(frozen=True)
@@ -379,23 +392,32 @@ def abort_attempt(
     committed, otherwise claim it for the abort and delete its uploads (those no retained
     checkpoint references), its sink staging and its record. Safe to repeat, and safe against a
     completer of the same attempt running at the same time in another process (see the module
-    docstring): one that claimed first is left alone, as long as no checkpoint at or above N
-    completed (then it can never commit N, whatever it does)."""
+    docstring).
+
+    An abort that lost the claim to a completer touches nothing of the attempt (its `_metadata`
+    may land at any moment, and its sink commit needs the staged files) until a checkpoint at or
+    above N exists that is *not* this attempt's: then the completer can never commit N. That is
+    decided after the listing that found such a checkpoint, from chk-N itself: a listing that
+    shows chk-N may show the completer's own commit (rule 9)."""
     cid = attempt.checkpoint_id
     completed = AbortOutcome(cid, attempt.attempt_id, 0, completed=True, left_to_completer=False)
     if _committed_by(storage, attempt):
         _forget(storage, attempt)  # the sink commit is `_begin`'s if its completer died before it
         return completed
-    if not claim(storage, attempt, ABORT):
-        if _committed_by(storage, attempt):  # its completer committed since we looked
-            _forget(storage, attempt)
-            return completed
-        if not _taken_by_another(storage, cid):
+    if not claim(storage, cid, attempt.attempt_id, ABORT, reason="recovery"):
+        if not _overtaken(storage, attempt):
+            if _committed_by(storage, attempt):  # its completer committed since we looked
+                _forget(storage, attempt)
+                return completed
             log.warning("checkpoint %s (attempt %s) is claimed by its completer: recovery leaves its uploads to it "
                         "(or to the orphan sweep)", cid, attempt.attempt_id)
             return AbortOutcome(cid, attempt.attempt_id, 0, completed=False, left_to_completer=True)
         # chk-N is another writer's, or a newer checkpoint completed: its completer can never
         # commit (the exclusive create fails, or the commit is withdrawn before any sink commit).
+    elif _committed_by(storage, attempt):
+        # Our claim came after its completer committed and forgot its own claim: nothing to undo.
+        _forget(storage, attempt)
+        return completed
     deleted = _delete_unreferenced(storage, attempt)
     if sink is not None:
         sink.discard_staged(cid, list(attempt.staged))
@@ -405,17 +427,27 @@ def abort_attempt(
     return AbortOutcome(cid, attempt.attempt_id, deleted, completed=False, left_to_completer=False)
 
 
-def _taken_by_another(storage: CheckpointStorage, checkpoint_id: int) -> bool:
-    """Checkpoint N is committed by another writer, or a newer one completed (call it once
-    `_committed_by` said chk-N is not this attempt's)."""
-    return max(storage.completed_checkpoint_ids(), default=0) >= checkpoint_id
+def _overtaken(storage: CheckpointStorage, attempt: PendingAttempt) -> bool:
+    """A checkpoint at or above N exists and chk-N is not this attempt's: its completer can never
+    commit N any more. chk-N is read *after* the listing, so a completer's `_metadata` that lands
+    while we list is seen as its own, never taken for another writer's."""
+    if max(storage.completed_checkpoint_ids(), default=0) < attempt.checkpoint_id:
+        return False
+    return not _committed_by(storage, attempt)
 
 
 def _committed_by(storage: CheckpointStorage, attempt: PendingAttempt) -> bool:
-    """Whether chk-N/_metadata exists and holds this attempt's uploads (not another writer's N)."""
+    """Whether chk-N/_metadata exists and holds this attempt's uploads (not another writer's N).
+
+    A read that fails for another reason than "not found" (a timeout, a 503) raises: taken for
+    "not ours", it would let an abort discard the staged output of a checkpoint that committed."""
     try:
-        meta = CheckpointMetadata.loads(storage.read_bytes(metadata_path(attempt.checkpoint_id)))
-    except Exception:  # missing, or unreadable (deletion is then blocked anyway): not ours
+        data = storage.read_bytes(metadata_path(attempt.checkpoint_id))
+    except FileNotFoundError:
+        return False
+    try:
+        meta = CheckpointMetadata.loads(data)
+    except Exception:  # a damaged `_metadata`: deletion is blocked by the registry until someone looks
         return False
     offsets = {"source": attempt.source_offsets, "sink": list(attempt.staged)}
     return meta.source_offsets == offsets and {f.path for f in attempt.new_files()} <= meta.paths()
@@ -521,6 +553,18 @@ def forget_tombstones(storage: CheckpointStorage) -> int:
 def _forget(storage: CheckpointStorage, attempt: PendingAttempt) -> None:
     storage.delete([attempt.path, claim_path(attempt.checkpoint_id, attempt.attempt_id)])
     storage.remove_empty_dirs(PENDING_DIR)
+
+
+def _after_failure(storage: CheckpointStorage, attempt: PendingAttempt, persisted: bool) -> None:
+    """A completion that failed before committing: delete the uploads no checkpoint references
+    and give the claim up."""
+    try:  # handles not acknowledged before the failure: the coordinator never saw their uploads
+        _delete_unreferenced(storage, attempt)
+    except Exception as cleanup:  # best effort: the orphan sweep gets what is left
+        log.warning("checkpoint %s: could not delete every upload of the attempt: %s", attempt.checkpoint_id,
+                    cleanup)
+    if persisted:
+        _release_claim(storage, attempt)
 
 
 def _release_claim(storage: CheckpointStorage, attempt: PendingAttempt) -> None:

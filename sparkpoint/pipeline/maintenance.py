@@ -28,6 +28,7 @@ from sparkpoint.pipeline.attempt import (
     set_aside_unreadable,
     spark_half_with_fallback,
 )
+from sparkpoint.pipeline.claims import fence
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.state.verify import verify_checkpoint
@@ -210,8 +211,32 @@ def settle_attempts(
     return AttemptSettlement(outcomes, moved)
 
 
+def clear_failed_attempts(
+    storage: CheckpointStorage, sink: ExactlyOnceParquetSink | None, *, failed_before: float | None = None,
+    failed_attempts: tuple[str, ...] = (), orphan_grace_seconds: float = 3600.0,
+) -> tuple[AttemptSettlement, SweepReport]:
+    """Recovery's first half, on storage alone: fence the failed run's attempts, settle every
+    persisted attempt and sweep orphans (steps 1 and 2 of `recover`).
+
+    The fence comes first and the listings after it: an attempt of the failed run that a zombie
+    of it persists later can then never commit (its claim is taken), so the sweep may take its
+    uploads; one whose completer claimed before the fence was persisted before that claim, so the
+    listing finds it and its uploads stay (DESIGN rule 9: exclusion on storage, not a listing)."""
+    if failed_attempts:
+        fenced = fence(storage, failed_attempts, reason="recovery, which fenced the failed run before its orphan sweep")
+        log.info("fenced the failed run's attempts before the sweep: %s", fenced)
+    settled = settle_attempts(storage, sink)
+    keep = pending_paths(storage)
+    if failed_before is not None:
+        sweep = sweep_orphans(storage, grace_seconds=0.0, now=failed_before, pending_paths=keep)
+    else:
+        sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=keep)
+    return settled, sweep
+
+
 def recover(
-    pipeline: PipelineCore, *, failed_before: float | None = None, orphan_grace_seconds: float = 3600.0
+    pipeline: PipelineCore, *, failed_before: float | None = None, failed_attempts: tuple[str, ...] = (),
+    orphan_grace_seconds: float = 3600.0,
 ) -> RecoveryReport:
     """Heal the job after a failed batch, then process that batch again.
 
@@ -223,6 +248,8 @@ def recover(
        unreferenced file written before then, and nothing written after it: those may be a
        live writer's pending uploads (a CLI run on the same job), which a sweep must never take.
        Without it, files older than `orphan_grace_seconds`. Uploads of pending attempts stay.
+       `failed_attempts` (the failed run's attempt ids) are fenced before anything is listed,
+       so a zombie of the failed run can never commit over what the sweep took.
     3. Rebuild the registry from the retained `_metadata`.
     4. Verify the latest checkpoint; if it fails, fall back to the next older that verifies,
        loudly (its later sink output is rolled back and its batches replayed).
@@ -231,12 +258,10 @@ def recover(
     6. Re-process the next unconsumed batch (the failed one): a newer checkpoint completes.
     """
     storage = pipeline.storage
-    settled = settle_attempts(storage, pipeline.sink)
-    keep = pending_paths(storage)
-    if failed_before is not None:
-        sweep: SweepReport = sweep_orphans(storage, grace_seconds=0.0, now=failed_before, pending_paths=keep)
-    else:
-        sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=keep)
+    settled, sweep = clear_failed_attempts(
+        storage, pipeline.sink, failed_before=failed_before, failed_attempts=failed_attempts,
+        orphan_grace_seconds=orphan_grace_seconds,
+    )
     counts = registry_counts(storage)
     start, coordinator = pipeline._begin()
     fell_back: list[int] = []

@@ -25,6 +25,7 @@ import pandas as pd
 from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.storage import move_file, storage_url
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,11 @@ _STAGED = re.compile(r"^chk-(\d+)/([A-Za-z0-9_.-]+-\d{5})-[0-9a-f]{12}\.parquet$
 
 class SinkError(SparkpointError):
     """The output location cannot be written as asked."""
+
+
+class SinkOutputLost(SinkError):
+    """A committed checkpoint's output file is gone: neither its staged copy nor its visible file
+    exists, so the rows the checkpoint says it wrote are lost."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class ExactlyOnceParquetSink:
         rel = f"chk-{checkpoint_id}/{operator}-{subtask:05d}-{uuid.uuid4().hex[:12]}.parquet"
         path = f"{root}/{self._staging}/{rel}"
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        storage_step("write", path)
         frame = rows.assign(checkpoint_id=pd.Series([checkpoint_id] * len(rows), dtype="int64", index=rows.index))
         with fs.open(path, "wb") as f:
             frame.to_parquet(f, index=False)
@@ -79,17 +86,35 @@ class ExactlyOnceParquetSink:
     # --- on the driver ---------------------------------------------------------------------------
 
     def commit(self, checkpoint_id: int, staged: list[str]) -> int:
-        """Make checkpoint N's staged rows visible; safe to repeat. Returns files moved now."""
+        """Make checkpoint N's staged rows visible; safe to repeat, and safe while another process
+        commits the same checkpoint (a start settling the latest checkpoint beside its late
+        completer). Returns files moved now.
+
+        Raises SinkOutputLost when a file is neither staged nor visible: checkpoint N is committed
+        and says it wrote those rows, so their loss is an error, never a warning."""
         fs, root = self._fs()
         moved = 0
         for rel in staged:
             operator, subtask = _staged_of(rel, checkpoint_id)
+            source = f"{root}/{self._staging}/{rel}"
             target = f"{root}/{part_name(self.job_id, checkpoint_id, operator, int(subtask))}"
-            if fs.exists(f"{root}/{self._staging}/{rel}"):
-                move_file(fs, f"{root}/{self._staging}/{rel}", target)
+            storage_step("move", f"{source} -> {target}")
+            try:
+                move_file(fs, source, target)
                 moved += 1
-            elif not fs.exists(target):  # rolled back after a fallback, or removed by hand
-                log.warning("checkpoint %s: neither %s nor its staged file exists", checkpoint_id, target)
+                continue
+            except FileNotFoundError:  # moved before (a repeat), or by another process just now
+                pass
+            storage_step("info", target)
+            fs.invalidate_cache(posixpath.dirname(target))
+            if not fs.exists(target):
+                raise SinkOutputLost(
+                    f"checkpoint {checkpoint_id} is committed with output {target}, but neither that file nor its "
+                    f"staged copy {source} exists: rows it wrote are lost. Put the file back from a backup, or "
+                    f"delete chk-{checkpoint_id}/_metadata by hand so that its batch is processed again from the "
+                    "checkpoint before it"
+                )
+        storage_step("delete", f"{root}/{self._staging}/chk-{checkpoint_id}")
         self._remove(fs, f"{root}/{self._staging}/chk-{checkpoint_id}")
         return moved
 
@@ -100,6 +125,7 @@ class ExactlyOnceParquetSink:
         for rel in staged:
             _staged_of(rel, checkpoint_id)
         for rel in staged:
+            storage_step("delete", f"{root}/{self._staging}/{rel}")
             try:
                 fs.rm_file(f"{root}/{self._staging}/{rel}")
             except FileNotFoundError:
@@ -108,6 +134,7 @@ class ExactlyOnceParquetSink:
     def committed(self) -> dict[int, list[str]]:
         """This job's visible part files by checkpoint id."""
         fs, root = self._fs()
+        storage_step("list", f"{root}/part-*")
         if not fs.exists(root):
             return {}
         out: dict[int, list[str]] = {}
@@ -129,6 +156,7 @@ class ExactlyOnceParquetSink:
         dropped = sorted(cid for cid in set(checkpoint_ids) if cid in committed)
         for cid in dropped:
             for path in committed[cid]:
+                storage_step("delete", path)
                 fs.rm_file(path)
         return dropped
 
@@ -136,11 +164,13 @@ class ExactlyOnceParquetSink:
         """Delete staging of checkpoints up to `up_to` that never completed. Newer ones may be
         a live writer's (a zombie racing for the next id): they are invisible and left alone."""
         fs, root = self._fs()
+        storage_step("list", f"{root}/{self._staging}/chk-*")
         if not fs.exists(f"{root}/{self._staging}"):
             return
         for path in fs.ls(f"{root}/{self._staging}", detail=False):
             name = posixpath.basename(path.rstrip("/"))
             if name.startswith("chk-") and name[4:].isdigit() and int(name[4:]) <= up_to:
+                storage_step("delete", path.rstrip("/"))
                 self._remove(fs, path)
 
     @staticmethod

@@ -1,0 +1,37 @@
+"""The one seam every storage operation of the protocol passes: where a test scheduler may pause
+the actor that makes it.
+
+Checkpoint storage (`CheckpointStorage`: exclusive create, read, write, list, delete, upload,
+download) and the exactly-once sink (stage, move, list, delete) call `storage_step(op, path)`
+before each operation on one file or one listing. Nothing happens unless a test installed a hook
+with `set_step_hook`: then the hook runs in the thread that makes the operation and may block it
+until a scheduler lets that actor go on. `tests/interleavings.py` drives the protocol's actors
+(completer, recoverer, zombie, retried step, sweep, retention) through every interleaving of
+these steps that its bound allows and checks the protocol's invariants after each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+StepHook = Callable[[str, str], None]
+
+_hook: StepHook | None = None
+
+
+def storage_step(op: str, path: str) -> None:
+    """Called before one storage operation on `path`; a no-op unless a hook is installed.
+
+    `op` is one of create (exclusive), write, read, info, delete, upload, download, rmdir, move
+    (`path` is then "source -> target"), walk (every file below `path`) and list (the entries of
+    one directory: `path` ends with the pattern of the names the caller looks at, e.g. `chk-*`)."""
+    hook = _hook
+    if hook is not None:
+        hook(op, path)
+
+
+def set_step_hook(hook: StepHook | None) -> StepHook | None:
+    """Install `hook` (None removes it); returns the one it replaces."""
+    global _hook
+    previous, _hook = _hook, hook
+    return previous

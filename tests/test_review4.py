@@ -1,0 +1,208 @@
+"""The fourth review's protocol defects, each as the story that reproduced it: a recovery's abort
+beside a completer that commits (N1), a recovery's sweep beside a zombie of the failed run (N2),
+a retry of a completing step whose first try died after its claim (N4), and what makes those
+safe underneath (a sink commit that finds nothing is an error, retention that never subsumes for
+a checkpoint with missing files, two completers of one attempt).
+
+The stories run real code (`complete_attempt`, `settle_attempts`, `clear_failed_attempts`,
+`finish_step`) as actors of the interleaving checker (`tests/interleavings.py`), with the one
+schedule each defect needs; the checker's own tests explore all of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.attempt import (
+    AttemptAborted,
+    AttemptInProgress,
+    complete_attempt,
+    finish_step,
+    load_attempt,
+)
+from sparkpoint.pipeline.claims import ABORT, COMPLETE, Claim, claim_path
+from sparkpoint.pipeline.maintenance import settle_attempts
+from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkOutputLost
+from sparkpoint.state.verify import verify_checkpoint
+from tests.helpers import FakeSubtask
+from tests.interleavings import (
+    SCENARIOS,
+    Checker,
+    Run,
+    _first_checkpoint,
+    _persisted,
+    canary,
+    dead_holder_claim,
+    expected,
+    land,
+    legs,
+    visible_output,
+)
+
+
+@pytest.fixture(scope="module")
+def checkers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checker]:
+    root = tmp_path_factory.mktemp("stories")
+    names = ("claimed-completer-vs-recovery-abort", "uploaded-zombie-vs-recovery-sweep")
+    return {name: Checker(SCENARIOS[name], root / name) for name in names}
+
+
+def test_an_abort_that_lost_the_claim_keeps_the_output_its_completer_commits(checkers: dict[str, Checker]):
+    """N1: recovery's abort finds the claim taken and chk-2 absent; the completer's `_metadata`
+    lands before the abort lists the checkpoints. The abort took that listing for another
+    writer's chk-2 and discarded the staged output the completer was about to commit (rule 9)."""
+    outcome = checkers["claimed-completer-vs-recovery-abort"].run(legs(
+        ("recoverer", "list", 2),  # stop after looking at chk-2 (absent), before listing the checkpoints
+        ("completer", "move"),  # `_metadata` committed, its sink commit not yet made
+        ("recoverer", None),
+        ("completer", None),
+    ))
+    assert outcome.errors == {}, outcome.errors
+    assert outcome.violations == []
+
+
+def test_recovery_fences_a_zombie_of_the_failed_run_before_its_sweep(checkers: dict[str, Checker]):
+    """N2: the failed run's zombie persists its attempt after recovery listed the attempts and
+    checks its uploads before the sweep deletes them; it then committed over deleted files and,
+    with num_retained=1, subsumed the only good checkpoint. Now recovery fences the failed run's
+    attempt first: the zombie's claim fails and it commits nothing."""
+    outcome = checkers["uploaded-zombie-vs-recovery-sweep"].run(legs(
+        ("recoverer", "delete"),  # attempts listed, orphans found, nothing deleted yet
+        ("zombie", "create chk-2/_metadata"),  # persisted, claimed, uploads checked
+        ("recoverer", None),
+        ("zombie", None),
+    ))
+    assert outcome.violations == []
+    assert "AttemptAborted" in outcome.errors.get("zombie", ""), outcome.errors
+    assert "fenced the failed run" in outcome.errors["zombie"]
+
+
+# --- what makes those safe underneath --------------------------------------------------------------
+
+
+def test_a_sink_commit_that_finds_neither_its_staged_nor_its_part_file_is_an_error(tmp_path: Path):
+    sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
+    staged = sink.stage(3, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
+    assert staged is not None
+    assert sink.commit(3, [staged]) == 1
+    assert sink.commit(3, [staged]) == 0, "a repeat (or another process settling the same checkpoint) is fine"
+    for path in sink.committed()[3]:
+        os.unlink(path)
+    with pytest.raises(SinkOutputLost, match="checkpoint 3 is committed with output .* rows it wrote are lost"):
+        sink.commit(3, [staged])
+
+
+def test_retention_never_subsumes_for_a_checkpoint_whose_new_upload_is_gone(tmp_path: Path):
+    """N2's second half: a commit over files a sweep took must not drop the last good checkpoint."""
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    coordinator = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("a")
+    first = coordinator.trigger(expected={"op": 1}).checkpoint_id
+    coordinator.acknowledge(first, sub.snapshot(first, ["a"]))
+    coordinator.complete(first)
+    sub.confirm(first)
+    sub.write("b")
+    second = coordinator.trigger(expected={"op": 1}).checkpoint_id
+    handle = sub.snapshot(second, ["a", "b"])
+    coordinator.acknowledge(second, handle)
+    storage.delete([handle.new_files()[0].path])  # an orphan sweep took it while the checkpoint committed
+    done = coordinator.complete(second)
+    assert done.subsumed == () and done.deletion_blocked and "missing" in done.deletion_blocked
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [2, 1], "chk-1 still restores"
+    assert verify_checkpoint(storage, CompletedCheckpointStore(storage).load(1)) == []
+
+
+def world(tmp_path: Path) -> Run:
+    run = Run(tmp_path, f"memory://review4-{tmp_path.name}")
+    land(run, 3)
+    canary(run)
+    _first_checkpoint(run)
+    _persisted(run, "run-a")
+    return run
+
+
+def assert_exact(run: Run) -> None:
+    """After the rest of the input: output once per batch, state as recomputed."""
+    run.pipeline("after").run()
+    want_rows, want_totals = expected(run)
+    assert visible_output(run) == want_rows
+    from sparkpoint.state.extract import state_table
+    from tests.interleavings import BALANCES
+
+    _, state = state_table(run.storage(), BALANCES)
+    assert dict(zip(state["acct"], state["balance"].astype(int))) == want_totals
+
+
+def test_two_completers_of_one_attempt_commit_it_once_and_keep_its_files(tmp_path: Path):
+    """A retry that takes over beside a completer still alive: the exclusive create lets one
+    commit; the other must not delete the files the winner's `_metadata` references."""
+    run = world(tmp_path)
+    first, second = run.pipeline("first"), run.pipeline("second")
+    attempt = load_attempt(first.storage, "run-a")
+    assert attempt is not None
+    complete_attempt(first, attempt)
+    with pytest.raises(CheckpointAlreadyExists):
+        complete_attempt(second, attempt)  # the CLI's path: not persisted, no claim
+    meta = CompletedCheckpointStore(run.storage()).load(2)
+    assert verify_checkpoint(run.storage(), meta) == [], "the loser deleted the winner's files"
+    assert_exact(run)
+
+
+def test_a_retry_completes_an_attempt_whose_completer_died_after_its_claim(tmp_path: Path):
+    """N4: the completer was killed between its claim and `_metadata` (kill -9, OOM). Every retry
+    was refused with "aborted by recovery", though no recovery ran."""
+    run = world(tmp_path)
+    dead_holder_claim(run.storage(), 2, "run-a")
+    done = finish_step(run.pipeline("retry"), ["run-a"])
+    assert done is not None and done[1].checkpoint_id == 2
+    assert not run.storage().exists(claim_path(2, "run-a")), "the attempt is settled"
+    assert_exact(run)
+
+
+def test_a_retry_commits_the_output_of_an_attempt_its_dead_completer_had_committed(tmp_path: Path):
+    run = world(tmp_path)
+    first = run.pipeline("first")
+    attempt = load_attempt(first.storage, "run-a")
+    assert attempt is not None
+    first.sink = None  # killed after `_metadata`, before its sink commit
+    complete_attempt(first, attempt)
+    dead_holder_claim(run.storage(), 2, "run-a")
+    done = finish_step(run.pipeline("retry"), ["run-a"])
+    assert done is not None and done[1].checkpoint_id == 2
+    assert 2 in run.pipeline("retry").sink.committed()  # type: ignore[union-attr]
+    assert_exact(run)
+
+
+def test_a_retry_leaves_an_attempt_to_a_live_completer_and_says_who_holds_it(tmp_path: Path):
+    run = world(tmp_path)
+    live = Claim(COMPLETE, time.time(), "live", socket.gethostname(), os.getppid(), None)
+    run.storage().commit_exclusive(claim_path(2, "run-a"), live.dumps())
+    with pytest.raises(AttemptInProgress, match=rf"being completed by process {os.getppid()} on .*recover job"):
+        finish_step(run.pipeline("retry"), ["run-a"])
+    assert not run.storage().exists("chk-2/_metadata")
+    attempt = load_attempt(run.storage(), "run-a")
+    assert attempt is not None and all(run.storage().exists(f.path) for f in attempt.new_files())
+
+
+def test_a_completer_told_it_was_aborted_hears_by_whom(tmp_path: Path):
+    run = world(tmp_path)
+    late = run.pipeline("late")
+    attempt = load_attempt(late.storage, "run-a")  # a completer that read its attempt, then stalled
+    assert attempt is not None
+    recoverer = run.pipeline("recoverer")
+    assert settle_attempts(recoverer.storage, recoverer.sink).aborted == (2,)
+    held = json.loads(run.storage().read_bytes(claim_path(2, "run-a")))
+    assert held["side"] == ABORT and held["host"] == socket.gethostname() and held["pid"] == os.getpid()
+    with pytest.raises(AttemptAborted, match=r"aborted by recovery \(process \d+ on .* UTC\): nothing was committed"):
+        complete_attempt(late, attempt, persisted=True)
