@@ -90,14 +90,19 @@ def spark_session(
     settings.update({f"spark.executorEnv.{k}": v for k, v in arm_crash_points().items()})
     if not verbose:
         _quiet_python_loggers()
-    _launch_gateway(master, app_name, settings, quiet=not verbose)
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    if not verbose:
-        spark.sparkContext.setLogLevel("ERROR")
-        _interrupt_cleanly(spark)
+    launched = _launch_gateway(master, app_name, settings, quiet=not verbose)
+    try:
+        builder = SparkSession.builder.master(master).appName(app_name)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        if not verbose:
+            spark.sparkContext.setLogLevel("ERROR")
+            _interrupt_cleanly(spark)
+    except BaseException:  # a start cut short (Ctrl-C, a Dagster interrupt, Spark refusing its settings)
+        if launched:
+            _abandon_start()
+        raise
     return spark
 
 
@@ -353,8 +358,10 @@ class _NotFromPy4j(logging.Filter):
 _muted = threading.Event()
 _interrupted = threading.Event()
 STOP_GRACE_SECONDS = 5.0  # how long an interrupted Spark may take to stop in order
-_launched_jvm: subprocess.Popen[bytes] | None = None  # the JVM `_launch_gateway` started, if any
+# The JVM `_launch_gateway` started, if any: known from the moment it is spawned.
+_launched_jvm: subprocess.Popen[bytes] | None = None
 _launched_jvm_group = False  # whether that JVM leads a process group of its own
+_launch_muted = threading.Event()  # that JVM's output is no longer passed on (quiet mode)
 # This process's operations on a Spark Connect session that other runs may share.
 CLIENT_TAG = f"sparkpoint-client-{uuid.uuid4().hex}"
 _connect_sessions: list[Any] = []  # the last one is what a Ctrl-C interrupts
@@ -403,20 +410,81 @@ def _kill_launched_jvm(grace: float) -> bool:
     if launched is None or launched.poll() is not None:
         return False
     log.info("Spark did not stop within %.0f s of the interrupt: its JVM is killed", grace)
-    daemons = _groups_led_by_children_of(launched.pid)
+    return _kill_jvm(launched, own_group=_launched_jvm_group, grace=grace)
+
+
+def _kill_jvm(jvm: subprocess.Popen[bytes], *, own_group: bool, grace: float) -> bool:
+    """SIGKILL `jvm` (its process group when it leads one: the launcher script and the JVM it
+    runs) and the groups PySpark's daemons lead; wait up to `grace` seconds for it to be gone.
+    Whether it was still there to kill."""
+    daemons = _groups_led_by_children_of(jvm.pid)
     try:
-        if _launched_jvm_group:
-            os.killpg(launched.pid, signal.SIGKILL)
+        if own_group:
+            os.killpg(jvm.pid, signal.SIGKILL)
         else:
-            launched.kill()
+            jvm.kill()
     except ProcessLookupError:  # it ended in between
         return False
     for group in daemons:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        launched.wait(grace)
+        jvm.wait(grace)
     return True
+
+
+def _abandon_start() -> None:
+    """A start that did not finish: the JVM it launched is killed and waited for, and PySpark
+    forgets it, so that nothing of the start outlives it and a later start in this process
+    launches a JVM of its own. Interrupts wait until this is done (a second Ctrl-C must not cut
+    the kill short)."""
+    global _launched_jvm
+    from pyspark import SparkContext
+
+    with _interrupts_held():
+        _launch_muted.set()
+        jvm, _launched_jvm = _launched_jvm, None
+        if jvm is not None and jvm.poll() is None:
+            log.debug("the Spark start was cut short: its JVM (pid %d) is killed", jvm.pid)
+            with contextlib.suppress(OSError):
+                _kill_jvm(jvm, own_group=_launched_jvm_group, grace=STOP_GRACE_SECONDS)
+        with SparkContext._lock:
+            gateway, context = SparkContext._gateway, SparkContext._active_spark_context
+            SparkContext._gateway = SparkContext._jvm = None
+        if context is not None:  # a context made before the start was cut: its JVM is gone
+            with contextlib.suppress(Exception), contextlib.redirect_stderr(io.StringIO()), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # PySpark warns that it could not shut the JVM down cleanly
+                context.stop()  # its Python side (the accumulator server); the call to the JVM fails
+            with SparkContext._lock:
+                SparkContext._active_spark_context = None  # stop() leaves it when that call fails
+        SparkSession._instantiatedSession = SparkSession._activeSession = None
+        if gateway is not None:
+            with contextlib.suppress(Exception):
+                gateway.close()
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM (Dagster maps it to its SIGINT handler) take effect when the block is
+    done, not inside it: an interrupt raised between a fork and the line that records the
+    child's pid would lose the child. Only Python handlers are held (they run on the main thread
+    alone, so nothing interrupts another thread this way)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[int, Any] = {}
+    for number in (signal.SIGINT, signal.SIGTERM):
+        if callable(signal.getsignal(number)):
+            previous[number] = signal.signal(number, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for restored, handler in previous.items():
+            signal.signal(restored, handler)
+        for arrived in dict.fromkeys(held):
+            signal.raise_signal(arrived)  # its own handler runs now, as if it had just arrived
 
 
 def _groups_led_by_children_of(pid: int) -> list[int]:
@@ -434,18 +502,20 @@ def _groups_led_by_children_of(pid: int) -> list[int]:
     return groups
 
 
-def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, quiet: bool) -> None:
+def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, quiet: bool) -> bool:
     """Start the JVM as PySpark would (once per process, with the same settings), mapping the
     class archive of earlier starts (`classcache`); `quiet`: with the quiet log4j configuration
-    and its standard error filtered line by line. PySpark then uses it."""
-    global _launched_jvm, _launched_jvm_group
+    and its standard error filtered line by line. PySpark then uses it. Whether this call
+    launched it (a start that had one already, or that PySpark attaches to a given gateway, did
+    not)."""
+    global _launched_jvm, _launched_jvm_group, _launch_muted
     from pyspark import SparkConf, SparkContext
     from pyspark.find_spark_home import _find_spark_home
     from pyspark.java_gateway import launch_gateway
 
     with SparkContext._lock:
         if SparkContext._gateway is not None:
-            return
+            return False
         spark_home = _find_spark_home()
         # Ours go in `spark.driver.extraJavaOptions`, which replaces the value spark-defaults.conf
         # gives it: the user's options are kept, after ours (a setting of theirs wins).
@@ -468,33 +538,67 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
         # archive at exit (about 20 s, the first time). The readers run before the JVM starts:
         # it may write more than a pipe holds before PySpark's launch returns.
         ends = [os.pipe(), os.pipe()]
+        _launch_muted = threading.Event()  # set when this start is abandoned: its JVM has nothing left to say
         for name, (read_end, _), target, filtered in (("spark-stdout", ends[0], "stdout", False),
                                                       ("spark-stderr", ends[1], "stderr", quiet)):
-            threading.Thread(target=_pass_lines, args=(os.fdopen(read_end, "rb"), target, filtered), daemon=True,
-                             name=name).start()
+            threading.Thread(target=_pass_lines, args=(os.fdopen(read_end, "rb"), target, filtered, _launch_muted),
+                             daemon=True, name=name).start()
         popen_kwargs.update(stdout=ends[0][1], stderr=ends[1][1])
+        _launched_jvm, _launched_jvm_group = None, quiet
         try:
-            gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
+            with _jvm_known_from_its_spawn():
+                gateway = launch_gateway(conf, popen_kwargs=popen_kwargs)  # type: ignore[no-untyped-call]
+        except BaseException:
+            _abandon_start()
+            raise
         finally:  # the JVM has its copies: the readers see the end when it exits
             for _, write_end in ends:
                 os.close(write_end)
-        proc = getattr(gateway, "proc", None)
-        _launched_jvm, _launched_jvm_group = proc, quiet
-        if quiet and proc is not None:  # its own group: a crash point kills it with the driver, as a power cut would
-            kill_with_this_process(proc.pid)
+        if quiet and _launched_jvm is not None:  # a crash point kills its group with the driver, as a power cut would
+            kill_with_this_process(_launched_jvm.pid)
         SparkContext._gateway = gateway
         SparkContext._jvm = gateway.jvm
+        return _launched_jvm is not None
 
 
-def _pass_lines(source: IO[bytes], target: str, filtered: bool) -> None:
+@contextlib.contextmanager
+def _jvm_known_from_its_spawn() -> Iterator[None]:
+    """While PySpark's `launch_gateway` runs, the process it spawns is this process's
+    `_launched_jvm` from the moment it exists, so that any way out of the launch can kill it.
+
+    Why: an interrupt while `launch_gateway` waits for the JVM's connection info (a Ctrl-C, a
+    Dagster run terminated during resource setup) makes it remove the directory the JVM was to
+    write that info to. The JVM's main thread then dies before it starts watching its stdin for
+    the driver's end, and py4j's gateway thread, not a daemon, keeps the JVM alive for good, in
+    a session of its own that no terminal signal reaches. `launch_gateway` spawns with its
+    module's `Popen` (under SparkContext's lock, as here): it is replaced for the duration."""
+    from pyspark import java_gateway
+
+    class RecordedPopen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            global _launched_jvm
+            with _interrupts_held():  # no interrupt between the fork and the record
+                super().__init__(*args, **kwargs)
+                _launched_jvm = self
+
+    spawn = java_gateway.Popen  # type: ignore[attr-defined]
+    java_gateway.Popen = RecordedPopen  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        java_gateway.Popen = spawn  # type: ignore[attr-defined]
+
+
+def _pass_lines(source: IO[bytes], target: str, filtered: bool, abandoned: threading.Event) -> None:
     """Copy the JVM's `source` line by line to this process's `target` ("stdout" or "stderr", as
-    it is at each line); `filtered`: without Spark's chatter, and nothing once Spark is stopping.
+    it is at each line); `filtered`: without Spark's chatter, and nothing once Spark is stopping
+    or its start was `abandoned` (the JVM's complaint about its vanished connection file).
     A line goes to the stream's file descriptor in one write, as the JVM's own writes did: never
     into the middle of a line of ours, and never holding the stream's lock (a daemon thread
     holding it as the interpreter exits aborts the exit)."""
     for raw in iter(source.readline, b""):
         line = raw.decode("utf-8", "replace")
-        if filtered and (_muted.is_set() or _CHATTER.match(line)):
+        if filtered and (_muted.is_set() or abandoned.is_set() or _CHATTER.match(line)):
             continue
         stream = getattr(sys, target, None)
         try:
