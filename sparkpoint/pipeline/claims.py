@@ -139,16 +139,21 @@ def claim_holder(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str
 
 def fence(storage: CheckpointStorage, attempt_ids: tuple[str, ...], *, reason: str) -> dict[str, str]:
     """Make sure none of `attempt_ids` (a failed run's, whose process may live on as a zombie)
-    can commit the next checkpoint: claim each for the abort at the latest completed checkpoint
-    + 1, the only id such an attempt could still commit (a lower one exists already, or is
-    declined as older than the latest). Returns, per attempt id, "fenced" or the side that held
-    the claim already: a completer that claimed first persisted its attempt before, so a listing
-    of the attempts made after this call finds it and keeps its uploads."""
-    following = max(storage.completed_checkpoint_ids(), default=0) + 1
+    can commit a checkpoint any more: claim each for the abort at every id it could still
+    commit, from the latest completed checkpoint + 1 (the id a run resuming from the latest
+    takes) to the highest `chk-N` directory + 1 (the id a run that fell back takes); a lower id
+    exists already, or is declined as older than the latest.
+
+    Returns "<id>@chk-<N>" -> "fenced", or the side that held that claim already: a completer that
+    claimed first persisted its attempt before its claim, so a listing of the attempts made after
+    this call finds it and keeps its uploads."""
+    latest = max(storage.completed_checkpoint_ids(), default=0)
+    highest = max(storage.checkpoint_dirs(), default=0)
     outcome = {}
     for attempt_id in dict.fromkeys(attempt_ids):
-        if claim(storage, following, attempt_id, ABORT, reason=reason):
-            outcome[attempt_id] = "fenced"
-        else:
-            outcome[attempt_id] = claim_holder(storage, following, attempt_id) or "unreadable"
+        for cid in range(latest + 1, max(latest, highest) + 2):
+            if claim(storage, cid, attempt_id, ABORT, reason=reason):
+                outcome[f"{attempt_id}@chk-{cid}"] = "fenced"
+            else:
+                outcome[f"{attempt_id}@chk-{cid}"] = claim_holder(storage, cid, attempt_id) or "unreadable"
     return outcome
