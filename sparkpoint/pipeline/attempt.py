@@ -21,13 +21,20 @@ other's attempt.
 
 Completing and aborting the same persisted attempt exclude each other on storage, never by a
 check made before acting (DESIGN rule 9): whichever side first creates the attempt's claim file
-`<job>/_pending/chk-<N>-<attempt id>.claim` (exclusive create) decides. A completer claims before
-it writes `_metadata`; an abort claims before it deletes anything. A completer that finds the
-abort's claim gives up without writing; an abort that finds the completer's claim deletes nothing
-(the completer may be alive and about to commit) and leaves the attempt to its completer, to a
-later recovery once a checkpoint at or above N completed, or to the orphan sweep's grace period.
-An abort's claim stays behind as a tombstone until a checkpoint at or above N completes, so a
-completer that wakes up late still finds it.
+`<job>/_pending/chk-<N>-<attempt id>.claim` (exclusive create, `sparkpoint.pipeline.claims`)
+decides. A completer claims before it writes `_metadata`; an abort claims before it deletes
+anything. A completer that finds the abort's claim gives up without writing; an abort that finds
+the completer's claim deletes nothing (the completer may be alive and about to commit) until a
+checkpoint at or above N exists that is not the attempt's, which it reads from chk-N *after* the
+listing that showed it. An abort that wins the claim looks at chk-N once more: a completer that
+committed and forgot its claim just before leaves nothing to undo. An abort's claim stays behind
+as a tombstone until a checkpoint at or above N completes, so a completer that wakes up late
+still finds it. A retry of a completing step whose first try died after its claim (the claim
+names its holder) completes the attempt itself when that holder is known dead, and otherwise says
+who holds it.
+
+`tests/interleavings.py` runs these actors against each other at every interleaving of their
+storage steps that its bound allows.
 """
 
 from __future__ import annotations
