@@ -5,7 +5,8 @@ loads nothing more):
 
 - your pipeline: `Pipeline`, `KeyedOperator` (its functions take a `RocksDBStateBackend`), the
   state codecs `JsonCodec`, `StructCodec`, `BytesCodec` (state handles:
-  `state.value_state(name, codec)`, `state.map_state(name, codec)`);
+  `state.value_state(name, codec)`, `state.map_state(name, codec)`,
+  `state.list_state(name, codec)`, `state.reducing_state(name, codec, reduce)`);
 - the notebook API (pandas DataFrames): `read_state`, `list_checkpoints`, `registry`;
 - Dagster: `build_pipeline_defs(pipeline)` and the `PipelineComponent` of `dg` projects.
 """

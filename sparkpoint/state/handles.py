@@ -6,6 +6,14 @@ deletes and copies a neighbour's range with one bounded scan.
 
     value state:  kg(2) | key                         -> codec(value)
     map state:    kg(2) | len(key)(4) | key | user key -> codec(value)
+    list state:   kg(2) | len(key)(4) | key | seq(8)   -> codec(element)
+    reducing:     kg(2) | key                         -> codec(the reduced value)
+
+A list element is one RocksDB entry under a sequence number that only grows for its key, so an
+append is one seek (the key's last sequence number) and one put, however long the list is; no
+merge operator is needed (rocksdict has none). Every write goes through `_write`, `_put`,
+`_delete` or `_delete_range`, which the changelog records: each kind of state is checkpointed,
+rescaled (by its key-group prefix) and restored the same way.
 
 Reads and writes come one at a time or in batches; the batched paths (`get_many`,
 `put_many`, `update_many`) use RocksDB's multi-get and one WriteBatch, which is what keeps a
@@ -315,6 +323,132 @@ class MapState(_KeyedState[V]):
         for k, v in self._all():
             (n,) = _LEN.unpack_from(k, 2)
             yield k[6 : 6 + n], k[6 + n :], decode(v)
+
+
+_SEQ = struct.Struct(">Q")
+
+
+class ListState(_KeyedState[V]):
+    """Per key a list of values (Flink's ListState): appends in order, each one write."""
+
+    def _list_prefix(self, prefixed: bytes) -> bytes:
+        return prefixed[:2] + _LEN.pack(len(prefixed) - 2) + prefixed[2:]
+
+    def _last_seq(self, prefix: bytes) -> int:
+        """The key's highest sequence number, -1 for an empty list: one seek, whatever its length."""
+        it = self._cf.iter(ReadOptions())
+        try:
+            it.seek_for_prev(prefix + b"\xff" * _SEQ.size)
+            if it.valid():
+                key = it.key()
+                if key.startswith(prefix) and len(key) == len(prefix) + _SEQ.size:
+                    return int(_SEQ.unpack_from(key, len(prefix))[0])
+            it.status()
+            return -1
+        finally:
+            del it
+
+    def _appends(self, pairs: list[tuple[bytes | str, V]]) -> list[tuple[bytes, bytes]]:
+        """The entries that append `pairs` in order: each distinct key's last number read once."""
+        prefixes = [self._list_prefix(p) for p in self._prefixed_many(k for k, _ in pairs)]
+        following: dict[bytes, int] = {}
+        encode = self.codec.encode
+        puts = []
+        for prefix, (_, value) in zip(prefixes, pairs):
+            seq = following.get(prefix)
+            if seq is None:
+                seq = self._last_seq(prefix) + 1
+            following[prefix] = seq + 1
+            puts.append((prefix + _SEQ.pack(seq), encode(value)))
+        return puts
+
+    def add(self, key: bytes | str, value: V) -> None:
+        """Append `value` to the key's list."""
+        self._write(self._appends([(key, value)]))
+
+    def add_many(self, pairs: Iterable[tuple[bytes | str, V]]) -> int:
+        """Append every (key, value), in the order given; one write."""
+        return self._write(self._appends(list(pairs)))
+
+    def get(self, key: bytes | str) -> list[V]:
+        """The key's list, oldest first ([] when it has none)."""
+        prefix = self._list_prefix(self._prefixed(key))
+        decode = self.codec.decode
+        return [decode(v) for _, v in self._scan(prefix, _next_prefix(prefix))]
+
+    def get_many(self, keys: Sequence[bytes | str]) -> list[list[V]]:
+        return [self.get(k) for k in keys]
+
+    def put(self, key: bytes | str, values: Iterable[V]) -> None:
+        """Replace the key's list with `values`."""
+        prefix = self._list_prefix(self._prefixed(key))
+        self._delete_range(prefix, _next_prefix(prefix))
+        encode = self.codec.encode
+        self._write((prefix + _SEQ.pack(i), encode(v)) for i, v in enumerate(values))
+
+    def delete(self, key: bytes | str) -> None:
+        prefix = self._list_prefix(self._prefixed(key))
+        self._delete_range(prefix, _next_prefix(prefix))
+
+    def items(self) -> Iterator[tuple[bytes, list[V]]]:
+        """Every (key, list) of this subtask, in key-group order."""
+        decode = self.codec.decode
+        current: bytes | None = None
+        values: list[V] = []
+        for k, v in self._all():
+            (n,) = _LEN.unpack_from(k, 2)
+            key = k[6 : 6 + n]
+            if key != current:
+                if current is not None:
+                    yield current, values
+                current, values = key, []
+            values.append(decode(v))
+        if current is not None:
+            yield current, values
+
+
+class ReducingState(_KeyedState[V]):
+    """Per key one value that every `add` folds into with `reduce(old, new)` (Flink's
+    ReducingState): a batch's values of one key are reduced in memory first, then read, merged
+    and written with one multi-get and one write."""
+
+    def __init__(self, *args: Any, reduce: Callable[[V, V], V], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.reduce = reduce
+
+    def add(self, key: bytes | str, value: V) -> None:
+        self.add_many([(key, value)])
+
+    def add_many(self, pairs: Iterable[tuple[bytes | str, V]]) -> int:
+        folded: dict[bytes, V] = {}
+        pairs = list(pairs)
+        for pk, (_, value) in zip(self._prefixed_many(k for k, _ in pairs), pairs):
+            folded[pk] = self.reduce(folded[pk], value) if pk in folded else value
+        keys = list(folded)
+        decode, encode = self.codec.decode, self.codec.encode
+        puts = []
+        for pk, old in zip(keys, self._multi_get(keys)):
+            new = folded[pk] if old is None else self.reduce(decode(old), folded[pk])
+            puts.append((pk, encode(new)))
+        return self._write(puts)
+
+    def get(self, key: bytes | str) -> V | None:
+        data = self._cf.get(self._prefixed(key))
+        return None if data is None else self.codec.decode(data)
+
+    def get_many(self, keys: Sequence[bytes | str]) -> list[V | None]:
+        if not keys:
+            return []
+        decode = self.codec.decode
+        return [None if d is None else decode(d) for d in self._multi_get(self._prefixed_many(keys))]
+
+    def delete(self, key: bytes | str) -> None:
+        self._delete(self._prefixed(key))
+
+    def items(self) -> Iterator[tuple[bytes, V]]:
+        decode = self.codec.decode
+        for k, v in self._all():
+            yield k[2:], decode(v)
 
 
 def _next_prefix(prefix: bytes) -> bytes:

@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -26,7 +27,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, fsync_dir
 from sparkpoint.state import staging
 from sparkpoint.state.changelog import ChangeLog, ChangelogOptions
 from sparkpoint.state.codecs import Codec
-from sparkpoint.state.handles import MapState, ValueState, _KeyedState
+from sparkpoint.state.handles import ListState, MapState, ReducingState, ValueState, _KeyedState
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.localfiles import write_replacing
 from sparkpoint.state.rocksdb import (
@@ -130,13 +131,30 @@ class SubtaskState:
             raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a MapState")
         return state
 
-    def _add_state(self, kind: Any, name: str, codec: Codec[Any]) -> _KeyedState[Any]:
+    def list_state(self, name: str, codec: Codec[V]) -> ListState[V]:
+        """Per key a list of values; an append is one write, whatever the list's length."""
+        state = self._states.get(name) or self._add_state(ListState, name, codec)
+        if not isinstance(state, ListState):
+            raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a ListState")
+        return state
+
+    def reducing_state(self, name: str, codec: Codec[V], reduce: Callable[[V, V], V]) -> ReducingState[V]:
+        """Per key one value that each `add` folds into with `reduce(old, new)`."""
+        state = self._states.get(name) or self._add_state(ReducingState, name, codec, reduce=reduce)
+        if not isinstance(state, ReducingState):
+            raise StateBackendError(
+                f"state {name!r} of {self.operator} is a {type(state).__name__}, not a ReducingState")
+        state.reduce = reduce
+        return state
+
+    def _add_state(self, kind: Any, name: str, codec: Codec[Any], **extra: Any) -> _KeyedState[Any]:
         if not name or name == "default":
             raise ValueError(f"invalid state name {name!r}")
         db = self._open_db()
         ensure_column_families(db, str(self.db_path), [name], self.options)
         state: _KeyedState[Any] = kind(
-            db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write, log=self._log
+            db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write, log=self._log,
+            **extra,
         )
         self._states[name] = state
         return state
