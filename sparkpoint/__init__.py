@@ -6,7 +6,8 @@ loads nothing more):
 - your pipeline: `Pipeline`, `KeyedOperator` (its functions take a `RocksDBStateBackend`), the
   state codecs `JsonCodec`, `StructCodec`, `BytesCodec` (state handles:
   `state.value_state(name, codec)`, `state.map_state(name, codec)`,
-  `state.list_state(name, codec)`, `state.reducing_state(name, codec, reduce)`);
+  `state.list_state(name, codec)`, `state.reducing_state(name, codec, reduce)`, each with
+  `ttl=StateTtl(seconds, update=..., clock=...)`);
 - the notebook API (pandas DataFrames): `read_state`, `list_checkpoints`, `registry`;
 - Dagster: `build_pipeline_defs(pipeline)` and the `PipelineComponent` of `dg` projects.
 """
@@ -23,6 +24,7 @@ _HOMES = {
     "JsonCodec": "sparkpoint.state.codecs",
     "StructCodec": "sparkpoint.state.codecs",
     "BytesCodec": "sparkpoint.state.codecs",
+    "StateTtl": "sparkpoint.state.ttl",
     "read_state": "sparkpoint.api",
     "list_checkpoints": "sparkpoint.api",
     "registry": "sparkpoint.api",

@@ -7,6 +7,7 @@ checkpoint that restores, the sink's settlement. Knows no orchestrator.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -197,7 +198,7 @@ class PipelineCore:
             restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,
             claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
             local_recovery=c.local_recovery, rocksdb=c.rocksdb, allow_new_operators=c.allow_new_operators,
-            changelog=c.changelog_options(),
+            changelog=c.changelog_options(), batch_time_us=int(time.time() * 1_000_000),
         )
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:

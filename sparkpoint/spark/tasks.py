@@ -68,6 +68,7 @@ class TaskSpec:
     allow_new_operators: bool = False
     changelog: ChangelogOptions = ChangelogOptions()
     inject_failure: str | None = None  # see sparkpoint.spark.faults
+    batch_time_us: int | None = None  # the batch's processing time: what processing-time TTL expires against
 
 
 def run_slots(spec: TaskSpec, urls: list[str], ids: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -158,7 +159,9 @@ def _attempt(
     op = spec.operators[op_index]
     restored = backend.restore(meta, claim_mode=spec.claim_mode, source=source, allow_missing=spec.allow_new_operators)
     try:
+        backend.set_time(processing_us=spec.batch_time_us)
         changed = op.process(batch, backend) if len(batch) else None
+        backend.expire()  # the TTL sweep: bounded, its deletes go into this checkpoint like any write
         staged = None
         if op.emits and spec.sink is not None and changed is not None:
             staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)

@@ -31,10 +31,12 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
+from sparkpoint.checkpoint.errors import StateBackendError
 from sparkpoint.checkpoint.metadata import KeyGroupRange
 from sparkpoint.state.changelog import ChangeLog
 from sparkpoint.state.codecs import Codec
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_raw, key_groups_of_raw, raw_keys
+from sparkpoint.state.ttl import STAMP, StateTtl
 
 V = TypeVar("V")
 log = logging.getLogger(__name__)
@@ -57,8 +59,20 @@ def key_group_bounds(kg_range: KeyGroupRange) -> tuple[bytes, bytes]:
     return key_group_prefix(kg_range.start), (kg_range.end + 1).to_bytes(2, "big")
 
 
+Clock = Callable[[str], "int | None"]  # "processing" | "event" -> microseconds now (None: no time yet)
+FORMAT_KEY = b"\xff\xffsparkpoint.ttl"  # beyond every key group: no scan, clip or rescale copy sees it
+SWEEP_LIMIT = 20_000  # entries the TTL sweep looks at per state and batch
+
+
+def _wall_clock(kind: str) -> int | None:
+    import time
+
+    return int(time.time() * 1_000_000) if kind == "processing" else None
+
+
 class _KeyedState(Generic[V]):
-    """What value and map state share: the column family, the codec and the key-group prefix."""
+    """What every kind of state shares: the column family, the codec, the key-group prefix and,
+    with a TTL, the time stamp before each stored entry (`sparkpoint.state.ttl`)."""
 
     def __init__(
         self,
@@ -69,6 +83,8 @@ class _KeyedState(Generic[V]):
         kg_range: KeyGroupRange,
         on_write: Callable[[], None] = lambda: None,
         log: ChangeLog | None = None,
+        ttl: StateTtl | None = None,
+        clock: Clock = _wall_clock,
     ):
         self.name = name
         self._log = log  # the changelog of the subtask, when it keeps one
@@ -79,6 +95,119 @@ class _KeyedState(Generic[V]):
         self._handle = db.get_column_family_handle(name)
         self._max_parallelism = max_parallelism
         self._kg_range = kg_range
+        self.ttl = ttl
+        self._clock = clock
+        self._sweep_from: bytes | None = None
+        self.expired_removed = 0  # entries the sweep removed since this handle was made
+
+    # --- time stamps (TTL) ---------------------------------------------------------------------
+
+    def _now(self) -> int | None:
+        assert self.ttl is not None
+        return self._clock(self.ttl.clock)
+
+    def _write_time(self) -> int:
+        now = self._now()
+        if now is None:
+            raise StateBackendError(
+                f"state {self.name!r} has an event-time TTL, but there is no watermark yet: an event-time TTL "
+                "needs the pipeline's event_time column"
+            )
+        return now
+
+    def _stamp(self, encoded: list[bytes]) -> list[bytes]:
+        if self.ttl is None:
+            return encoded
+        stamp = STAMP.pack(self._write_time())
+        return [stamp + e for e in encoded]
+
+    def _expired_before(self) -> int | None:
+        """Entries stamped before this are expired (None: nothing is)."""
+        if self.ttl is None:
+            return None
+        now = self._now()
+        return None if now is None else now - self.ttl.micros
+
+    def _live(self, stored: list[bytes | None]) -> list[bytes | None]:
+        """The payloads of stored entries: stamps stripped, expired ones None."""
+        if self.ttl is None:
+            return stored
+        limit = self._expired_before()
+        out: list[bytes | None] = []
+        for data in stored:
+            if data is None or (limit is not None and STAMP.unpack_from(data)[0] < limit):
+                out.append(None)
+            else:
+                out.append(data[STAMP.size:])
+        return out
+
+    def _live_entries(self, entries: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        """(key, payload) of the entries of a scan that are not expired."""
+        if self.ttl is None:
+            yield from entries
+            return
+        limit = self._expired_before()
+        for k, data in entries:
+            if limit is None or STAMP.unpack_from(data)[0] >= limit:
+                yield k, data[STAMP.size:]
+
+    def _touch(self, keys: list[bytes], payloads: list[bytes | None]) -> None:
+        """With `update="on_read_and_write"`, a read renews what it found."""
+        if self.ttl is None or self.ttl.update != "on_read_and_write":
+            return
+        found = [(k, p) for k, p in zip(keys, payloads) if p is not None]
+        if found:
+            self._write(zip([k for k, _ in found], self._stamp([p for _, p in found])))
+
+    def expire(self, limit: int = SWEEP_LIMIT) -> int:
+        """Delete expired entries among the next `limit` the sweep has not looked at (it goes round
+        the subtask's key groups batch after batch); returns how many it deleted."""
+        threshold = self._expired_before()
+        if threshold is None:
+            return 0
+        lower, upper = key_group_bounds(self._kg_range)
+        start = self._sweep_from if self._sweep_from is not None and lower <= self._sweep_from < upper else lower
+        doomed: list[bytes] = []
+        seen = 0
+        last = None
+        for k, data in self._scan(start, upper):
+            seen += 1
+            last = k
+            if STAMP.unpack_from(data)[0] < threshold:
+                doomed.append(k)
+            if seen >= limit:
+                break
+        self._sweep_from = None if last is None or seen < limit else last + b"\x00"
+        self._write((), doomed)
+        self.expired_removed += len(doomed)
+        return len(doomed)
+
+    def settle_format(self) -> int:
+        """Make the stored entries match this handle's TTL: stamp every entry with the time now
+        when a TTL was turned on since they were written, strip the stamps when it was turned off
+        (Flink refuses either with a StateMigrationException). Returns the entries rewritten."""
+        stamped = self._cf.get(FORMAT_KEY) is not None
+        if stamped == (self.ttl is not None):
+            return 0
+        rewritten = 0
+        batch: list[tuple[bytes, bytes]] = []
+        stamp = b""
+        if self.ttl is not None:  # an event-time TTL before any watermark: the processing time stands in
+            now = self._now()
+            stamp = STAMP.pack(now if now is not None else self._clock("processing") or 0)
+        for k, data in self._scan(*key_group_bounds(KeyGroupRange(0, MAX_KEY_GROUPS - 1))):
+            batch.append((k, stamp + data if self.ttl is not None else data[STAMP.size:]))
+            if len(batch) >= 10_000:
+                rewritten += self._write(batch)
+                batch = []
+        rewritten += self._write(batch)
+        if self.ttl is not None:
+            self._put(FORMAT_KEY, b"1")
+        else:
+            self._delete(FORMAT_KEY)
+        return rewritten
+
+    # --- keys ------------------------------------------------------------------------------------
 
     def _prefixed(self, key: bytes | str) -> bytes:
         """One key behind the two-byte prefix of its key group (the scalar path: no array set-up)."""
@@ -139,8 +268,15 @@ class _KeyedState(Generic[V]):
             found += cast(list[bytes | None], self._cf.get(cast(Any, keys[start : start + MULTI_GET_SLICE])))
         return found
 
+    def _read(self, keys: list[bytes]) -> list[bytes | None]:
+        """The live payloads at `keys` (None: absent or expired), renewed when reads renew."""
+        found = self._live(self._multi_get(keys))
+        self._touch(keys, found)
+        return found
+
     def _all(self) -> Iterator[tuple[bytes, bytes]]:
-        return self._scan(*key_group_bounds(self._kg_range))
+        """Every live (RocksDB key, payload) of this subtask."""
+        return self._live_entries(self._scan(*key_group_bounds(self._kg_range)))
 
     def _write(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes] = ()) -> int:
         puts, deletes = list(puts), list(deletes)
@@ -164,6 +300,10 @@ class _KeyedState(Generic[V]):
         if self._log is not None:
             self._log.put(self.name, key, value)
 
+    def _put_values(self, keys: list[bytes], values: Iterable[V]) -> int:
+        encode = self.codec.encode
+        return self._write(zip(keys, self._stamp([encode(v) for v in values])))
+
     def _delete(self, key: bytes) -> None:
         self._on_write()
         self._cf.delete(key)
@@ -185,11 +325,11 @@ class ValueState(_KeyedState[V]):
     """One value per key."""
 
     def get(self, key: bytes | str) -> V | None:
-        data = self._cf.get(self._prefixed(key))
+        (data,) = self._read([self._prefixed(key)])
         return None if data is None else self.codec.decode(data)
 
     def put(self, key: bytes | str, value: V) -> None:
-        self._put(self._prefixed(key), self.codec.encode(value))
+        self._put_values([self._prefixed(key)], [value])
 
     def delete(self, key: bytes | str) -> None:
         self._delete(self._prefixed(key))
@@ -197,14 +337,13 @@ class ValueState(_KeyedState[V]):
     def get_many(self, keys: Sequence[bytes | str]) -> list[V | None]:
         if not keys:
             return []
-        found = self._multi_get(self._prefixed_many(keys))
+        found = self._read(self._prefixed_many(keys))
         decode = self.codec.decode
         return [None if d is None else decode(d) for d in found]
 
     def put_many(self, items: Iterable[tuple[bytes | str, V]]) -> int:
         pairs = list(items)
-        encode = self.codec.encode
-        return self._write(zip(self._prefixed_many(k for k, _ in pairs), [encode(v) for _, v in pairs]))
+        return self._put_values(self._prefixed_many(k for k, _ in pairs), [v for _, v in pairs])
 
     def update_many_encoded(
         self, keys: Sequence[bytes | str], fn: Callable[[list[bytes | None]], Sequence[bytes | None]]
@@ -213,10 +352,11 @@ class ValueState(_KeyedState[V]):
         values as stored (None: absent), in key order, and returns the new ones (None: delete).
         For operators that decode and encode whole batches at once (`StructCodec.decode_many`)."""
         prefixed = self._prefixed_many(keys)
-        new = fn(self._multi_get(prefixed))
+        new = fn(self._live(self._multi_get(prefixed)))
         if len(new) != len(prefixed):
             raise ValueError(f"update_many_encoded: {len(prefixed)} keys, but fn returned {len(new)} values")
-        puts = [(pk, bytes(v)) for pk, v in zip(prefixed, new) if v is not None]
+        kept = [(pk, bytes(v)) for pk, v in zip(prefixed, new) if v is not None]
+        puts = list(zip([pk for pk, _ in kept], self._stamp([v for _, v in kept])))
         return self._write(puts, [pk for pk, v in zip(prefixed, new) if v is None])
 
     def update_many(self, keys: Sequence[bytes | str], fn: Callable[[bytes | str, V | None], V | None]) -> int:
@@ -225,7 +365,7 @@ class ValueState(_KeyedState[V]):
         `fn(key, old)` returns the new value, or None to delete the key.
         """
         prefixed = self._prefixed_many(keys)
-        old = self._multi_get(prefixed)
+        old = self._live(self._multi_get(prefixed))
         decode, encode = self.codec.decode, self.codec.encode
         puts: list[tuple[bytes, bytes]] = []
         deletes: list[bytes] = []
@@ -235,7 +375,7 @@ class ValueState(_KeyedState[V]):
                 deletes.append(pk)
             else:
                 puts.append((pk, encode(new)))
-        return self._write(puts, deletes)
+        return self._write(zip([k for k, _ in puts], self._stamp([v for _, v in puts])), deletes)
 
     def items(self) -> Iterator[tuple[bytes, V]]:
         """Every (key, value) of this subtask, in key-group order."""
@@ -265,14 +405,14 @@ class MapState(_KeyedState[V]):
         return [prefixes[k] + u for k, u in zip(keys, raw_keys(u for _, u in pairs))]
 
     def get(self, key: bytes | str, user_key: bytes | str) -> V | None:
-        data = self._cf.get(self._entry_key(key, user_key))
+        (data,) = self._read([self._entry_key(key, user_key)])
         return None if data is None else self.codec.decode(data)
 
     def contains(self, key: bytes | str, user_key: bytes | str) -> bool:
-        return self._cf.get(self._entry_key(key, user_key)) is not None
+        return self._live([self._cf.get(self._entry_key(key, user_key))])[0] is not None
 
     def put(self, key: bytes | str, user_key: bytes | str, value: V) -> None:
-        self._put(self._entry_key(key, user_key), self.codec.encode(value))
+        self._put_values([self._entry_key(key, user_key)], [value])
 
     def delete(self, key: bytes | str, user_key: bytes | str) -> None:
         self._delete(self._entry_key(key, user_key))
@@ -280,36 +420,35 @@ class MapState(_KeyedState[V]):
     def get_many(self, pairs: Sequence[tuple[bytes | str, bytes | str]]) -> list[V | None]:
         if not pairs:
             return []
-        found = self._multi_get(self._entry_keys(pairs))
+        found = self._read(self._entry_keys(pairs))
         decode = self.codec.decode
         return [None if d is None else decode(d) for d in found]
 
     def put_many(self, entries: Iterable[tuple[bytes | str, bytes | str, V]]) -> int:
-        encode = self.codec.encode
         triples = list(entries)
-        return self._write(zip(self._entry_keys((k, u) for k, u, _ in triples), [encode(v) for _, _, v in triples]))
+        return self._put_values(self._entry_keys((k, u) for k, u, _ in triples), [v for _, _, v in triples])
 
     def put_absent(self, entries: Iterable[tuple[bytes | str, bytes | str, V]]) -> list[bool]:
         """Put each (key, user key, value) whose user key the key's map lacks; True where it was
         put (a pair given twice is put once, the first time). One multi-get and one write."""
         triples = list(entries)
         entry_keys = self._entry_keys((k, u) for k, u, _ in triples)
-        encode = self.codec.encode
-        added, puts, seen = [], [], set()
-        for entry_key, found, (_, _, value) in zip(entry_keys, self._multi_get(entry_keys), triples):
+        added, keys, values, seen = [], [], [], set()
+        for entry_key, found, (_, _, value) in zip(entry_keys, self._live(self._multi_get(entry_keys)), triples):
             new = found is None and entry_key not in seen
             if new:
                 seen.add(entry_key)
-                puts.append((entry_key, encode(value)))
+                keys.append(entry_key)
+                values.append(value)
             added.append(new)
-        self._write(puts)
+        self._put_values(keys, values)
         return added
 
     def entries(self, key: bytes | str) -> Iterator[tuple[bytes, V]]:
         """(user key, value) pairs of one key, in user-key order."""
         prefix = self._map_prefix(key)
         decode = self.codec.decode
-        for k, v in self._scan(prefix, _next_prefix(prefix)):
+        for k, v in self._live_entries(self._scan(prefix, _next_prefix(prefix))):
             yield k[len(prefix) :], decode(v)
 
     def remove_key(self, key: bytes | str) -> None:
@@ -329,7 +468,8 @@ _SEQ = struct.Struct(">Q")
 
 
 class ListState(_KeyedState[V]):
-    """Per key a list of values (Flink's ListState): appends in order, each one write."""
+    """Per key a list of values (Flink's ListState): appends in order, each one write; with a
+    TTL each element expires on its own."""
 
     def _list_prefix(self, prefixed: bytes) -> bytes:
         return prefixed[:2] + _LEN.pack(len(prefixed) - 2) + prefixed[2:]
@@ -352,15 +492,15 @@ class ListState(_KeyedState[V]):
         """The entries that append `pairs` in order: each distinct key's last number read once."""
         prefixes = [self._list_prefix(p) for p in self._prefixed_many(k for k, _ in pairs)]
         following: dict[bytes, int] = {}
-        encode = self.codec.encode
-        puts = []
-        for prefix, (_, value) in zip(prefixes, pairs):
+        keys = []
+        for prefix in prefixes:
             seq = following.get(prefix)
             if seq is None:
                 seq = self._last_seq(prefix) + 1
             following[prefix] = seq + 1
-            puts.append((prefix + _SEQ.pack(seq), encode(value)))
-        return puts
+            keys.append(prefix + _SEQ.pack(seq))
+        encode = self.codec.encode
+        return list(zip(keys, self._stamp([encode(v) for _, v in pairs])))
 
     def add(self, key: bytes | str, value: V) -> None:
         """Append `value` to the key's list."""
@@ -373,8 +513,10 @@ class ListState(_KeyedState[V]):
     def get(self, key: bytes | str) -> list[V]:
         """The key's list, oldest first ([] when it has none)."""
         prefix = self._list_prefix(self._prefixed(key))
+        entries = list(self._live_entries(self._scan(prefix, _next_prefix(prefix))))
+        self._touch([k for k, _ in entries], [v for _, v in entries])
         decode = self.codec.decode
-        return [decode(v) for _, v in self._scan(prefix, _next_prefix(prefix))]
+        return [decode(v) for _, v in entries]
 
     def get_many(self, keys: Sequence[bytes | str]) -> list[list[V]]:
         return [self.get(k) for k in keys]
@@ -383,8 +525,8 @@ class ListState(_KeyedState[V]):
         """Replace the key's list with `values`."""
         prefix = self._list_prefix(self._prefixed(key))
         self._delete_range(prefix, _next_prefix(prefix))
-        encode = self.codec.encode
-        self._write((prefix + _SEQ.pack(i), encode(v)) for i, v in enumerate(values))
+        values = list(values)
+        self._put_values([prefix + _SEQ.pack(i) for i in range(len(values))], values)
 
     def delete(self, key: bytes | str) -> None:
         prefix = self._list_prefix(self._prefixed(key))
@@ -425,22 +567,20 @@ class ReducingState(_KeyedState[V]):
         for pk, (_, value) in zip(self._prefixed_many(k for k, _ in pairs), pairs):
             folded[pk] = self.reduce(folded[pk], value) if pk in folded else value
         keys = list(folded)
-        decode, encode = self.codec.decode, self.codec.encode
-        puts = []
-        for pk, old in zip(keys, self._multi_get(keys)):
-            new = folded[pk] if old is None else self.reduce(decode(old), folded[pk])
-            puts.append((pk, encode(new)))
-        return self._write(puts)
+        decode = self.codec.decode
+        merged = [folded[pk] if old is None else self.reduce(decode(old), folded[pk])
+                  for pk, old in zip(keys, self._live(self._multi_get(keys)))]
+        return self._put_values(keys, merged)
 
     def get(self, key: bytes | str) -> V | None:
-        data = self._cf.get(self._prefixed(key))
+        (data,) = self._read([self._prefixed(key)])
         return None if data is None else self.codec.decode(data)
 
     def get_many(self, keys: Sequence[bytes | str]) -> list[V | None]:
         if not keys:
             return []
         decode = self.codec.decode
-        return [None if d is None else decode(d) for d in self._multi_get(self._prefixed_many(keys))]
+        return [None if d is None else decode(d) for d in self._read(self._prefixed_many(keys))]
 
     def delete(self, key: bytes | str) -> None:
         self._delete(self._prefixed(key))

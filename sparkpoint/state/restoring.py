@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 from rocksdict import Rdict
@@ -92,6 +93,7 @@ class Restoring(SubtaskState):
         self.close()
         drop_cached_blocks()  # what it opens is read from disk: a file changed behind its back is seen
         self._states.clear()
+        self._time = checkpoint_clock(checkpoint)
         self._pending.clear()
         self._forget_log()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -366,6 +368,23 @@ def _not_corruption(backend: SubtaskState, checkpoint_id: int | None, error: Bas
 
 def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:
     return max(0, min(a.end, b.end) - max(a.start, b.start) + 1)
+
+
+def checkpoint_clock(checkpoint: CheckpointMetadata | None) -> dict[str, int | None]:
+    """The clocks as of a checkpoint, what a restored state's TTL expires against until the next
+    batch sets its own: its time (when it was committed) and the watermark it recorded."""
+    if checkpoint is None:
+        return {}
+    clock: dict[str, int | None] = {}
+    try:
+        clock["processing"] = int(datetime.fromisoformat(checkpoint.created_at).timestamp() * 1_000_000)
+    except (TypeError, ValueError):
+        pass
+    offsets = checkpoint.source_offsets
+    watermark = offsets.get("watermark") if isinstance(offsets, dict) else None
+    if isinstance(watermark, int) and not isinstance(watermark, bool):
+        clock["event"] = watermark
+    return clock
 
 
 def restore_with_fallback(

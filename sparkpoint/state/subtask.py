@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, fsync_dir
 from sparkpoint.state import staging
 from sparkpoint.state.changelog import ChangeLog, ChangelogOptions
 from sparkpoint.state.codecs import Codec
-from sparkpoint.state.handles import ListState, MapState, ReducingState, ValueState, _KeyedState
+from sparkpoint.state.handles import SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.localfiles import write_replacing
 from sparkpoint.state.rocksdb import (
@@ -38,11 +39,13 @@ from sparkpoint.state.rocksdb import (
     list_states,
     open_db,
 )
+from sparkpoint.state.ttl import StateTtl
 
 log = logging.getLogger(__name__)
 
 
 V = TypeVar("V")
+S = TypeVar("S", bound="_KeyedState[Any]")
 
 
 _MARKER = "working.json"
@@ -91,6 +94,7 @@ class SubtaskState:
         self.db: Rdict | None = None
         self.changelog = changelog or ChangelogOptions()
         self._states: dict[str, _KeyedState[Any]] = {}
+        self._time: dict[str, int | None] = {}  # "processing" / "event" -> microseconds (set_time)
         self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
         self._base_id: int | None = None
         self._base_handle: SubtaskStateHandle | None = None
@@ -119,45 +123,74 @@ class SubtaskState:
     def confirmed_checkpoint(self) -> int | None:
         return self._base_id
 
-    def value_state(self, name: str, codec: Codec[V]) -> ValueState[V]:
-        state = self._states.get(name) or self._add_state(ValueState, name, codec)
-        if not isinstance(state, ValueState):
-            raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a ValueState")
-        return state
+    def value_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ValueState[V]:
+        """One value per key (`ttl`: entries expire, see `sparkpoint.StateTtl`)."""
+        return self._state(ValueState, name, codec, ttl)
 
-    def map_state(self, name: str, codec: Codec[V]) -> MapState[V]:
-        state = self._states.get(name) or self._add_state(MapState, name, codec)
-        if not isinstance(state, MapState):
-            raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a MapState")
-        return state
+    def map_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> MapState[V]:
+        """Per key a map of user key -> value; with `ttl` each entry expires on its own."""
+        return self._state(MapState, name, codec, ttl)
 
-    def list_state(self, name: str, codec: Codec[V]) -> ListState[V]:
-        """Per key a list of values; an append is one write, whatever the list's length."""
-        state = self._states.get(name) or self._add_state(ListState, name, codec)
-        if not isinstance(state, ListState):
-            raise StateBackendError(f"state {name!r} of {self.operator} is a {type(state).__name__}, not a ListState")
-        return state
+    def list_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ListState[V]:
+        """Per key a list of values; an append is one write, whatever the list's length; with
+        `ttl` each element expires on its own."""
+        return self._state(ListState, name, codec, ttl)
 
-    def reducing_state(self, name: str, codec: Codec[V], reduce: Callable[[V, V], V]) -> ReducingState[V]:
+    def reducing_state(
+        self, name: str, codec: Codec[V], reduce: Callable[[V, V], V], ttl: StateTtl | None = None
+    ) -> ReducingState[V]:
         """Per key one value that each `add` folds into with `reduce(old, new)`."""
-        state = self._states.get(name) or self._add_state(ReducingState, name, codec, reduce=reduce)
-        if not isinstance(state, ReducingState):
-            raise StateBackendError(
-                f"state {name!r} of {self.operator} is a {type(state).__name__}, not a ReducingState")
+        state = self._state(ReducingState, name, codec, ttl, reduce=reduce)
         state.reduce = reduce
         return state
 
-    def _add_state(self, kind: Any, name: str, codec: Codec[Any], **extra: Any) -> _KeyedState[Any]:
+    def _state(self, kind: type[S], name: str, codec: Codec[Any], ttl: StateTtl | None, **extra: Any) -> S:
+        state = self._states.get(name) or self._add_state(kind, name, codec, ttl, **extra)
+        if not isinstance(state, kind):
+            raise StateBackendError(
+                f"state {name!r} of {self.operator} is a {type(state).__name__}, not a {kind.__name__}")
+        if state.ttl != ttl:
+            raise StateBackendError(
+                f"state {name!r} of {self.operator} was asked for with TTL {state.ttl} and now {ttl}: declare it "
+                "one way")
+        return state
+
+    def _add_state(
+        self, kind: Any, name: str, codec: Codec[Any], ttl: StateTtl | None = None, **extra: Any
+    ) -> _KeyedState[Any]:
         if not name or name == "default":
             raise ValueError(f"invalid state name {name!r}")
         db = self._open_db()
         ensure_column_families(db, str(self.db_path), [name], self.options)
         state: _KeyedState[Any] = kind(
             db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write, log=self._log,
-            **extra,
+            ttl=ttl, clock=self.clock, **extra,
         )
+        state.settle_format()
         self._states[name] = state
         return state
+
+    # --- time: what TTL expires against -----------------------------------------------------------
+
+    def set_time(self, processing_us: int | None = None, watermark_us: int | None = None) -> None:
+        """The clocks of the batch about to run: its processing time and the watermark it
+        advances to (microseconds since the epoch, UTC). Unset, processing time is the restored
+        checkpoint's time, else the wall clock; the watermark is the restored checkpoint's."""
+        if processing_us is not None:
+            self._time["processing"] = int(processing_us)
+        if watermark_us is not None:
+            self._time["event"] = max(int(watermark_us), self._time.get("event") or int(watermark_us))
+
+    def clock(self, kind: str) -> int | None:
+        now = self._time.get(kind)
+        if now is None and kind == "processing":
+            return int(time.time() * 1_000_000)
+        return now
+
+    def expire(self, limit: int = SWEEP_LIMIT) -> int:
+        """The TTL sweep of one batch: every state with a TTL deletes the expired entries among the
+        next `limit` it looks at. Returns the entries deleted."""
+        return sum(state.expire(limit) for state in self._states.values() if state.ttl is not None)
 
     def state_names(self) -> list[str]:
         return list_states(str(self.db_path)) if self.db_path.exists() else []
