@@ -219,3 +219,29 @@ def test_a_state_is_declared_one_way(local_storage: CheckpointStorage, tmp_path:
         b.value_state("seen", JsonCodec(), ttl=DAY)
         with pytest.raises(StateBackendError, match="declare it one way"):
             b.value_state("seen", JsonCodec())
+
+
+def test_a_rescale_onto_a_subtask_that_never_had_the_state_keeps_the_stamps(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    """The merged database grows from the old subtask with the largest overlap; when that one
+    never created the state, the stamps' format key must come from the others (else every entry
+    would be stamped twice and read back wrong)."""
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    olds = [backend(local_storage, tmp_path / "old", s, 2) for s in range(2)]
+    for b in olds:
+        b.restore(None)
+        b.set_time(processing_us=T0)
+    keys = [k for k in (f"c{i}" for i in range(200)) if key_group_for(k, 16) in olds[1].key_group_range]
+    olds[1].value_state("seen", JsonCodec(), ttl=StateTtl(60)).put_many((k, {"n": len(k)}) for k in keys)
+    done = take_checkpoint(coord, olds)  # subtask 0 never made the state
+    for b in olds:
+        b.dispose()
+    one = backend(local_storage, tmp_path / "one", 0, 1)
+    assert one.restore(done.metadata).source == "rescale"
+    one.set_time(processing_us=T0 + 30 * S)
+    assert dict(one.value_state("seen", JsonCodec(), ttl=StateTtl(60)).items()) == {
+        k.encode(): {"n": len(k)} for k in keys}
+    one.set_time(processing_us=T0 + 61 * S)
+    assert dict(one.value_state("seen", JsonCodec(), ttl=StateTtl(60)).items()) == {}
+    one.dispose()
