@@ -206,7 +206,7 @@ class PipelineCore:
         if not getattr(self, "_shipped", False):  # the user's operator modules, to every executor
             from sparkpoint.spark.session import ship_modules  # pyspark: only where Spark runs
 
-            ship_modules(self.spark, [f for op in self.operators for f in (op.process, op.export)])
+            ship_modules(self.spark, [f for op in self.operators for f in (op.process, op.export, op.on_timer) if f])
             self._shipped = True
 
         def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none

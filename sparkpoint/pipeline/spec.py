@@ -130,7 +130,7 @@ class Pipeline:
         digest = hashlib.sha256()
         for op in self.operators:
             digest.update(repr((op.name, op.key, op.columns, op.emits, op.schema)).encode())
-            for fn in (op.process, op.export):
+            for fn in (op.process, op.export, *([op.on_timer] if op.on_timer is not None else [])):
                 digest.update(fingerprint(fn).encode())
         return digest.hexdigest()[:16]
 

@@ -39,7 +39,7 @@ from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import subtasks_of
 from sparkpoint.state.localfiles import open_no_follow
-from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.operators import KeyedOperator, fire_timers
 from sparkpoint.state.rocksdb import RocksDBOptions, is_corruption
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,9 @@ def _attempt(
     try:
         backend.set_time(processing_us=spec.batch_time_us)
         changed = op.process(batch, backend) if len(batch) else None
+        fired = fire_timers(op, backend, processing_us=spec.batch_time_us, watermark_us=backend.clock("event"))
+        if fired:  # what the timers emitted is committed with this batch's checkpoint, like its rows
+            changed = pd.concat([c for c in [changed, *fired] if c is not None and len(c)], ignore_index=True)
         backend.expire()  # the TTL sweep: bounded, its deletes go into this checkpoint like any write
         staged = None
         if op.emits and spec.sink is not None and changed is not None:

@@ -22,11 +22,13 @@ import pandas as pd
 
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.timers import no_timers_without_on_timer
 
 ProcessFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
 
 
 ExportFn = Callable[[RocksDBStateBackend], pd.DataFrame]
+OnTimerFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,10 @@ class KeyedOperator:
     # The table `export` makes, as (column, type) pairs (a mapping is accepted): shown by the
     # orchestrator (Dagster's column schema); nothing checks the export against it.
     schema: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    # Called after each batch's `process` with the timers the batch made due (`fired`: columns
+    # `key` and `timestamp`, in timestamp order); what it returns goes to the sink like
+    # `process`'s changed rows.
+    on_timer: OnTimerFn | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name, "operator name")  # it names directories and output files
@@ -48,6 +54,28 @@ class KeyedOperator:
 
     def input_columns(self) -> list[str]:
         return [self.key, *[c for c in self.columns if c != self.key]]
+
+
+def fire_timers(
+    op: KeyedOperator, state: RocksDBStateBackend, *, processing_us: int | None, watermark_us: int | None
+) -> list[pd.DataFrame]:
+    """Fire every timer due by the batch's time and watermark into `op.on_timer`, once each, in
+    timestamp order, until none is due (a timer `on_timer` registers for a time already due fires
+    in the same batch). Returns what `on_timer` emitted. Timers registered by an operator without
+    `on_timer` are refused, naming it."""
+    if not state.timers_used:
+        return []
+    timers = state.timers
+    no_timers_without_on_timer(op.name, timers, op.on_timer is not None)
+    emitted = []
+    while op.on_timer is not None:
+        fired = timers.pop_due(processing=processing_us, event=watermark_us)
+        if fired.empty:
+            break
+        out = op.on_timer(fired, state)
+        if out is not None and len(out):
+            emitted.append(out)
+    return emitted
 
 
 def to_micros(ts: pd.Series) -> np.ndarray:

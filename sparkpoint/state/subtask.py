@@ -27,7 +27,7 @@ from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
 from sparkpoint.checkpoint.storage import CheckpointStorage, fsync_dir
 from sparkpoint.state import staging
 from sparkpoint.state.changelog import ChangeLog, ChangelogOptions
-from sparkpoint.state.codecs import Codec
+from sparkpoint.state.codecs import BytesCodec, Codec
 from sparkpoint.state.handles import SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.localfiles import write_replacing
@@ -39,9 +39,11 @@ from sparkpoint.state.rocksdb import (
     list_states,
     open_db,
 )
+from sparkpoint.state.timers import TIMERS, TimerService
 from sparkpoint.state.ttl import StateTtl
 
 log = logging.getLogger(__name__)
+_RAW = BytesCodec()
 
 
 V = TypeVar("V")
@@ -95,6 +97,7 @@ class SubtaskState:
         self.changelog = changelog or ChangelogOptions()
         self._states: dict[str, _KeyedState[Any]] = {}
         self._time: dict[str, int | None] = {}  # "processing" / "event" -> microseconds (set_time)
+        self.default_clock = "processing"  # a timer's clock when none is named ("event" with event time)
         self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
         self._base_id: int | None = None
         self._base_handle: SubtaskStateHandle | None = None
@@ -144,7 +147,23 @@ class SubtaskState:
         state.reduce = reduce
         return state
 
+    @property
+    def timers(self) -> TimerService:
+        """This subtask's timers (`register`, `register_many`, `delete`, `list`): they fire after the
+        batch that makes them due, into the operator's `on_timer`."""
+        service = self._states.get(TIMERS) or self._add_state(TimerService, TIMERS, _RAW)
+        assert isinstance(service, TimerService)
+        service.default_clock = self.default_clock
+        return service
+
+    @property
+    def timers_used(self) -> bool:
+        """Whether this subtask has a timer column family (made by a register, now or before)."""
+        return TIMERS in self._states or TIMERS in self.state_names()
+
     def _state(self, kind: type[S], name: str, codec: Codec[Any], ttl: StateTtl | None, **extra: Any) -> S:
+        if name == TIMERS and kind is not TimerService:
+            raise ValueError(f"{TIMERS!r} is the timers' column family: name the state otherwise")
         state = self._states.get(name) or self._add_state(kind, name, codec, ttl, **extra)
         if not isinstance(state, kind):
             raise StateBackendError(

@@ -1,0 +1,151 @@
+"""Timers in RocksDB, under their key's key group (Flink's timer service on RocksDB).
+
+Two indexes in one column family (`__timers__`), both behind the key's key-group prefix, so that
+timers are checkpointed with the state, go through the changelog like any write, and follow their
+key on a rescale:
+
+    by time:  kg(2) | "t" | clock(1) | time(8) | key          -> b""
+    by key:   kg(2) | "k" | len(key)(4) | key | clock(1) | time(8) -> b""
+
+`time` is microseconds since the epoch, UTC, offset by 2**63 so that the bytes sort as the
+numbers do. The due timers of a subtask are one bounded scan per key group of its range, merged in
+time order; firing a timer deletes both entries in the same write as the next ones.
+"""
+
+from __future__ import annotations
+
+import builtins
+import heapq
+import struct
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sparkpoint.checkpoint.errors import StateBackendError
+from sparkpoint.state.handles import _LEN, _KeyedState, _next_prefix
+
+TIMERS = "__timers__"  # the column family; no state of a user's may take the name
+CLOCK_BYTES = {"event": b"e", "processing": b"p"}
+_TIME = struct.Struct(">Q")
+_OFFSET = 1 << 63
+
+
+def micros(timestamp: Any) -> int:
+    """A timer's time as int microseconds since the epoch, UTC: an int (already microseconds), a
+    pandas or NumPy datetime, or a `datetime` (naive ones are taken as UTC)."""
+    if isinstance(timestamp, bool):
+        raise TypeError(f"a timer's time must be a datetime or int microseconds, got {timestamp!r}")
+    if isinstance(timestamp, (int, np.integer)):
+        return int(timestamp)
+    if isinstance(timestamp, (datetime, np.datetime64, pd.Timestamp)):
+        ts = pd.Timestamp(timestamp)
+        if ts.tzinfo is not None:
+            ts = ts.tz_convert("UTC").tz_localize(None)
+        return int(ts.value // 1000)
+    raise TypeError(f"a timer's time must be a datetime or int microseconds, got {type(timestamp).__name__}")
+
+
+class TimerService(_KeyedState[bytes]):
+    """A subtask's timers: `register(key, timestamp)`, `register_many(pairs)`, `delete(key,
+    timestamp)`, `list(key)`; each takes `clock="event" | "processing"` (default: event time when
+    the pipeline has an `event_time`, processing time otherwise)."""
+
+    default_clock = "processing"
+    registered = 0  # timers registered through this handle (an operator without on_timer is refused)
+
+    def _clock_byte(self, clock: str | None) -> bytes:
+        kind = clock or self.default_clock
+        try:
+            return CLOCK_BYTES[kind]
+        except KeyError:
+            raise ValueError(f"a timer's clock is 'event' or 'processing', got {kind!r}") from None
+
+    def _entries(self, prefixed: bytes, clock: bytes, at: int) -> tuple[bytes, bytes]:
+        kg, raw, when = prefixed[:2], prefixed[2:], _TIME.pack(at + _OFFSET)
+        return kg + b"t" + clock + when + raw, kg + b"k" + _LEN.pack(len(raw)) + raw + clock + when
+
+    def register(self, key: bytes | str, timestamp: Any, *, clock: str | None = None) -> None:
+        self.register_many([(key, timestamp)], clock=clock)
+
+    def register_many(self, pairs: Iterable[tuple[bytes | str, Any]], *, clock: str | None = None) -> int:
+        pairs = list(pairs)
+        byte = self._clock_byte(clock)
+        puts = []
+        for prefixed, (_, at) in zip(self._prefixed_many(k for k, _ in pairs), pairs):
+            by_time, by_key = self._entries(prefixed, byte, micros(at))
+            puts += [(by_time, b""), (by_key, b"")]
+        self.registered += len(pairs)
+        return self._write(puts)
+
+    def delete(self, key: bytes | str, timestamp: Any, *, clock: str | None = None) -> None:
+        by_time, by_key = self._entries(self._prefixed(key), self._clock_byte(clock), micros(timestamp))
+        self._write((), [by_time, by_key])
+
+    def list(self, key: bytes | str, *, clock: str | None = None) -> list[int]:
+        """The key's pending timers on that clock, earliest first (microseconds since the epoch)."""
+        prefixed = self._prefixed(key)
+        prefix = prefixed[:2] + b"k" + _LEN.pack(len(prefixed) - 2) + prefixed[2:] + self._clock_byte(clock)
+        return [_TIME.unpack_from(k, len(prefix))[0] - _OFFSET for k, _ in self._scan(prefix, _next_prefix(prefix))]
+
+    def _due_in(self, kg: int, clock: bytes, upto: int) -> Iterator[tuple[int, bytes]]:
+        lower = kg.to_bytes(2, "big") + b"t" + clock
+        upper = lower + _TIME.pack(upto + _OFFSET + 1) if upto + _OFFSET + 1 < (1 << 64) else _next_prefix(lower)
+        for k, _ in self._scan(lower, upper):
+            yield _TIME.unpack_from(k, 4)[0] - _OFFSET, k[12:]
+
+    def due(self, clock: str, upto: int) -> builtins.list[tuple[int, bytes]]:
+        """(time, key) of every timer on `clock` at or before `upto`, in time order."""
+        byte = self._clock_byte(clock)
+        runs = [self._due_in(kg, byte, upto) for kg in range(self._kg_range.start, self._kg_range.end + 1)]
+        return list(heapq.merge(*runs))
+
+    def pop_due(self, *, processing: int | None, event: int | None) -> pd.DataFrame:
+        """Every timer due by these clocks, deleted and returned as the `fired` table: `key` and
+        `timestamp` (datetime64[us, UTC]), one row per timer, in timestamp order."""
+        fired: builtins.list[tuple[int, bytes, bytes]] = []
+        for clock, upto in (("processing", processing), ("event", event)):
+            if upto is not None:
+                fired += [(at, raw, CLOCK_BYTES[clock]) for at, raw in self.due(clock, upto)]
+        fired.sort(key=lambda f: (f[0], f[1]))
+        deletes = []
+        for at, raw, byte in fired:
+            prefixed = self._prefixed(raw)
+            deletes += list(self._entries(prefixed, byte, at))
+        self._write((), deletes)
+        keys = [_text(raw) for _, raw, _ in fired]
+        return pd.DataFrame({
+            "key": pd.Series(keys, dtype=object),
+            "timestamp": pd.Series(pd.to_datetime([at for at, _, _ in fired], unit="us", utc=True),
+                                   dtype="datetime64[us, UTC]"),
+        })
+
+    def pending(self) -> tuple[int, int | None]:
+        """(timers pending in this subtask, the earliest one's time)."""
+        count, earliest = 0, None
+        for kg in range(self._kg_range.start, self._kg_range.end + 1):
+            for byte in CLOCK_BYTES.values():
+                prefix = kg.to_bytes(2, "big") + b"t" + byte
+                for k, _ in self._scan(prefix, _next_prefix(prefix)):
+                    count += 1
+                    at = _TIME.unpack_from(k, 4)[0] - _OFFSET
+                    earliest = at if earliest is None else min(earliest, at)
+        return count, earliest
+
+
+def _text(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def no_timers_without_on_timer(operator: str, service: TimerService | None, has_on_timer: bool) -> None:
+    """Timers registered by an operator that cannot be told when they fire are refused."""
+    if service is not None and service.registered and not has_on_timer:
+        raise StateBackendError(
+            f"operator {operator!r} registered {service.registered} timer(s) but has no on_timer: give its "
+            "KeyedOperator on_timer=fn(fired, state), or do not register timers"
+        )
