@@ -554,6 +554,8 @@ def _launch_gateway(master: str, app_name: str, settings: dict[str, str], *, qui
         finally:  # the JVM has its copies: the readers see the end when it exits
             for _, write_end in ends:
                 os.close(write_end)
+        if _launched_jvm is None:  # a PySpark that no longer spawns through its module's Popen: known from now on
+            _launched_jvm = getattr(gateway, "proc", None)
         if quiet and _launched_jvm is not None:  # a crash point kills its group with the driver, as a power cut would
             kill_with_this_process(_launched_jvm.pid)
         SparkContext._gateway = gateway
