@@ -33,6 +33,12 @@ still finds it. A retry of a completing step whose first try died after its clai
 names its holder) completes the attempt itself when that holder is known dead, and otherwise says
 who holds it.
 
+The committed `_metadata` records the attempt id beside the source offsets and the staged sink
+files (`committed_offsets`; older files lack it). So a writer whose commit another writer's
+checkpoint took can say whose: `finish_step_or_overtaken` returns `Overtaken` ("overtaken by chk-N
+of attempt X; nothing committed") instead of raising, once a checkpoint at or above N that is not
+the attempt's exists, and aborts the attempt itself.
+
 `tests/interleavings.py` runs these actors against each other at every interleaving of their
 storage steps that its bound allows.
 """
@@ -56,6 +62,7 @@ from sparkpoint.checkpoint.errors import (
     DeletionBlocked,
     PathEscapesJobDirectory,
     SparkpointError,
+    UnknownSharedState,
 )
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle, metadata_path
 from sparkpoint.checkpoint.paths import validate_name
@@ -75,6 +82,7 @@ log = logging.getLogger(__name__)
 
 ATTEMPT_FORMAT = "sparkpoint-pending-attempt"
 ATTEMPT_VERSION = 1
+ATTEMPT_KEY = "attempt"  # in a committed `_metadata`'s source offsets: the attempt that committed it
 UNREADABLE_DIR = f"{PENDING_DIR}/unreadable"  # attempt records set aside by `recover`
 
 
@@ -222,6 +230,30 @@ def attempt_path(checkpoint_id: int, attempt_id: str) -> str:
     return f"{PENDING_DIR}/chk-{checkpoint_id}-{attempt_id}.json"
 
 
+def committed_offsets(attempt: PendingAttempt) -> dict[str, Any]:
+    """What `_metadata` records of the attempt that commits it: the source offsets after its
+    batch, its staged sink files, and its id (under Dagster the id of the run whose SSTable step
+    made it), so that a writer it overtook can say whose checkpoint took its place. `_metadata`
+    written before the id was recorded has no `attempt`: readers take it as unknown."""
+    return {"source": attempt.source_offsets, "sink": list(attempt.staged), ATTEMPT_KEY: attempt.attempt_id}
+
+
+def written_by(meta: CheckpointMetadata) -> str | None:
+    """The attempt id that committed `meta` (None when its `_metadata` does not record one)."""
+    raw = meta.source_offsets
+    found = raw.get(ATTEMPT_KEY) if isinstance(raw, dict) else None
+    return found if isinstance(found, str) and found else None
+
+
+def consumed_files(meta: CheckpointMetadata) -> tuple[str, ...]:
+    """The input files a checkpoint's source offsets list as consumed (all batches up to it)."""
+    raw = meta.source_offsets
+    try:
+        return SourceOffsets.from_json(raw.get("source") if isinstance(raw, dict) else raw).consumed
+    except SparkpointError:
+        return ()
+
+
 # --- the two halves ---------------------------------------------------------------------------
 
 
@@ -305,8 +337,7 @@ def complete_attempt(
         for handle in attempt.state_handles():
             coordinator.acknowledge(cid, handle)
         fail_at("before-commit", inject, f"checkpoint {cid} acknowledged, _metadata not written")
-        completed = coordinator.complete(cid, source_offsets={"source": attempt.source_offsets,
-                                                              "sink": list(attempt.staged)})
+        completed = coordinator.complete(cid, source_offsets=committed_offsets(attempt))
     except (InjectedFailure, KeyboardInterrupt):
         raise  # as a crash would leave it: recovery, the next start and the sweep settle it
     except CheckpointAlreadyExists:
@@ -390,6 +421,7 @@ class AbortOutcome:
     uploads_deleted: int
     completed: bool  # its checkpoint is committed: only the record was forgotten
     left_to_completer: bool  # a completer holds the claim: nothing was touched
+    files: tuple[str, ...] = ()  # the attempt's batch
 
 
 def abort_attempt(
@@ -407,7 +439,8 @@ def abort_attempt(
     decided after the listing that found such a checkpoint, from chk-N itself: a listing that
     shows chk-N may show the completer's own commit (rule 9)."""
     cid = attempt.checkpoint_id
-    completed = AbortOutcome(cid, attempt.attempt_id, 0, completed=True, left_to_completer=False)
+    completed = AbortOutcome(cid, attempt.attempt_id, 0, completed=True, left_to_completer=False,
+                             files=attempt.files)
     if _committed_by(storage, attempt):
         _forget(storage, attempt)  # the sink commit is `_begin`'s if its completer died before it
         return completed
@@ -418,7 +451,8 @@ def abort_attempt(
                 return completed
             log.warning("checkpoint %s (attempt %s) is claimed by its completer: recovery leaves its uploads to it "
                         "(or to the orphan sweep)", cid, attempt.attempt_id)
-            return AbortOutcome(cid, attempt.attempt_id, 0, completed=False, left_to_completer=True)
+            return AbortOutcome(cid, attempt.attempt_id, 0, completed=False, left_to_completer=True,
+                                files=attempt.files)
         # chk-N is another writer's, or a newer checkpoint completed: its completer can never
         # commit (the exclusive create fails, or the commit is withdrawn before any sink commit).
     elif _committed_by(storage, attempt):
@@ -431,7 +465,8 @@ def abort_attempt(
     storage.delete([attempt.path])  # the claim stays: the tombstone a late completer finds
     log.warning("aborted the pending attempt of checkpoint %s (%s): %d uploads deleted", cid, attempt.attempt_id,
                 deleted)
-    return AbortOutcome(cid, attempt.attempt_id, deleted, completed=False, left_to_completer=False)
+    return AbortOutcome(cid, attempt.attempt_id, deleted, completed=False, left_to_completer=False,
+                        files=attempt.files)
 
 
 def _overtaken(storage: CheckpointStorage, attempt: PendingAttempt) -> bool:
@@ -456,8 +491,13 @@ def _committed_by(storage: CheckpointStorage, attempt: PendingAttempt) -> bool:
         meta = CheckpointMetadata.loads(data)
     except Exception:  # a damaged `_metadata`: deletion is blocked by the registry until someone looks
         return False
-    offsets = {"source": attempt.source_offsets, "sink": list(attempt.staged)}
-    return meta.source_offsets == offsets and {f.path for f in attempt.new_files()} <= meta.paths()
+    raw = meta.source_offsets
+    if not isinstance(raw, dict) or (raw.get("source"), raw.get("sink")) != (attempt.source_offsets,
+                                                                            list(attempt.staged)):
+        return False
+    if ATTEMPT_KEY in raw and raw[ATTEMPT_KEY] != attempt.attempt_id:  # absent in an older `_metadata`
+        return False
+    return {f.path for f in attempt.new_files()} <= meta.paths()
 
 
 # --- persistence between the halves -------------------------------------------------------------
@@ -685,4 +725,78 @@ def finish_step(
         attempt = load_attempt(pipeline.storage, attempt_id)
         if attempt is not None:
             return complete_attempt(pipeline, attempt, inject_failure=inject_failure, persisted=True)
+    return None
+
+
+# What a writer that lost the race for its checkpoint id raises: another writer committed chk-N
+# (or a newer checkpoint completed) first, or an abort claimed the attempt once that was so.
+LOST_RACE = (CheckpointAlreadyExists, CheckpointDeclined, UnknownSharedState)
+
+
+@dataclass(frozen=True)
+class Overtaken:
+    """An attempt another writer's checkpoint took the place of: nothing of it was committed."""
+
+    checkpoint_id: int  # the attempt's N
+    attempt_id: str
+    by_checkpoint: int  # the first completed checkpoint at or above N that is not the attempt's
+    by_attempt: str | None  # the attempt that committed it, when its `_metadata` records one
+    files: tuple[str, ...]  # the attempt's batch
+    pending: tuple[str, ...]  # of those, the files no checkpoint has consumed yet
+
+    def line(self, attempt_word: str = "attempt") -> str:
+        """`overtaken by chk-7 of run 1f2e...; nothing committed` (`attempt_word`: what an attempt
+        id is to the reader; a Dagster run id is the attempt id of its SSTable step)."""
+        by = f"chk-{self.by_checkpoint}" + (f" of {attempt_word} {self.by_attempt}" if self.by_attempt
+                                            else f" (its {attempt_word} is not recorded)")
+        out = f"overtaken by {by}; nothing committed"
+        if self.pending:
+            out += f"; {', '.join(self.pending)} not consumed yet: the next run processes it"
+        return out
+
+
+def overtaken_by(storage: CheckpointStorage, attempt: PendingAttempt) -> Overtaken | None:
+    """How another writer took the place of `attempt`, or None when no checkpoint at or above
+    its N exists, or chk-N is its own. Decided after the listing, from chk-N itself (as
+    `_overtaken`), so a `_metadata` of this attempt that lands meanwhile is never taken for
+    another writer's."""
+    ids = sorted(c for c in storage.completed_checkpoint_ids() if c >= attempt.checkpoint_id)
+    if not ids or _committed_by(storage, attempt):
+        return None
+    store = CompletedCheckpointStore(storage)
+    by_attempt: str | None = None
+    pending: tuple[str, ...] = ()
+    try:
+        by_attempt = written_by(store.load(ids[0]))
+        consumed = set(consumed_files(store.load(ids[-1])))
+        pending = tuple(f for f in attempt.files if f not in consumed)
+    except (SparkpointError, OSError) as e:  # a report only: the outcome stands without it
+        log.warning("checkpoint %s: could not read who overtook attempt %s (%s)", attempt.checkpoint_id,
+                    attempt.attempt_id, e)
+    return Overtaken(attempt.checkpoint_id, attempt.attempt_id, ids[0], by_attempt, attempt.files, pending)
+
+
+def finish_step_or_overtaken(
+    pipeline: PipelineCore, attempt_ids: Iterable[str], *, inject_failure: str | None = None
+) -> tuple[BatchReport, CheckpointMetadata] | Overtaken | None:
+    """`finish_step`, except that an attempt another writer overtook (its commit refused, its
+    claim taken by an abort, and a checkpoint at or above its N that is not its own exists) is
+    aborted here, its uploads and staged sink files deleted, and returned as `Overtaken` instead
+    of raising. Any other failure raises as in `finish_step`."""
+    for attempt_id in attempt_ids:
+        attempt = load_attempt(pipeline.storage, attempt_id)
+        if attempt is None:
+            continue
+        try:
+            return complete_attempt(pipeline, attempt, inject_failure=inject_failure, persisted=True)
+        except LOST_RACE:
+            lost = overtaken_by(pipeline.storage, attempt)
+            if lost is None:
+                raise
+        try:  # its completer (this step) can never commit it: settle it now rather than at the next prune
+            abort_attempt(pipeline.storage, attempt, pipeline.sink)
+        except (SparkpointError, OSError) as e:
+            log.warning("checkpoint %s: the overtaken attempt %s is left to the next prune or recovery (%s)",
+                        attempt.checkpoint_id, attempt.attempt_id, e)
+        return lost
     return None

@@ -19,14 +19,19 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import SweepReport, sweep_orphans
 from sparkpoint.pipeline.attempt import (
+    LOST_RACE,
     AbortOutcome,
+    Overtaken,
     abort_attempt,
     complete_attempt,
+    consumed_files,
     forget_tombstones,
     list_attempts,
+    overtaken_by,
     pending_paths,
     set_aside_unreadable,
     spark_half_with_fallback,
+    written_by,
 )
 from sparkpoint.pipeline.claims import fence
 from sparkpoint.pipeline.runtime import BatchReport
@@ -155,11 +160,18 @@ class RecoveryReport:
     batch: tuple[BatchReport, CheckpointMetadata] | None  # the re-processed batch
     left_to_completer: tuple[int, ...] = ()  # attempts a live completer had claimed: left alone
     set_aside: tuple[str, ...] = ()  # unreadable attempt records moved to _pending/unreadable/
+    failed_batch: tuple[str, ...] = ()  # the batch of the failed run's persisted attempts
+    failed_batch_committed: CommittedBy | None = None  # ... when a checkpoint has consumed it since
+    overtaken: Overtaken | None = None  # the re-processing lost its commit to another writer
 
-    def summary(self) -> str:
-        """One readable paragraph for a log: what was aborted, restored, re-processed."""
+    def summary(self, attempt_word: str = "attempt") -> str:
+        """One readable paragraph for a log: what was aborted, restored, re-processed.
+        `attempt_word`: what an attempt id is to the reader (a run, under Dagster)."""
         parts = [f"aborted attempts of checkpoints {list(self.aborted)} ({self.uploads_deleted} uploads deleted)"
                  if self.aborted else "no attempt to abort"]
+        if self.failed_batch_committed is not None:
+            parts.append(f"the failed batch {', '.join(self.failed_batch)} was already committed by "
+                         f"{self.failed_batch_committed.describe(attempt_word)}")
         if self.left_to_completer:
             parts.append(f"left checkpoints {list(self.left_to_completer)} to the completer that claimed them")
         if self.set_aside:
@@ -172,9 +184,36 @@ class RecoveryReport:
         if self.batch is not None:
             report, _ = self.batch
             parts.append(f"re-processed {', '.join(report.files)} as checkpoint {report.checkpoint_id}")
+        elif self.overtaken is not None:
+            parts.append(f"re-processed {', '.join(self.overtaken.files)}: {self.overtaken.line(attempt_word)}")
         else:
             parts.append("no unconsumed batch to re-process")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class CommittedBy:
+    """Which checkpoint consumed a batch, and the attempt that wrote it when its `_metadata` says."""
+
+    checkpoint_id: int
+    attempt_id: str | None
+    exact: bool  # False: the oldest retained checkpoint lists it, an older one may have committed it
+
+    def describe(self, attempt_word: str = "attempt") -> str:
+        where = f"chk-{self.checkpoint_id}" if self.exact else f"chk-{self.checkpoint_id} or an older checkpoint"
+        return where + (f" of {attempt_word} {self.attempt_id}" if self.attempt_id and self.exact else "")
+
+
+def committed_by(storage: CheckpointStorage, files: tuple[str, ...]) -> CommittedBy | None:
+    """The first retained checkpoint whose source offsets list every one of `files` (None: not
+    all of them are consumed, or nothing is retained)."""
+    if not files:
+        return None
+    checkpoints = sorted(CompletedCheckpointStore(storage).load_all().checkpoints, key=lambda m: m.checkpoint_id)
+    for i, meta in enumerate(checkpoints):
+        if set(files) <= set(consumed_files(meta)):
+            return CommittedBy(meta.checkpoint_id, written_by(meta), exact=i > 0 or meta.checkpoint_id == 1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -236,7 +275,7 @@ def clear_failed_attempts(
 
 def recover(
     pipeline: PipelineCore, *, failed_before: float | None = None, failed_attempts: tuple[str, ...] = (),
-    orphan_grace_seconds: float = 3600.0,
+    orphan_grace_seconds: float = 3600.0, attempt_id: str | None = None,
 ) -> RecoveryReport:
     """Heal the job after a failed batch, then process that batch again.
 
@@ -255,7 +294,13 @@ def recover(
        loudly (its later sink output is rolled back and its batches replayed).
     5. Local state rolls back by itself: each subtask's restore discards a working database that
        is not exactly the restored checkpoint.
-    6. Re-process the next unconsumed batch (the failed one): a newer checkpoint completes.
+    6. Re-process the next unconsumed batch (the failed one): a newer checkpoint completes,
+       recorded as written by `attempt_id` (under Dagster, the recover run's id).
+
+    When the failed run's batch was committed by another writer meanwhile, the report says by
+    which checkpoint (`failed_batch_committed`), and step 6 takes the next batch, if any. When
+    the re-processing loses its commit to another writer (`overtaken`), the report says so and
+    nothing fails: its uploads are aborted, and the batch is the other writer's or still pending.
     """
     storage = pipeline.storage
     settled, sweep = clear_failed_attempts(
@@ -279,8 +324,27 @@ def recover(
         )
         start = pipeline._fall_back(start, error)  # logs FALLING BACK, raises when none is left
     restored_from = start.metadata.checkpoint_id if start.metadata else None
-    redo, coordinator = spark_half_with_fallback(pipeline, start=(start, coordinator))
-    batch = complete_attempt(pipeline, redo, coordinator=coordinator) if redo is not None else None
+    redo, coordinator = spark_half_with_fallback(pipeline, attempt_id=attempt_id, start=(start, coordinator))
+    batch, overtaken = None, None
+    if redo is not None:
+        try:
+            batch = complete_attempt(pipeline, redo, coordinator=coordinator)
+        except LOST_RACE:  # the commit was refused and the attempt's uploads deleted
+            overtaken = overtaken_by(storage, redo)
+            if overtaken is None:
+                raise
+            if pipeline.sink is not None:
+                try:  # best effort: the next start discards staging at or below the latest checkpoint
+                    pipeline.sink.discard_staged(redo.checkpoint_id, list(redo.staged))
+                except OSError as e:
+                    log.warning("recovery: the staged output of the overtaken checkpoint %s stays (%s)",
+                                redo.checkpoint_id, e)
+            log.warning("recovery: %s", overtaken.line())
+    failed_batch = tuple(dict.fromkeys(f for o in settled.outcomes if o.attempt_id in failed_attempts
+                                       for f in o.files))
+    already = None  # the failed batch, when a checkpoint other than this recovery's consumed it
+    if failed_batch and (batch is None or not set(failed_batch) & set(batch[0].files)):
+        already = committed_by(storage, failed_batch)
     # An attempt left to a completer that claimed it is settled once the re-processed checkpoint
     # took its id: that completer can never commit now (and one that died never will).
     late = settle_attempts(storage, pipeline.sink, only_superseded=True)
@@ -289,7 +353,9 @@ def recover(
         orphans_deleted=len(sweep.orphans), registry=counts, restored_from=restored_from,
         fell_back_from=tuple(fell_back), batch=batch,
         left_to_completer=tuple(c for c in settled.left_to_completer if c not in late.aborted),
-        set_aside=settled.set_aside,
+        set_aside=settled.set_aside, failed_batch=failed_batch,
+        failed_batch_committed=already,
+        overtaken=overtaken,
     )
 
 
