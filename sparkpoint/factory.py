@@ -16,6 +16,9 @@ Because each pipeline has its own pool, two pipelines that write one job directo
 checkpoints location and job id) would run at once against it: the factory refuses the second
 pipeline built in one process for a job directory (`Definitions.merge` of the two, two
 components), naming both. Building the same pipeline again (a reload) is not refused.
+
+On an instance that does not limit the pipeline's pool to one run at a time, building it logs a
+warning once per process, naming the `dagster.yaml` lines to add (`sparkpoint.ops.instance`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import dagster as dg
 from sparkpoint.assets import build_assets, build_checks
 from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.ops import PipelineJobs, build_jobs
+from sparkpoint.ops.instance import warn_if_pool_unlimited
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.resources import resources_for
@@ -88,6 +92,7 @@ def pipeline_defs(
         raise ValueError(f"resources: unknown role(s) {sorted(unknown)}; the roles are {', '.join(ROLES)}")
     by_role.update(resources or {})
     claim_job_dir(pipeline, by_role["storage"])
+    warn_if_pool_unlimited(pipeline.name, scope.pool)
     jobs = build_jobs(scope, schedule=schedule, schedule_status=schedule_status)
     return PipelineDefs(
         scope=scope, assets=build_assets(scope), checks=build_checks(scope), jobs=jobs,
