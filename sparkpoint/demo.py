@@ -115,11 +115,7 @@ def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, defs:
     """What the daemon does on a failed run: evaluate the recovery sensor, launch its request."""
     recovery_sensor = defs.resolve_sensor_def(name("recovery_sensor"))
     recover_job = defs.resolve_job_def(name("recover"))
-    context = dg.build_run_status_sensor_context(
-        sensor_name=recovery_sensor.name, dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
-        dagster_run=failed.dagster_run,
-    ).for_run_failure()
-    request = recovery_sensor(context)
+    request = recovery_sensor(dg.build_sensor_context(instance=instance))
     if not isinstance(request, dg.RunRequest):
         print(f"  recovery sensor: {request.skip_message if request else 'nothing'}")
         return

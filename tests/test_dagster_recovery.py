@@ -32,17 +32,15 @@ pytestmark = pytest.mark.spark
 
 def heal(tmp_path: Path, instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult) -> dg.ExecuteInProcessResult:
     """What the daemon does: evaluate the sensor on the failure, launch what it requests."""
-    context = dg.build_run_status_sensor_context(
-        sensor_name=recovery_sensor.name, dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
-        dagster_run=failed.dagster_run,
-    ).for_run_failure()
+    context = dg.build_sensor_context(instance=instance)
     request = recovery_sensor(context)
     assert isinstance(request, dg.RunRequest), request
     assert request.run_key == failed.run_id
     run = recover_job.execute_in_process(
         run_config=request.run_config, tags=request.tags, instance=instance, resources=resources(tmp_path)
     )
-    assert isinstance(recovery_sensor(context), dg.SkipReason), "one recovery per failed run"
+    assert isinstance(recovery_sensor(dg.build_sensor_context(instance=instance, cursor=context.cursor)),
+                      dg.SkipReason), "one recovery per failed run"
     return run
 
 

@@ -42,11 +42,10 @@ def other_config(tmp_path: Path, **registry: object) -> dict[str, dict[str, obje
     return {"resources": resources}
 
 
-def failure_context(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult) -> dg.RunFailureSensorContext:
-    return dg.build_run_status_sensor_context(
-        sensor_name=recovery_sensor.name, dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
-        dagster_run=failed.dagster_run,
-    ).for_run_failure()
+def failure_context(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult) -> dg.SensorEvaluationContext:
+    """A tick of the recovery sensor after `failed` (a first tick looks back an hour)."""
+    assert not failed.success
+    return dg.build_sensor_context(instance=instance)
 
 
 def test_recovery_heals_the_failed_runs_own_job_and_leaves_the_default_job_alone(spark, tmp_path: Path):

@@ -86,11 +86,7 @@ def heal(defs: dg.Definitions, instance: dg.DagsterInstance, failed: dg.ExecuteI
     """What the daemon does: each pipeline's recovery sensor sees the failure; only its own acts."""
     def evaluate(name: str) -> object:
         sensor = defs.resolve_sensor_def(f"{name}_recovery_sensor")
-        context = dg.build_run_status_sensor_context(
-            sensor_name=sensor.name, dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
-            dagster_run=failed.dagster_run,
-        ).for_run_failure()
-        return sensor(context)
+        return sensor(dg.build_sensor_context(instance=instance))
 
     skipped = evaluate(other)
     assert isinstance(skipped, dg.SkipReason) and "none of pipeline" in (skipped.skip_message or ""), skipped

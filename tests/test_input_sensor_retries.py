@@ -178,11 +178,7 @@ def test_a_failed_recovery_run_says_that_nothing_recovers_it(tmp_path: Path):
     failed = recover.execute_in_process(instance=instance, tags={FAILED_RUN_TAG: "f00d"}, run_config=config,
                                         raise_on_error=False)
     assert not failed.success
-    context = dg.build_run_status_sensor_context(
-        sensor_name="orders_recovery_sensor", dagster_event=failed.get_run_failure_event(), dagster_instance=instance,
-        dagster_run=failed.dagster_run,
-    ).for_run_failure()
-    skip = parts.sensor("recovery_sensor")(context)
+    skip = parts.sensor("recovery_sensor")(dg.build_sensor_context(instance=instance))
     note = instance.get_run_by_id(failed.run_id).tags[NOT_RECOVERED_TAG]  # shown on the run in the UI
     assert note == ("the recovery of run f00d failed and is not recovered again: fix the cause, then launch "
                     "orders_recover with failed_run_id f00d")

@@ -6,6 +6,12 @@ restores, applies its rows, snapshots and uploads its SSTs); the checkpoint asse
 checkpoint in its own step, without Spark, and with it the sink's output. What crosses between the
 two steps is the pending attempt, persisted by `sparkpoint.pipeline.attempt` under the run's id.
 Both steps sit in the pipeline's concurrency pool (see `sparkpoint.ops.instance`).
+
+A run whose checkpoint another writer took first (another run of the pipeline, where the instance
+gives its pool no limit) ends cleanly, whoever launched it: its checkpoint step aborts its own
+attempt and says "overtaken by chk-N of run X; nothing committed" (a warning in the run's log, the
+run tag `sparkpoint/overtaken`, an observation of the checkpoint asset); the SSTable
+materializations it reported stay, the checkpoint asset gets none.
 """
 
 
@@ -23,9 +29,9 @@ from sparkpoint.assets.metadata import (
 )
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.pipeline.attempt import finish_step, start_step
+from sparkpoint.pipeline.attempt import Overtaken, finish_step_or_overtaken, start_step
 from sparkpoint.pipeline.maintenance import prune_due, recount, registry_counts, verify_latest
-from sparkpoint.resources.scope import INJECT_TAG, PipelineScope
+from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, PipelineScope
 from sparkpoint.spark.sink import output_facts
 from sparkpoint.spark.source import ParquetDirectorySource
 
@@ -112,9 +118,13 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
     )
     def complete(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
         driver = scope.resources(context).driver(pipeline)
-        done = finish_step(driver, run_lineage(context.run), inject_failure=context.run.tags.get(INJECT_TAG))
+        done = finish_step_or_overtaken(driver, run_lineage(context.run),
+                                        inject_failure=context.run.tags.get(INJECT_TAG))
         if done is None:
             context.log.info("this run's SSTable step left no pending checkpoint: no new checkpoint")
+            return
+        if isinstance(done, Overtaken):
+            report_overtaken(scope, context, done)
             return
         report, meta = done
         context.log.info(report.line())
@@ -135,6 +145,18 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
 
     return [input_asset, sstables, complete]
+
+
+def report_overtaken(scope: PipelineScope, context: dg.AssetExecutionContext, lost: Overtaken) -> None:
+    """Say where the user looks that this run's checkpoint was another writer's to commit."""
+    line = lost.line("run")
+    context.log.warning(f"checkpoint {lost.checkpoint_id} of this run: {line}")
+    context.instance.add_run_tags(context.run.run_id, {OVERTAKEN_TAG: line})
+    metadata: dict[str, object] = {"checkpoint_id": lost.checkpoint_id, "overtaken_by": lost.by_checkpoint,
+                                   "committed": False, "batch": dg.MetadataValue.json(list(lost.files))}
+    if lost.by_attempt:
+        metadata["by_run"] = lost.by_attempt
+    context.log_event(dg.AssetObservation(asset_key=scope.checkpoint_key, description=line, metadata=metadata))
 
 
 def build_checks(scope: PipelineScope) -> list[dg.AssetChecksDefinition]:

@@ -3,7 +3,8 @@ savepoint, each named `<pipeline>_<job>`, and an optional schedule.
 
 Each op is a few lines around `sparkpoint.pipeline.maintenance`. Every op sits in the pipeline's
 concurrency pool with its assets, so a recovery never overlaps a materialization of the same
-pipeline.
+pipeline where the instance limits the pool. The schedule asks the instance itself: a tick while
+one of the pipeline's runs is queued or in progress is skipped, saying which run it waits for.
 
 Every job runs its steps in the run's own process (`in_process_executor`). Its steps follow one
 another (the Spark half, then the commit, then the checks), so the multiprocess executor's only
@@ -71,9 +72,12 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         report = maintenance.recover(
             driver, failed_before=failed.end_time if failed and failed.end_time else None,
             failed_attempts=tuple(run_lineage(failed.dagster_run)) if failed else (),
-            orphan_grace_seconds=resources.registry.orphan_grace_seconds,
+            orphan_grace_seconds=resources.registry.orphan_grace_seconds, attempt_id=context.run_id,
         )
-        context.log.info(f"recovery of run {failed_id or '?'}: {report.summary()}")
+        summary = report.summary("run")
+        context.log.info(f"recovery of run {failed_id or '?'}: {summary}")
+        if report.overtaken is not None:
+            context.log.warning(f"the re-processed checkpoint was {report.overtaken.line('run')}")
         if report.fell_back_from:
             context.log.error(f"FELL BACK: checkpoints {list(report.fell_back_from)} failed verification")
         if report.batch is not None:
@@ -94,7 +98,12 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                 asset_key=scope.checkpoint_key, check_name=result.check_name or "", passed=result.passed,
                 metadata=result.metadata, description=result.description,
             ))
-        yield dg.Output(None)
+        facts: dict[str, Any] = {"summary": summary}
+        if report.failed_batch_committed is not None:  # another writer committed the failed batch first
+            facts["failed_batch_committed_by"] = report.failed_batch_committed.checkpoint_id
+        if report.overtaken is not None:
+            facts["overtaken_by"] = report.overtaken.by_checkpoint
+        yield dg.Output(None, metadata=facts)
 
     @dg.op(name=scope.name("prune_op"), pool=pool, required_resource_keys=scope.resource_keys("storage", "registry"))
     def prune_op(context: dg.OpExecutionContext) -> dg.Output[None]:
@@ -154,6 +163,17 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         description=f"Materialize `{pipeline.name}`'s SSTable and checkpoint assets: one batch, one checkpoint",
         executor_def=dg.in_process_executor,
     )
+    checkpoint_schedule = None
+    if schedule:
+        @dg.schedule(name=scope.name("checkpoint_schedule"), target=checkpoint, cron_schedule=schedule,
+                     default_status=schedule_status,
+                     description=f"Materializes `{pipeline.name}` on `{schedule}` unless one of its runs is in flight")
+        def checkpoint_schedule_fn(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+            busy = scope.runs_in_flight(context.instance)
+            return dg.SkipReason(scope.waiting_for(busy)) if busy else dg.RunRequest()
+
+        checkpoint_schedule = checkpoint_schedule_fn
+
     return PipelineJobs(
         checkpoint=checkpoint,
         recover=job_of(recover_op, "recover", **{"sparkpoint/job": "recover"}),
@@ -161,8 +181,5 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         verify=job_of(verify_op, "verify"),
         rebuild_registry=job_of(rebuild_registry_op, "rebuild_registry"),
         savepoint=job_of(savepoint_op, "savepoint"),
-        schedule=dg.ScheduleDefinition(
-            name=scope.name("checkpoint_schedule"), target=checkpoint, cron_schedule=schedule,
-            default_status=schedule_status,
-        ) if schedule else None,
+        schedule=checkpoint_schedule,
     )

@@ -1,6 +1,7 @@
 """The names one pipeline's Dagster definitions take, so that two pipelines merge into one code
 location without a clash: asset keys under `<key_prefix>/` (default: the pipeline's name), job,
-sensor, schedule, op and resource names starting with `<name>_`, its own concurrency pool."""
+sensor, schedule, op and resource names starting with `<name>_`, its own concurrency pool; and
+which runs of the instance are the pipeline's (what its sensors and schedule wait for)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ INJECT_TAG = "sparkpoint/inject-failure"
 FAILED_RUN_TAG = "sparkpoint/recovers"
 RECOVERED_BY_TAG = "sparkpoint/recovered-by"
 PIPELINE_TAG = "sparkpoint/pipeline"
+OVERTAKEN_TAG = "sparkpoint/overtaken"
+# A run in one of these may still start or finish a checkpoint of its pipeline.
+IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+             dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,32 @@ class PipelineScope:
     def steps(self) -> frozenset[str]:
         """The op names of its two pipeline steps (what a failed run must have started to need recovery)."""
         return frozenset({self.name("sstables"), self.name("complete")})
+
+    # --- its runs ----------------------------------------------------------------------------
+
+    def owns_run(self, run: dg.DagsterRun) -> bool:
+        """Whether `run` is one of this pipeline's: tagged with its name (its jobs, so its
+        sensors' and schedule's runs), or selecting its assets or running its steps (the UI's
+        Materialize button runs the implicit `__ASSET_JOB`, which carries no tag of ours)."""
+        if run.tags.get(PIPELINE_TAG) == self.pipeline.name:
+            return True
+        keys = {*self.sstable_keys.values(), self.checkpoint_key, self.output_key}
+        if run.asset_selection and keys & set(run.asset_selection):
+            return True
+        return bool(run.step_keys_to_execute and self.steps & set(run.step_keys_to_execute))
+
+    def runs_in_flight(self, instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
+        """This pipeline's runs that are queued or in progress, oldest first: asked of the
+        instance, so it holds whatever the instance's concurrency config says."""
+        runs = instance.get_runs(dg.RunsFilter(statuses=list(IN_FLIGHT)), limit=500)
+        return [r for r in reversed(runs) if self.owns_run(r)]
+
+    def waiting_for(self, runs: list[dg.DagsterRun]) -> str:
+        """What a sensor or the schedule says while it waits for `runs` (`runs_in_flight`)."""
+        shown = ", ".join(f"{r.run_id} ({r.status.value})" for r in runs[:3])
+        more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+        return (f"waiting for run{'s' if len(runs) > 1 else ''} {shown}{more} of pipeline {self.pipeline.name!r} "
+                "to finish: one run of a pipeline at a time")
 
     # --- resources ---------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """One pipeline's sensors: recovery after its failed runs, retention when something is to prune,
 and a run when new input lands.
 
-The recovery sensor monitors every run of the code location, the UI's Materialize button
+The recovery sensor reads every run failure of the instance, the UI's Materialize button
 (`__ASSET_JOB`) included: a sensor with `monitored_jobs` would not see those. It decides from
 the failed run alone (which of *this pipeline's* steps it started, how they failed, its tags)
 and launches the pipeline's recover job once per failed run (run key = the failed run's id) with
@@ -9,6 +9,12 @@ the failed run's own resource config, so a run launched for another job id, inpu
 location is healed there, not in the defaults, and another pipeline's failure is never touched.
 A failed recover run is not recovered again (it could fail the same way for ever): the sensor
 tags it `sparkpoint/not-recovered` with what to do, and says so in its skip reason.
+
+None of the pipeline's sensors (nor its schedule) starts a run while another run of the pipeline
+is queued or in progress (`PipelineScope.runs_in_flight`, asked of the instance): they skip,
+naming the runs they wait for. So one run of a pipeline at a time holds even on an instance that
+gives the pipeline's pool no limit. The recovery sensor keeps the failed runs it waits to recover
+in its cursor (`sparkpoint.sensors.recovery`) and launches one recovery at a time.
 
 The input sensor's decisions (when a file has settled, when a file a run did not consume is
 offered again) are in `sparkpoint.sensors.landing`.
@@ -26,6 +32,7 @@ from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.ops import PipelineJobs
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PipelineScope
 from sparkpoint.sensors import landing
+from sparkpoint.sensors.recovery import RecoveryCursor, new_failures
 
 WILL_RETRY_TAG = "dagster/will_retry"
 NOT_RECOVERED_TAG = "sparkpoint/not-recovered"
@@ -86,6 +93,26 @@ def _failure_classes(instance: dg.DagsterInstance, run_id: str, steps: frozenset
     return names
 
 
+def _why_not_recover(scope: PipelineScope, instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """None: recover failed run `run_id`; otherwise why not (a failed recover run is tagged
+    with what to do, on the run itself, where the UI shows it)."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        return "deleted"
+    note = not_recovered_note(scope, run.job_name, run.tags)
+    if note:
+        instance.add_run_tags(run.run_id, {NOT_RECOVERED_TAG: note})
+        return note
+    started = {e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
+               if e.step_key}
+    return recovery_decision(scope, run.job_name, run.tags, started,
+                             _failure_classes(instance, run.run_id, scope.steps))
+
+
+def _recovery_of(instance: dg.DagsterInstance, run_id: str, recover_job: str) -> bool:
+    return bool(instance.get_run_ids(dg.RunsFilter(tags={FAILED_RUN_TAG: run_id}, job_name=recover_job), limit=1))
+
+
 def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: bool = True,
                   orphan_grace_seconds: float = 3600.0, settle_seconds: float = landing.SETTLE_SECONDS,
                   retry_seconds: float = landing.RETRY_SECONDS) -> list[dg.SensorDefinition]:
@@ -93,24 +120,35 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
     `landing_sensor`; `settle_seconds` and `retry_seconds` as in `sparkpoint.sensors.landing`)."""
     recover_job, prune_job = jobs.recover, jobs.prune
 
-    @dg.run_failure_sensor(name=scope.name("recovery_sensor"), request_job=recover_job,
-                           default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=10)
-    def recovery_sensor(context: dg.RunFailureSensorContext) -> dg.RunRequest | dg.SkipReason:
-        run = context.dagster_run
-        note = not_recovered_note(scope, run.job_name, run.tags)
-        if note:  # said on the run itself, where the UI shows it
-            context.instance.add_run_tags(run.run_id, {NOT_RECOVERED_TAG: note})
-            return dg.SkipReason(f"run {run.run_id}: {note}")
-        started = {e.step_key for e in context.instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
-                   if e.step_key}
-        why_not = recovery_decision(scope, run.job_name, run.tags, started,
-                                    _failure_classes(context.instance, run.run_id, scope.steps))
-        if why_not:
-            return dg.SkipReason(f"run {run.run_id}: {why_not}")
-        if context.instance.get_run_ids(dg.RunsFilter(tags={FAILED_RUN_TAG: run.run_id},
-                                                      job_name=recover_job.name), limit=1):
-            return dg.SkipReason(f"run {run.run_id} already has a recovery run")
-        return dg.RunRequest(
+    @dg.sensor(name=scope.name("recovery_sensor"), target=recover_job, minimum_interval_seconds=10,
+               default_status=dg.DefaultSensorStatus.RUNNING,
+               description=f"Launches `{recover_job.name}` for each failed run of `{scope.pipeline.name}`, once "
+                           "none of its runs is in flight")
+    def recovery_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        instance = context.instance
+        cursor = RecoveryCursor.from_cursor(context.cursor)
+        failed, after = new_failures(instance, cursor.after)
+        waiting, said = list(cursor.waiting), []
+        for run_id in failed:
+            why_not = _why_not_recover(scope, instance, run_id)
+            if why_not:
+                said.append(f"run {run_id}: {why_not}")
+            elif run_id not in waiting:
+                waiting.append(run_id)
+        # Each stays until a recovery run of it exists (launched by an earlier tick, or by hand).
+        waiting = [r for r in waiting if not _recovery_of(instance, r, recover_job.name)]
+        context.update_cursor(RecoveryCursor(after, tuple(waiting)).to_cursor())
+        if not waiting:
+            return dg.SkipReason("; ".join(said) or f"no failed run of pipeline {scope.pipeline.name!r} to recover")
+        busy = scope.runs_in_flight(instance)
+        if busy:
+            return dg.SkipReason(f"{scope.waiting_for(busy)}; then recovering failed run"
+                                 f"{'s' if len(waiting) > 1 else ''} {', '.join(waiting)}")
+        run = instance.get_run_by_id(waiting[0])
+        if run is None:  # deleted since: nothing left to recover it with
+            context.update_cursor(RecoveryCursor(after, tuple(waiting[1:])).to_cursor())
+            return dg.SkipReason(f"failed run {waiting[0]} was deleted: not recovered")
+        return dg.RunRequest(  # one recovery at a time: the others wait for it in the next ticks
             run_key=run.run_id, tags={FAILED_RUN_TAG: run.run_id},
             run_config={"ops": {scope.name("recover_op"): {"config": {"failed_run_id": run.run_id}}},
                         "resources": resources_config(run, recover_job)},
@@ -131,6 +169,10 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
         new = [r for r in records if seen is None or r.storage_id > seen]
         if not new:
             return dg.SkipReason("no new checkpoint since the last look" if records else "no checkpoint yet")
+        busy = scope.runs_in_flight(context.instance)
+        if busy:  # the cursor stays: the next tick looks at these checkpoints again
+            return dg.SkipReason(f"{len(new)} new checkpoint{'s' if len(new) > 1 else ''} to look at; "
+                                 f"{scope.waiting_for(busy)}")
         now, requests = time.time(), {}
         for record in new:  # newest first: one prune per distinct job configuration
             run = context.instance.get_run_by_id(record.run_id)
@@ -181,6 +223,9 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
             return dg.SkipReason(f"input not readable: {e}")
         if decision.run_key is None:
             return dg.SkipReason(decision.reason)
+        busy = scope.runs_in_flight(context.instance)
+        if busy:
+            return dg.SkipReason(f"{decision.reason}; {scope.waiting_for(busy)}")
         context.log.info(decision.reason)
         return dg.RunRequest(run_key=decision.run_key, tags=dict(decision.tags))
 
