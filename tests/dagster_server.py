@@ -105,12 +105,16 @@ def entry_value(entry: dict[str, Any]) -> Any:
 
 class DagsterServer:
     """`dagster dev -w workspace.yaml -h 127.0.0.1 -p PORT` in `root`, stopped by process group,
-    serving `module`'s `attribute` (the tests' location by default) with `env` added."""
+    serving `module`'s `attribute` (the tests' location by default) with `env` added, on an
+    instance configured by sparkpoint's `dagster.yaml` or by `instance_yaml`."""
 
     def __init__(self, root: Path, *, module: str = "tests.ui_location", attribute: str = "defs",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, instance_yaml: str | None = None) -> None:
         self.root = root
         self.module, self.attribute, self.extra_env = module, attribute, dict(env or {})
+        if instance_yaml is not None:
+            (root / "dagster-home").mkdir(parents=True, exist_ok=True)
+            (root / "dagster-home" / "dagster.yaml").write_text(instance_yaml)
         self.home = prepare_dagster_home(root / "dagster-home")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
