@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-import json
 import random
 import re
 import shutil
-import socket
 import threading
 import time
 import traceback
@@ -389,14 +387,18 @@ def canary(run: Run) -> dict[str, bytes]:
 
 def dead_holder_claim(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str) -> None:
     """The claim a completer killed between its claim and `_metadata` leaves (kill -9, OOM): its
-    holder is a process of this host that no longer exists."""
+    holder is a process of this host, boot and PID namespace that no longer exists."""
+    import dataclasses
     import subprocess
 
-    gone = subprocess.Popen(["true"])
+    from sparkpoint.pipeline.claims import Claim, _process_start
+
+    gone = subprocess.Popen(["sleep", "30"])
+    started = _process_start(gone.pid)
+    gone.kill()
     gone.wait()
-    record = {"side": COMPLETE, "at": time.time(), "by": "dead0000", "attempt_id": attempt_id,
-              "host": socket.gethostname(), "pid": gone.pid, "pid_start": None}
-    storage.commit_exclusive(claim_path(checkpoint_id, attempt_id), json.dumps(record).encode())
+    record = dataclasses.replace(Claim.mine(COMPLETE), pid=gone.pid, pid_start=started, by="dead0000")
+    storage.commit_exclusive(claim_path(checkpoint_id, attempt_id), record.dumps())
 
 
 @dataclass(frozen=True)

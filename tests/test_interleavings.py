@@ -73,7 +73,8 @@ def test_the_checker_finds_n1_in_the_abort_as_it_was(tmp_path: Path, monkeypatch
     monkeypatch.setattr(attempt_module, "_overtaken", listing_only)
     report = Checker(SCENARIOS["claimed-completer-vs-recovery-abort"], tmp_path).explore(bound=2)
     assert report.violations, report.line()
-    assert any("SinkOutputLost" in v for o in report.violations for v in o.violations)
+    assert any("not exactly once" in v for o in report.violations for v in o.violations)
+    assert any("SinkOutputLost" in e for o in report.violations for e in o.errors.values())
 
 
 def test_the_checker_finds_n2_in_the_sweep_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
-from sparkpoint.checkpoint.errors import CheckpointAlreadyExists
+from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointDeclined
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import (
@@ -30,7 +30,7 @@ from sparkpoint.pipeline.attempt import (
     finish_step,
     load_attempt,
 )
-from sparkpoint.pipeline.claims import ABORT, COMPLETE, Claim, claim_path
+from sparkpoint.pipeline.claims import ABORT, COMPLETE, Claim, claim, claim_path
 from sparkpoint.pipeline.maintenance import settle_attempts
 from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkOutputLost
 from sparkpoint.state.verify import verify_checkpoint
@@ -206,3 +206,77 @@ def test_a_completer_told_it_was_aborted_hears_by_whom(tmp_path: Path):
     assert held["side"] == ABORT and held["host"] == socket.gethostname() and held["pid"] == os.getpid()
     with pytest.raises(AttemptAborted, match=r"aborted by recovery \(process \d+ on .* UTC\): nothing was committed"):
         complete_attempt(late, attempt, persisted=True)
+
+
+# --- the review of the fixes: a dead holder is known dead only here; takeovers and fences -------------
+
+
+def test_a_holder_is_known_dead_only_on_this_host_boot_and_pid_namespace(tmp_path: Path):
+    import dataclasses
+    import subprocess
+
+    from sparkpoint.pipeline.claims import _process_start
+
+    gone = subprocess.Popen(["sleep", "30"])
+    started = _process_start(gone.pid)
+    gone.kill()
+    gone.wait()
+    dead = dataclasses.replace(Claim.mine(COMPLETE), pid=gone.pid, pid_start=started)
+    assert dead.holder_is_gone()
+    # a pod on the same node with hostNetwork: same host name, its own PID namespace
+    assert not dataclasses.replace(dead, pidns="4026531836-elsewhere").holder_is_gone()
+    assert not dataclasses.replace(dead, boot="another-boot").holder_is_gone()
+    assert not dataclasses.replace(dead, pid_start=None).holder_is_gone(), "a record that cannot tell"
+    assert not Claim.mine(COMPLETE).holder_is_gone(), "this very process"
+
+
+def test_one_retry_takes_a_dead_completers_claim_over_and_a_claim_is_released_by_its_writer_only(tmp_path: Path):
+    from sparkpoint.pipeline.claims import current_holder, generation_path, release, take_over
+
+    run = world(tmp_path)
+    storage = run.storage()
+    dead_holder_claim(storage, 2, "run-a")
+    first = take_over(storage, 2, "run-a")
+    assert first is not None and first[0] == 1
+    assert take_over(storage, 2, "run-a") is None, "the first taker is alive: a second retry gets nothing"
+    assert current_holder(storage, 2, "run-a")[1] == first[1]
+    release(storage, 2, "run-a", 1, Claim.mine(COMPLETE))  # not ours: stays
+    assert storage.exists(generation_path(2, "run-a", 1))
+    release(storage, 2, "run-a", 1, first[1])
+    assert not storage.exists(generation_path(2, "run-a", 1))
+
+
+def test_a_completion_is_withdrawn_when_a_fence_landed_while_it_committed(tmp_path: Path):
+    """The fence is read again right after `_metadata` landed, whatever id the completer took."""
+    from sparkpoint.pipeline.claims import fence
+
+    run = world(tmp_path)
+    zombie = run.pipeline("zombie")
+    attempt = load_attempt(zombie.storage, "run-a")
+    assert attempt is not None
+    assert claim(zombie.storage, 2, "run-a", COMPLETE)  # the zombie claimed before the recovery looked
+    fence(run.storage(), ("run-a",), reason="recovery of the failed run")
+    with pytest.raises(CheckpointDeclined, match="withdrawn right after its commit: fenced by recovery"):
+        complete_attempt(zombie, attempt)
+    assert CompletedCheckpointStore(run.storage()).checkpoint_ids() == [1]
+    assert verify_checkpoint(run.storage(), CompletedCheckpointStore(run.storage()).load(1)) == []
+    assert_exact(run)
+
+
+def test_a_later_start_leaves_a_finished_commits_output_alone_but_a_commit_never_guesses(tmp_path: Path):
+    from sparkpoint.testing import FaultyFileSystem
+
+    sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
+    staged = sink.stage(4, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
+    assert staged is not None
+    sink.commit(4, [staged])
+    for path in sink.committed()[4]:
+        os.unlink(path)  # a downstream job moved the part file away after reading it
+    assert sink.commit(4, [staged], resuming=True) == 0, "a later start: the commit had finished"
+    with pytest.raises(SinkOutputLost):
+        sink.commit(4, [staged])
+    from sparkpoint.spark.sink import SinkError, _present
+
+    flaky = FaultyFileSystem(str(tmp_path), rate=1.0, kinds=("read_error",))
+    with pytest.raises(SinkError, match="cannot tell whether"):
+        _present(flaky, str(tmp_path / "out"))

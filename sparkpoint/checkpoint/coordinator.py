@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +160,13 @@ class CheckpointCoordinator:
             return
         pending.acks[key] = handle
 
-    def complete(self, checkpoint_id: int, source_offsets: Any = None) -> CompletedCheckpoint:
+    def complete(
+        self, checkpoint_id: int, source_offsets: Any = None, *, recheck: Callable[[], str | None] | None = None
+    ) -> CompletedCheckpoint:
+        """Commit checkpoint N (see the invariants above). `recheck`, called right after the
+        commit, says why this checkpoint must not stand after all (a fence a recovery set while we
+        committed): the `_metadata` is then withdrawn before anything else and CheckpointDeclined
+        is raised."""
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
@@ -182,6 +188,7 @@ class CheckpointCoordinator:
         subsumed: list[int] = []
         deleted, blocked = 0, None
         try:
+            self._withdraw_if_fenced(meta, recheck)
             self._withdraw_if_broken(meta, known)
             self.pending.pop(checkpoint_id, None)
             if meta.kind == "checkpoint":  # Flink: a completed checkpoint subsumes older pending ones
@@ -189,7 +196,7 @@ class CheckpointCoordinator:
                     self.abort(older, reason=f"subsumed by completed checkpoint {checkpoint_id}")
             self._register(meta, known)
             subsumed, deleted, blocked = self.subsume(newest=meta)
-        except (UnknownSharedState, CheckpointSuperseded):  # withdrawn: it was never a usable checkpoint
+        except (UnknownSharedState, CheckpointSuperseded, CheckpointDeclined):  # withdrawn: never usable
             raise
         except Exception as e:  # the checkpoint is committed: what is left undone is the sweep's
             self.pending.pop(checkpoint_id, None)
@@ -274,6 +281,22 @@ class CheckpointCoordinator:
             f"checkpoint {cid} was withdrawn: the newer checkpoint {newer[-1]} completed while it committed "
             "(another writer on this job). Resume from the latest checkpoint."
         )
+
+    def _withdraw_if_fenced(self, meta: CheckpointMetadata, recheck: Callable[[], str | None] | None) -> None:
+        """A tombstone re-checked after the commit (DESIGN rule 9)."""
+        why = recheck() if recheck is not None else None
+        if why is None:
+            return
+        cid = meta.checkpoint_id
+        log.error("checkpoint %s: %s while it committed: withdrawing it", cid, why)
+        self.storage.delete([meta.metadata_path])
+        try:
+            self._rebuild()
+            self.abort(cid, reason=why)
+        except Exception as e:
+            self._stale = True
+            log.warning("checkpoint %s was withdrawn, its uploads are left to the sweep: %s", cid, e)
+        raise CheckpointDeclined(f"checkpoint {cid} was withdrawn right after its commit: {why}")
 
     def discard(self, checkpoint_ids: list[int], *, reason: str) -> int:
         """Remove completed checkpoints that must never be restored again (e.g. their sink output

@@ -54,13 +54,15 @@ def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) ->
     said so. Taken for missing, an endpoint down for a moment would have the driver's check after
     a commit fall back from a checkpoint that verifies (rule 10)."""
     listed: dict[str, StoredFile | None] = {}
-    for directory in sorted({posixpath.dirname(f.path) for f in files}):
+
+    def listing(directory: str) -> list[tuple[str, StoredFile | None]]:
         try:
-            listed.update((s.path, s) for s in storage.walk(directory))
+            return [(s.path, s) for s in storage.walk(directory)]
         except (ValueError, PathEscapesJobDirectory):  # the job directory itself, or no safe path: file by file
-            for f in files:
-                if posixpath.dirname(f.path) == directory:
-                    listed[f.path] = _stored_or_none(storage, f.path)
+            return [(f.path, _stored_or_none(storage, f.path)) for f in files if _listed_in(f.path) == directory]
+
+    for found in storage.parallel(listing, sorted({_listed_in(f.path) for f in files})):
+        listed.update(found)
     problems = []
     for f in sorted(files, key=lambda f: f.path):
         stored = listed.get(f.path)
@@ -69,6 +71,13 @@ def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) ->
         if problem:
             problems.append(FileProblem(f.path, f.local_name, problem))
     return problems
+
+
+def _listed_in(path: str) -> str:
+    """The directory whose one (recursive) listing tells about `path`: a checkpoint's private files
+    of every operator and subtask share one, `chk-N`; shared files one per subtask."""
+    top = path.split("/", 1)[0]
+    return top if top.startswith("chk-") and "/" in path else posixpath.dirname(path)
 
 
 def _stored_or_none(storage: CheckpointStorage, rel: str) -> StoredFile | None:

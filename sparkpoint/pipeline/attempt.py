@@ -68,7 +68,20 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, Subta
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.pipeline.claims import ABORT, COMPLETE, PENDING_DIR, claim, claim_holder, claim_path, read_claim
+from sparkpoint.pipeline.claims import (
+    ABORT,
+    COMPLETE,
+    PENDING_DIR,
+    Claim,
+    claim,
+    claim_holder,
+    claim_path,
+    current_holder,
+    fenced,
+    generation_path,
+    release,
+    take_over,
+)
 from sparkpoint.pipeline.runtime import BatchReport, PipelineError, _Start
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
@@ -325,10 +338,16 @@ def complete_attempt(
     if attempt.job_id != pipeline.config.job_id:
         raise AttemptError(f"attempt {attempt.path} belongs to job {attempt.job_id!r}, not {pipeline.config.job_id!r}")
     storage = pipeline.storage
-    if persisted and not claim(storage, cid, attempt.attempt_id, COMPLETE):
-        committed = _take_over(pipeline, attempt)
-        if committed is not None:
-            return committed
+    held: tuple[int, Claim] | None = None  # (generation, our claim) of a persisted attempt
+    if persisted:
+        mine = claim(storage, cid, attempt.attempt_id, COMPLETE)
+        if mine is not None:
+            held = (0, mine)
+        else:
+            taken = _take_over(pipeline, attempt)
+            if not isinstance(taken[0], int):
+                return taken  # committed by the try that died
+            held = taken
     if coordinator is None:
         _, coordinator = pipeline._begin()
         coordinator.trigger(expected=attempt.expected, checkpoint_id=cid)
@@ -337,17 +356,18 @@ def complete_attempt(
         for handle in attempt.state_handles():
             coordinator.acknowledge(cid, handle)
         fail_at("before-commit", inject, f"checkpoint {cid} acknowledged, _metadata not written")
-        completed = coordinator.complete(cid, source_offsets=committed_offsets(attempt))
+        completed = coordinator.complete(cid, source_offsets=committed_offsets(attempt),
+                                         recheck=lambda: fenced(storage, attempt.attempt_id))
     except (InjectedFailure, KeyboardInterrupt):
         raise  # as a crash would leave it: recovery, the next start and the sweep settle it
     except CheckpointAlreadyExists:
         if persisted and _committed_by(storage, attempt):  # another completer of this attempt won: done
             return _finish_committed(pipeline, attempt)
-        _after_failure(storage, attempt, persisted)
+        _after_failure(storage, attempt, held)
         raise
     except BaseException as e:
         coordinator.abort(cid, reason=f"batch {list(attempt.files)} failed to complete: {type(e).__name__}")
-        _after_failure(storage, attempt, persisted)
+        _after_failure(storage, attempt, held)
         raise
     crash_point("after-metadata-before-sink-commit")
     if pipeline.sink:
@@ -379,12 +399,15 @@ def _finish_committed(pipeline: PipelineCore, attempt: PendingAttempt) -> tuple[
     return _report(attempt, meta, 0), meta
 
 
-def _take_over(pipeline: PipelineCore, attempt: PendingAttempt) -> tuple[BatchReport, CheckpointMetadata] | None:
-    """This completer lost the attempt's claim: raise what happened, or go on when the claim is a
-    completer's that is known dead (a retry after a kill -9 or an OOM between its claim and its
-    commit). Returns the checkpoint when that completer had committed it already."""
+def _take_over(
+    pipeline: PipelineCore, attempt: PendingAttempt
+) -> tuple[int, Claim] | tuple[BatchReport, CheckpointMetadata]:
+    """This completer lost the attempt's claim: raise what happened, or take the claim over when
+    its holder is a completer known to be dead (a retry after a kill -9 or an OOM between its
+    claim and its commit): (the generation we hold, our claim). Returns the checkpoint instead
+    when that completer had committed it already."""
     storage, cid = pipeline.storage, attempt.checkpoint_id
-    held = read_claim(storage, cid, attempt.attempt_id)
+    _, held = current_holder(storage, cid, attempt.attempt_id)
     batch = list(attempt.files)
     if held is not None and held.side == ABORT:
         raise AttemptAborted(
@@ -400,16 +423,17 @@ def _take_over(pipeline: PipelineCore, attempt: PendingAttempt) -> tuple[BatchRe
             "cannot be read, so this step cannot tell who holds it and commits nothing. Run the recover job: "
             f"once a newer checkpoint took its place it settles the attempt and processes batch {batch} again"
         )
-    if not held.holder_is_gone():
+    taken = take_over(storage, cid, attempt.attempt_id) if held.holder_is_gone() else None
+    if taken is None:
         raise AttemptInProgress(
             f"checkpoint {cid} of attempt {attempt.attempt_id} is being completed by {held.describe()}; this step "
             "leaves it to that process and commits nothing. If that process is gone (it cannot be checked from "
-            f"another host), run the recover job: it processes batch {batch} again as a newer checkpoint and "
-            "settles this attempt"
+            f"another host, boot or PID namespace), run the recover job: it processes batch {batch} again as a "
+            "newer checkpoint and settles this attempt"
         )
     log.warning("checkpoint %s of attempt %s: its completer (%s) is gone; this step completes it",
                 cid, attempt.attempt_id, held.describe())
-    return None
+    return taken
 
 
 @dataclass(frozen=True)
@@ -489,8 +513,12 @@ def _committed_by(storage: CheckpointStorage, attempt: PendingAttempt) -> bool:
         return False
     try:
         meta = CheckpointMetadata.loads(data)
-    except Exception:  # a damaged `_metadata`: deletion is blocked by the registry until someone looks
-        return False
+    except Exception as e:  # cannot tell whose it is: acting on a guess could discard committed output
+        raise AttemptError(
+            f"chk-{attempt.checkpoint_id}/_metadata cannot be read ({e}): cannot tell whether attempt "
+            f"{attempt.attempt_id} committed it; repair or remove it by hand (`sparkpoint verify`), then settle "
+            "the attempt again"
+        ) from e
     raw = meta.source_offsets
     if not isinstance(raw, dict) or (raw.get("source"), raw.get("sink")) != (attempt.source_offsets,
                                                                             list(attempt.staged)):
@@ -587,10 +615,15 @@ def forget_tombstones(storage: CheckpointStorage) -> int:
     doomed = []
     for f in storage.walk(PENDING_DIR):
         name = f.path.rpartition("/")[2]
-        if f.path.startswith(UNREADABLE_DIR + "/") or not name.endswith(".claim"):
+        base, dot, generation = f.path.rpartition(".")
+        if dot and generation.isdigit():  # a takeover's generation: `chk-N-<id>.claim.<g>`
+            base, name = base, base.rpartition("/")[2]
+        else:
+            base = f.path
+        if not f.path.startswith(f"{PENDING_DIR}/chk-") or not base.endswith(".claim"):
             continue
         cid = name[len("chk-"):].partition("-")[0]
-        if cid.isdigit() and int(cid) <= latest and not storage.exists(f.path[: -len(".claim")] + ".json"):
+        if cid.isdigit() and int(cid) <= latest and not storage.exists(base[: -len(".claim")] + ".json"):
             doomed.append(f.path)
     storage.delete(doomed)
     storage.remove_empty_dirs(PENDING_DIR)
@@ -598,29 +631,32 @@ def forget_tombstones(storage: CheckpointStorage) -> int:
 
 
 def _forget(storage: CheckpointStorage, attempt: PendingAttempt) -> None:
-    storage.delete([attempt.path, claim_path(attempt.checkpoint_id, attempt.attempt_id)])
+    """A committed attempt: its record and its claim (every generation a takeover may have made;
+    any left over is a tombstone `forget_tombstones` deletes)."""
+    claims = [generation_path(attempt.checkpoint_id, attempt.attempt_id, g) for g in range(4)]
+    storage.delete([attempt.path, *claims])
     storage.remove_empty_dirs(PENDING_DIR)
 
 
-def _after_failure(storage: CheckpointStorage, attempt: PendingAttempt, persisted: bool) -> None:
+def _after_failure(storage: CheckpointStorage, attempt: PendingAttempt, held: tuple[int, Claim] | None) -> None:
     """A completion that failed before committing: delete the uploads no checkpoint references
-    and give the claim up."""
+    and give our claim up (`held`: the generation and claim we hold, for a persisted attempt)."""
     try:  # handles not acknowledged before the failure: the coordinator never saw their uploads
         _delete_unreferenced(storage, attempt)
     except Exception as cleanup:  # best effort: the orphan sweep gets what is left
         log.warning("checkpoint %s: could not delete every upload of the attempt: %s", attempt.checkpoint_id,
                     cleanup)
-    if persisted:
-        _release_claim(storage, attempt)
+    if held is not None:
+        _release_claim(storage, attempt, *held)
 
 
-def _release_claim(storage: CheckpointStorage, attempt: PendingAttempt) -> None:
-    """A completer that failed without committing gives its claim up, so that recovery can abort
-    the attempt. Kept when `_metadata` may be there (its outcome is then the commit's)."""
+def _release_claim(storage: CheckpointStorage, attempt: PendingAttempt, generation: int, mine: Claim) -> None:
+    """A completer that failed without committing gives its own claim up, so that recovery can
+    abort the attempt. Kept when `_metadata` may be there (its outcome is then the commit's)."""
     if storage.exists(metadata_path(attempt.checkpoint_id)):
         return
     try:
-        storage.delete([claim_path(attempt.checkpoint_id, attempt.attempt_id)])
+        release(storage, attempt.checkpoint_id, attempt.attempt_id, generation, mine)
     except Exception as e:  # the claim stays: recovery leaves the attempt to the sweep
         log.warning("checkpoint %s: could not release the attempt's claim: %s", attempt.checkpoint_id, e)
 

@@ -6,12 +6,18 @@ it sweeps (so that an attempt of the failed run that was not persisted yet can n
 the sweep takes). Exclusion comes from the exclusive create, never from a look made before
 acting (DESIGN rule 9).
 
-The record says who holds the claim (side, host, process id and its start time, when, why), so a
-step that finds its own attempt claimed can tell the user what happened, and a retry can take
-over a completion whose holder is known to be dead: a process of this host that no longer
-exists. Two completers of one attempt are safe (the exclusive create of `_metadata` lets one
-commit, and the other never deletes what the committed `_metadata` references); what must never
-happen is a completion beside an abort, and the claim excludes that.
+The record says who holds the claim (side, host, boot, PID namespace, process id and its start
+time, when, why), so a step that finds its own attempt claimed can tell the user what happened,
+and a retry can take over a completion whose holder is known to be dead: a process of this host,
+this boot and this PID namespace that no longer exists (a host name alone is shared by the pods
+of a `hostNetwork` node). A takeover is itself an exclusive create, of the next *generation* of
+the claim (`.claim.1`, `.claim.2`, ...): two retries never complete at once, and the one that
+holds the newest generation is the completer. A claim is released only by its own writer.
+
+A fence (`fence`) is recovery's word that a failed run's attempts may never commit: a claim at
+every id such an attempt could take, and `_pending/fenced/<attempt id>`, which a completer reads
+again right after its `_metadata` landed and, if it is there, withdraws that `_metadata` before
+anything else (DESIGN rule 9: a tombstone re-checked after the commit).
 """
 
 from __future__ import annotations
@@ -38,6 +44,28 @@ def claim_path(checkpoint_id: int, attempt_id: str) -> str:
     return f"{PENDING_DIR}/chk-{checkpoint_id}-{attempt_id}.claim"
 
 
+FENCED_DIR = f"{PENDING_DIR}/fenced"
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _boot_id() -> str | None:
+    return _read_text("/proc/sys/kernel/random/boot_id")
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
 def _process_start(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, from /proc): with the pid, it names one
     process even after the pid is reused. None where /proc does not say."""
@@ -61,11 +89,14 @@ class Claim:
     pid: int = 0
     pid_start: str | None = None
     reason: str = ""
+    boot: str | None = None
+    pidns: str | None = None
 
     @classmethod
     def mine(cls, side: str, reason: str = "") -> Claim:
         pid = os.getpid()
-        return cls(side, time.time(), uuid.uuid4().hex, socket.gethostname(), pid, _process_start(pid), reason)
+        return cls(side, time.time(), uuid.uuid4().hex, socket.gethostname(), pid, _process_start(pid), reason,
+                   _boot_id(), _pid_namespace())
 
     def dumps(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -75,13 +106,19 @@ class Claim:
         raw = json.loads(data)
         if not isinstance(raw, dict) or raw.get("side") not in (COMPLETE, ABORT):
             raise ValueError(f"not a claim record: {data[:120]!r}")
+        def text(key: str) -> str | None:
+            return str(raw[key]) if raw.get(key) is not None else None
+
         return cls(str(raw["side"]), float(raw.get("at") or 0.0), str(raw.get("by") or ""), str(raw.get("host") or ""),
-                   int(raw.get("pid") or 0), raw.get("pid_start"), str(raw.get("reason") or ""))
+                   int(raw.get("pid") or 0), text("pid_start"), str(raw.get("reason") or ""), text("boot"),
+                   text("pidns"))
 
     def holder_is_gone(self) -> bool:
-        """Known dead: a process of this host that no longer exists (or whose pid another process
-        now has). A holder on another host is never known dead from here."""
-        if not self.pid or self.host != socket.gethostname():
+        """Known dead: a process of this host, this boot and this PID namespace that no longer
+        exists (or whose pid another process now has). A holder anywhere else, or one whose
+        record lacks any of these, is never known dead from here."""
+        here = (socket.gethostname(), _boot_id(), _pid_namespace())
+        if not self.pid or self.pid_start is None or None in here or (self.host, self.boot, self.pidns) != here:
             return False
         try:
             os.kill(self.pid, 0)
@@ -90,7 +127,7 @@ class Claim:
         except PermissionError:  # alive, another user's
             pass
         started = _process_start(self.pid)
-        return self.pid_start is not None and started is not None and started != self.pid_start
+        return started is not None and started != self.pid_start
 
     def describe(self) -> str:
         """Who and when: `process 4242 on host-a at 2026-11-26 15:57:44 UTC`."""
@@ -99,28 +136,82 @@ class Claim:
         return f"{who} at {when}"
 
 
-def claim(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str, side: str, *, reason: str = "") -> bool:
+def claim(
+    storage: CheckpointStorage, checkpoint_id: int, attempt_id: str, side: str, *, reason: str = ""
+) -> Claim | None:
     """Claim attempt `attempt_id` at checkpoint N for `side` (COMPLETE or ABORT) by exclusive
-    create: True when this caller may act.
+    create: the claim that lets this caller act (None: it may not).
 
     Exactly one completer may act as long as its holder lives; aborts are idempotent, so every
     aborter may act once an abort holds the claim. A claim that cannot be read is taken for the
     other side's: acting on a guess could delete what a completer commits.
     """
-    path = claim_path(checkpoint_id, validate_name(attempt_id, "attempt id"))
-    record = Claim.mine(side, reason).dumps()
+    return _create(storage, claim_path(checkpoint_id, validate_name(attempt_id, "attempt id")), side, reason)
+
+
+def _create(storage: CheckpointStorage, path: str, side: str, reason: str) -> Claim | None:
+    mine = Claim.mine(side, reason)
+    record = mine.dumps()
     try:
         storage.commit_exclusive(path, record)
-        return True
+        return mine
     except (FileExistsError, CheckpointAlreadyExists):
         pass
     try:
         held = storage.read_bytes(path)
-        holder = Claim.loads(held).side
+        holder = Claim.loads(held)
     except Exception as e:
         log.warning("claim %s/%s cannot be read (%s): taking it for the other side's", storage.job_url, path, e)
-        return False
-    return held == record or (side == ABORT and holder == ABORT)  # == record: our own write, its response lost
+        return None
+    if held == record or (side == ABORT and holder.side == ABORT):  # == record: our own write, its response lost
+        return holder
+    return None
+
+
+def generation_path(checkpoint_id: int, attempt_id: str, generation: int) -> str:
+    """Generation 0 is the claim itself; a takeover creates the next one."""
+    base = claim_path(checkpoint_id, attempt_id)
+    return base if generation == 0 else f"{base}.{generation}"
+
+
+def current_holder(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str) -> tuple[int, Claim | None]:
+    """(the newest generation of the attempt's claim, its record; None: none, or unreadable)."""
+    generation, held = 0, read_claim(storage, checkpoint_id, attempt_id)
+    while held is not None and held.side == COMPLETE:
+        try:
+            data = storage.read_bytes(generation_path(checkpoint_id, attempt_id, generation + 1))
+        except FileNotFoundError:
+            break
+        generation += 1
+        try:
+            held = Claim.loads(data)
+        except Exception:
+            return generation, None
+    return generation, held
+
+
+def take_over(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str) -> tuple[int, Claim] | None:
+    """Become the completer of an attempt whose completing holder is known dead: an exclusive
+    create of the claim's next generation (another retry that got there first wins). Returns
+    (generation, our claim), or None when the holder is not known dead or another took over."""
+    generation, held = current_holder(storage, checkpoint_id, attempt_id)
+    if held is None or held.side != COMPLETE or not held.holder_is_gone():
+        return None
+    mine = _create(storage, generation_path(checkpoint_id, attempt_id, generation + 1), COMPLETE,
+                   f"took over from {held.describe()}")
+    return (generation + 1, mine) if mine is not None else None
+
+
+def release(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str, generation: int, mine: Claim) -> None:
+    """Give up our own claim (a completion that failed before its commit): only the record we
+    wrote, never one another writer holds at that name."""
+    path = generation_path(checkpoint_id, attempt_id, generation)
+    try:
+        held = Claim.loads(storage.read_bytes(path))
+    except Exception:
+        return
+    if held.by == mine.by:
+        storage.delete([path])
 
 
 def read_claim(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str) -> Claim | None:
@@ -139,14 +230,23 @@ def claim_holder(storage: CheckpointStorage, checkpoint_id: int, attempt_id: str
 
 def fence(storage: CheckpointStorage, attempt_ids: tuple[str, ...], *, reason: str) -> dict[str, str]:
     """Make sure none of `attempt_ids` (a failed run's, whose process may live on as a zombie)
-    can commit a checkpoint any more: claim each for the abort at every id it could still
-    commit, from the latest completed checkpoint + 1 (the id a run resuming from the latest
-    takes) to the highest `chk-N` directory + 1 (the id a run that fell back takes); a lower id
-    exists already, or is declined as older than the latest.
+    can commit a checkpoint any more.
+
+    First `_pending/fenced/<attempt id>`: a completer of such an attempt reads it right after its
+    `_metadata` landed and withdraws that `_metadata` (whatever id it took, even one above
+    everything listed here, as after a fallback). Then, to spare a zombie the work, the claim for
+    the abort at every id it would usually take: from the latest completed checkpoint + 1 to the
+    highest `chk-N` directory + 1.
 
     Returns "<id>@chk-<N>" -> "fenced", or the side that held that claim already: a completer that
     claimed first persisted its attempt before its claim, so a listing of the attempts made after
     this call finds it and keeps its uploads."""
+    for attempt_id in dict.fromkeys(attempt_ids):
+        try:
+            storage.commit_exclusive(f"{FENCED_DIR}/{validate_name(attempt_id, 'attempt id')}",
+                                     Claim.mine(ABORT, reason).dumps())
+        except (FileExistsError, CheckpointAlreadyExists):
+            pass  # fenced before
     latest = max(storage.completed_checkpoint_ids(), default=0)
     highest = max(storage.checkpoint_dirs(), default=0)
     outcome = {}
@@ -157,3 +257,16 @@ def fence(storage: CheckpointStorage, attempt_ids: tuple[str, ...], *, reason: s
             else:
                 outcome[f"{attempt_id}@chk-{cid}"] = claim_holder(storage, cid, attempt_id) or "unreadable"
     return outcome
+
+
+def fenced(storage: CheckpointStorage, attempt_id: str) -> str | None:
+    """Why attempt `attempt_id` may never commit (a recovery fenced it), or None."""
+    try:
+        data = storage.read_bytes(f"{FENCED_DIR}/{attempt_id}")
+    except FileNotFoundError:
+        return None
+    try:
+        held = Claim.loads(data)
+        return f"fenced by {held.reason or 'recovery'} ({held.describe()})"
+    except Exception:
+        return "fenced by recovery (its record cannot be read)"

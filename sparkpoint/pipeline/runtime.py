@@ -334,7 +334,7 @@ class PipelineCore:
             return
         meta = start.metadata
         if meta is not None and start.restore_job is None and isinstance(meta.source_offsets, dict):
-            self.sink.commit(meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
+            self.sink.commit(meta.checkpoint_id, list(meta.source_offsets.get("sink") or []), resuming=True)
             # Output of a checkpoint above the latest one whose `_metadata` is gone: a fallback
             # discarded it and died before its rollback. Its batches are replayed, so the output
             # goes. Output is listed before `_metadata`: a live writer commits `_metadata` first,

@@ -16,6 +16,7 @@ import logging
 import posixpath
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -85,14 +86,19 @@ class ExactlyOnceParquetSink:
 
     # --- on the driver ---------------------------------------------------------------------------
 
-    def commit(self, checkpoint_id: int, staged: list[str]) -> int:
+    def commit(self, checkpoint_id: int, staged: list[str], *, resuming: bool = False) -> int:
         """Make checkpoint N's staged rows visible; safe to repeat, and safe while another process
         commits the same checkpoint (a start settling the latest checkpoint beside its late
         completer). Returns files moved now.
 
         Raises SinkOutputLost when a file is neither staged nor visible: checkpoint N is committed
-        and says it wrote those rows, so their loss is an error, never a warning."""
+        and says it wrote those rows, so their loss is an error, never a warning. With `resuming`
+        (a later start finishing a commit a crash may have cut short) a commit that finished
+        before, its staging directory gone, is left as it is: its visible files are the user's
+        from then on (a downstream job may move them)."""
         fs, root = self._fs()
+        if resuming and staged and not _present(fs, f"{root}/{self._staging}/chk-{checkpoint_id}"):
+            return 0
         moved = 0
         for rel in staged:
             operator, subtask = _staged_of(rel, checkpoint_id)
@@ -107,12 +113,13 @@ class ExactlyOnceParquetSink:
                 pass
             storage_step("info", target)
             fs.invalidate_cache(posixpath.dirname(target))
-            if not fs.exists(target):
+            if not _present(fs, target):
                 raise SinkOutputLost(
                     f"checkpoint {checkpoint_id} is committed with output {target}, but neither that file nor its "
-                    f"staged copy {source} exists: rows it wrote are lost. Put the file back from a backup, or "
-                    f"delete chk-{checkpoint_id}/_metadata by hand so that its batch is processed again from the "
-                    "checkpoint before it"
+                    f"staged copy {source} exists: rows it wrote are lost. Put the file back from a backup of the "
+                    f"output. Or, when an older checkpoint is retained (`sparkpoint list`), delete "
+                    f"chk-{checkpoint_id}/_metadata by hand so that its batch is processed again from that one (with "
+                    "none retained, the job would start empty and write all its output again)"
                 )
         storage_step("delete", f"{root}/{self._staging}/chk-{checkpoint_id}")
         self._remove(fs, f"{root}/{self._staging}/chk-{checkpoint_id}")
@@ -188,6 +195,23 @@ class ExactlyOnceParquetSink:
                 fs.rm_file(f)
             except FileNotFoundError:
                 pass
+
+
+def _present(fs: Any, path: str, attempts: int = 4) -> bool:
+    """Whether `path` exists, where only "not found" means no: fsspec's `exists` says False on any
+    error, and a transient one (a timeout, a stale NFS handle) must never pass for lost output.
+    Transient errors are tried again; one that stays raises SinkError."""
+    for attempt in range(attempts):
+        try:
+            fs.info(path)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if attempt == attempts - 1:
+                raise SinkError(f"cannot tell whether {path} exists: {e}") from e
+            time.sleep(0.05 * 2**attempt)
+    return False
 
 
 def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
