@@ -40,7 +40,7 @@ test: $(DEV_STAMP)
 	$(BIN)/ruff check sparkpoint tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
-	@home=$$(mktemp -d) && printf 'telemetry:\n  enabled: false\n' > $$home/dagster.yaml && \
+	@home=$$(mktemp -d) && printf 'telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    granularity: run\n    default_limit: 1\n' > $$home/dagster.yaml && \
 	  DAGSTER_HOME=$$home $(BIN)/dagster definitions validate -w workspace.yaml && \
 	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg check defs; \
 	  status=$$?; rm -rf $$home; exit $$status
