@@ -36,7 +36,11 @@ def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, paralleli
 def test_timers_are_listed_deleted_and_due_in_timestamp_order(local_storage: CheckpointStorage, tmp_path: Path):
     with backend(local_storage, tmp_path / "local", max_parallelism=64) as b:
         b.restore(None)
+        with pytest.raises(StateBackendError, match="event-time timer would never fire"):
+            b.timers.register("a", T0, clock="event")  # this subtask gets no watermark
+        b.default_clock = "event"  # as with a pipeline that has an event time
         timers = b.timers
+        timers.default_clock = "processing"
         timers.register("a", T0 + 30 * S)
         timers.register_many([("b", pd.Timestamp(T0 + 10 * S, unit="us", tz="UTC")),
                               ("a", np.datetime64(T0 + 20 * S, "us")),

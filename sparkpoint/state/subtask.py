@@ -154,6 +154,7 @@ class SubtaskState:
         service = self._states.get(TIMERS) or self._add_state(TimerService, TIMERS, _RAW)
         assert isinstance(service, TimerService)
         service.default_clock = self.default_clock
+        service.event_time = self.default_clock == "event"
         return service
 
     @property

@@ -54,6 +54,7 @@ class TimerService(_KeyedState[bytes]):
     the pipeline has an `event_time`, processing time otherwise)."""
 
     default_clock = "processing"
+    event_time = False  # whether event-time timers can fire here (a watermark will come)
     registered = 0  # timers registered through this handle (an operator without on_timer is refused)
 
     def _clock_byte(self, clock: str | None) -> bytes:
@@ -62,6 +63,15 @@ class TimerService(_KeyedState[bytes]):
             return CLOCK_BYTES[kind]
         except KeyError:
             raise ValueError(f"a timer's clock is 'event' or 'processing', got {kind!r}") from None
+
+    def _register_clock(self, clock: str | None) -> bytes:
+        byte = self._clock_byte(clock)
+        if byte == CLOCK_BYTES["event"] and not self.event_time:
+            raise StateBackendError(
+                "an event-time timer would never fire here: no watermark reaches this operator (the pipeline "
+                "has no event_time); register it with clock='processing'"
+            )
+        return byte
 
     def _entries(self, prefixed: bytes, clock: bytes, at: int) -> tuple[bytes, bytes]:
         kg, raw, when = prefixed[:2], prefixed[2:], _TIME.pack(at + _OFFSET)
@@ -72,7 +82,7 @@ class TimerService(_KeyedState[bytes]):
 
     def register_many(self, pairs: Iterable[tuple[bytes | str, Any]], *, clock: str | None = None) -> int:
         pairs = list(pairs)
-        byte = self._clock_byte(clock)
+        byte = self._register_clock(clock)
         puts = []
         for prefixed, (_, at) in zip(self._prefixed_many(k for k, _ in pairs), pairs):
             by_time, by_key = self._entries(prefixed, byte, micros(at))
