@@ -746,11 +746,14 @@ class Checker:
             return default_choice(enabled, previous)
         return self.run(choose)
 
-    def explore(self, *, bound: int = 2, limit: int = 10_000, report: Report | None = None) -> Report:
-        """Every schedule with at most `bound` preemptions (up to `limit` of them), depth first."""
+    def explore(
+        self, *, bound: int = 2, limit: int = 10_000, report: Report | None = None, until_found: bool = False
+    ) -> Report:
+        """Every schedule with at most `bound` preemptions (up to `limit` of them), depth first;
+        with `until_found`, only until the first violation."""
         report = report or Report(self.scenario.name)
         stack: list[list[str]] = [[]]
-        while stack and report.explored < limit:
+        while stack and report.explored < limit and not (until_found and report.violations):
             prefix = stack.pop()
             outcome = self.replay(prefix)
             self._note(report, outcome)

@@ -81,7 +81,7 @@ def test_the_checker_finds_n2_in_the_sweep_as_it_was(tmp_path: Path, monkeypatch
     """Before the fix recovery swept without fencing the failed run: its zombie committed over
     the swept files and subsumed the only good checkpoint."""
     monkeypatch.setattr(maintenance_module, "fence", lambda *args, **kwargs: {})
-    report = Checker(SCENARIOS["uploaded-zombie-vs-recovery-sweep"], tmp_path).explore(bound=2)
+    report = Checker(SCENARIOS["uploaded-zombie-vs-recovery-sweep"], tmp_path).explore(bound=2, until_found=True)
     assert report.violations, report.line()
     assert any("lost files" in v for o in report.violations for v in o.violations)
 

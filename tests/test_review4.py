@@ -280,3 +280,14 @@ def test_a_later_start_leaves_a_finished_commits_output_alone_but_a_commit_never
     flaky = FaultyFileSystem(str(tmp_path), rate=1.0, kinds=("read_error",))
     with pytest.raises(SinkError, match="cannot tell whether"):
         _present(flaky, str(tmp_path / "out"))
+
+
+def test_prune_forgets_fences_only_once_no_zombie_can_be_alive(tmp_path: Path):
+    from sparkpoint.pipeline.claims import FENCE_LIFETIME, fence, fenced, forget_fences
+
+    run = world(tmp_path)
+    storage = run.storage()
+    fence(storage, ("run-a",), reason="recovery of the failed run")
+    assert fenced(storage, "run-a") and forget_fences(storage) == 0, "a fresh fence stays"
+    assert forget_fences(storage, now=time.time() + FENCE_LIFETIME + 60) == 1
+    assert fenced(storage, "run-a") is None

@@ -14,10 +14,12 @@ of a `hostNetwork` node). A takeover is itself an exclusive create, of the next 
 the claim (`.claim.1`, `.claim.2`, ...): two retries never complete at once, and the one that
 holds the newest generation is the completer. A claim is released only by its own writer.
 
-A fence (`fence`) is recovery's word that a failed run's attempts may never commit: a claim at
-every id such an attempt could take, and `_pending/fenced/<attempt id>`, which a completer reads
-again right after its `_metadata` landed and, if it is there, withdraws that `_metadata` before
-anything else (DESIGN rule 9: a tombstone re-checked after the commit).
+A fence (`fence`) is recovery's word that a failed run's attempts may never commit:
+`_fenced/<attempt id>`, which a completer reads again right after its `_metadata` landed and, if it
+is there, withdraws that `_metadata` before anything else (DESIGN rule 9: a tombstone re-checked
+after the commit), and a claim at the id such an attempt usually takes, which stops it earlier.
+Fences older than `FENCE_LIFETIME` are deleted by `prune` (no zombie lives that long; and one that
+did would find its swept uploads missing before it commits).
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ def claim_path(checkpoint_id: int, attempt_id: str) -> str:
     return f"{PENDING_DIR}/chk-{checkpoint_id}-{attempt_id}.claim"
 
 
-FENCED_DIR = f"{PENDING_DIR}/fenced"
+FENCED_DIR = "_fenced"  # beside `_pending`: fences are no attempts
+FENCE_LIFETIME = 7 * 24 * 3600.0
 
 
 def _read_text(path: str) -> str | None:
@@ -232,11 +235,10 @@ def fence(storage: CheckpointStorage, attempt_ids: tuple[str, ...], *, reason: s
     """Make sure none of `attempt_ids` (a failed run's, whose process may live on as a zombie)
     can commit a checkpoint any more.
 
-    First `_pending/fenced/<attempt id>`: a completer of such an attempt reads it right after its
+    First `_fenced/<attempt id>`: a completer of such an attempt reads it right after its
     `_metadata` landed and withdraws that `_metadata` (whatever id it took, even one above
     everything listed here, as after a fallback). Then, to spare a zombie the work, the claim for
-    the abort at every id it would usually take: from the latest completed checkpoint + 1 to the
-    highest `chk-N` directory + 1.
+    the abort at the id it would usually take, the latest completed checkpoint + 1.
 
     Returns "<id>@chk-<N>" -> "fenced", or the side that held that claim already: a completer that
     claimed first persisted its attempt before its claim, so a listing of the attempts made after
@@ -247,15 +249,13 @@ def fence(storage: CheckpointStorage, attempt_ids: tuple[str, ...], *, reason: s
                                      Claim.mine(ABORT, reason).dumps())
         except (FileExistsError, CheckpointAlreadyExists):
             pass  # fenced before
-    latest = max(storage.completed_checkpoint_ids(), default=0)
-    highest = max(storage.checkpoint_dirs(), default=0)
+    following = max(storage.completed_checkpoint_ids(), default=0) + 1
     outcome = {}
     for attempt_id in dict.fromkeys(attempt_ids):
-        for cid in range(latest + 1, max(latest, highest) + 2):
-            if claim(storage, cid, attempt_id, ABORT, reason=reason):
-                outcome[f"{attempt_id}@chk-{cid}"] = "fenced"
-            else:
-                outcome[f"{attempt_id}@chk-{cid}"] = claim_holder(storage, cid, attempt_id) or "unreadable"
+        if claim(storage, following, attempt_id, ABORT, reason=reason):
+            outcome[f"{attempt_id}@chk-{following}"] = "fenced"
+        else:
+            outcome[f"{attempt_id}@chk-{following}"] = claim_holder(storage, following, attempt_id) or "unreadable"
     return outcome
 
 
@@ -270,3 +270,14 @@ def fenced(storage: CheckpointStorage, attempt_id: str) -> str | None:
         return f"fenced by {held.reason or 'recovery'} ({held.describe()})"
     except Exception:
         return "fenced by recovery (its record cannot be read)"
+
+
+def forget_fences(storage: CheckpointStorage, *, older_than: float = FENCE_LIFETIME, now: float | None = None) -> int:
+    """Delete fences older than `older_than` seconds (a fence whose age storage does not tell
+    stays); returns how many."""
+    now = time.time() if now is None else now
+    doomed = [f.path for f in storage.walk(FENCED_DIR)
+              if not f.symlink and f.modified and now - f.modified > older_than]
+    storage.delete(doomed)
+    storage.remove_empty_dirs(FENCED_DIR)
+    return len(doomed)

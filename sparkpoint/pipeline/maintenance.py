@@ -33,7 +33,7 @@ from sparkpoint.pipeline.attempt import (
     spark_half_with_fallback,
     written_by,
 )
-from sparkpoint.pipeline.claims import fence
+from sparkpoint.pipeline.claims import fence, forget_fences
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.state.verify import verify_checkpoint
@@ -387,5 +387,6 @@ def prune(
         log.warning("prune: retention skipped: %s", blocked)
     sink = ExactlyOnceParquetSink.at(sink_url, storage.job_id, storage.storage_options) if sink_url else None
     stale = settle_attempts(storage, sink, only_superseded=True)  # they can never complete
+    forget_fences(storage)
     sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=pending_paths(storage))
     return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale.outcomes))
