@@ -87,6 +87,7 @@ from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceOffsets
 from sparkpoint.spark.tasks import raised_in_task
+from sparkpoint.state.eventtime import advance, lateness_micros
 
 if TYPE_CHECKING:
     from sparkpoint.pipeline.runtime import PipelineCore
@@ -96,6 +97,7 @@ log = logging.getLogger(__name__)
 ATTEMPT_FORMAT = "sparkpoint-pending-attempt"
 ATTEMPT_VERSION = 1
 ATTEMPT_KEY = "attempt"  # in a committed `_metadata`'s source offsets: the attempt that committed it
+WATERMARK_KEY = "watermark"  # ... and the watermark after its batch (pipelines with an event time)
 UNREADABLE_DIR = f"{PENDING_DIR}/unreadable"  # attempt records set aside by `recover`
 
 
@@ -142,6 +144,8 @@ class PendingAttempt:
     rows: int
     started_at: float  # POSIX seconds when the checkpoint was triggered
     format_version: int = ATTEMPT_VERSION
+    watermark: int | None = None  # the watermark after this batch (µs since the epoch, UTC): event time only
+    late_rows: int = 0  # rows of the batch below the watermark it started with
 
     @property
     def path(self) -> str:
@@ -174,7 +178,8 @@ class PendingAttempt:
                  "seconds": s.seconds}
                 for s in self.subtasks
             ],
-            "rows": self.rows, "started_at": self.started_at,
+            "rows": self.rows, "started_at": self.started_at, "watermark": self.watermark,
+            "late_rows": self.late_rows,
         }
 
     def dumps(self) -> bytes:
@@ -199,6 +204,8 @@ class PendingAttempt:
                     for s in raw["subtasks"]
                 ),
                 rows=_int(raw["rows"]), started_at=float(raw["started_at"]),
+                watermark=None if raw.get("watermark") is None else _int(raw["watermark"]),
+                late_rows=_int(raw.get("late_rows", 0)),
             )
             SourceOffsets.from_json(attempt.source_offsets)
             for h in attempt.state_handles():
@@ -248,7 +255,17 @@ def committed_offsets(attempt: PendingAttempt) -> dict[str, Any]:
     batch, its staged sink files, and its id (under Dagster the id of the run whose SSTable step
     made it), so that a writer it overtook can say whose checkpoint took its place. `_metadata`
     written before the id was recorded has no `attempt`: readers take it as unknown."""
-    return {"source": attempt.source_offsets, "sink": list(attempt.staged), ATTEMPT_KEY: attempt.attempt_id}
+    offsets = {"source": attempt.source_offsets, "sink": list(attempt.staged), ATTEMPT_KEY: attempt.attempt_id}
+    if attempt.watermark is not None:
+        offsets[WATERMARK_KEY] = attempt.watermark
+    return offsets
+
+
+def watermark_of(meta: CheckpointMetadata | None) -> int | None:
+    """The watermark a checkpoint recorded (µs since the epoch, UTC; None before any event time)."""
+    raw = meta.source_offsets if meta is not None else None
+    found = raw.get(WATERMARK_KEY) if isinstance(raw, dict) else None
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
 
 
 def written_by(meta: CheckpointMetadata) -> str | None:
@@ -285,8 +302,9 @@ def run_spark_half(
     pipeline.source.check_columns(files, {op.name: op.input_columns() for op in pipeline.operators})
     started_at = time.time()
     expected = {op.name: pipeline.config.parallelism for op in pipeline.operators}
+    watermarks = _watermarks(pipeline, start, files)  # its errors come before the checkpoint is triggered
     cid = coordinator.trigger(expected=expected, checkpoint_id=start.next_id).checkpoint_id
-    spec = pipeline._spec(cid, start)
+    spec = replace(pipeline._spec(cid, start), watermark_start_us=watermarks[0], watermark_us=watermarks[1])
     if inject:
         spec = replace(spec, inject_failure=inject)
     try:
@@ -314,7 +332,20 @@ def run_spark_half(
             for r in results
         ),
         rows=sum(int(r["rows"]) for r in results) // len(names), started_at=started_at,
+        watermark=watermarks[1], late_rows=sum(int(r["late"]) for r in results if int(r["op"]) == 0),
     )
+
+
+def _watermarks(pipeline: PipelineCore, start: _Start, files: list[str]) -> tuple[int | None, int | None]:
+    """(the watermark the batch starts with, the one it advances to), for a pipeline with an
+    event time: the highest event time of its files (their Parquet statistics) less the
+    allowed lateness, never below where it was."""
+    event_time = pipeline.config.event_time
+    if event_time is None:
+        return None, None
+    before = watermark_of(start.metadata)
+    highest = pipeline.source.max_event_time(files, event_time)
+    return before, advance(before, highest, lateness_micros(pipeline.config.allowed_lateness))
 
 
 def complete_attempt(
@@ -383,6 +414,7 @@ def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: in
         state_size=meta.stats.state_size, checkpointed_size=meta.stats.checkpointed_size,
         files_new=meta.stats.files_new, files_reused=meta.stats.files_reused, files_deleted=files_deleted,
         seconds=time.time() - attempt.started_at, restored=tuple(s.restore for s in attempt.subtasks),
+        watermark=attempt.watermark, late_rows=attempt.late_rows,
     )
 
 

@@ -25,6 +25,7 @@ from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
 from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.eventtime import check_event_time, iso_micros
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.repair import repair_checkpoints
@@ -75,6 +76,9 @@ class PipelineConfig:
         )
     allow_non_restored_state: bool = False  # a checkpoint's operator this job lacks is dropped
     allow_new_operators: bool = False  # an operator of this job the checkpoint lacks starts empty
+    event_time: str | None = None  # the input's event-time column: watermarks, late rows, event-time timers
+    allowed_lateness: float = 0.0  # seconds the watermark trails the highest event time seen
+    late: str = "drop"  # rows below the watermark their batch starts with: "drop" or "process"
 
 
 def validate_config(config: PipelineConfig) -> None:
@@ -96,6 +100,7 @@ def validate_config(config: PipelineConfig) -> None:
         config.changelog_options()
     except ValueError as e:
         problems.append(str(e))
+    problems += check_event_time(config.event_time, config.allowed_lateness, config.late)
     if problems:
         raise PipelineError("; ".join(problems))
 
@@ -114,12 +119,15 @@ class BatchReport:
     files_deleted: int
     seconds: float
     restored: tuple[str, ...]  # per (operator, subtask), how it got its state: working | local | primary | ...
+    watermark: int | None = None  # after the batch, µs since the epoch, UTC (pipelines with an event time)
+    late_rows: int = 0  # rows below the watermark the batch started with (dropped unless late="process")
 
     def line(self) -> str:
         return (
             f"chk-{self.checkpoint_id} batch={','.join(self.files)} rows={self.rows} state={self.state_size}B "
             f"uploaded={self.checkpointed_size}B files new={self.files_new} reused={self.files_reused} "
             f"deleted={self.files_deleted} {self.seconds:.2f}s"
+            + (f" watermark={iso_micros(self.watermark)} late={self.late_rows}" if self.watermark is not None else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -129,6 +137,8 @@ class BatchReport:
             "files_new": self.files_new, "files_reused": self.files_reused, "files_deleted": self.files_deleted,
             "seconds": round(self.seconds, 3), "restored": sorted(set(self.restored)),
             "restored_by_subtask": list(self.restored),  # in (operator, subtask) order
+            "watermark": iso_micros(self.watermark) if self.watermark is not None else None,
+            "late_rows": self.late_rows,
         }
 
 
@@ -199,6 +209,7 @@ class PipelineCore:
             claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
             local_recovery=c.local_recovery, rocksdb=c.rocksdb, allow_new_operators=c.allow_new_operators,
             changelog=c.changelog_options(), batch_time_us=int(time.time() * 1_000_000),
+            event_time=c.event_time, late=c.late,
         )
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:

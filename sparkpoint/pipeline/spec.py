@@ -64,6 +64,11 @@ class Pipeline:
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
     allow_non_restored_state: bool = False
     allow_new_operators: bool = False
+    # Event time (sparkpoint.state.eventtime): the input's timestamp column, how far the watermark
+    # trails the highest event time seen (seconds), and what happens to rows below it.
+    event_time: str | None = None
+    allowed_lateness: float = 0.0
+    late: str = "drop"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))
@@ -132,6 +137,8 @@ class Pipeline:
             digest.update(repr((op.name, op.key, op.columns, op.emits, op.schema)).encode())
             for fn in (op.process, op.export, *([op.on_timer] if op.on_timer is not None else [])):
                 digest.update(fingerprint(fn).encode())
+        if self.event_time is not None:  # what the operators see and when their timers fire
+            digest.update(repr((self.event_time, float(self.allowed_lateness), self.late)).encode())
         return digest.hexdigest()[:16]
 
     def operator(self, name: str) -> KeyedOperator:

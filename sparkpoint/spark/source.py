@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import fsspec
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sparkpoint.checkpoint.errors import SparkpointError
@@ -77,6 +78,7 @@ class BatchSource(Protocol):
     accepted: str  # the names it takes as batches, said in messages (e.g. "*.parquet, ...")
 
     def listing(self) -> tuple[list[str], list[str]]: ...  # (batches, other names skipped), name order
+    def max_event_time(self, names: list[str], column: str) -> int | None: ...
     def pending(self, offsets: SourceOffsets) -> list[str]: ...
     def nothing_to_read(self) -> str | None: ...
     def check_columns(self, names: list[str], required: dict[str, list[str]]) -> None: ...
@@ -138,6 +140,22 @@ class ParquetDirectorySource:
                         "Give an input with those columns, or an operator written for these"
                     )
 
+    def max_event_time(self, names: list[str], column: str) -> int | None:
+        """The highest value of timestamp column `column` over batch files `names`, as int
+        microseconds since the epoch, UTC (None for no rows), from the Parquet footers' statistics
+        where every row group has them, else from the column. A column that is not a timestamp or
+        holds a null is refused before any Spark work."""
+        highest: int | None = None
+        for name in names:
+            try:
+                with self.fs.open(posixpath.join(self.root, name), "rb") as f:
+                    found = _max_timestamp(pq.ParquetFile(f), column, self.url_of(name))
+            except (OSError, pa.ArrowException) as e:
+                raise SourceError(f"cannot read the event times of input file {self.url_of(name)}: {e}") from e
+            if found is not None:
+                highest = found if highest is None else max(highest, found)
+        return highest
+
     def pending(self, offsets: SourceOffsets) -> list[str]:
         done = set(offsets.consumed)
         return [n for n in self.files() if n not in done]
@@ -180,3 +198,39 @@ def read_parquet(url: str, storage_options: dict[str, Any], columns: list[str] |
             return pd.read_parquet(f, columns=columns)
     except (OSError, ValueError) as e:
         raise SourceError(f"cannot read input file {url}: {e}") from e
+
+
+def _max_timestamp(parquet: pq.ParquetFile, column: str, url: str) -> int | None:
+    schema = parquet.schema_arrow
+    if column not in schema.names:
+        raise SourceSchemaError(f"input file {url} has no event-time column {column!r}; it has: "
+                                + ", ".join(sorted(schema.names)))
+    kind = schema.field(column).type
+    if not pa.types.is_timestamp(kind):
+        raise SourceSchemaError(f"input file {url}: event-time column {column!r} is {kind}, not a timestamp")
+    meta = parquet.metadata
+    index = schema.get_field_index(column)
+    highest, nulls, complete = None, 0, True
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(index).statistics
+        if stats is None or not stats.has_min_max or stats.null_count is None:
+            complete = False
+            break
+        nulls += stats.null_count
+        if meta.row_group(g).num_rows > stats.null_count:
+            value = _micros(pa.scalar(stats.max, type=kind) if not isinstance(stats.max, pa.Scalar) else stats.max)
+            highest = value if highest is None else max(highest, value)
+    if not complete:
+        values = parquet.read(columns=[column]).column(0)
+        nulls = values.null_count
+        top = pc.max(values)
+        highest = _micros(top) if top.is_valid else None
+    if nulls:
+        raise SourceError(f"input file {url}: event-time column {column!r} has {nulls} null value(s); every row "
+                          "needs an event time")
+    return highest
+
+
+def _micros(value: pa.Scalar) -> int:
+    """A timestamp scalar (any unit, any zone: Arrow stores UTC) as int microseconds."""
+    return int(pc.cast(value, pa.timestamp("us", tz=value.type.tz)).value)

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pandas as pd
-import pyarrow as pa
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage
@@ -37,14 +36,17 @@ from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceError, read_parquet
 from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.state.changelog import ChangelogOptions
-from sparkpoint.state.keygroups import subtasks_of
+from sparkpoint.state.eventtime import LateSplit, event_micros, split_late
+from sparkpoint.state.keygroups import arrow_keys, subtasks_of
 from sparkpoint.state.localfiles import open_no_follow
-from sparkpoint.state.operators import KeyedOperator, fire_timers
+from sparkpoint.state.operators import KeyedOperator, run_batch
 from sparkpoint.state.rocksdb import RocksDBOptions, is_corruption
 
 log = logging.getLogger(__name__)
 
-RESULT_SCHEMA = "op int, subtask int, handle string, staged string, rows long, restore string, seconds double"
+RESULT_SCHEMA = (
+    "op int, subtask int, handle string, staged string, rows long, late long, restore string, seconds double"
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class TaskSpec:
     changelog: ChangelogOptions = ChangelogOptions()
     inject_failure: str | None = None  # see sparkpoint.spark.faults
     batch_time_us: int | None = None  # the batch's processing time: what processing-time TTL expires against
+    event_time: str | None = None  # the pipeline's event-time column (sparkpoint.state.eventtime)
+    late: str = "drop"  # what happens to rows below `watermark_start_us`: "drop" or "process"
+    watermark_start_us: int | None = None  # the watermark the batch starts with: rows below it are late
+    watermark_us: int | None = None  # the watermark the batch advances to (timers, event-time TTL)
 
 
 def run_slots(spec: TaskSpec, urls: list[str], ids: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -82,39 +88,36 @@ def run_slots(spec: TaskSpec, urls: list[str], ids: Iterator[pd.DataFrame]) -> I
                 raise ValueError(f"subtask {subtask} is outside 0..{spec.parallelism - 1}")
             files = read_batch(spec, urls)
             for op_index, op in enumerate(spec.operators):
-                rows = [rows_of_subtask(spec, op, subtask, url, data) for url, data in files]
-                yield run_subtask(spec, op_index, subtask, pd.concat(rows, ignore_index=True))
+                parts = [rows_of_subtask(spec, op, subtask, url, data) for url, data in files]
+                rows = pd.concat([p.kept for p in parts], ignore_index=True) if parts else _no_rows(op)
+                yield run_subtask(spec, op_index, subtask, rows, late=sum(p.late for p in parts))
 
 
 def read_batch(spec: TaskSpec, urls: list[str]) -> list[tuple[str, pd.DataFrame]]:
     """Each input file of the batch, with the columns some operator reads."""
-    columns = list(dict.fromkeys(c for op in spec.operators for c in op.input_columns()))
+    columns = list(dict.fromkeys([*(c for op in spec.operators for c in op.input_columns()),
+                                  *([spec.event_time] if spec.event_time else [])]))
     return [(url, read_parquet(url, spec.input_options, columns)) for url in urls]
 
 
-def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, data: pd.DataFrame) -> pd.DataFrame:
-    """The rows of one input file that `op` keys into `subtask`'s key groups, with `op`'s columns."""
+def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, data: pd.DataFrame) -> LateSplit:
+    """The rows of one input file that `op` keys into `subtask`'s key groups, with `op`'s columns,
+    less the late ones when the pipeline has an event time (and how many were late)."""
     keys = data[op.key]
     if keys.isna().any():
         raise SourceError(f"{url}: column {op.key!r} has null keys; {op.name} cannot key them")
-    mine = subtasks_of(arrow_keys(keys), spec.max_parallelism, spec.parallelism) == subtask
-    return data.loc[mine, op.input_columns()]
+    mine = data.loc[subtasks_of(arrow_keys(keys), spec.max_parallelism, spec.parallelism) == subtask]
+    if spec.event_time is None:
+        return LateSplit(mine[op.input_columns()], 0)
+    split = split_late(mine, event_micros(mine, spec.event_time, url), spec.watermark_start_us, spec.late)
+    return LateSplit(split.kept[op.input_columns()], split.late)
 
 
-def arrow_keys(keys: pd.Series) -> pa.Array:
-    """A key column as the Arrow strings or bytes the state will key by: str and bytes keys as they
-    are (state keys bytes as bytes, not as their repr), anything else as its string form."""
-    try:
-        values = pa.array(keys, from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types in an object column
-        values = None
-    if values is None or not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
-                              or pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
-        values = pa.array(keys.astype("string"), from_pandas=True)
-    return values
+def _no_rows(op: KeyedOperator) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in op.input_columns()})
 
 
-def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame) -> pd.DataFrame:
+def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame, *, late: int = 0) -> pd.DataFrame:
     """One operator's subtask for checkpoint N: restore, process its rows, stage, snapshot.
 
     When RocksDB reports corrupt data on the way (its block checksums, checked on every read),
@@ -147,7 +150,7 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
     return pd.DataFrame(
         [{
             "op": op_index, "subtask": subtask, "handle": handle.dumps(), "staged": staged, "rows": len(batch),
-            "restore": restored.source, "seconds": time.monotonic() - started,
+            "late": late, "restore": restored.source, "seconds": time.monotonic() - started,
         }]
     )
 
@@ -159,12 +162,8 @@ def _attempt(
     op = spec.operators[op_index]
     restored = backend.restore(meta, claim_mode=spec.claim_mode, source=source, allow_missing=spec.allow_new_operators)
     try:
-        backend.set_time(processing_us=spec.batch_time_us)
-        changed = op.process(batch, backend) if len(batch) else None
-        fired = fire_timers(op, backend, processing_us=spec.batch_time_us, watermark_us=backend.clock("event"))
-        if fired:  # what the timers emitted is committed with this batch's checkpoint, like its rows
-            changed = pd.concat([c for c in [changed, *fired] if c is not None and len(c)], ignore_index=True)
-        backend.expire()  # the TTL sweep: bounded, its deletes go into this checkpoint like any write
+        changed = run_batch(op, backend, batch, processing_us=spec.batch_time_us, watermark_us=spec.watermark_us,
+                            event_time=spec.event_time is not None)
         staged = None
         if op.emits and spec.sink is not None and changed is not None:
             staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)

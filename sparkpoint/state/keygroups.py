@@ -10,6 +10,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from sparkpoint.checkpoint.metadata import KeyGroupRange
@@ -144,3 +145,16 @@ def subtask_for_key_group(max_parallelism: int, parallelism: int, key_group: int
 
 def subtask_for_key(key: bytes | str, max_parallelism: int, parallelism: int) -> int:
     return subtask_for_key_group(max_parallelism, parallelism, key_group_for(key, max_parallelism))
+
+
+def arrow_keys(keys: pd.Series) -> pa.Array:
+    """A key column as the Arrow strings or bytes the state will key by: str and bytes keys as they
+    are (state keys bytes as bytes, not as their repr), anything else as its string form."""
+    try:
+        values = pa.array(keys, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types in an object column
+        values = None
+    if values is None or not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+                              or pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)):
+        values = pa.array(keys.astype("string"), from_pandas=True)
+    return values

@@ -56,6 +56,24 @@ class KeyedOperator:
         return [self.key, *[c for c in self.columns if c != self.key]]
 
 
+def run_batch(
+    op: KeyedOperator, state: RocksDBStateBackend, batch: pd.DataFrame, *, processing_us: int | None,
+    watermark_us: int | None = None, event_time: bool = False,
+) -> pd.DataFrame | None:
+    """One batch of one subtask, as the pipeline's tasks and the test harness run it: set the
+    clocks (the batch's processing time, the watermark it advances to), `process` its rows, fire
+    the timers they made due into `on_timer`, then the bounded TTL sweep. Returns what goes to the
+    sink: `process`'s changed rows and what the timers emitted (None when neither made rows)."""
+    state.default_clock = "event" if event_time else "processing"
+    state.set_time(processing_us=processing_us, watermark_us=watermark_us)
+    changed = op.process(batch, state) if len(batch) else None
+    fired = fire_timers(op, state, processing_us=processing_us, watermark_us=state.clock("event"))
+    if fired:  # what the timers emitted is committed with this batch's checkpoint, like its rows
+        changed = pd.concat([c for c in [changed, *fired] if c is not None and len(c)], ignore_index=True)
+    state.expire()  # the TTL sweep: bounded, its deletes go into this checkpoint like any write
+    return changed
+
+
 def fire_timers(
     op: KeyedOperator, state: RocksDBStateBackend, *, processing_us: int | None, watermark_us: int | None
 ) -> list[pd.DataFrame]:
