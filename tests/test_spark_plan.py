@@ -13,8 +13,14 @@ import pytest
 
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import spark_job_group
-from sparkpoint.state.keygroups import arrow_keys
-from sparkpoint.state.keygroups import key_group_for, key_groups_of, key_groups_of_strings, subtask_for_key, subtasks_of
+from sparkpoint.state.keygroups import (
+    arrow_keys,
+    key_group_for,
+    key_groups_of,
+    key_groups_of_strings,
+    subtask_for_key,
+    subtasks_of,
+)
 from tests.test_pipeline import config, make_input
 
 

@@ -255,7 +255,8 @@ def committed_offsets(attempt: PendingAttempt) -> dict[str, Any]:
     batch, its staged sink files, and its id (under Dagster the id of the run whose SSTable step
     made it), so that a writer it overtook can say whose checkpoint took its place. `_metadata`
     written before the id was recorded has no `attempt`: readers take it as unknown."""
-    offsets = {"source": attempt.source_offsets, "sink": list(attempt.staged), ATTEMPT_KEY: attempt.attempt_id}
+    offsets: dict[str, Any] = {"source": attempt.source_offsets, "sink": list(attempt.staged),
+                               ATTEMPT_KEY: attempt.attempt_id}
     if attempt.watermark is not None:
         offsets[WATERMARK_KEY] = attempt.watermark
     return offsets

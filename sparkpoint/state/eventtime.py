@@ -39,7 +39,7 @@ def check_event_time(event_time: str | None, allowed_lateness: float, late: str)
 
 def iso_micros(value: int) -> str:
     """µs since the epoch as ISO 8601 UTC, as the facts show a watermark."""
-    return pd.Timestamp(int(value), unit="us", tz="UTC").isoformat()
+    return str(pd.Timestamp(int(value), unit="us", tz="UTC").isoformat())
 
 
 def lateness_micros(allowed_lateness: float) -> int:
@@ -50,9 +50,10 @@ def event_micros(batch: pd.DataFrame, column: str, where: str) -> np.ndarray:
     """The event times of `batch` as int64 microseconds since the epoch, UTC (naive values are
     taken as UTC); a missing column, a column that is not a timestamp, or a null is an error."""
     if column not in batch.columns:
-        raise EventTimeError(f"{where} has no event-time column {column!r}; it has: {', '.join(map(str, batch.columns))}")
+        have = ", ".join(map(str, batch.columns))
+        raise EventTimeError(f"{where} has no event-time column {column!r}; it has: {have}")
     values = batch[column]
-    if not (pd.api.types.is_datetime64_any_dtype(values.dtype)):
+    if not pd.api.types.is_datetime64_any_dtype(values.dtype):
         raise EventTimeError(f"{where}: event-time column {column!r} is {values.dtype}, not a timestamp")
     if values.isna().any():
         raise EventTimeError(f"{where}: event-time column {column!r} has {int(values.isna().sum())} null "
