@@ -19,7 +19,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.catalog import existing_store
 from sparkpoint.checkpoint.errors import SparkpointError
-from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
 from sparkpoint.checkpoint.progress import ProgressFn
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -187,6 +187,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "output_url": args.output, "max_batches": args.max_batches, "files_per_checkpoint": args.files_per_checkpoint,
         "local_dir": args.local_dir, "restore_mode": args.restore_mode, "from_checkpoint": args.from_checkpoint,
         "allow_non_restored_state": args.allow_non_restored_state, "allow_new_operators": args.allow_new_operators,
+        "event_time": args.event_time, "allowed_lateness": args.allowed_lateness, "late": args.late,
     }
     if args.storage_options:
         options = _storage_options(args.storage_options)
@@ -202,6 +203,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
     pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
                                   {op.name: op.input_columns() for op in pipeline.operators})
+    if config.event_time:  # its type and nulls, from the footers, before Spark
+        pipeline.source.max_event_time(pending[: config.files_per_checkpoint], config.event_time)
     pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote,
                                    share=session_key(config.job_id, pipeline.operators) if remote else None)
 
@@ -216,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         with _progress(args, "checkpoints uploaded") as progress:
-            reports = pipeline.run(on_checkpoint=show)
+            reports = pipeline.run(on_checkpoint=show, tick=args.tick)
     except BaseException as e:
         from sparkpoint.spark.session import interrupted, stop_quietly
 
@@ -358,6 +361,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{info['created_at']}{lineage}\n  state {_size(info['state_size'])}, checkpointed "
           f"{_size(info['checkpointed_size'])}, {info['files']} files ({info['files_new']} new, "
           f"{info['files_reused']} reused)")
+    if info["watermark"] is not None:
+        print(f"  watermark {info['watermark']}")
     for name, op in info["operators"].items():
         _table(
             f"operator {name}: parallelism {op['parallelism']}, max parallelism {op['max_parallelism']}",
@@ -366,6 +371,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               _size(s["state_size"])] for s in op["subtasks"]],
             right=2,
         )
+        if "states" in op:
+            earliest = f", earliest {iso_micros(op['timers_earliest'])}" if op["timers_earliest"] is not None else ""
+            _table(
+                f"operator {name}: {op['entries']} entries; timers pending {op['timers_pending']}{earliest}, fired "
+                f"{op['timers_fired']}; expired entries removed {op['expired_removed']} (this checkpoint's batch)",
+                ["state", "kind", "TTL", "entries"],
+                [[state, fact["kind"], _ttl(fact["ttl"]), fact["entries"]] for state, fact in op["states"].items()],
+                right=1,
+            )
         _table(
             None, ["subtask", "file", "path", "shared", "created by", "size"],
             [[s["subtask"], f["local_name"], f["path"], "yes" if group == "shared" else "no",
@@ -425,6 +439,10 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
           f"verified\n  start a job from it: sparkpoint run --from-checkpoint {result.url} "
           "--restore-mode CLAIM|NO_CLAIM ...")
     return 0
+
+
+def _ttl(ttl: dict[str, Any] | None) -> str:
+    return "-" if ttl is None else f"{ttl['seconds']:g}s {ttl['clock']} time, {ttl['update']}"
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -520,6 +538,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start although the checkpoint lacks some of this job's operators (they start empty)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting, Flink's keys accepted (e.g. state.checkpoints.num-retained=3)")
+    p.add_argument("--event-time", metavar="COLUMN",
+                   help="the input's timestamp column: a watermark, late rows, event-time timers and TTL")
+    p.add_argument("--allowed-lateness", type=_seconds, metavar="SECONDS",
+                   help="how far the watermark trails the highest event time seen (default 0)")
+    p.add_argument("--late", choices=["drop", "process"],
+                   help="rows below the watermark their batch starts with: dropped (default) or processed")
+    p.add_argument("--tick", action="store_true",
+                   help="with no unconsumed batch, one checkpoint of no input: processing time advances, due "
+                        "timers fire, TTL state expires")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
     p.set_defaults(fn=cmd_run)
 

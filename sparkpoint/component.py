@@ -54,12 +54,14 @@ class PipelineComponent(dg.Component, dg.Model, dg.Resolvable):
     landing_sensor: bool = True  # run the checkpoint job when a batch file lands
     landing_settle_seconds: float = SETTLE_SECONDS  # ... once it has been unchanged this long
     landing_retry_seconds: float = RETRY_SECONDS  # a file a run did not consume: again after this (doubling)
+    tick: bool = False  # a scheduled run with no batch to read makes a checkpoint of no input (timers, TTL)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         return build_pipeline_defs(
             self.resolve_pipeline(), key_prefix=self.key_prefix, group_name=self.group_name, owners=self.owners,
             tags=self.tags, schedule=self.schedule, landing_sensor=self.landing_sensor,
             landing_settle_seconds=self.landing_settle_seconds, landing_retry_seconds=self.landing_retry_seconds,
+            tick=self.tick,
         )
 
     def resolve_pipeline(self) -> Pipeline:

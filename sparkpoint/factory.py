@@ -83,6 +83,7 @@ def pipeline_defs(
     sample_stream: bool = False,
     landing_settle_seconds: float = SETTLE_SECONDS,
     landing_retry_seconds: float = RETRY_SECONDS,
+    tick: bool = False,
 ) -> PipelineDefs:
     """The parts of `build_pipeline_defs` (same arguments)."""
     scope = PipelineScope.of(pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags)
@@ -93,7 +94,7 @@ def pipeline_defs(
     by_role.update(resources or {})
     claim_job_dir(pipeline, by_role["storage"])
     warn_if_pool_unlimited(pipeline.name, scope.pool)
-    jobs = build_jobs(scope, schedule=schedule, schedule_status=schedule_status)
+    jobs = build_jobs(scope, schedule=schedule, schedule_status=schedule_status, tick=tick)
     return PipelineDefs(
         scope=scope, assets=build_assets(scope), checks=build_checks(scope), jobs=jobs,
         sensors=build_sensors(scope, jobs, landing_sensor=landing_sensor,
@@ -134,6 +135,7 @@ def build_pipeline_defs(
     resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
     landing_settle_seconds: float = SETTLE_SECONDS,
     landing_retry_seconds: float = RETRY_SECONDS,
+    tick: bool = False,
 ) -> dg.Definitions:
     """Dagster definitions for `pipeline`: SSTable assets (one per operator), the checkpoint asset
     and its checks, the input (observable) and output assets; jobs `<name>_checkpoint`,
@@ -148,6 +150,9 @@ def build_pipeline_defs(
     The input sensor offers a file once it has been unchanged for `landing_settle_seconds` (a
     file still being copied is not read), and a file that earlier runs did not consume again
     `landing_retry_seconds` after the last (doubling with each run), at once if it changed.
+    With `tick`, a scheduled run that finds no unconsumed batch makes a checkpoint of no input, so
+    that processing time passes without data: due timers fire and TTL state expires (any run of
+    the checkpoint job does so with the run tag `sparkpoint/tick=true`).
 
     Raises:
         PipelineError: another pipeline's definitions in this process write the same job
@@ -156,5 +161,5 @@ def build_pipeline_defs(
     return pipeline_defs(
         pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags, schedule=schedule,
         schedule_status=schedule_status, landing_sensor=landing_sensor, resources=resources,
-        landing_settle_seconds=landing_settle_seconds, landing_retry_seconds=landing_retry_seconds,
+        landing_settle_seconds=landing_settle_seconds, landing_retry_seconds=landing_retry_seconds, tick=tick,
     ).definitions()

@@ -50,11 +50,14 @@ def sparkpoint_dag(
     remote: str | None = None,
     poke_interval: float = 10.0,
     orphan_grace_seconds: float = 3600.0,
+    tick: bool = False,
     **dag_kwargs: Any,
 ) -> DAG:
     """The DAG of `pipeline` (default id `sparkpoint_<name>`). `schedule`: any Airflow schedule;
     `on_landing=True` waits for a batch file first (a sensor) and, without a schedule, runs
-    continuously (`@continuous`: the next run starts when one ends, and waits for the next file)."""
+    continuously (`@continuous`: the next run starts when one ends, and waits for the next file).
+    `tick=True`: a run that finds no unconsumed batch makes a checkpoint of no input instead of
+    skipping, so processing time passes on the schedule: due timers fire, TTL state expires."""
     ref = PipelineRef(pipeline, overrides, storage_conn_id)
     resolved = ref.resolved()
     if on_landing and schedule is None:
@@ -67,7 +70,7 @@ def sparkpoint_dag(
     common: dict[str, Any] = {"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id}
     spark: dict[str, Any] = {"master": master, "remote": remote}
     with DAG(dag_id or f"sparkpoint_{resolved.name}", schedule=schedule, **dag_kwargs) as dag:
-        batch = SparkpointBatchOperator(task_id="batch", **common, **spark)
+        batch = SparkpointBatchOperator(task_id="batch", tick=tick, **common, **spark)
         checkpoint = SparkpointCheckpointOperator(task_id="checkpoint", batch_task_id="batch",
                                                   outlets=[checkpoint_asset(resolved.effective_job_id)], **common)
         prune = SparkpointPruneOperator(task_id="prune", orphan_grace_seconds=orphan_grace_seconds, **common)

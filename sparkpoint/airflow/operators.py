@@ -126,13 +126,19 @@ class SparkpointOperator(BaseOperator):
 class SparkpointBatchOperator(SparkpointOperator):
     """The Spark half of the next unconsumed batch: every subtask restores, applies its rows,
     snapshots and uploads; the attempt is persisted under this DAG run's id, which goes to XCom
-    (JSON) for `SparkpointCheckpointOperator`. Nothing unconsumed: the task is skipped."""
+    (JSON) for `SparkpointCheckpointOperator`. Nothing unconsumed: the task is skipped, or with
+    `tick=True` a checkpoint of no input is made (processing time passes: due timers fire, TTL
+    state expires)."""
+
+    def __init__(self, *, tick: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tick = tick
 
     def execute(self, context: Context) -> dict[str, Any]:
         spark = self.spark()
         try:
             driver = self.driver(spark)
-            attempt = start_step(driver, attempt_id_of(context), inject_failure=injected(context))
+            attempt = start_step(driver, attempt_id_of(context), inject_failure=injected(context), tick=self.tick)
         finally:
             spark.stop()
         if attempt is None:

@@ -31,7 +31,7 @@ from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.attempt import Overtaken, finish_step_or_overtaken, start_step
 from sparkpoint.pipeline.maintenance import prune_due, recount, registry_counts, verify_latest
-from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, PipelineScope
+from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, TICK_TAG, PipelineScope
 from sparkpoint.spark.sink import output_facts
 from sparkpoint.spark.source import ParquetDirectorySource
 
@@ -88,6 +88,9 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         attempt = start_step(driver, context.run.run_id, inject_failure=inject)
         if attempt is None and source.land_sample_batch(driver.consumed_files()):
             attempt = start_step(driver, context.run.run_id, inject_failure=inject)
+        if attempt is None and context.run.tags.get(TICK_TAG, "").lower() == "true":
+            context.log.info("no unconsumed batch: a tick (a checkpoint of no input: due timers fire, TTL expires)")
+            attempt = start_step(driver, context.run.run_id, inject_failure=inject, tick=True)
         if attempt is None:
             context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
             empty = driver.source.nothing_to_read()

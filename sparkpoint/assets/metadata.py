@@ -12,6 +12,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.maintenance import checkpoint_facts
 from sparkpoint.pipeline.runtime import BatchReport
+from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
 
 
@@ -69,6 +70,9 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
         "dagster/row_count": report.rows,
         "prune_due": dg.MetadataValue.json(list(prune_due or [])),
     }
+    if "watermark" in facts:  # pipelines with an event time
+        out["watermark"] = facts["watermark"]
+        out["late_rows"] = facts["late_rows"]
     if recovered_run:
         out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
     return out
@@ -88,6 +92,14 @@ def sstable_metadata(summary: dict[str, Any]) -> dict[str, Any]:
         out["restore"] = summary["restore"]
     if "rows" in summary:
         out["dagster/row_count"] = summary["rows"]
+    if "states" in summary:  # what the state holds after this checkpoint (snapshots that record it)
+        out["entries"] = summary["entries"]
+        out["expired_removed"] = summary["expired_removed"]
+        out["timers_pending"] = summary["timers_pending"]
+        out["timers_fired"] = summary["timers_fired"]
+        if summary["timers_earliest"] is not None:
+            out["timers_earliest"] = iso_micros(summary["timers_earliest"])
+        out["states"] = dg.MetadataValue.json(summary["states"])
     return plain(out)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import fsspec
 
 from sparkpoint.checkpoint.errors import CheckpointNotFound, MetadataError, StorageError
-from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, iso_micros, state_facts
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir, is_changelog_name, is_plain_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import MAX_METADATA_BYTES, CompletedCheckpointStore, StoreListing
@@ -112,11 +112,12 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
                 "shared": [_file(f) for f in h.shared],
                 "private": [_file(f) for f in h.private],
                 "staged": [_file(f) for f in h.staged],
+                **({"facts": h.facts} if h.facts is not None else {}),
             }
             for h in op.subtasks
         ]
         operators[name] = {"max_parallelism": op.max_parallelism, "parallelism": op.parallelism,
-                           "subtasks": subtasks}
+                           "subtasks": subtasks, **state_facts(op.subtasks)}
     return {
         "path": located.url,
         **checkpoint_row(meta),
@@ -124,9 +125,18 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
         "files_new": meta.stats.files_new,
         "files_reused": meta.stats.files_reused,
         "source_offsets": meta.source_offsets,
+        "watermark": _watermark(meta),
         "unowned": sorted(meta.unowned),
         "operators": operators,
     }
+
+
+def _watermark(meta: CheckpointMetadata) -> str | None:
+    """The watermark the checkpoint recorded, ISO 8601 UTC (None: the pipeline has no event time)."""
+    raw = meta.source_offsets.get("watermark") if isinstance(meta.source_offsets, dict) else None
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        return None
+    return iso_micros(raw)
 
 
 def _file(f: FileHandle) -> dict[str, Any]:

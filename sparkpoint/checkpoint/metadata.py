@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sparkpoint.checkpoint.errors import MetadataError
@@ -108,6 +108,10 @@ class SubtaskStateHandle:
     # Slices of a materialization in progress (`sparkpoint.state.staging`): kept alive with this
     # checkpoint, read by no restore until a later checkpoint lists them among its shared files.
     staged: tuple[FileHandle, ...] = ()
+    # What the subtask's state held when it was snapshotted, for people (`inspect`, the
+    # orchestrator): per state its kind, TTL and entries (RocksDB's estimate beyond
+    # `EXACT_UP_TO`), timers pending and fired, entries the TTL sweep removed. No restore reads it.
+    facts: dict[str, Any] | None = field(default=None, compare=False)
 
     def files(self) -> Iterator[FileHandle]:
         """The files a restore of this subtask reads."""
@@ -133,6 +137,8 @@ class SubtaskStateHandle:
         }
         if self.staged:
             out["staged"] = [f.to_json() for f in self.staged]
+        if self.facts is not None:
+            out["facts"] = self.facts
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -145,6 +151,7 @@ class SubtaskStateHandle:
             "shared": [f.to_json() for f in self.shared],
             "private": [f.to_json() for f in self.private],
             **({"staged": [f.to_json() for f in self.staged]} if self.staged else {}),
+            **({"facts": self.facts} if self.facts is not None else {}),
         }
 
     def dumps(self) -> str:
@@ -511,7 +518,73 @@ def _subtask_from_json(
         shared=shared,
         private=private,
         staged=staged,
+        facts=_facts_from_json(v, obj["facts"], f"{name}.facts") if "facts" in obj else None,
     )
+
+
+def state_facts(handles: Iterable[SubtaskStateHandle]) -> dict[str, Any]:
+    """One operator's state over its subtasks' snapshots: per state its kind, TTL and entries;
+    entries in all; what the TTL sweep removed; timers pending (count, earliest) and fired. Empty
+    for snapshots that carry no facts (written before sparkpoint recorded them)."""
+    facts = [h.facts for h in handles if h.facts is not None]
+    if not facts:
+        return {}
+    states: dict[str, dict[str, Any]] = {}
+    for f in facts:
+        for name, state in f["states"].items():
+            merged = states.setdefault(name, {"kind": state["kind"], "ttl": state["ttl"], "entries": 0})
+            merged["entries"] += state["entries"]
+    earliest = [f["timers"]["earliest"] for f in facts if f["timers"]["earliest"] is not None]
+    return {
+        "states": states,
+        "entries": sum(s["entries"] for s in states.values()),
+        "expired_removed": sum(f["expired_removed"] for f in facts),
+        "timers_pending": sum(f["timers"]["pending"] for f in facts),
+        "timers_earliest": min(earliest) if earliest else None,
+        "timers_fired": sum(f["timers"]["fired"] for f in facts),
+    }
+
+
+def iso_micros(value: int) -> str:
+    """µs since the epoch (a watermark, a timer) as ISO 8601 UTC."""
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(value))).isoformat()
+
+
+_MAX_STATES = 1000
+
+
+def _facts_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
+    """A subtask's facts, shape-checked (no restore reads them; `inspect` prints them)."""
+    obj = v.obj(raw, name)
+    states = v.obj(v.get(obj, "states", name), f"{name}.states")
+    if len(states) > _MAX_STATES:
+        raise v.fail(f"{name}.states", f"lists {len(states)} states, more than {_MAX_STATES}")
+    out_states: dict[str, Any] = {}
+    for state, fact in states.items():
+        where = f"{name}.states[{state[:40]!r}]"
+        if not isinstance(state, str) or not 0 < len(state) <= 200:
+            raise v.fail(where, "a state name is a string of 1 to 200 characters")
+        f = v.obj(fact, where)
+        ttl = f.get("ttl")
+        if ttl is not None:
+            t = v.obj(ttl, f"{where}.ttl")
+            seconds = t.get("seconds")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+                raise v.fail(f"{where}.ttl.seconds", f"must be a positive number, got {seconds!r}")
+            ttl = {"seconds": seconds, "update": v.string(t, "update", f"{where}.ttl")[:40],
+                   "clock": v.string(t, "clock", f"{where}.ttl")[:40]}
+        out_states[state] = {"kind": v.string(f, "kind", where)[:40], "ttl": ttl,
+                             "entries": v.integer(f, "entries", where)}
+    timers = v.obj(v.get(obj, "timers", name), f"{name}.timers")
+    earliest = timers.get("earliest")
+    if earliest is not None and (isinstance(earliest, bool) or not isinstance(earliest, int)):
+        raise v.fail(f"{name}.timers.earliest", f"must be an integer or null, got {earliest!r}")
+    return {
+        "states": out_states,
+        "timers": {"pending": v.integer(timers, "pending", f"{name}.timers"), "earliest": earliest,
+                   "fired": v.integer(timers, "fired", f"{name}.timers")},
+        "expired_removed": v.integer(obj, "expired_removed", name),
+    }
 
 
 def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> CheckpointMetadata:

@@ -26,7 +26,7 @@ from sparkpoint.assets.metadata import checkpoint_metadata, location, plain, sst
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import snapshot_summary
-from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG, RECOVERED_BY_TAG, PipelineScope
+from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG, RECOVERED_BY_TAG, TICK_TAG, PipelineScope
 
 __all__ = ["FAILED_RUN_TAG", "PipelineJobs", "RecoverConfig", "build_jobs"]
 
@@ -50,8 +50,10 @@ class PipelineJobs:
 
 
 def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
-               schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING) -> PipelineJobs:
-    """`schedule`: a cron string the checkpoint job runs on."""
+               schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
+               tick: bool = False) -> PipelineJobs:
+    """`schedule`: a cron string the checkpoint job runs on; with `tick`, a scheduled run that finds
+    no unconsumed batch makes a checkpoint of no input (processing-time timers fire, TTL expires)."""
     pipeline, pool = scope.pipeline, scope.pool
     tags = {PIPELINE_TAG: pipeline.name}
 
@@ -170,7 +172,9 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                      description=f"Materializes `{pipeline.name}` on `{schedule}` unless one of its runs is in flight")
         def checkpoint_schedule_fn(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
             busy = scope.runs_in_flight(context.instance)
-            return dg.SkipReason(scope.waiting_for(busy)) if busy else dg.RunRequest()
+            if busy:
+                return dg.SkipReason(scope.waiting_for(busy))
+            return dg.RunRequest(tags={TICK_TAG: "true"} if tick else {})
 
         checkpoint_schedule = checkpoint_schedule_fn
 

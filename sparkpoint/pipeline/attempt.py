@@ -64,7 +64,13 @@ from sparkpoint.checkpoint.errors import (
     SparkpointError,
     UnknownSharedState,
 )
-from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle, metadata_path
+from sparkpoint.checkpoint.metadata import (
+    CheckpointMetadata,
+    FileHandle,
+    SubtaskStateHandle,
+    metadata_path,
+    state_facts,
+)
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -237,6 +243,7 @@ def snapshot_summary(handles: Iterable[SubtaskStateHandle], checkpoint_id: int) 
         "sst_files_new": len(new),
         "sst_files_reused": len(reused),
         "bytes_uploaded": sum(f.size for h in handles for f in h.new_files()),
+        **state_facts(handles),
     }
 
 
@@ -736,13 +743,15 @@ def spark_half_with_fallback(
     attempt_id: str | None = None,
     inject_failure: str | None = None,
     start: tuple[_Start, CheckpointCoordinator] | None = None,
+    tick: bool = False,
 ) -> tuple[PendingAttempt | None, CheckpointCoordinator]:
     """The Spark half of the next unconsumed batch (None: nothing to do), resuming from the
-    latest completed checkpoint and falling back to older ones that restore, loudly."""
+    latest completed checkpoint and falling back to older ones that restore, loudly. With
+    `tick`, no unconsumed batch makes a checkpoint of no input (time passes: timers, TTL)."""
     begun, coordinator = start or pipeline._begin()
     while True:
         files = pending_files(pipeline, begun)
-        if not files:
+        if not files and not tick:
             return None, coordinator
         try:
             return run_spark_half(
@@ -756,7 +765,7 @@ def spark_half_with_fallback(
 
 
 def start_step(
-    pipeline: PipelineCore, attempt_id: str, *, inject_failure: str | None = None
+    pipeline: PipelineCore, attempt_id: str, *, inject_failure: str | None = None, tick: bool = False
 ) -> PendingAttempt | None:
     """Step 1: run the Spark half of the next unconsumed batch and persist the attempt.
 
@@ -777,7 +786,7 @@ def start_step(
             f"attempt {attempt_id} was aborted at checkpoint {following} and can never complete it: "
             "run this step again under a new attempt id (e.g. one per try)"
         )
-    attempt, _ = spark_half_with_fallback(pipeline, attempt_id=attempt_id, inject_failure=inject)
+    attempt, _ = spark_half_with_fallback(pipeline, attempt_id=attempt_id, inject_failure=inject, tick=tick)
     if attempt is None:
         return None
     save_attempt(pipeline.storage, attempt)

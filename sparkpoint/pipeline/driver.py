@@ -25,16 +25,20 @@ log = logging.getLogger(__name__)
 
 
 class StatefulPipeline(PipelineCore):
-    def run(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> list[BatchReport]:
-        """Process every unconsumed batch (up to `max_batches`), one checkpoint each."""
-        return list(self.batches(on_checkpoint))
+    def run(self, on_checkpoint: Callable[[BatchReport], None] | None = None, *, tick: bool = False
+            ) -> list[BatchReport]:
+        """Process every unconsumed batch (up to `max_batches`), one checkpoint each. With `tick`,
+        when there is none, one checkpoint of no input: processing time advances, due timers fire,
+        TTL state expires (what a schedule runs so that time passes without data)."""
+        return list(self.batches(on_checkpoint, tick=tick))
 
-    def batches(self, on_checkpoint: Callable[[BatchReport], None] | None = None) -> Iterator[BatchReport]:
+    def batches(self, on_checkpoint: Callable[[BatchReport], None] | None = None, *, tick: bool = False
+                ) -> Iterator[BatchReport]:
         start, coordinator = self._begin()
         done, lost_races = 0, 0
         while self.config.max_batches is None or done < self.config.max_batches:
             files = self.source.pending(start.offsets)[: self.config.files_per_checkpoint]
-            if not files:
+            if not files and not (tick and done == 0):
                 break
             try:
                 report, metadata = self._one_batch(coordinator, start, files)
@@ -60,6 +64,8 @@ class StatefulPipeline(PipelineCore):
             if on_checkpoint:
                 on_checkpoint(report)
             yield report
+            if not files:
+                break  # the tick
 
     def _one_batch(
         self, coordinator: CheckpointCoordinator, start: _Start, files: list[str]

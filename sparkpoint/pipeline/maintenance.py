@@ -36,6 +36,7 @@ from sparkpoint.pipeline.attempt import (
 from sparkpoint.pipeline.claims import fence, forget_fences
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
+from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.verify import verify_checkpoint
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: Chec
         "registry_files": counts.files,
         "retained": list(counts.checkpoints),
         "duration_s": round(report.seconds, 3),
+        **({"watermark": iso_micros(report.watermark), "late_rows": report.late_rows}
+           if report.watermark is not None else {}),  # pipelines with an event time
     }
 
 

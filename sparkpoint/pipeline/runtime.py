@@ -124,7 +124,8 @@ class BatchReport:
 
     def line(self) -> str:
         return (
-            f"chk-{self.checkpoint_id} batch={','.join(self.files)} rows={self.rows} state={self.state_size}B "
+            f"chk-{self.checkpoint_id} batch={','.join(self.files) or '(tick)'} rows={self.rows} "
+            f"state={self.state_size}B "
             f"uploaded={self.checkpointed_size}B files new={self.files_new} reused={self.files_reused} "
             f"deleted={self.files_deleted} {self.seconds:.2f}s"
             + (f" watermark={iso_micros(self.watermark)} late={self.late_rows}" if self.watermark is not None else "")

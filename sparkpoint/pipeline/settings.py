@@ -67,6 +67,9 @@ _PARSERS: dict[str, Any] = {
     "changelog_materialize_in_steps": parse_bool,
     "rocksdb_block_cache_mb": parse_megabytes,
     "rocksdb_cache_index_and_filter_blocks": parse_bool,
+    "event_time": str,
+    "allowed_lateness": float,
+    "late": str,
 }
 
 

@@ -30,6 +30,7 @@ FAILED_RUN_TAG = "sparkpoint/recovers"
 RECOVERED_BY_TAG = "sparkpoint/recovered-by"
 PIPELINE_TAG = "sparkpoint/pipeline"
 OVERTAKEN_TAG = "sparkpoint/overtaken"
+TICK_TAG = "sparkpoint/tick"  # "true": with no unconsumed batch, a checkpoint of no input (time passes)
 # A run in one of these may still start or finish a checkpoint of its pipeline.
 IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)

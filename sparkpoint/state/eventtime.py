@@ -16,8 +16,11 @@ import numpy as np
 import pandas as pd
 
 from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.metadata import iso_micros
 
 LATE_MODES = ("drop", "process")
+__all__ = ["LATE_MODES", "EventTimeError", "LateSplit", "advance", "check_event_time", "event_micros", "iso_micros",
+           "lateness_micros", "split_late"]
 
 
 class EventTimeError(SparkpointError):
@@ -35,11 +38,6 @@ def check_event_time(event_time: str | None, allowed_lateness: float, late: str)
     if late not in LATE_MODES:
         problems.append(f"late must be one of {', '.join(LATE_MODES)}, got {late!r}")
     return problems
-
-
-def iso_micros(value: int) -> str:
-    """µs since the epoch as ISO 8601 UTC, as the facts show a watermark."""
-    return str(pd.Timestamp(int(value), unit="us", tz="UTC").isoformat())
 
 
 def lateness_micros(allowed_lateness: float) -> int:

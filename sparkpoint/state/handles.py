@@ -22,6 +22,7 @@ read-modify-write of a whole micro-batch close to RocksDB's own batched throughp
 
 from __future__ import annotations
 
+import json
 import logging
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -61,6 +62,8 @@ def key_group_bounds(kg_range: KeyGroupRange) -> tuple[bytes, bytes]:
 
 Clock = Callable[[str], "int | None"]  # "processing" | "event" -> microseconds now (None: no time yet)
 FORMAT_KEY = b"\xff\xffsparkpoint.ttl"  # beyond every key group: no scan, clip or rescale copy sees it
+STATE_KEY = b"\xff\xffsparkpoint.state"  # ... and the state's kind and TTL as declared: what `inspect` shows
+SIDECAR_KEYS = (FORMAT_KEY, STATE_KEY)  # a rescale copies them; counts of entries leave them out
 SWEEP_LIMIT = 20_000  # entries the TTL sweep looks at per state and batch
 
 
@@ -73,6 +76,8 @@ def _wall_clock(kind: str) -> int | None:
 class _KeyedState(Generic[V]):
     """What every kind of state shares: the column family, the codec, the key-group prefix and,
     with a TTL, the time stamp before each stored entry (`sparkpoint.state.ttl`)."""
+
+    KIND = "state"  # what `inspect` and the orchestrator call it
 
     def __init__(
         self,
@@ -207,6 +212,14 @@ class _KeyedState(Generic[V]):
             self._delete(FORMAT_KEY)
         return rewritten
 
+    def declare(self) -> None:
+        """Record the state's kind and TTL beside its entries (one read when they are as before)."""
+        ttl = None if self.ttl is None else {"seconds": self.ttl.seconds, "update": self.ttl.update,
+                                              "clock": self.ttl.clock}
+        described = json.dumps({"kind": self.KIND, "ttl": ttl}, sort_keys=True).encode()
+        if self._cf.get(STATE_KEY) != described:
+            self._put(STATE_KEY, described)
+
     # --- keys ------------------------------------------------------------------------------------
 
     def _prefixed(self, key: bytes | str) -> bytes:
@@ -324,6 +337,8 @@ class _KeyedState(Generic[V]):
 class ValueState(_KeyedState[V]):
     """One value per key."""
 
+    KIND = "value"
+
     def get(self, key: bytes | str) -> V | None:
         (data,) = self._read([self._prefixed(key)])
         return None if data is None else self.codec.decode(data)
@@ -386,6 +401,8 @@ class ValueState(_KeyedState[V]):
 
 class MapState(_KeyedState[V]):
     """Per key a map of user key -> value (Flink's MapState)."""
+
+    KIND = "map"
 
     def _map_prefix(self, key: bytes | str) -> bytes:
         prefixed = self._prefixed(key)
@@ -471,6 +488,8 @@ class ListState(_KeyedState[V]):
     """Per key a list of values (Flink's ListState): appends in order, each one write; with a
     TTL each element expires on its own."""
 
+    KIND = "list"
+
     def _list_prefix(self, prefixed: bytes) -> bytes:
         return prefixed[:2] + _LEN.pack(len(prefixed) - 2) + prefixed[2:]
 
@@ -553,6 +572,8 @@ class ReducingState(_KeyedState[V]):
     """Per key one value that every `add` folds into with `reduce(old, new)` (Flink's
     ReducingState): a batch's values of one key are reduced in memory first, then read, merged
     and written with one multi-get and one write."""
+
+    KIND = "reducing"
 
     def __init__(self, *args: Any, reduce: Callable[[V, V], V], **kwargs: Any):
         super().__init__(*args, **kwargs)

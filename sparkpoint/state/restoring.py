@@ -30,7 +30,7 @@ from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state import changelog
 from sparkpoint.state.changelog import ChangelogFormatError
-from sparkpoint.state.handles import FORMAT_KEY, key_group_bounds
+from sparkpoint.state.handles import SIDECAR_KEYS, key_group_bounds
 from sparkpoint.state.restore import (
     local_copy_matches,
     materialize,
@@ -347,9 +347,10 @@ class Restoring(SubtaskState):
                     del it  # a live iterator holds `other` open, even from a traceback
                 # A state's format key (its entries carry TTL stamps) lies beyond every key group:
                 # the database we grew from may lack the state, or the key, altogether.
-                stamped = other.get_column_family(name).get(FORMAT_KEY)
-                if stamped is not None:
-                    batch.put(FORMAT_KEY, stamped, handle)
+                for sidecar in SIDECAR_KEYS:
+                    stamped = other.get_column_family(name).get(sidecar)
+                    if stamped is not None:
+                        batch.put(sidecar, stamped, handle)
                 db.write(batch)
         finally:
             other.close()

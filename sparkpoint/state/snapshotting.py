@@ -9,6 +9,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ class Snapshotting(SubtaskState):
         except BaseException:
             shutil.rmtree(local, ignore_errors=True)
             raise
+        handle = replace(handle, facts=self.facts())
         self._pending[checkpoint_id] = handle
         self._write_marker(checkpoint_id, handle, self.storage.job_url)
         if self._log is not None:

@@ -28,13 +28,15 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, fsync_dir
 from sparkpoint.state import staging
 from sparkpoint.state.changelog import ChangeLog, ChangelogOptions
 from sparkpoint.state.codecs import BytesCodec, Codec
-from sparkpoint.state.handles import SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
+from sparkpoint.state.handles import STATE_KEY, SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.localfiles import write_replacing
 from sparkpoint.state.rocksdb import (
+    EXACT_UP_TO,
     RocksDBOptions,
     compact_all,
     ensure_column_families,
+    entry_count,
     flush_all,
     list_states,
     open_db,
@@ -187,6 +189,7 @@ class SubtaskState:
             ttl=ttl, clock=self.clock, **extra,
         )
         state.settle_format()
+        state.declare()
         self._states[name] = state
         return state
 
@@ -214,6 +217,30 @@ class SubtaskState:
 
     def state_names(self) -> list[str]:
         return list_states(str(self.db_path)) if self.db_path.exists() else []
+
+    def facts(self) -> dict[str, Any]:
+        """What this subtask's state holds now, for people: per state its kind and TTL as declared
+        and its entries (exact up to `EXACT_UP_TO`, RocksDB's estimate beyond: Flink's
+        `estimate-num-keys` metric), the timers pending (count, earliest) and fired, the entries the
+        TTL sweep removed, since the last call (each snapshot reports its batch's)."""
+        db = self._open_db()
+        states: dict[str, Any] = {}
+        timers = {"pending": 0, "earliest": None, "fired": 0}
+        for name in self.state_names():
+            cf = db.get_column_family(name)
+            if name == TIMERS:
+                service = self.timers
+                timers["pending"], timers["earliest"] = service.pending(exact_up_to=EXACT_UP_TO)
+                timers["fired"], service.fired = service.fired, 0
+                continue
+            raw = cf.get(STATE_KEY)
+            declared = json.loads(raw) if raw else {"kind": "unknown", "ttl": None}
+            states[name] = {"kind": declared.get("kind", "unknown"), "ttl": declared.get("ttl"),
+                            "entries": entry_count(cf, exact_up_to=EXACT_UP_TO)}
+        expired = 0
+        for state in self._states.values():
+            expired, state.expired_removed = expired + state.expired_removed, 0
+        return {"states": states, "timers": timers, "expired_removed": expired}
 
     def _before_write(self) -> None:
         # The first write after a snapshot makes db/ differ from that checkpoint. The unlink is

@@ -53,7 +53,9 @@ class TimerService(_KeyedState[bytes]):
     timestamp)`, `list(key)`; each takes `clock="event" | "processing"` (default: event time when
     the pipeline has an `event_time`, processing time otherwise)."""
 
+    KIND = "timers"
     default_clock = "processing"
+    fired = 0  # timers fired through this handle (this batch's: a handle lives one batch)
     event_time = False  # whether event-time timers can fire here (a watermark will come)
     registered = 0  # timers registered through this handle (an operator without on_timer is refused)
 
@@ -125,6 +127,7 @@ class TimerService(_KeyedState[bytes]):
             prefixed = self._prefixed(raw)
             deletes += list(self._entries(prefixed, byte, at))
         self._write((), deletes)
+        self.fired += len(fired)
         keys = [_text(raw) for _, raw, _ in fired]
         return pd.DataFrame({
             "key": pd.Series(keys, dtype=object),
@@ -132,8 +135,12 @@ class TimerService(_KeyedState[bytes]):
                                    dtype="datetime64[us, UTC]"),
         })
 
-    def pending(self) -> tuple[int, int | None]:
-        """(timers pending in this subtask, the earliest one's time)."""
+    def pending(self, *, exact_up_to: int | None = None) -> tuple[int, int | None]:
+        """(timers pending in this subtask, the earliest one's time). With `exact_up_to`, a
+        subtask holding more is counted by RocksDB's estimate (two index entries per timer), and
+        only the earliest of each key group is read."""
+        estimate = int(self._cf.property_int_value("rocksdb.estimate-num-keys") or 0) // 2
+        exact = exact_up_to is None or estimate <= exact_up_to
         count, earliest = 0, None
         for kg in range(self._kg_range.start, self._kg_range.end + 1):
             for byte in CLOCK_BYTES.values():
@@ -142,7 +149,9 @@ class TimerService(_KeyedState[bytes]):
                     count += 1
                     at = _TIME.unpack_from(k, 4)[0] - _OFFSET
                     earliest = at if earliest is None else min(earliest, at)
-        return count, earliest
+                    if not exact:
+                        break  # the first of a key group and clock is its earliest
+        return (count if exact else estimate), earliest
 
 
 def _text(raw: bytes) -> str | bytes:
