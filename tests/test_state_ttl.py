@@ -245,3 +245,39 @@ def test_a_rescale_onto_a_subtask_that_never_had_the_state_keeps_the_stamps(
     one.set_time(processing_us=T0 + 61 * S)
     assert dict(one.value_state("seen", JsonCodec(), ttl=StateTtl(60)).items()) == {}
     one.dispose()
+
+
+def test_the_sweep_goes_round_across_batches_and_reaches_states_a_batch_did_not_open(
+        local_storage: CheckpointStorage, tmp_path: Path):
+    """Each batch's backend is new (a Spark task): the sweep goes on where the last batch's stopped
+    (else it would stall behind live entries at the front of the key groups), and a state no later
+    batch touches (a customer list nobody reads any more) is still emptied, by the TTL its last
+    declaration recorded."""
+    hour = StateTtl(3600)
+    coordinator = CheckpointCoordinator(local_storage, num_retained=1)
+    with backend(local_storage, tmp_path / "local") as b:
+        b.restore(None)
+        b.set_time(processing_us=T0)
+        b.value_state("seen", JsonCodec(), ttl=hour).put_many((f"old{i:03d}", i) for i in range(50))
+        b.set_time(processing_us=T0 + 3600 * S)
+        b.value_state("seen", JsonCodec(), ttl=hour).put_many((f"new{i:03d}", i) for i in range(50))
+        take_checkpoint(coordinator, [b])
+    removed = []
+    for _ in range(11):  # batches 90 minutes later that touch no state, each sweeping 10 entries
+        with backend(local_storage, tmp_path / "local") as b:
+            b.restore(CompletedCheckpointStore(local_storage).latest())
+            b.set_time(processing_us=T0 + 5400 * S)
+            removed.append(b.expire(limit=10))
+            facts = b.facts()
+            take_checkpoint(coordinator, [b])
+        assert facts["expired_removed"] == removed[-1]
+    assert sum(removed) == 50, removed
+    with backend(local_storage, tmp_path / "local") as b:
+        b.restore(CompletedCheckpointStore(local_storage).latest())
+        assert raw_entries_of(b, "seen") == 50
+
+
+def raw_entries_of(b: RocksDBStateBackend, name: str) -> int:
+    from sparkpoint.state.rocksdb import entry_count
+
+    return entry_count(b._open_db().get_column_family(name))

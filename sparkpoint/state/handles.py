@@ -64,6 +64,7 @@ Clock = Callable[[str], "int | None"]  # "processing" | "event" -> microseconds 
 FORMAT_KEY = b"\xff\xffsparkpoint.ttl"  # beyond every key group: no scan, clip or rescale copy sees it
 STATE_KEY = b"\xff\xffsparkpoint.state"  # ... and the state's kind and TTL as declared: what `inspect` shows
 SIDECAR_KEYS = (FORMAT_KEY, STATE_KEY)  # a rescale copies them; counts of entries leave them out
+SWEEP_KEY = b"\xff\xffsparkpoint.sweep"  # where the TTL sweep goes on in the next batch (not copied on rescale)
 SWEEP_LIMIT = 20_000  # entries the TTL sweep looks at per state and batch
 
 
@@ -171,6 +172,8 @@ class _KeyedState(Generic[V]):
         if threshold is None:
             return 0
         lower, upper = key_group_bounds(self._kg_range)
+        if self._sweep_from is None:  # a handle lives one batch: the sweep goes on where the last one stopped
+            self._sweep_from = self._cf.get(SWEEP_KEY)
         start = self._sweep_from if self._sweep_from is not None and lower <= self._sweep_from < upper else lower
         doomed: list[bytes] = []
         seen = 0
@@ -183,7 +186,8 @@ class _KeyedState(Generic[V]):
             if seen >= limit:
                 break
         self._sweep_from = None if last is None or seen < limit else last + b"\x00"
-        self._write((), doomed)
+        cursor = self._sweep_from or lower
+        self._write([(SWEEP_KEY, cursor)] if cursor != start else [], doomed)
         self.expired_removed += len(doomed)
         return len(doomed)
 

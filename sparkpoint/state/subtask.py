@@ -213,7 +213,27 @@ class SubtaskState:
     def expire(self, limit: int = SWEEP_LIMIT) -> int:
         """The TTL sweep of one batch: every state with a TTL deletes the expired entries among the
         next `limit` it looks at. Returns the entries deleted."""
-        return sum(state.expire(limit) for state in self._states.values() if state.ttl is not None)
+        removed = sum(state.expire(limit) for state in self._states.values() if state.ttl is not None)
+        for name in self.state_names():  # states this batch did not open: as declared when last opened
+            if name in self._states or name == TIMERS:
+                continue
+            sweeper = self._sweeper(name)
+            if sweeper is not None:
+                removed += sweeper.expire(limit)
+        return removed
+
+    def _sweeper(self, name: str) -> _KeyedState[bytes] | None:
+        """A handle on state `name` that only sweeps, with the TTL its last declaration recorded
+        (None: it has none, or it was written before sparkpoint recorded declarations)."""
+        db = self._open_db()
+        raw = db.get_column_family(name).get(STATE_KEY)
+        declared = json.loads(raw).get("ttl") if raw else None
+        if not declared:
+            return None
+        sweeper = _KeyedState(db, name, BytesCodec(), self.max_parallelism, self.key_group_range,
+                              on_write=self._before_write, log=self._log, ttl=StateTtl(**declared), clock=self.clock)
+        self._states[name] = sweeper  # its counts reach this snapshot's facts
+        return sweeper
 
     def state_names(self) -> list[str]:
         return list_states(str(self.db_path)) if self.db_path.exists() else []
