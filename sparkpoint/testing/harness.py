@@ -303,8 +303,14 @@ class OperatorHarness:
         return _concat([self._run(b, empty) for b in self._live()])
 
     def _run(self, backend: RocksDBStateBackend, rows: pd.DataFrame) -> pd.DataFrame | None:
-        return run_batch(self.operator, backend, rows, processing_us=self.processing_time,
-                         watermark_us=self.watermark, event_time=self.event_time is not None)
+        out = run_batch(self.operator, backend, rows, processing_us=self.processing_time,
+                        watermark_us=self.watermark, event_time=self.event_time is not None)
+        if out is None or isinstance(out, pd.DataFrame):
+            return out
+        if self.operator.emits:  # the pipeline's sink would fail on it
+            raise HarnessError(f"{self.operator.name} emits, but its process returned a {type(out).__name__}, "
+                               "not a DataFrame or None")
+        return None  # the pipeline ignores what an operator that does not emit returns
 
     # --- looking inside ----------------------------------------------------------------------------
 
