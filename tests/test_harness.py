@@ -480,3 +480,18 @@ def test_the_readme_example_runs():
     assert blocks
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
+
+
+def test_an_operator_that_raises_leaves_the_watermark_and_late_rows_as_they_were():
+    def fussy(batch: pd.DataFrame, state: RocksDBStateBackend) -> None:
+        if "boom" in set(batch["user"]):
+            raise RuntimeError("boom")
+
+    op = KeyedOperator("fussy", key="user", columns=("ts",), process=fussy, export=lambda s: pd.DataFrame())
+    with OperatorHarness(op, parallelism=2, event_time="ts") as h:
+        h.process(events([("a", 100)]))
+        with pytest.raises(RuntimeError, match="boom"):
+            h.process(events([("a", 50), ("boom", 500)]))
+        assert (h.watermark, h.late_rows) == (T0 + 100 * S, 0)
+        h.process(events([("a", 50)]))
+        assert (h.watermark, h.late_rows) == (T0 + 100 * S, 1)

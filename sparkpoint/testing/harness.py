@@ -238,6 +238,10 @@ class OperatorHarness:
         Raises:
             HarnessError: a column the operator reads is missing, or a key is null.
             EventTimeError: the event-time column is missing, not a timestamp, or has a null.
+
+        Bad input is refused before any state is touched. An exception of the operator itself
+        leaves the subtasks that ran changed and the watermark and `late_rows` as they were (a
+        pipeline would restore its last checkpoint: restore a snapshot to do the same).
         """
         backends = self._live()
         op = self.operator
@@ -252,19 +256,20 @@ class OperatorHarness:
                                f"{op.name} cannot key them")
         owners = subtasks_of(arrow_keys(keys), self.max_parallelism, self.parallelism)
         times = event_micros(df, self.event_time, where) if self.event_time is not None else None
-        start = self.watermark
+        start = mark = self.watermark
         if times is not None:
             highest = int(times.max()) if len(times) else None
-            self.watermark = advance(start, highest, lateness_micros(self.allowed_lateness))
-        outputs = []
+            mark = advance(start, highest, lateness_micros(self.allowed_lateness))
+        outputs, late = [], 0
         for subtask, backend in enumerate(backends):
             mine = owners == subtask
             rows = df.loc[mine].reset_index(drop=True)
             if times is not None:
                 split = split_late(rows, times[mine], start, self.late)
-                self.late_rows += split.late
+                late += split.late
                 rows = split.kept
-            outputs.append(self._run(backend, rows[op.input_columns()]))
+            outputs.append(self._run(backend, rows[op.input_columns()], mark))
+        self.watermark, self.late_rows = mark, self.late_rows + late
         return _concat(outputs)
 
     def advance_processing_time(self, ts: Any) -> pd.DataFrame:
@@ -300,11 +305,11 @@ class OperatorHarness:
 
     def _fire(self) -> pd.DataFrame:
         empty = pd.DataFrame({c: pd.Series(dtype=object) for c in self.operator.input_columns()})
-        return _concat([self._run(b, empty) for b in self._live()])
+        return _concat([self._run(b, empty, self.watermark) for b in self._live()])
 
-    def _run(self, backend: RocksDBStateBackend, rows: pd.DataFrame) -> pd.DataFrame | None:
+    def _run(self, backend: RocksDBStateBackend, rows: pd.DataFrame, watermark: int | None) -> pd.DataFrame | None:
         out = run_batch(self.operator, backend, rows, processing_us=self.processing_time,
-                        watermark_us=self.watermark, event_time=self.event_time is not None)
+                        watermark_us=watermark, event_time=self.event_time is not None)
         if out is None or isinstance(out, pd.DataFrame):
             return out
         if self.operator.emits:  # the pipeline's sink would fail on it
