@@ -149,8 +149,15 @@ def state_table(
     meta = store.load(checkpoint if checkpoint is not None else ids[0])
     try:
         with operator_states(storage, meta, op.name, progress=progress) as backends:
-            frames = [op.export(b) for b in backends]
+            table = export_table(op, backends)
     except CheckpointCorrupted as e:
         raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
-    table = pd.concat(frames, ignore_index=True).sort_values(op.key, kind="stable").reset_index(drop=True)
     return meta, table
+
+
+def export_table(op: KeyedOperator, backends: list[RocksDBStateBackend]) -> pd.DataFrame:
+    """`op.export` of every subtask as one table, sorted by the key column (when it has one)."""
+    table = pd.concat([op.export(b) for b in backends], ignore_index=True)
+    if op.key in table.columns:
+        table = table.sort_values(op.key, kind="stable").reset_index(drop=True)
+    return table
