@@ -58,6 +58,11 @@ def target_storage(source: CheckpointStorage, target: str | None) -> CheckpointS
     """The job directory a savepoint of `source` goes to; a `target` that exists is refused."""
     if target is None:
         return source
+    return new_savepoint_storage(target, source.storage_options)
+
+
+def new_savepoint_storage(target: str, storage_options: dict[str, Any]) -> CheckpointStorage:
+    """The job directory `target` names (its last segment is the job id); refused if it exists."""
     trimmed = target.rstrip("/")
     base, _, name = trimmed.rpartition("/")
     if not is_plain_name(name) or not base:
@@ -65,7 +70,7 @@ def target_storage(source: CheckpointStorage, target: str | None) -> CheckpointS
             f"savepoint target {target!r} must end in a new directory name of 1-128 letters, digits, '.', '_' "
             "or '-' (e.g. file:///data/savepoints/sp-2024-06-01)"
         )
-    storage = CheckpointStorage(base, name, source.storage_options)
+    storage = CheckpointStorage(base, name, storage_options)
     if storage.job_dir_exists():
         raise CheckpointAlreadyExists(
             f"savepoint target {storage.job_url} exists already; give a new directory (nothing was written)"
