@@ -8,6 +8,7 @@ real local Spark, real RocksDB, real files. Bad input is refused before any Spar
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -248,3 +249,18 @@ def test_the_command_prints_the_savepoint_that_run_starts_from(spark, tmp_path: 
     want = expected_balances([initial, *batches], set(initial["account"]))
     assert got["balance"].tolist() == pytest.approx(want["balance"].tolist())
     assert got["amounts"].tolist() == want["amounts"].tolist()
+
+
+def test_the_readme_bootstrap_example_writes_the_initial_clicks(tmp_path: Path):
+    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Your own pipeline", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+    namespace: dict[str, object] = {}
+    for block in (blocks[0], next(b for b in blocks if "bootstrap=" in b)):
+        exec(compile(block, "README.md", "exec"), namespace)
+    op = namespace["clicks"].operator("clicks_per_user")  # type: ignore[attr-defined]
+    table = pd.DataFrame({"user": ["u1", "u2", "u1"], "clicks": [3, 4, 5]})
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    with RocksDBStateBackend(storage, op.name, 0, parallelism=1, local_dir=tmp_path / "local") as state:
+        state.restore(None)
+        run_bootstrap(op, state, table, processing_us=0)
+        assert op.export(state).set_index("user")["clicks"].to_dict() == {"u1": 8, "u2": 4}
