@@ -116,10 +116,13 @@ def test_a_failing_bootstrap_leaves_no_savepoint_so_the_same_command_can_run_aga
     opening_table(tmp_path / "initial")
     refusing = dataclasses.replace(acc.balances, bootstrap=acc.refuse)
     pipeline = acc.accounts_pipeline(tmp_path).with_(operators=(refusing, acc.audit))
-    target = tmp_path / "savepoints" / "opening"
-    with pytest.raises(Exception, match="opening transactions refused"):
-        bootstrap_savepoint(spark, pipeline, "balances", str(tmp_path / "initial"), f"file://{target}")
-    assert not target.exists()
+    new, empty = tmp_path / "savepoints" / "opening", tmp_path / "savepoints" / "made-by-hand"
+    empty.mkdir(parents=True)  # an empty directory is taken as a target, and left as it was
+    for target in (new, empty):
+        with pytest.raises(Exception, match="opening transactions refused"):
+            bootstrap_savepoint(spark, pipeline, "balances", str(tmp_path / "initial"), f"file://{target}")
+    assert not new.exists()
+    assert list(empty.iterdir()) == []
 
 
 # --- bad input: a clear error, exit code 2, before any Spark work --------------------------------

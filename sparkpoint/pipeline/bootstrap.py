@@ -82,6 +82,7 @@ class BootstrapPlan:
     target: CheckpointStorage
     parallelism: int
     source_options: dict[str, Any]
+    creates_target: bool = True  # False: the target is an empty directory that was there already
 
     def run(self, spark: Any) -> BootstrapResult:
         """Write the savepoint (see the module's docstring). Raises CheckpointAlreadyExists when
@@ -90,7 +91,7 @@ class BootstrapPlan:
         try:
             return self._write(spark)
         except BaseException:
-            _remove_everything(self.target)
+            _remove_everything(self.target, job_dir=self.creates_target)
             raise
 
     def _claim(self) -> None:
@@ -137,14 +138,14 @@ def plan_bootstrap(
 ) -> BootstrapPlan:
     """Check a bootstrap without Spark: `operator` is one of the pipeline's and has `bootstrap`;
     `source_url` is a Parquet file or a directory of them, with rows, the operator's key column
-    and (where the footers tell) no null key; `target_url` is a new directory. `storage_options`
+    and (where the footers tell) no null key; `target_url` is a new (or empty) directory. `storage_options`
     (the target's) and `source_options` default to the pipeline's storage and input options.
 
     Raises:
         BootstrapError: no such operator (its names are listed), or it has no `bootstrap`.
         SourceError: the table is missing, empty, not Parquet, or has null keys.
         SourceSchemaError: a file of the table lacks the key column.
-        CheckpointAlreadyExists: `target_url` exists already.
+        CheckpointAlreadyExists: `target_url` exists already (an empty directory is taken).
         PipelineError: `parallelism` does not fit the pipeline's max parallelism.
     """
     names = [op.name for op in pipeline.operators]
@@ -163,8 +164,8 @@ def plan_bootstrap(
     options = dict(storage_options if storage_options is not None else pipeline.storage_options)
     inputs = dict(source_options if source_options is not None else pipeline.config().input_options)
     table = check_initial_table(source_url, inputs, op.key, op.name)
-    target = new_savepoint_storage(target_url, options)
-    return BootstrapPlan(pipeline, operator, table, target, chosen, inputs)
+    target = new_savepoint_storage(target_url, options, allow_empty=True)
+    return BootstrapPlan(pipeline, operator, table, target, chosen, inputs, not target.job_dir_exists())
 
 
 def bootstrap_savepoint(
@@ -203,14 +204,15 @@ def _run_spark(spark: Any, spec: BootstrapSpec) -> list[dict[str, Any]]:
     return rows
 
 
-def _remove_everything(target: CheckpointStorage) -> None:
+def _remove_everything(target: CheckpointStorage, *, job_dir: bool) -> None:
     """Best effort: every file in the target directory this run claimed (only it writes there),
-    the claim last, then the directories; one by one, never a pattern (DESIGN rule 11)."""
+    the claim last, then the directories (the target too when this run made it); one by one,
+    never a pattern (DESIGN rule 11)."""
     try:
         files = [f.path for top in ("shared", f"chk-{SAVEPOINT_ID}") for f in target.walk(top) if not f.symlink]
         target.delete(files)
         target.delete([CLAIM_FILE])
-        target.remove_created_dirs([*files, CLAIM_FILE], job_dir=True)
+        target.remove_created_dirs([*files, CLAIM_FILE], job_dir=job_dir)
     except Exception:  # what is left is the user's to remove (the message of the error says where)
         pass
 
