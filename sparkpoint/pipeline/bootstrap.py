@@ -174,13 +174,31 @@ def bootstrap_savepoint(
     source_options: dict[str, Any] | None = None,
 ) -> BootstrapResult:
     """Write a savepoint at `target_url` holding `operator`'s state bootstrapped from the table at
-    `source_url` (and the pipeline's other operators empty); start a job from `result.url`.
+    `source_url` (and the pipeline's other operators empty); a job starts from `result.url`.
 
     Example:
-        >>> result = bootstrap_savepoint(spark, pipeline, "balances", "init.parquet", "file:///sp/b0")
-        >>> pipeline.with_(from_checkpoint=result.url)  # doctest: +SKIP
+        result = bootstrap_savepoint(spark, pipeline, "balances", "file:///data/opening/",
+                                     "file:///data/savepoints/balances-0")
+        StatefulPipeline(spark, pipeline.with_(from_checkpoint=result.url).config(), pipeline.operators).run()
 
-    Raises: what `plan_bootstrap` raises, before any Spark work; a Spark task's error after.
+    Args:
+        spark: a SparkSession (classic or Spark Connect).
+        pipeline: the pipeline the savepoint is for (its operators, max parallelism, options).
+        operator: the name of the operator whose `bootstrap(table, state)` runs.
+        source_url: a Parquet file or a directory of them (any fsspec URL or local path).
+        target_url: a new (or empty) directory; its name becomes the savepoint's job id.
+        parallelism: subtasks per operator (default: the pipeline's); a job may restore the
+            savepoint at any other.
+        storage_options: fsspec options of the target (default: the pipeline's).
+        source_options: fsspec options of the table (default: the pipeline's input options).
+
+    Returns:
+        The savepoint: `url` (`<target>/chk-1`, what `--from-checkpoint` takes), its metadata, the
+        rows bootstrapped, its files and bytes.
+
+    Raises:
+        what `plan_bootstrap` raises, before any Spark work; after it, a Spark task's error (the
+        bootstrap function's, or null keys the footers did not show), with the target removed.
     """
     plan = plan_bootstrap(pipeline, operator, source_url, target_url, parallelism=parallelism,
                           storage_options=storage_options, source_options=source_options)
