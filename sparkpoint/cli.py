@@ -1,4 +1,4 @@
-"""The `sparkpoint` command: generate, run, state, verify, gc, list, inspect, registry, restore, savepoint.
+"""The `sparkpoint` command: generate, run, state, verify, gc, list, inspect, registry, restore, savepoint, bootstrap.
 
 Exit status: 0 fine, 1 `verify` found bad files, 2 bad input (the message says what to fix),
 3 the work failed while running (e.g. a Spark task raised; the message names the cause).
@@ -445,6 +445,37 @@ def _ttl(ttl: dict[str, Any] | None) -> str:
     return "-" if ttl is None else f"{ttl['seconds']:g}s {ttl['clock']} time, {ttl['update']}"
 
 
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from sparkpoint.pipeline.bootstrap import plan_bootstrap
+
+    pipeline = _pipeline(args)
+    options = _storage_options(args.storage_options) if args.storage_options else None
+    # Every check that needs no Spark (operator, table, target) before the JVM starts.
+    plan = plan_bootstrap(pipeline, args.operator, args.source, args.to, parallelism=args.parallelism,
+                          storage_options=options, source_options=options)
+    from sparkpoint.spark.session import spark_session, stop_quietly
+
+    spark = spark_session(args.master, verbose=args.verbose)
+    try:
+        result = plan.run(spark)
+    except KeyboardInterrupt:
+        stop_quietly(spark)  # the claimed target is removed on the way out (plan.run)
+        raise
+    except BaseException:
+        spark.stop()
+        raise
+    spark.stop()
+    if _printed_json(args, result.to_json()):
+        return 0
+    # Standard output is the savepoint alone, for `--from-checkpoint "$(sparkpoint bootstrap ...)"`.
+    print(result.url)
+    print(f"savepoint {result.url}: {result.operator} bootstrapped from {result.rows} rows at parallelism "
+          f"{plan.parallelism}, the other operators empty; {result.files} files, {_size(result.bytes)}\n"
+          f"  start the job from it: sparkpoint run --pipeline {args.pipeline} --from-checkpoint {result.url}",
+          file=sys.stderr)
+    return 0
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -608,6 +639,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a new directory for it (default: the job's own directory, as the next checkpoint id)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_savepoint)
+
+    p = sub.add_parser("bootstrap", help="a savepoint holding an operator's initial state, written from a table "
+                       "by its bootstrap function (start a job from it with run --from-checkpoint)")
+    p.add_argument("--pipeline", required=True, metavar="MODULE:ATTR", help="your sparkpoint.Pipeline")
+    p.add_argument("--operator", required=True, metavar="NAME", help="the operator whose bootstrap(table, state) runs")
+    p.add_argument("--from", required=True, dest="source", metavar="FILE_OR_DIR",
+                   help="the initial table: a Parquet file or a directory of them (fsspec URL)")
+    p.add_argument("--to", required=True, metavar="SAVEPOINT_URL", help="a new directory for the savepoint")
+    p.add_argument("--parallelism", type=_positive, help="subtasks per operator (default: the pipeline's)")
+    p.add_argument("--storage-options", metavar="JSON",
+                   help="fsspec options for the table and the target (default: the pipeline's)")
+    p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_bootstrap)
 
     for command in sub.choices.values():  # `sparkpoint run --verbose` as well as `sparkpoint --verbose run`
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,

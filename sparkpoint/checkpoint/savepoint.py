@@ -58,6 +58,14 @@ def target_storage(source: CheckpointStorage, target: str | None) -> CheckpointS
     """The job directory a savepoint of `source` goes to; a `target` that exists is refused."""
     if target is None:
         return source
+    return new_savepoint_storage(target, source.storage_options)
+
+
+def new_savepoint_storage(
+    target: str, storage_options: dict[str, Any], *, allow_empty: bool = False
+) -> CheckpointStorage:
+    """The job directory `target` names (its last segment is the job id); refused if it exists
+    (with `allow_empty`, unless it is an empty directory)."""
     trimmed = target.rstrip("/")
     base, _, name = trimmed.rpartition("/")
     if not is_plain_name(name) or not base:
@@ -65,12 +73,17 @@ def target_storage(source: CheckpointStorage, target: str | None) -> CheckpointS
             f"savepoint target {target!r} must end in a new directory name of 1-128 letters, digits, '.', '_' "
             "or '-' (e.g. file:///data/savepoints/sp-2024-06-01)"
         )
-    storage = CheckpointStorage(base, name, source.storage_options)
-    if storage.job_dir_exists():
+    storage = CheckpointStorage(base, name, storage_options)
+    if storage.job_dir_exists() and not (allow_empty and _is_empty_dir(storage)):
         raise CheckpointAlreadyExists(
             f"savepoint target {storage.job_url} exists already; give a new directory (nothing was written)"
         )
     return storage
+
+
+def _is_empty_dir(storage: CheckpointStorage) -> bool:
+    storage.fs.invalidate_cache(storage.root)
+    return bool(storage.fs.isdir(storage.root)) and not storage.fs.ls(storage.root, detail=False)
 
 
 def take_savepoint(

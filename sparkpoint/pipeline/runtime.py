@@ -218,7 +218,7 @@ class PipelineCore:
         if not getattr(self, "_shipped", False):  # the user's operator modules, to every executor
             from sparkpoint.spark.session import ship_modules  # pyspark: only where Spark runs
 
-            ship_modules(self.spark, [f for op in self.operators for f in (op.process, op.export, op.on_timer) if f])
+            ship_modules(self.spark, operator_functions(self.operators))
             self._shipped = True
 
         def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
@@ -358,6 +358,11 @@ class PipelineCore:
                 if dropped:
                     log.warning("rolled back the output of discarded checkpoints %s", dropped)
         self.sink.discard_staging(up_to=meta.checkpoint_id if meta is not None and start.restore_job is None else 0)
+
+
+def operator_functions(operators: tuple[KeyedOperator, ...]) -> list[Any]:
+    """Every function of the operators that runs in Spark tasks: their modules are shipped."""
+    return [f for op in operators for f in (op.process, op.export, op.on_timer, op.bootstrap) if f is not None]
 
 
 def _offsets_of(meta: CheckpointMetadata) -> SourceOffsets:

@@ -135,7 +135,8 @@ class Pipeline:
         digest = hashlib.sha256()
         for op in self.operators:
             digest.update(repr((op.name, op.key, op.columns, op.emits, op.schema)).encode())
-            for fn in (op.process, op.export, *([op.on_timer] if op.on_timer is not None else [])):
+            optional = [fn for fn in (op.on_timer, op.bootstrap) if fn is not None]  # unset: as before they existed
+            for fn in (op.process, op.export, *optional):
                 digest.update(fingerprint(fn).encode())
         if self.event_time is not None:  # what the operators see and when their timers fire
             digest.update(repr((self.event_time, float(self.allowed_lateness), self.late)).encode())

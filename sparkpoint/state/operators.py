@@ -8,6 +8,9 @@ A user writes their own the same way the sample operators (`sparkpoint.state.sam
 `process` sees only rows whose key belongs to the subtask; it pre-aggregates with pandas, then
 reads and writes the state in batches. What it returns are the rows it changed (the sink's
 input, for operators that emit). `export` turns the subtask's state back into a table.
+An operator may also take `bootstrap(table, state)`: the initial state from a table (Flink's
+State Processor API, Spark's initial-state DataFrame), run once per subtask by `sparkpoint
+bootstrap` over that subtask's rows of the table, into a savepoint a job starts from.
 Nothing here imports Spark: `sparkpoint state` exports a checkpoint without a JVM.
 """
 
@@ -29,6 +32,7 @@ ProcessFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
 
 ExportFn = Callable[[RocksDBStateBackend], pd.DataFrame]
 OnTimerFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
+BootstrapFn = Callable[[pd.DataFrame, RocksDBStateBackend], None]
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class KeyedOperator:
     # `key` and `timestamp`, in timestamp order); what it returns goes to the sink like
     # `process`'s changed rows.
     on_timer: OnTimerFn | None = None
+    # Writes the initial state from one subtask's rows of an initial table (keyed by `key`, every
+    # column of the table) into an empty state: `sparkpoint bootstrap` turns it into a savepoint.
+    bootstrap: BootstrapFn | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name, "operator name")  # it names directories and output files
@@ -72,6 +79,23 @@ def run_batch(
         changed = pd.concat([c for c in [changed, *fired] if c is not None and len(c)], ignore_index=True)
     state.expire()  # the TTL sweep: bounded, its deletes go into this checkpoint like any write
     return changed
+
+
+def run_bootstrap(
+    op: KeyedOperator, state: RocksDBStateBackend, table: pd.DataFrame, *, processing_us: int | None,
+    event_time: bool = False,
+) -> None:
+    """The initial state of one subtask: `op.bootstrap` over the subtask's rows of the initial
+    table (possibly none), into `state`, freshly restored empty. The clocks are set as a batch
+    sets them (what a TTL entry is stamped with; which clock a timer takes by default); timers it
+    registers fire after the job's first batch, so an operator without `on_timer` is refused."""
+    if op.bootstrap is None:
+        raise ValueError(f"operator {op.name!r} has no bootstrap function")
+    state.default_clock = "event" if event_time else "processing"
+    state.set_time(processing_us=processing_us)
+    op.bootstrap(table, state)
+    if state.timers_used:
+        no_timers_without_on_timer(op.name, state.timers, op.on_timer is not None)
 
 
 def fire_timers(
