@@ -93,6 +93,7 @@ class Restoring(SubtaskState):
         self.close()
         drop_cached_blocks()  # what it opens is read from disk: a file changed behind its back is seen
         self._states.clear()
+        self._sweepers.clear()
         self._time = checkpoint_clock(checkpoint)
         self._pending.clear()
         self._forget_log()

@@ -98,6 +98,7 @@ class SubtaskState:
         self.db: Rdict | None = None
         self.changelog = changelog or ChangelogOptions()
         self._states: dict[str, _KeyedState[Any]] = {}
+        self._sweepers: dict[str, _KeyedState[bytes]] = {}  # TTL sweeps of states no batch opened
         self._time: dict[str, int | None] = {}  # "processing" / "event" -> microseconds (set_time)
         self.default_clock = "processing"  # a timer's clock when none is named ("event" with event time)
         self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
@@ -217,7 +218,7 @@ class SubtaskState:
         for name in self.state_names():  # states this batch did not open: as declared when last opened
             if name in self._states or name == TIMERS:
                 continue
-            sweeper = self._sweeper(name)
+            sweeper = self._sweepers.get(name) or self._sweeper(name)
             if sweeper is not None:
                 removed += sweeper.expire(limit)
         return removed
@@ -232,7 +233,7 @@ class SubtaskState:
             return None
         sweeper = _KeyedState(db, name, BytesCodec(), self.max_parallelism, self.key_group_range,
                               on_write=self._before_write, log=self._log, ttl=StateTtl(**declared), clock=self.clock)
-        self._states[name] = sweeper  # its counts reach this snapshot's facts
+        self._sweepers[name] = sweeper  # its counts reach this snapshot's facts
         return sweeper
 
     def state_names(self) -> list[str]:
@@ -258,7 +259,7 @@ class SubtaskState:
             states[name] = {"kind": declared.get("kind", "unknown"), "ttl": declared.get("ttl"),
                             "entries": entry_count(cf, exact_up_to=EXACT_UP_TO)}
         expired = 0
-        for state in self._states.values():
+        for state in [*self._states.values(), *self._sweepers.values()]:
             expired, state.expired_removed = expired + state.expired_removed, 0
         return {"states": states, "timers": timers, "expired_removed": expired}
 
@@ -311,9 +312,10 @@ class SubtaskState:
             self.db = None
 
     def _release_states(self) -> None:
-        for state in self._states.values():
+        for state in [*self._states.values(), *self._sweepers.values()]:
             state.release()
         self._states.clear()
+        self._sweepers.clear()
 
     def dispose(self) -> None:
         """Close and delete every local file of this subtask."""
