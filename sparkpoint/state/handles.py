@@ -22,7 +22,6 @@ read-modify-write of a whole micro-batch close to RocksDB's own batched throughp
 
 from __future__ import annotations
 
-import json
 import logging
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -62,8 +61,7 @@ def key_group_bounds(kg_range: KeyGroupRange) -> tuple[bytes, bytes]:
 
 Clock = Callable[[str], "int | None"]  # "processing" | "event" -> microseconds now (None: no time yet)
 FORMAT_KEY = b"\xff\xffsparkpoint.ttl"  # beyond every key group: no scan, clip or rescale copy sees it
-STATE_KEY = b"\xff\xffsparkpoint.state"  # ... and the state's kind and TTL as declared: what `inspect` shows
-SIDECAR_KEYS = (FORMAT_KEY, STATE_KEY)  # a rescale copies them; counts of entries leave them out
+SIDECAR_KEYS = (FORMAT_KEY,)  # a rescale copies them; counts of entries leave them out
 SWEEP_KEY = b"\xff\xffsparkpoint.sweep"  # where the TTL sweep goes on in the next batch (not copied on rescale)
 SWEEP_LIMIT = 20_000  # entries the TTL sweep looks at per state and batch
 
@@ -216,13 +214,11 @@ class _KeyedState(Generic[V]):
             self._delete(FORMAT_KEY)
         return rewritten
 
-    def declare(self) -> None:
-        """Record the state's kind and TTL beside its entries (one read when they are as before)."""
+    def declaration(self) -> dict[str, Any]:
+        """The state's kind and TTL as the operator declared them (what `inspect` shows)."""
         ttl = None if self.ttl is None else {"seconds": self.ttl.seconds, "update": self.ttl.update,
                                               "clock": self.ttl.clock}
-        described = json.dumps({"kind": self.KIND, "ttl": ttl}, sort_keys=True).encode()
-        if self._cf.get(STATE_KEY) != described:
-            self._put(STATE_KEY, described)
+        return {"kind": self.KIND, "ttl": ttl}
 
     # --- keys ------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from rocksdict import Rdict
 
@@ -95,6 +96,7 @@ class Restoring(SubtaskState):
         self._states.clear()
         self._sweepers.clear()
         self._time = checkpoint_clock(checkpoint)
+        self._declared = declared_states(checkpoint, self.operator, self.key_group_range)
         self._pending.clear()
         self._forget_log()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -375,6 +377,21 @@ def _not_corruption(backend: SubtaskState, checkpoint_id: int | None, error: Bas
 
 def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:
     return max(0, min(a.end, b.end) - max(a.start, b.start) + 1)
+
+
+def declared_states(checkpoint: CheckpointMetadata | None, operator: str, kg_range: KeyGroupRange
+                    ) -> dict[str, dict[str, Any]]:
+    """Each state's kind and TTL as the snapshots this subtask restores recorded them (the old
+    subtasks overlapping its key groups, on a rescale)."""
+    if checkpoint is None or operator not in checkpoint.operators:
+        return {}
+    declared: dict[str, dict[str, Any]] = {}
+    for handle in checkpoint.operators[operator].subtasks:
+        if _overlap(handle.key_group_range, kg_range) and handle.facts is not None:
+            for name, fact in handle.facts["states"].items():
+                if fact["kind"] != "unknown":
+                    declared.setdefault(name, {"kind": fact["kind"], "ttl": fact["ttl"]})
+    return declared
 
 
 def checkpoint_clock(checkpoint: CheckpointMetadata | None) -> dict[str, int | None]:

@@ -230,15 +230,19 @@ def compact_all(db: Rdict, column_families: Iterable[str]) -> None:
         cf.compact_range(None, None)
 
 
+SIDECAR_PREFIX = b"\xff\xff"  # keys beyond every key group (at most 2**15): a state's own records
+
+
 def count_keys(cf: Rdict) -> int:
-    """The entries of a column family. The iterator's status is asked at the end: at a bad block
-    a plain `keys()` just stops, and the count would come out short without a word."""
+    """The entries of a column family, its sidecar keys (a state's declaration, TTL format, sweep
+    position: after every key group) left out. The iterator's status is asked at the end: at a
+    bad block a plain `keys()` just stops, and the count would come out short without a word."""
     it = cf.iter(scan_options())
     try:
         it.seek_to_first()
         n = 0
         while it.valid():
-            n += 1
+            n += it.key()[:2] != SIDECAR_PREFIX
             it.next()
         it.status()
     finally:
@@ -263,7 +267,7 @@ def entry_count(cf: Rdict, *, exact_up_to: int = EXACT_UP_TO, sidecars: int | No
     n, it = 0, cf.iter(scan_options())
     try:
         it.seek_to_first()
-        while it.valid() and it.key()[:2] != b"\xff\xff":  # sidecars sort after every key group
+        while it.valid() and it.key()[:2] != SIDECAR_PREFIX:
             n += 1
             it.next()
         it.status()

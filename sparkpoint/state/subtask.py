@@ -28,7 +28,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, fsync_dir
 from sparkpoint.state import staging
 from sparkpoint.state.changelog import ChangeLog, ChangelogOptions
 from sparkpoint.state.codecs import BytesCodec, Codec
-from sparkpoint.state.handles import STATE_KEY, SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
+from sparkpoint.state.handles import SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.localfiles import write_replacing
 from sparkpoint.state.rocksdb import (
@@ -99,6 +99,9 @@ class SubtaskState:
         self.changelog = changelog or ChangelogOptions()
         self._states: dict[str, _KeyedState[Any]] = {}
         self._sweepers: dict[str, _KeyedState[bytes]] = {}  # TTL sweeps of states no batch opened
+        # Each state's kind and TTL as last declared: by the operator when it opens one, else as the
+        # restored checkpoint's facts recorded (how the sweep reaches a state no batch opens).
+        self._declared: dict[str, dict[str, Any]] = {}
         self._time: dict[str, int | None] = {}  # "processing" / "event" -> microseconds (set_time)
         self.default_clock = "processing"  # a timer's clock when none is named ("event" with event time)
         self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
@@ -190,7 +193,7 @@ class SubtaskState:
             ttl=ttl, clock=self.clock, **extra,
         )
         state.settle_format()
-        state.declare()
+        self._declared[name] = state.declaration()
         self._states[name] = state
         return state
 
@@ -224,13 +227,12 @@ class SubtaskState:
         return removed
 
     def _sweeper(self, name: str) -> _KeyedState[bytes] | None:
-        """A handle on state `name` that only sweeps, with the TTL its last declaration recorded
-        (None: it has none, or it was written before sparkpoint recorded declarations)."""
-        db = self._open_db()
-        raw = db.get_column_family(name).get(STATE_KEY)
-        declared = json.loads(raw).get("ttl") if raw else None
+        """A handle on state `name` that only sweeps, with the TTL of its last declaration (None:
+        it has none, or it was checkpointed before sparkpoint recorded declarations)."""
+        declared = self._declared.get(name, {}).get("ttl")
         if not declared:
             return None
+        db = self._open_db()
         sweeper = _KeyedState(db, name, BytesCodec(), self.max_parallelism, self.key_group_range,
                               on_write=self._before_write, log=self._log, ttl=StateTtl(**declared), clock=self.clock)
         self._sweepers[name] = sweeper  # its counts reach this snapshot's facts
@@ -254,10 +256,8 @@ class SubtaskState:
                 timers["pending"], timers["earliest"] = service.pending(exact_up_to=EXACT_UP_TO)
                 timers["fired"], service.fired = service.fired, 0
                 continue
-            raw = cf.get(STATE_KEY)
-            declared = json.loads(raw) if raw else {"kind": "unknown", "ttl": None}
-            states[name] = {"kind": declared.get("kind", "unknown"), "ttl": declared.get("ttl"),
-                            "entries": entry_count(cf, exact_up_to=EXACT_UP_TO)}
+            declared = self._declared.get(name, {"kind": "unknown", "ttl": None})
+            states[name] = {**declared, "entries": entry_count(cf, exact_up_to=EXACT_UP_TO)}
         expired = 0
         for state in [*self._states.values(), *self._sweepers.values()]:
             expired, state.expired_removed = expired + state.expired_removed, 0
