@@ -33,7 +33,6 @@ from sparkpoint.state.eventtime import iso_micros
 from tests import crashkit
 from tests.visits_oracle import Expected, expected, read_batches
 
-pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "sessions"
 
@@ -108,9 +107,53 @@ def covers_every_case(want: Expected) -> None:
     assert len(want.sessions) and len(want.open_sessions) and len(want.seen) < len(want.first_clicks)
 
 
+def test_the_readme_quotes_the_example_as_it_is():
+    """Every line of the README's excerpts of the example is a line of its files (so they cannot rot)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Sessions and deduplication on event time", 1)[1].split("\n## ", 1)[0]
+    code = "\n".join(p.read_text() for p in (EXAMPLE / "sessions").glob("*.py")).splitlines()
+    quoted = [line for block in re.findall(r"```python\n(.*?)```", section, re.S) for line in block.splitlines()]
+    assert len(quoted) > 10
+    for line in quoted:
+        assert line in code, f"README quotes a line examples/sessions does not have: {line!r}"
+
+
+def test_the_operators_on_one_subtask_equal_the_recomputation(tmp_path: Path, example: Any):
+    """No Spark: each operator on one subtask over the batches, with the oracle's watermarks."""
+    from sparkpoint.checkpoint.storage import CheckpointStorage
+    from sparkpoint.state.backend import RocksDBStateBackend
+    from sparkpoint.state.operators import run_batch
+
+    batches = [example.land.clicks_batch(n, seed=7) for n in range(9)]
+    ops = example.operators
+    want = expected(batches, lateness_s=120, gap=ops.GAP, ttl_s=ops.SEEN_FOR.seconds)
+    covers_every_case(want)
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    for op in (ops.sessions, ops.first_clicks):
+        emitted = []
+        with RocksDBStateBackend(storage, op.name, 0, parallelism=1, local_dir=tmp_path / "local") as state:
+            state.restore(None)
+            for n, batch in enumerate(batches):
+                if n:
+                    batch = batch[batch["clicked_at"] >= pd.Timestamp(want.watermarks[n - 1], unit="us", tz="UTC")]
+                out = run_batch(op, state, batch[op.input_columns()].reset_index(drop=True), processing_us=0,
+                                watermark_us=want.watermarks[n], event_time=True)
+                emitted += [out.assign(batch=n)] if out is not None else []
+            exported = op.export(state)
+        if op is ops.sessions:
+            same(pd.concat(emitted), want.sessions, ["user", "session_start"])
+            same(exported, want.open_sessions, ["user"])
+        else:
+            same(pd.concat(emitted), want.first_clicks, ["event_id", "batch"])
+            same(exported, want.seen, ["event_id"])
+
+
 # --- (a) a plain run, then a rescale ------------------------------------------------------------
 
 
+@pytest.mark.spark
 def test_sessions_and_first_clicks_equal_the_recomputation_at_parallelism_2_then_rescaled_to_3(
         spark: Any, tmp_path: Path, example: Any):
     example.land.land(tmp_path / "in", 5)
@@ -183,11 +226,13 @@ def killed_and_resumed(tmp_path: Path, seed: int) -> None:
     assert crashkit.assert_storage_settled(url, "visits") == 2
 
 
+@pytest.mark.spark
 def test_sessions_and_first_clicks_are_exact_after_sparkpoint_run_is_killed_at_random_points(tmp_path: Path):
     killed_and_resumed(tmp_path, seed=32)
 
 
 @pytest.mark.soak
+@pytest.mark.spark
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_soak_sessions_and_first_clicks_are_exact_after_kills_at_seeded_points(tmp_path: Path, seed: int):
     killed_and_resumed(tmp_path, seed)
@@ -196,6 +241,7 @@ def test_soak_sessions_and_first_clicks_are_exact_after_kills_at_seeded_points(t
 # --- (c) injected failures healed by recovery ---------------------------------------------------
 
 
+@pytest.mark.spark
 def test_failures_injected_at_each_point_are_healed_by_recovery_exactly(spark: Any, tmp_path: Path, example: Any):
     example.land.land(tmp_path / "in", 7)
     pipeline = located(example, tmp_path, parallelism=2)
@@ -241,6 +287,7 @@ def kinds(pipeline: Any, checkpoint_id: int) -> str:
     return "staged" if any(h.staged for h in handles) else "log"
 
 
+@pytest.mark.spark
 def test_timers_and_ttl_go_through_materialization_in_steps_task_local_recovery_and_a_savepoint(
         spark: Any, tmp_path: Path, example: Any, capsys: pytest.CaptureFixture[str]):
     example.land.land(tmp_path / "in", 9)
