@@ -39,7 +39,7 @@ class Outcome:
 
 
 def run(cmd: list[str], *, crash_at: str | None = None, crash_dir: Path | None = None, timeout: float = 600,
-        env: dict[str, str] | None = None) -> Outcome:
+        env: dict[str, str] | None = None, cwd: Path | None = None) -> Outcome:
     """Run `cmd` in a session of its own (a crash point kills its whole process group); with
     `crash_at` set, a fresh `crash_dir` counts the hits of every process of the run."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SPARKPOINT_CRASH")}
@@ -48,7 +48,7 @@ def run(cmd: list[str], *, crash_at: str | None = None, crash_dir: Path | None =
         assert crash_dir is not None and not crash_dir.exists(), "one fresh crash directory per run"
         environ.update({CRASH_AT: crash_at, CRASH_DIR: str(crash_dir)})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
