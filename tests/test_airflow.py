@@ -132,6 +132,23 @@ def test_a_retried_batch_task_commits_its_batch_once(tmp_path: Path):
         oracle.assert_totals_equal(output[output["checkpoint_id"] == cid].drop(columns="checkpoint_id"), expected)
 
 
+def test_a_ticking_dag_makes_a_checkpoint_of_no_input_when_nothing_landed(tmp_path: Path):
+    """`sparkpoint_dag(..., tick=True)`: on its schedule time passes without data (processing-time
+    timers fire, TTL expires in a checkpoint of no input) instead of the batch task skipping."""
+    generate(str(tmp_path / "in"), batches=1, events_per_batch=300, users=50, items=10, seed=5)
+    dag = dag_file("sample_af_tick", tmp_path, tick=True)
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    assert states(dag.test())["checkpoint"] == "success"
+    ticked = dag.test()
+    assert states(ticked)["batch"] == "success" and states(ticked)["checkpoint"] == "success", states(ticked)
+    assert storage.completed_checkpoint_ids() == [1, 2]
+    facts = next(ti for ti in ticked.get_task_instances() if ti.task_id == "checkpoint").xcom_pull(
+        task_ids="checkpoint")
+    assert facts["batch"] == [] and facts["rows"] == 0 and facts["checkpoint_id"] == 2
+    output = pd.read_parquet(tmp_path / "out")
+    assert sorted(output["checkpoint_id"].unique()) == [1], "the sample emits nothing without rows"
+
+
 def test_the_provider_is_registered_and_the_dag_has_its_shape(tmp_path: Path):
     from sparkpoint.airflow import get_provider_info, sparkpoint_dag
 
