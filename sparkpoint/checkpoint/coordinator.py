@@ -396,7 +396,12 @@ class CheckpointCoordinator:
             gap = coverage_problem([h.key_group_range for h in handles], max_p)
             if gap:
                 raise CheckpointDeclined(f"operator {op!r} {gap}")
-            operators[op] = OperatorState(max_parallelism=max_p, subtasks=tuple(handles))
+            declared = [h.states for h in handles if h.states is not None]
+            if any(d != declared[0] for d in declared):
+                raise CheckpointDeclined(f"operator {op!r}: its subtasks declared different states")
+            operators[op] = OperatorState(
+                max_parallelism=max_p, subtasks=tuple(handles), states=declared[0] if declared else None
+            )
         new = [p for p, c in referenced.items() if c == cid]
         return CheckpointMetadata(
             job_id=self.storage.job_id,

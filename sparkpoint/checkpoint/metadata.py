@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -112,6 +113,9 @@ class SubtaskStateHandle:
     # orchestrator): per state its kind, TTL and entries (RocksDB's estimate beyond
     # `EXACT_UP_TO`), timers pending and fired, entries the TTL sweep removed. No restore reads it.
     facts: dict[str, Any] | None = field(default=None, compare=False)
+    # The states its operator declares (kind, key type, TTL, codec: `sparkpoint.state.schema`),
+    # identical in every subtask; `_metadata` lists them once per operator (`OperatorState.states`).
+    states: dict[str, Any] | None = field(default=None, compare=False)
 
     def files(self) -> Iterator[FileHandle]:
         """The files a restore of this subtask reads."""
@@ -152,6 +156,7 @@ class SubtaskStateHandle:
             "private": [f.to_json() for f in self.private],
             **({"staged": [f.to_json() for f in self.staged]} if self.staged else {}),
             **({"facts": self.facts} if self.facts is not None else {}),
+            **({"states": self.states} if self.states is not None else {}),
         }
 
     def dumps(self) -> str:
@@ -166,7 +171,7 @@ class SubtaskStateHandle:
             raise MetadataError(f"{where} is not valid JSON: {e}") from e
         v = _Validator(where)
         obj = v.obj(raw, "handle")
-        return _subtask_from_json(
+        handle = _subtask_from_json(
             v,
             obj,
             "handle",
@@ -174,12 +179,19 @@ class SubtaskStateHandle:
             checkpoint_id=v.integer(obj, "checkpoint_id", "handle", minimum=1),
             max_parallelism=v.integer(obj, "max_parallelism", "handle", minimum=1, maximum=MAX_KEY_GROUPS),
         )
+        if "states" in obj and obj["states"] is not None:
+            handle = replace(handle, states=declarations_from_json(v, obj["states"], "handle.states"))
+        return handle
 
 
 @dataclass(frozen=True)
 class OperatorState:
     max_parallelism: int
     subtasks: tuple[SubtaskStateHandle, ...]
+    # The states the operator declared, by name: kind, key type, TTL and codec (with a
+    # RecordCodec's fields), what a restore and `check-upgrade` compare the code's against.
+    # None: checkpointed before sparkpoint recorded them, or an operator that declares none.
+    states: Mapping[str, Any] | None = None
 
     @property
     def parallelism(self) -> int:
@@ -294,6 +306,7 @@ class CheckpointMetadata:
                 name: {
                     "max_parallelism": op.max_parallelism,
                     "subtasks": [h.subtask_json() for h in op.subtasks],
+                    **({"states": dict(op.states)} if op.states is not None else {}),
                 }
                 for name, op in sorted(self.operators.items())
             },
@@ -587,6 +600,96 @@ def _facts_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
     }
 
 
+STATE_KINDS = ("value", "map", "list", "reducing")
+CODEC_TYPES = ("record", "json", "struct", "bytes", "custom")
+TTL_UPDATES = ("on_write", "on_read_and_write")
+TTL_CLOCKS = ("processing", "event")
+_MAX_FIELDS = 1000
+_TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,30}(\[[A-Za-z0-9_+:/, =-]{1,80}\])?( not null)?")
+
+
+def declarations_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
+    """An operator's declared states, checked field by field (a restore builds codecs from them)."""
+    obj = v.obj(raw, name)
+    if len(obj) > _MAX_STATES:
+        raise v.fail(name, f"lists {len(obj)} states, more than {_MAX_STATES}")
+    out: dict[str, Any] = {}
+    for state, decl in obj.items():
+        where = f"{name}[{state[:40]!r}]"
+        if not 0 < len(state) <= 200 or state == "default":
+            raise v.fail(where, "a state name is a string of 1 to 200 characters, not 'default'")
+        try:
+            check_encodable(state)
+        except ValueError as e:
+            raise v.fail(where, str(e)) from None
+        d = v.obj(decl, where)
+        key_type = d.get("key_type")
+        if key_type is not None:
+            key_type = v.string(d, "key_type", where)
+            if not _TYPE_NAME.fullmatch(key_type):
+                raise v.fail(f"{where}.key_type", f"is not an Arrow type name: {key_type[:80]!r}")
+        ttl = d.get("ttl")
+        if ttl is not None:
+            t = v.obj(ttl, f"{where}.ttl")
+            seconds = t.get("seconds")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+                raise v.fail(f"{where}.ttl.seconds", f"must be a positive number, got {str(seconds)[:80]!r}")
+            ttl = {"seconds": seconds, "update": v.string(t, "update", f"{where}.ttl", choices=TTL_UPDATES),
+                   "clock": v.string(t, "clock", f"{where}.ttl", choices=TTL_CLOCKS)}
+        out[state] = {"kind": v.string(d, "kind", where, choices=STATE_KINDS), "key_type": key_type, "ttl": ttl,
+                      "codec": _codec_from_json(v, v.get(d, "codec", where), f"{where}.codec")}
+    return out
+
+
+def _codec_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
+    c = v.obj(raw, name)
+    kind = v.string(c, "type", name, choices=CODEC_TYPES)
+    if kind == "struct":
+        fmt = v.string(c, "format", name)
+        if len(fmt) > 200:
+            raise v.fail(f"{name}.format", "is longer than 200 characters")
+        return {"type": kind, "format": fmt}
+    if kind == "custom":
+        cls = v.string(c, "class", name)
+        if len(cls) > 300:
+            raise v.fail(f"{name}.class", "is longer than 300 characters")
+        return {"type": kind, "class": cls}
+    if kind != "record":
+        return {"type": kind}
+    fields = v.array(c, "fields", name)
+    if not 0 < len(fields) <= _MAX_FIELDS:
+        raise v.fail(f"{name}.fields", f"must list 1 to {_MAX_FIELDS} fields, got {len(fields)}")
+    pairs = []
+    for i, pair in enumerate(fields):
+        where = f"{name}.fields[{i}]"
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) and 0 < len(x) <= 200
+                                                                  for x in pair)):
+            raise v.fail(where, "must be a [name, Arrow type] pair of strings")
+        if not _TYPE_NAME.fullmatch(pair[1]):
+            raise v.fail(where, f"has type {pair[1][:80]!r}, which is not an Arrow type name")
+        try:
+            check_encodable(pair[0])
+        except ValueError as e:
+            raise v.fail(where, str(e)) from None
+        pairs.append([pair[0], pair[1]])
+    names = [p[0] for p in pairs]
+    if len(set(names)) != len(names):
+        raise v.fail(f"{name}.fields", "names a field twice")
+    defaults = v.obj(c.get("defaults") or {}, f"{name}.defaults")
+    for field_name, value in defaults.items():
+        if field_name not in names:
+            raise v.fail(f"{name}.defaults", f"gives a default for {field_name[:80]!r}, which is not a field")
+        if not (value is None or isinstance(value, (str, bool, int))
+                or (isinstance(value, float) and math.isfinite(value))):
+            raise v.fail(f"{name}.defaults.{field_name[:80]}", f"must be a JSON scalar, got {str(value)[:80]!r}")
+        if isinstance(value, str):
+            try:
+                check_encodable(value)
+            except ValueError as e:
+                raise v.fail(f"{name}.defaults.{field_name[:80]}", str(e)) from None
+    return {"type": kind, "fields": pairs, "defaults": dict(defaults)}
+
+
 def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> CheckpointMetadata:
     obj = v.obj(raw, "(root)")
     fmt = v.get(obj, "format", "")
@@ -647,7 +750,11 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         gap = coverage_problem([s.key_group_range for s in subtasks], max_p)
         if gap:
             raise v.fail(f"{name}.subtasks", gap)
-        operators[op_name] = OperatorState(max_parallelism=max_p, subtasks=subtasks)
+        states = op_obj.get("states")
+        operators[op_name] = OperatorState(
+            max_parallelism=max_p, subtasks=subtasks,
+            states=None if states is None else declarations_from_json(v, states, f"{name}.states"),
+        )
     if not operators:
         raise v.fail("operators", "is empty: the checkpoint would restore no state at all")
     meta = CheckpointMetadata(

@@ -163,7 +163,7 @@ def bootstrap_subtask(
         backend = RocksDBStateBackend(
             storage, op.name, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
             local_dir=root, options=spec.rocksdb, incremental=False, local_recovery=False,
-            changelog=ChangelogOptions(enabled=False),
+            changelog=ChangelogOptions(enabled=False), states=op.states, key_type=op.key_type,
         )
         backend.restore(None)
         try:

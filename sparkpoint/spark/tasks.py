@@ -129,7 +129,7 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
     backend = RocksDBStateBackend(
         storage, op.name, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
         local_dir=task_local_dir(spec), options=spec.rocksdb, incremental=spec.incremental,
-        local_recovery=spec.local_recovery, changelog=spec.changelog,
+        local_recovery=spec.local_recovery, changelog=spec.changelog, states=op.states, key_type=op.key_type,
     )
     meta = CheckpointMetadata.loads(spec.restore_metadata) if spec.restore_metadata else None
     with _exclusive(backend.dir):

@@ -34,13 +34,19 @@ def _check_version(data: bytes, version: int, name: str) -> None:
 
 @dataclass(frozen=True)
 class StructCodec(Generic[T]):
-    """Fixed-width records (struct format such as '<qddd'), decoded as tuples."""
+    """Fixed-width records (struct format such as '<qddd'), decoded as tuples.
+
+    StructCodec cannot evolve: its records are positional bytes; use RecordCodec for fields that change.
+    """
 
     fmt: str
     version: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_struct", struct.Struct(self.fmt))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a struct.Struct does not pickle: Spark ships operators pickled
+        return (type(self), (self.fmt, self.version))
 
     def encode(self, value: Any) -> bytes:
         return bytes([self.version]) + self._struct.pack(*value)  # type: ignore[attr-defined, no-any-return]

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.record import parse_field
+from sparkpoint.state.schema import DeclaredStates, declarations
 from sparkpoint.state.timers import no_timers_without_on_timer
 
 ProcessFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
@@ -53,14 +56,32 @@ class KeyedOperator:
     # Writes the initial state from one subtask's rows of an initial table (keyed by `key`, every
     # column of the table) into an empty state: `sparkpoint bootstrap` turns it into a savepoint.
     bootstrap: BootstrapFn | None = None
+    # The states `process` uses, declared (Flink's state descriptors): name -> a codec (a value
+    # state) or a `StateDescriptor` (kind, codec, TTL). Recorded in `_metadata`, so a restore
+    # and the pre-flight know each state's schema without running the operator, RecordCodec
+    # fields evolve across restores, and `state --raw` reads them once the code is gone.
+    # States not declared work as before.
+    states: Mapping[str, Any] | DeclaredStates = DeclaredStates()
+    # The key column's Arrow type (e.g. "string", "int64"), recorded with each declared state: a
+    # restore by code whose key type differs is refused (stored keys would not be found).
+    key_type: str | None = None
 
     def __post_init__(self) -> None:
         validate_name(self.name, "operator name")  # it names directories and output files
+        if not isinstance(self.states, DeclaredStates):
+            object.__setattr__(self, "states", DeclaredStates(self.states))
+        if self.key_type is not None:
+            object.__setattr__(self, "key_type", parse_field(self.key, self.key_type).text)
         pairs = self.schema.items() if isinstance(self.schema, Mapping) else self.schema
         object.__setattr__(self, "schema", tuple((str(c), str(t)) for c, t in pairs))
 
     def input_columns(self) -> list[str]:
         return [self.key, *[c for c in self.columns if c != self.key]]
+
+    def declarations(self) -> dict[str, dict[str, Any]]:
+        """The declared states as `_metadata` records them (`sparkpoint.state.schema`)."""
+        assert isinstance(self.states, DeclaredStates)
+        return declarations(self.states, self.key_type)
 
 
 def run_batch(

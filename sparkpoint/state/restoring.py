@@ -32,6 +32,8 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state import changelog
 from sparkpoint.state.changelog import ChangelogFormatError
 from sparkpoint.state.handles import SIDECAR_KEYS, key_group_bounds
+from sparkpoint.state.migration import migrate_records
+from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.restore import (
     local_copy_matches,
     materialize,
@@ -47,6 +49,7 @@ from sparkpoint.state.rocksdb import (
     open_db,
     scan_options,
 )
+from sparkpoint.state.schema import check_declarations, recorded_states
 from sparkpoint.state.subtask import SubtaskState
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ class RestoreResult:
     seconds: float = 0.0
     fell_back_from: tuple[int, ...] = ()
     problems: tuple[str, ...] = field(default=())
+    migrated: int = 0  # entries rewritten because their RecordCodec's fields changed
 
 
 class Restoring(SubtaskState):
@@ -87,7 +91,35 @@ class Restoring(SubtaskState):
         key-group range (a rescale) are merged. Raises CheckpointCorrupted naming the bad file.
         `source` is the job directory `checkpoint` lives in, when it is another job's: its files
         are read, never referenced, so the first checkpoint after it is full.
+
+        The states this backend was given (`states=`) are compared with what the checkpoint
+        recorded first (StateSchemaIncompatible before anything is read), then opened: entries
+        of a RecordCodec whose fields changed are rewritten in the new shape.
         """
+        recorded = recorded_states(checkpoint, self.operator)
+        changes = check_declarations(self.operator, recorded, self.declarations, checkpoint)
+        result = self._restore(checkpoint, claim_mode=claim_mode, source=source, allow_missing=allow_missing)
+        started = time.monotonic()
+        migrated = 0
+        for name, descriptor in self.descriptors.items():
+            old = (recorded or {}).get(name)
+            if name in changes and old is not None:
+                migrated += migrate_records(self, name, RecordCodec.from_spec(old["codec"]), descriptor.codec)
+            self._open_declared(name, descriptor)
+        if migrated:
+            log.info("%s/%s: %d entries rewritten in their states' new fields in %.2fs", self.operator, self.subtask,
+                     migrated, time.monotonic() - started)
+            result = replace(result, migrated=migrated, seconds=result.seconds + time.monotonic() - started)
+        return result
+
+    def _restore(
+        self,
+        checkpoint: CheckpointMetadata | None,
+        *,
+        claim_mode: ClaimMode | str = "CLAIM",
+        source: CheckpointStorage | None = None,
+        allow_missing: bool = False,
+    ) -> RestoreResult:
         started = time.monotonic()
         self._source = source or self.storage
         foreign = self._source.job_url != self.storage.job_url

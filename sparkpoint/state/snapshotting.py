@@ -66,7 +66,7 @@ class Snapshotting(SubtaskState):
         except BaseException:
             shutil.rmtree(local, ignore_errors=True)
             raise
-        handle = replace(handle, facts=self.facts())
+        handle = replace(handle, facts=self.facts(), states=self.declarations or None)
         self._pending[checkpoint_id] = handle
         self._write_marker(checkpoint_id, handle, self.storage.job_url)
         if self._log is not None:

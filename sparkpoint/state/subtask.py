@@ -13,7 +13,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -41,6 +41,7 @@ from sparkpoint.state.rocksdb import (
     list_states,
     open_db,
 )
+from sparkpoint.state.schema import DeclaredStates, StateDescriptor, declarations
 from sparkpoint.state.timers import TIMERS, TimerService
 from sparkpoint.state.ttl import StateTtl
 
@@ -52,6 +53,7 @@ V = TypeVar("V")
 S = TypeVar("S", bound="_KeyedState[Any]")
 
 
+_KINDS: dict[str, Any] = {"value": ValueState, "map": MapState, "list": ListState, "reducing": ReducingState}
 _MARKER = "working.json"
 # Present while the confirmed base's RocksDB files may be another database's than db/ (a
 # materialization in steps switched to a database built from its slices): a snapshot of db/ then
@@ -82,6 +84,8 @@ class SubtaskState:
         incremental: bool = True,
         local_recovery: bool = True,
         changelog: ChangelogOptions | None = None,
+        states: Mapping[str, Any] | None = None,
+        key_type: str | None = None,
     ):
         if not operator or "/" in operator or operator in (".", ".."):
             raise ValueError(f"invalid operator name {operator!r}")
@@ -114,6 +118,10 @@ class SubtaskState:
         self._log_base: int | None = None  # the checkpoint the logged changes start from
         self._clean = False  # db/ equals the checkpoint named in working.json
         self._source = storage  # the job directory the last restore read from
+        # The states the operator declares (`KeyedOperator.states`): opened by every restore,
+        # recorded in each snapshot's handle, hence in `_metadata`.
+        self.descriptors = DeclaredStates(states)
+        self.declarations = declarations(self.descriptors, key_type)
 
     def __repr__(self) -> str:
         return f"RocksDBStateBackend({self.operator}/{self.subtask}, kg={self.key_group_range}, dir={self.dir})"
@@ -168,9 +176,33 @@ class SubtaskState:
         """Whether this subtask has a timer column family (made by a register, now or before)."""
         return TIMERS in self._states or TIMERS in self.state_names()
 
+    def declared(self, name: str) -> _KeyedState[Any]:
+        """The handle of a state the operator declares (`KeyedOperator(states=...)`), of its
+        declared kind, codec and TTL.
+
+            totals = state.declared("totals")   # a ValueState of the declared RecordCodec
+
+        Raises:
+            KeyError: the operator declares no state `name`.
+        """
+        if name not in self.descriptors:
+            raise KeyError(f"{self.operator} declares no state {name!r}; it declares "
+                           f"{', '.join(self.descriptors) or 'none'}")
+        return self._states.get(name) or self._open_declared(name, self.descriptors[name])
+
+    def _open_declared(self, name: str, d: StateDescriptor) -> _KeyedState[Any]:
+        extra = {"reduce": d.reduce} if d.kind == "reducing" else {}
+        return self._state(_KINDS[d.kind], name, d.codec, d.ttl, **extra)
+
     def _state(self, kind: type[S], name: str, codec: Codec[Any], ttl: StateTtl | None, **extra: Any) -> S:
         if name == TIMERS and kind is not TimerService:
             raise ValueError(f"{TIMERS!r} is the timers' column family: name the state otherwise")
+        d = self.descriptors.get(name)
+        if d is not None and (_KINDS[d.kind] is not kind or d.codec != codec or d.ttl != ttl):
+            raise StateBackendError(
+                f"state {name!r} of {self.operator} is declared as a {d.kind} state of {d.codec!r} with TTL {d.ttl}, "
+                f"and asked for as a {kind.KIND} state of {codec!r} with TTL {ttl}: use the declaration "
+                f"(state.declared({name!r}))")
         state = self._states.get(name) or self._add_state(kind, name, codec, ttl, **extra)
         if not isinstance(state, kind):
             raise StateBackendError(

@@ -176,7 +176,8 @@ class OperatorHarness:
                 backend = RocksDBStateBackend(
                     self._storage, self.operator.name, subtask, parallelism=self.parallelism,
                     max_parallelism=self.max_parallelism, local_dir=self._local.path,
-                    changelog=ChangelogOptions(enabled=True),
+                    changelog=ChangelogOptions(enabled=True), states=self.operator.states,
+                    key_type=self.operator.key_type,
                 )
                 self._backends.append(backend)
                 backend.restore(checkpoint, source=source)

@@ -1,0 +1,321 @@
+"""Declared states and how they may change between two versions of an operator.
+
+An operator declares its states (`KeyedOperator(states={...})`): per state its kind, codec and
+TTL (Flink's state descriptors). Each checkpoint records the declarations in `_metadata`
+(`operators[<id>].states`), as plain JSON:
+
+    {"clicks": {"kind": "value", "key_type": "string" | null, "ttl": {...} | null,
+                "codec": {"type": "record", "fields": [["clicks", "int64"], ...], "defaults": {...}}
+                       | {"type": "json"} | {"type": "struct", "format": "<q"} | {"type": "bytes"}
+                       | {"type": "custom", "class": "module.Name"}}}
+
+`compare_states(old, new)` is a pure function of two such mappings: what a restore of `old`'s
+checkpoint by `new`'s code does to each state. The pipeline calls it before Spark starts (and
+refuses an incompatible change); `sparkpoint check-upgrade` prints it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkpoint.checkpoint.errors import OperatorStateMismatch
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.state.codecs import BytesCodec, Codec, JsonCodec, StructCodec
+from sparkpoint.state.record import RecordCodec, RecordField, RecordSchemaError, parse_field
+from sparkpoint.state.ttl import StateTtl
+
+KINDS = ("value", "map", "list", "reducing")
+STRUCT_CANNOT_EVOLVE = (
+    "StructCodec cannot evolve: its records are positional bytes; use RecordCodec for fields that change"
+)
+
+
+class StateSchemaIncompatible(OperatorStateMismatch):
+    """A checkpoint's state cannot be read by this version of the operator (a narrowed field, a
+    changed type, kind or key type); refused before Spark starts."""
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """A state an operator declares: its kind, codec and TTL (Flink's state descriptors).
+
+        KeyedOperator(..., states={
+            "totals": RecordCodec({"clicks": "int64"}),                # a value state
+            "seen": StateDescriptor("map", JsonCodec(), ttl=StateTtl(3600)),
+            "spend": StateDescriptor("reducing", RecordCodec({"sum": "float64"}), reduce=add),
+        })
+        # in process: state.value_state("totals", codec) or state.declared("totals")
+
+    Args:
+        kind: "value" (default), "map", "list" or "reducing".
+        codec: how its values are stored; `RecordCodec` fields evolve across restores.
+        ttl: entries expire (`StateTtl`), or None.
+        reduce: the reduce function of a "reducing" state.
+
+    Raises:
+        ValueError: an unknown kind, or a reducing state without `reduce`.
+    """
+
+    kind: str = "value"
+    codec: Codec[Any] = JsonCodec()
+    ttl: StateTtl | None = None
+    reduce: Callable[[Any, Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"a state's kind is one of {', '.join(KINDS)}, got {self.kind!r}")
+        if (self.kind == "reducing") != (self.reduce is not None):
+            raise ValueError("a reducing state needs reduce=, and only a reducing state takes it")
+
+    def declaration(self, key_type: str | None = None) -> dict[str, Any]:
+        """What `_metadata` records of this state."""
+        ttl = None if self.ttl is None else {"seconds": self.ttl.seconds, "update": self.ttl.update,
+                                              "clock": self.ttl.clock}
+        return {"kind": self.kind, "key_type": key_type, "ttl": ttl, "codec": codec_spec(self.codec)}
+
+
+class DeclaredStates(Mapping[str, StateDescriptor]):
+    """An operator's declared states, name -> `StateDescriptor`, in the order given; read-only
+    and hashable (an operator is a frozen value)."""
+
+    def __init__(self, states: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None):
+        items = states.items() if isinstance(states, Mapping) else (states or ())
+        out: dict[str, StateDescriptor] = {}
+        for name, d in items:
+            if not isinstance(name, str) or not name or name == "default":
+                raise ValueError(f"invalid state name {name!r}")
+            if name in out:
+                raise ValueError(f"state {name!r} is declared twice")
+            out[name] = d if isinstance(d, StateDescriptor) else StateDescriptor("value", d)
+        self._states = out
+
+    def __getitem__(self, name: str) -> StateDescriptor:
+        return self._states[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._states)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._states))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
+
+    def __repr__(self) -> str:
+        return f"DeclaredStates({self._states!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (list(self._states.items()),))
+
+
+def declarations(states: Mapping[str, StateDescriptor], key_type: str | None = None) -> dict[str, dict[str, Any]]:
+    return {name: d.declaration(key_type) for name, d in states.items()}
+
+
+def codec_spec(codec: Any) -> dict[str, Any]:
+    """What `_metadata` records of a codec."""
+    if isinstance(codec, RecordCodec):
+        return codec.spec()
+    if isinstance(codec, JsonCodec):
+        return {"type": "json"}
+    if isinstance(codec, StructCodec):
+        return {"type": "struct", "format": codec.fmt}
+    if isinstance(codec, BytesCodec):
+        return {"type": "bytes"}
+    cls = type(codec)
+    return {"type": "custom", "class": f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def codec_of_spec(spec: Mapping[str, Any]) -> Codec[Any] | None:
+    """The codec a recorded spec names (None: a custom codec, read as bytes)."""
+    kind = spec.get("type")
+    if kind == "record":
+        return RecordCodec.from_spec(spec)
+    if kind == "json":
+        return JsonCodec()
+    if kind == "struct":
+        return StructCodec(spec["format"])
+    if kind == "bytes":
+        return BytesCodec()
+    return None
+
+
+# --- comparison -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """What a restore does to one state: `status` kept | new | dropped; `verdict` unchanged |
+    compatible | incompatible; `rules` the compatible changes ("added field tier (null)");
+    `problems` why it is incompatible, each naming the field and both types."""
+
+    state: str
+    status: str
+    verdict: str
+    rules: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "status": self.status, "verdict": self.verdict, "rules": list(self.rules),
+                "problems": list(self.problems)}
+
+
+def compare_states(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]) -> list[StateChange]:
+    """Each state of `old` (a checkpoint's declarations) and `new` (the code's), by name: kept,
+    new or dropped, and whether `new` reads what `old` stored. Pure; sorted by state name."""
+    changes = []
+    for name in sorted(set(old) | set(new)):
+        if name not in old:
+            changes.append(StateChange(name, "new", "compatible", ("new state: starts empty",)))
+        elif name not in new:
+            changes.append(StateChange(name, "dropped", "compatible",
+                                       ("no longer declared: its entries stay in the checkpoint unread",)))
+        else:
+            rules, problems = _compare_one(old[name], new[name])
+            verdict = "incompatible" if problems else "compatible" if rules else "unchanged"
+            changes.append(StateChange(name, "kept", verdict, tuple(rules), tuple(problems)))
+    return changes
+
+
+def _compare_one(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    rules: list[str] = []
+    problems: list[str] = []
+    if old.get("kind") != new.get("kind"):
+        problems.append(f"kind changed from {old.get('kind')} to {new.get('kind')}")
+    ok, nk = old.get("key_type"), new.get("key_type")
+    if ok is not None and nk is not None and ok != nk:
+        problems.append(f"key type changed from {ok} to {nk}: stored keys would not be found")
+    if old.get("ttl") != new.get("ttl"):
+        rules.append(f"TTL {_ttl_text(old.get('ttl'))} → {_ttl_text(new.get('ttl'))}")
+    oc, nc = old.get("codec") or {}, new.get("codec") or {}
+    if oc.get("type") == "json" and nc.get("type") == "json":
+        pass  # JSON values keep whatever shape they had: the code reads them as it can
+    elif oc.get("type") == "record" and nc.get("type") == "record":
+        r, p = compare_records(oc, nc)
+        rules += r
+        problems += p
+    elif oc != nc:
+        if oc.get("type") == "struct" and nc.get("type") == "struct":
+            problems.append(f"struct format changed from {oc.get('format')} to {nc.get('format')}. "
+                            f"{STRUCT_CANNOT_EVOLVE}")
+        else:
+            problems.append(f"codec changed from {_codec_text(oc)} to {_codec_text(nc)}: entries written by the "
+                            "old codec cannot be read by the new one"
+                            + (f". {STRUCT_CANNOT_EVOLVE}" if "struct" in (oc.get("type"), nc.get("type")) else ""))
+    return rules, problems
+
+
+def compare_records(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(compatible changes, problems) between two recorded RecordCodec specs."""
+    before = {f.name: f for f in _spec_fields(old)}
+    after = _spec_fields(new)
+    defaults = new.get("defaults") or {}
+    rules: list[str] = []
+    problems: list[str] = []
+    for f in after:
+        was = before.get(f.name)
+        if was is None:
+            if f.name in defaults:
+                rules.append(f"added field {f.name} (default {defaults[f.name]!r})")
+            elif f.nullable:
+                rules.append(f"added field {f.name} (null)")
+            else:
+                problems.append(f"added field {f.name} as {f.text} without a default: entries written before "
+                                "have no value for it (give it a default or make it nullable)")
+            continue
+        if was.type != f.type:
+            if widens(was.type, f.type):
+                rules.append(f"widened {f.name} {was.type}→{f.type}")
+            else:
+                what = "narrowing" if widens(f.type, was.type) else "type change"
+                problems.append(f"field {f.name} changed from {was.type} to {f.type}: a {what} sparkpoint does "
+                                "not migrate (only widening: int8→int16→int32→int64, float32→float64, int→float)")
+        if not was.nullable and f.nullable:
+            rules.append(f"made {f.name} nullable")
+        elif was.nullable and not f.nullable:
+            problems.append(f"field {f.name} changed from {was.text} to {f.text}: entries written before may hold "
+                            "null")
+    for name in before:
+        if name not in {f.name for f in after}:
+            rules.append(f"removed field {name}")
+    if not problems and [f.name for f in after if f.name in before] != [n for n in before if n in
+                                                                        {f.name for f in after}]:
+        rules.append("reordered fields")
+    return rules, problems
+
+
+_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
+_UINT_BITS = {"uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
+
+
+def widens(old: str, new: str) -> bool:
+    """Whether every value of type `old` is a value of type `new` (or, int -> float, its nearest)."""
+    if old in _INT_BITS and new in _INT_BITS:
+        return _INT_BITS[old] < _INT_BITS[new]
+    if old in _UINT_BITS and new in _UINT_BITS:
+        return _UINT_BITS[old] < _UINT_BITS[new]
+    if old in _UINT_BITS and new in _INT_BITS:
+        return _UINT_BITS[old] < _INT_BITS[new]
+    if old == "float32" and new == "float64":
+        return True
+    if (old in _INT_BITS or old in _UINT_BITS) and new == "float64":
+        return True
+    return (old in ("int8", "int16", "uint8", "uint16")) and new == "float32"
+
+
+def _spec_fields(spec: Mapping[str, Any]) -> list[RecordField]:
+    try:
+        return [parse_field(name, text) for name, text in spec.get("fields") or []]
+    except RecordSchemaError as e:
+        raise StateSchemaIncompatible(f"a recorded RecordCodec cannot be read: {e}") from None
+
+
+def _codec_text(spec: Mapping[str, Any]) -> str:
+    kind = spec.get("type")
+    if kind == "struct":
+        return f"StructCodec({spec.get('format')!r})"
+    if kind == "custom":
+        return str(spec.get("class"))
+    return {"record": "RecordCodec", "json": "JsonCodec", "bytes": "BytesCodec"}.get(str(kind), str(kind))
+
+
+def _ttl_text(ttl: Mapping[str, Any] | None) -> str:
+    return "none" if not ttl else f"{ttl.get('seconds')}s ({ttl.get('clock')}, {ttl.get('update')})"
+
+
+def refusals(operator: str, changes: list[StateChange]) -> list[str]:
+    """One line per problem of the incompatible states, naming the operator and the state."""
+    return [f"operator {operator}, state {c.state}: {p}" for c in changes for p in c.problems]
+
+
+def recorded_states(checkpoint: CheckpointMetadata | None, operator: str) -> Mapping[str, Any] | None:
+    """The declarations `checkpoint` recorded for `operator` (None: it recorded none)."""
+    if checkpoint is None or operator not in checkpoint.operators:
+        return None
+    return checkpoint.operators[operator].states
+
+
+def check_declarations(
+    operator: str, recorded: Mapping[str, Any] | None, declared: Mapping[str, Any],
+    checkpoint: CheckpointMetadata | None,
+) -> set[str]:
+    """The states whose RecordCodec fields a restore must rewrite; StateSchemaIncompatible when
+    the code cannot read what the checkpoint recorded (naming operator, state, field, types)."""
+    if recorded is None or not declared:
+        return set()
+    changes = compare_states(recorded, declared)
+    problems = refusals(operator, changes)
+    if problems:
+        where = f"checkpoint {checkpoint.checkpoint_id}" if checkpoint is not None else "the checkpoint"
+        raise StateSchemaIncompatible(
+            f"{where} cannot be restored by this version of {operator}: " + "; ".join(problems)
+            + ". Keep the old schema, or start the changed state under a new name"
+        )
+    return {c.state for c in changes if c.status == "kept" and c.verdict == "compatible"
+            and (recorded[c.state].get("codec") or {}).get("type") == "record"
+            and recorded[c.state].get("codec") != declared[c.state].get("codec")}
