@@ -3,8 +3,10 @@
 The public API, imported on first use (so that `import sparkpoint.checkpoint` in a Spark task
 loads nothing more):
 
-- your pipeline: `Pipeline`, `KeyedOperator` (its functions take a `RocksDBStateBackend`), the
-  state codecs `JsonCodec`, `StructCodec`, `BytesCodec` (state handles:
+- your pipeline: `Pipeline`, `KeyedOperator` (its functions take a `RocksDBStateBackend`; its
+  `states=` declares them, a codec or a `StateDescriptor` each), the state codecs `RecordCodec`
+  (named, typed fields that evolve across restores), `JsonCodec`, `StructCodec`, `BytesCodec`;
+  `compare_states` / `StateChange` say what a restore by new code does to each state (state handles:
   `state.value_state(name, codec)`, `state.map_state(name, codec)`,
   `state.list_state(name, codec)`, `state.reducing_state(name, codec, reduce)`, each with
   `ttl=StateTtl(seconds, update=..., clock=...)`);
@@ -24,6 +26,11 @@ _HOMES = {
     "JsonCodec": "sparkpoint.state.codecs",
     "StructCodec": "sparkpoint.state.codecs",
     "BytesCodec": "sparkpoint.state.codecs",
+    "RecordCodec": "sparkpoint.state.record",
+    "StateDescriptor": "sparkpoint.state.schema",
+    "compare_states": "sparkpoint.state.schema",
+    "StateChange": "sparkpoint.state.schema",
+    "StateSchemaIncompatible": "sparkpoint.state.schema",
     "StateTtl": "sparkpoint.state.ttl",
     "read_state": "sparkpoint.api",
     "list_checkpoints": "sparkpoint.api",

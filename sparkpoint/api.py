@@ -36,12 +36,30 @@ def list_checkpoints(url: str, job_id: str, *, storage_options: dict[str, Any] |
 
 def read_state(
     url: str, job_id: str, operator: str | KeyedOperator, checkpoint: int | None = None, *,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None, raw: bool = False,
 ) -> pd.DataFrame:
     """The state of `operator` at `checkpoint` (default: the latest), every subtask in one table.
 
-    `operator` is a `KeyedOperator` (its `export` makes the table) or the name of a sample one."""
-    return state_table(CheckpointStorage(url, job_id, storage_options), operator, checkpoint)[1]
+        read_state("s3://bucket/checkpoints", "clicks", "totals_op", raw=True)
+
+    Args:
+        url: the checkpoints directory (any fsspec URL).
+        job_id: the job whose checkpoints to read.
+        operator: a `KeyedOperator` (its `export` makes the table), the name of a sample one,
+            or, with `raw`, the operator's id in `_metadata` (its code is not needed).
+        checkpoint: the checkpoint id; default the latest.
+        storage_options: fsspec options of `url`.
+        raw: every state of the operator through the codec `_metadata` recorded for it, one row
+            per entry: columns state, kind, key, user_key (map), index (list), value (a
+            RecordCodec's a dict of fields, a JsonCodec's its JSON value, bytes otherwise).
+
+    Returns:
+        A pandas DataFrame.
+
+    Raises:
+        OperatorStateMismatch: the checkpoint holds no such operator.
+    """
+    return state_table(CheckpointStorage(url, job_id, storage_options), operator, checkpoint, raw=raw)[1]
 
 
 def registry(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:

@@ -205,6 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   {op.name: op.input_columns() for op in pipeline.operators})
     if config.event_time:  # its type and nulls, from the footers, before Spark
         pipeline.source.max_event_time(pending[: config.files_per_checkpoint], config.event_time)
+    pipeline.check_start()  # the operators and their states' schemas against the checkpoint, before Spark
     pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote,
                                    share=session_key(config.job_id, pipeline.operators) if remote else None)
 
@@ -245,9 +246,14 @@ def cmd_state(args: argparse.Namespace) -> int:
     from sparkpoint.api import state_table
 
     with _progress(args, f"reading {args.operator}") as progress:
-        pipeline = _pipeline(args)
+        # --raw needs no code: the operator may be gone from the pipeline (removed, renamed).
+        pipeline = None if args.raw else _pipeline(args)
         operator = pipeline.operator(args.operator) if pipeline is not None else args.operator
-        meta, table = state_table(_storage(args), operator, args.checkpoint, progress=progress)
+        meta, table = state_table(_storage(args), operator, args.checkpoint, progress=progress, raw=args.raw)
+    if args.raw and args.format != "json":  # one column of mixed values: JSON text for csv and parquet
+        table["value"] = [_json_text(v) for v in table["value"]]
+        for column in ("key", "user_key"):
+            table[column] = [v.hex() if isinstance(v, bytes) else v for v in table[column]]
     if args.format == "parquet":
         if not args.out:
             raise UsageError("--format parquet needs --out FILE")
@@ -260,6 +266,18 @@ def cmd_state(args: argparse.Namespace) -> int:
     if args.out:
         print(f"chk-{meta.checkpoint_id}: {len(table)} rows of {args.operator} written to {args.out}", file=sys.stderr)
     return 0
+
+
+def _json_text(value: Any) -> str:
+    """A raw state value as JSON text (bytes as hex, timestamps in ISO 8601)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, bytes):
+            return v.hex()
+        if hasattr(v, "isoformat"):
+            return v.isoformat()
+        return str(v)
+
+    return json.dumps(value, default=plain, ensure_ascii=False)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -587,6 +605,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=_positive, metavar="N", help="default: the latest")
     p.add_argument("--format", choices=["csv", "parquet", "json"], default="csv")
     p.add_argument("--out", metavar="FILE", help="default: standard output (csv, json)")
+    p.add_argument("--raw", action="store_true",
+                   help="every state through the codec _metadata recorded, one row per entry; needs no operator "
+                        "code (an operator removed or renamed stays readable)")
     p.set_defaults(fn=cmd_state)
 
     p = sub.add_parser("verify", help="check every file of the checkpoint(s): present, size, CRC32")

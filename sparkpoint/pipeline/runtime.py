@@ -31,6 +31,7 @@ from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.repair import repair_checkpoints
 from sparkpoint.state.rocksdb import RocksDBOptions
 from sparkpoint.state.sample import SAMPLE_OPERATORS
+from sparkpoint.state.schema import StateSchemaIncompatible, compare_states, refusals
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +340,31 @@ class PipelineCore:
                 f"checkpoint {meta.checkpoint_id} does not fit this job's operators "
                 f"({', '.join(sorted(want))}): " + "; ".join(problems)
             )
+        self._check_states(meta)
+
+    def _check_states(self, meta: CheckpointMetadata) -> None:
+        """Each operator's declared states must read what the checkpoint recorded of them (a
+        RecordCodec may add, remove, widen, reorder fields and make them nullable)."""
+        problems = []
+        for op in self.operators:
+            recorded = meta.operators[op.name].states if op.name in meta.operators else None
+            if recorded is not None and len(op.states):
+                problems += refusals(op.name, compare_states(recorded, op.declarations()))
+        if problems:
+            raise StateSchemaIncompatible(
+                f"checkpoint {meta.checkpoint_id} cannot be restored by this job's code (refused before Spark "
+                "starts): " + "; ".join(problems)
+                + ". Keep the old schema, or start the changed state under a new name"
+            )
+
+    def check_start(self) -> CheckpointMetadata | None:
+        """The checkpoint the next batch restores (None: none), checked against the job's
+        operators and their declared states, without Spark: the CLI calls it before starting
+        a session, so that an incompatible change is refused first."""
+        start, _, _ = self._starting_point()
+        if start.metadata is not None:
+            self._check_operators(start.metadata)
+        return start.metadata
 
     def _settle_sink(self, start: _Start) -> None:
         """Finish the sink commit of the checkpoint we resume from, drop abandoned staging."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,8 +31,13 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, OperatorState, Su
 from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn, reporting
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend
+from sparkpoint.state.codecs import BytesCodec
+from sparkpoint.state.handles import _KeyedState
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, list_states, open_db
+from sparkpoint.state.schema import codec_of_spec
+from sparkpoint.state.timers import TIMERS
+from sparkpoint.state.ttl import StateTtl
 
 
 def operator_state_of(meta: CheckpointMetadata, operator: str) -> OperatorState:
@@ -127,12 +133,21 @@ def count_entries(directory: Path) -> dict[str, int]:
 
 def state_table(
     storage: CheckpointStorage, operator: str | KeyedOperator, checkpoint: int | None = None, *,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, raw: bool = False,
 ) -> tuple[CheckpointMetadata, pd.DataFrame]:
-    """(the checkpoint read, the operator's state as one table sorted by key)."""
+    """(the checkpoint read, the operator's state as one table sorted by key). `raw`: every
+    state through the codec `_metadata` recorded, no operator code needed (`raw_table`)."""
     from sparkpoint.state.sample import operator_by_name
     from sparkpoint.state.verify import restore_hint
 
+    if raw:
+        name = operator.name if isinstance(operator, KeyedOperator) else operator
+        meta = _load(storage, checkpoint)
+        try:
+            with operator_states(storage, meta, name, progress=progress) as backends:
+                return meta, raw_table(meta, name, backends)
+        except CheckpointCorrupted as e:
+            raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
     if isinstance(operator, KeyedOperator):
         op = operator
     else:
@@ -142,11 +157,7 @@ def state_table(
             raise OperatorStateMismatch(
                 f"{e.args[0]}; for your own operator pass the KeyedOperator (or --pipeline MODULE:ATTR)"
             ) from e
-    store = existing_store(storage)
-    ids = store.checkpoint_ids()
-    if checkpoint is None and not ids:
-        raise MetadataError(f"{storage.job_url} holds no completed checkpoint")
-    meta = store.load(checkpoint if checkpoint is not None else ids[0])
+    meta = _load(storage, checkpoint)
     try:
         with operator_states(storage, meta, op.name, progress=progress) as backends:
             table = export_table(op, backends)
@@ -161,3 +172,59 @@ def export_table(op: KeyedOperator, backends: list[RocksDBStateBackend]) -> pd.D
     if op.key in table.columns:
         table = table.sort_values(op.key, kind="stable").reset_index(drop=True)
     return table
+
+
+def _load(storage: CheckpointStorage, checkpoint: int | None) -> CheckpointMetadata:
+    store = existing_store(storage)
+    ids = store.checkpoint_ids()
+    if checkpoint is None and not ids:
+        raise MetadataError(f"{storage.job_url} holds no completed checkpoint")
+    return store.load(checkpoint if checkpoint is not None else ids[0])
+
+
+RAW_COLUMNS = ("state", "kind", "key", "user_key", "index", "value")
+
+
+def raw_table(meta: CheckpointMetadata, operator: str, backends: list[RocksDBStateBackend]) -> pd.DataFrame:
+    """Every state of `operator` without its code, one row per live entry (columns `RAW_COLUMNS`):
+    a declared state's values through the codec `_metadata` recorded (a RecordCodec's as a dict
+    of its fields, a JsonCodec's as the JSON value, a StructCodec's as a tuple), bytes for any
+    other codec and for states the operator did not declare; `user_key` for map entries, `index`
+    for list elements. Entries a TTL expired by the checkpoint's time are left out."""
+    recorded = dict(operator_state_of(meta, operator).states or {})
+    rows: list[tuple[Any, ...]] = []
+    for backend in backends:
+        names = [n for n in backend.state_names() if n != TIMERS and n != "default"]
+        for name in sorted(names, key=lambda n: (n not in recorded, n)):
+            declared = recorded.get(name) or backend._declared.get(name) or {}
+            kind = declared.get("kind", "unknown")
+            codec = codec_of_spec(declared["codec"]) if "codec" in declared else None
+            ttl = StateTtl(**declared["ttl"]) if declared.get("ttl") else None
+            entries = _KeyedState(backend._open_db(), name, BytesCodec(), backend.max_parallelism,
+                                  backend.key_group_range, ttl=ttl, clock=backend.clock)
+            try:
+                for k, v in entries._all():
+                    key, user_key, index = _split_key(kind, k)
+                    rows.append((name, kind, key, user_key, index, v if codec is None else codec.decode(v)))
+            finally:
+                entries.release()
+    table = pd.DataFrame(rows, columns=list(RAW_COLUMNS))
+    return table.sort_values(["state", "key"], kind="stable", key=lambda c: c.map(str)).reset_index(drop=True)
+
+
+def _split_key(kind: str, k: bytes) -> tuple[Any, Any, int | None]:
+    """(key, user key, list index) of a stored key of a state of `kind`."""
+    if kind in ("map", "list"):
+        (n,) = struct.unpack_from(">I", k, 2)
+        key, rest = k[6 : 6 + n], k[6 + n :]
+        if kind == "list":
+            return _text(key), None, int.from_bytes(rest, "big")
+        return _text(key), _text(rest), None
+    return _text(k[2:]), None, None
+
+
+def _text(raw: bytes) -> str | bytes:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw

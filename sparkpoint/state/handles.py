@@ -360,6 +360,42 @@ class ValueState(_KeyedState[V]):
         pairs = list(items)
         return self._put_values(self._prefixed_many(k for k, _ in pairs), [v for _, v in pairs])
 
+    def get_many_table(self, keys: Any) -> Any:
+        """The values of many keys as one Arrow table, a row per key in order (a key without a
+        value: a row of nulls), for a codec with a columnar form (`RecordCodec`). One multi-get;
+        decoded without a Python loop over the rows.
+
+            old = totals.get_many_table(batch["user"])           # pyarrow.Table
+            clicks = pc.add(pc.fill_null(old["clicks"], 0), batch_clicks)
+
+        Args:
+            keys: str or bytes keys (a list, a NumPy array, a pandas Series or an Arrow array).
+
+        Returns:
+            A `pyarrow.Table` with the codec's fields (`.to_pandas()` for a DataFrame).
+        """
+        decode_table = _columnar(self.codec, "decode_table")
+        keys = _key_list(keys)
+        return decode_table(self._read(self._prefixed_many(keys)) if keys else [])
+
+    def put_many_table(self, keys: Any, table: Any) -> int:
+        """Write row i of `table` as the value of `keys[i]`, all in one WriteBatch (a columnar
+        codec: `RecordCodec`). A field the table lacks is its default, else null.
+
+        Args:
+            keys: str or bytes keys, one per row.
+            table: a `pyarrow.Table`, a pandas DataFrame or a dict of columns.
+
+        Returns:
+            The entries written.
+        """
+        encode_table = _columnar(self.codec, "encode_table")
+        keys = _key_list(keys)
+        encoded = encode_table(table)
+        if len(encoded) != len(keys):
+            raise ValueError(f"put_many_table: {len(keys)} keys, but the table has {len(encoded)} rows")
+        return self._write(zip(self._prefixed_many(keys), self._stamp(encoded)))
+
     def update_many_encoded(
         self, keys: Sequence[bytes | str], fn: Callable[[list[bytes | None]], Sequence[bytes | None]]
     ) -> int:
@@ -610,6 +646,22 @@ class ReducingState(_KeyedState[V]):
         decode = self.codec.decode
         for k, v in self._all():
             yield k[2:], decode(v)
+
+
+def _columnar(codec: Any, method: str) -> Callable[..., Any]:
+    fn = getattr(codec, method, None)
+    if fn is None:
+        raise TypeError(f"{type(codec).__name__} has no columnar form: tables need a RecordCodec")
+    return cast(Callable[..., Any], fn)
+
+
+def _key_list(keys: Any) -> list[Any]:
+    """Keys from a list, a NumPy array, a pandas Series or an Arrow array, as a list."""
+    if hasattr(keys, "to_pylist"):
+        return list(keys.to_pylist())
+    if hasattr(keys, "tolist"):
+        return list(keys.tolist())
+    return list(keys)
 
 
 def _next_prefix(prefix: bytes) -> bytes:
