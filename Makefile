@@ -59,6 +59,7 @@ lint: $(DEV_STAMP)
 bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_rmw
 	$(BIN)/python -m benchmarks.bench_list_append
+	$(BIN)/python -m benchmarks.bench_record_codec
 	$(BIN)/python -m benchmarks.bench_state_backend
 	$(BIN)/python -m benchmarks.bench_bookkeeping
 	$(BIN)/python -m benchmarks.bench_changelog

@@ -188,8 +188,8 @@ RAW_COLUMNS = ("state", "kind", "key", "user_key", "index", "value")
 def raw_table(meta: CheckpointMetadata, operator: str, backends: list[RocksDBStateBackend]) -> pd.DataFrame:
     """Every state of `operator` without its code, one row per live entry (columns `RAW_COLUMNS`):
     a declared state's values through the codec `_metadata` recorded (a RecordCodec's as a dict
-    of its fields, a JsonCodec's as the JSON value, a StructCodec's as a tuple), bytes for any
-    other codec and for states the operator did not declare; `user_key` for map entries, `index`
+    of its fields, a JsonCodec's as the JSON value), bytes for any other codec and for states
+    the operator did not declare; `user_key` for map entries, `index`
     for list elements. Entries a TTL expired by the checkpoint's time are left out."""
     recorded = dict(operator_state_of(meta, operator).states or {})
     rows: list[tuple[Any, ...]] = []
@@ -198,7 +198,8 @@ def raw_table(meta: CheckpointMetadata, operator: str, backends: list[RocksDBSta
         for name in sorted(names, key=lambda n: (n not in recorded, n)):
             declared = recorded.get(name) or backend._declared.get(name) or {}
             kind = declared.get("kind", "unknown")
-            codec = codec_of_spec(declared["codec"]) if "codec" in declared else None
+            spec = declared.get("codec") or {}
+            codec = codec_of_spec(spec) if spec.get("type") in ("record", "json") else None
             ttl = StateTtl(**declared["ttl"]) if declared.get("ttl") else None
             entries = _KeyedState(backend._open_db(), name, BytesCodec(), backend.max_parallelism,
                                   backend.key_group_range, ttl=ttl, clock=backend.clock)
