@@ -51,10 +51,11 @@ def operator_state_of(meta: CheckpointMetadata, operator: str) -> OperatorState:
 @contextmanager
 def operator_states(
     storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, work_dir: str | None = None,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, code: KeyedOperator | None = None,
 ) -> Iterator[list[RocksDBStateBackend]]:
     """Every subtask of `operator` at checkpoint `meta`, restored (verified) into a scratch dir;
-    `progress` hears of the bytes downloaded."""
+    `progress` hears of the bytes downloaded. With the operator's `code`, its declared states are
+    opened as a job's restore opens them (old RecordCodec entries read in its fields)."""
     op = operator_state_of(meta, operator)
     source = reporting(storage, ProgressCounter(sum(f.size for h in op.subtasks for f in h.files()), progress))
     scratch = Path(tempfile.mkdtemp(prefix="sparkpoint-export-", dir=work_dir))
@@ -63,10 +64,11 @@ def operator_states(
         for handle in op.subtasks:
             b = RocksDBStateBackend(
                 source, operator, handle.subtask, parallelism=op.parallelism, max_parallelism=op.max_parallelism,
-                local_dir=scratch, local_recovery=False,
+                local_dir=scratch, local_recovery=False, states=code.states if code else None,
+                key_type=code.key_type if code else None,
             )
-            b.restore(meta)
             backends.append(b)
+            b.restore(meta)
         yield backends
     finally:
         for b in backends:
@@ -159,7 +161,7 @@ def state_table(
             ) from e
     meta = _load(storage, checkpoint)
     try:
-        with operator_states(storage, meta, op.name, progress=progress) as backends:
+        with operator_states(storage, meta, op.name, progress=progress, code=op) as backends:
             table = export_table(op, backends)
     except CheckpointCorrupted as e:
         raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
