@@ -130,18 +130,9 @@ def state_table(
     progress: ProgressFn | None = None,
 ) -> tuple[CheckpointMetadata, pd.DataFrame]:
     """(the checkpoint read, the operator's state as one table sorted by key)."""
-    from sparkpoint.state.sample import operator_by_name
     from sparkpoint.state.verify import restore_hint
 
-    if isinstance(operator, KeyedOperator):
-        op = operator
-    else:
-        try:
-            op = operator_by_name(operator)
-        except KeyError as e:
-            raise OperatorStateMismatch(
-                f"{e.args[0]}; for your own operator pass the KeyedOperator (or --pipeline MODULE:ATTR)"
-            ) from e
+    op = resolve_operator(operator)
     store = existing_store(storage)
     ids = store.checkpoint_ids()
     if checkpoint is None and not ids:
@@ -153,6 +144,20 @@ def state_table(
     except CheckpointCorrupted as e:
         raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
     return meta, table
+
+
+def resolve_operator(operator: str | KeyedOperator) -> KeyedOperator:
+    """The operator itself, or the sample operator of that name."""
+    from sparkpoint.state.sample import operator_by_name
+
+    if isinstance(operator, KeyedOperator):
+        return operator
+    try:
+        return operator_by_name(operator)
+    except KeyError as e:
+        raise OperatorStateMismatch(
+            f"{e.args[0]}; for your own operator pass the KeyedOperator (or --pipeline MODULE:ATTR)"
+        ) from e
 
 
 def export_table(op: KeyedOperator, backends: list[RocksDBStateBackend]) -> pd.DataFrame:
