@@ -483,7 +483,7 @@ def _restricted_export(op: KeyedOperator, side: Snapshot, handle: SubtaskStateHa
                 target.write(batch)
         return op.export(backend)
     finally:
-        backend.close()
+        backend.discard_local_state()  # a scratch state: closed without flushing what it holds
 
 
 def _empty_export(op: KeyedOperator, side: Snapshot, work: Path) -> pd.DataFrame:
@@ -575,7 +575,8 @@ def _finish(parts: list[pd.DataFrame], out_columns: list[str], key: str) -> pd.D
     if not parts:
         return pd.DataFrame(columns=out_columns)
     table = pd.concat(parts, ignore_index=True).reindex(columns=out_columns)
-    order = sorted(range(len(table)), key=lambda i: _sort_key(table[key].iat[i]))
+    keys = [_sort_key(k) for k in table[key].tolist()]
+    order = sorted(range(len(table)), key=keys.__getitem__)
     return table.iloc[order].reset_index(drop=True)
 
 
