@@ -109,7 +109,8 @@ def main() -> None:
             r = row[way]
             ratio = (r["bytes_read"] + r["bytes_scanned"]) / max(1, r["changed_bytes"])
             print(f"{'':>6} {way:<24} {r['seconds']:>8.2f} {r['bytes_read'] / mb:>8.1f} "
-                  f"{r['bytes_scanned'] / mb:>10.1f} {r['changed_bytes'] / mb:>10.1f} {ratio:>22.2f} {base['seconds'] / r['seconds']:>7.1f}x")
+                  f"{r['bytes_scanned'] / mb:>10.1f} {r['changed_bytes'] / mb:>10.1f} "
+                  f"{ratio:>22.2f} {base['seconds'] / r['seconds']:>7.1f}x")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rows": rows}, indent=1))
