@@ -64,6 +64,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_bookkeeping
 	$(BIN)/python -m benchmarks.bench_changelog
 	$(BIN)/python -m benchmarks.bench_damage
+	$(BIN)/python -m benchmarks.bench_diff
 	$(BIN)/python -m benchmarks.bench_startup
 	$(BIN)/python -m benchmarks.bench_scale --large
 	$(BIN)/python -m benchmarks.bench_vs_spark --ours-setting ours-files:state.backend.changelog.enabled=false

@@ -10,7 +10,7 @@ loads nothing more):
   `state.value_state(name, codec)`, `state.map_state(name, codec)`,
   `state.list_state(name, codec)`, `state.reducing_state(name, codec, reduce)`, each with
   `ttl=StateTtl(seconds, update=..., clock=...)`);
-- the notebook API (pandas DataFrames): `read_state`, `list_checkpoints`, `registry`;
+- the notebook API (pandas DataFrames): `read_state`, `diff_state`, `list_checkpoints`, `registry`;
 - Dagster: `build_pipeline_defs(pipeline)` and the `PipelineComponent` of `dg` projects.
 """
 
@@ -33,6 +33,7 @@ _HOMES = {
     "StateSchemaIncompatible": "sparkpoint.state.schema",
     "StateTtl": "sparkpoint.state.ttl",
     "read_state": "sparkpoint.api",
+    "diff_state": "sparkpoint.api",
     "list_checkpoints": "sparkpoint.api",
     "registry": "sparkpoint.api",
     "build_pipeline_defs": "sparkpoint.factory",

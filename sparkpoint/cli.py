@@ -1,4 +1,5 @@
-"""The `sparkpoint` command: generate, run, state, verify, gc, list, inspect, registry, restore, savepoint, bootstrap.
+"""The `sparkpoint` command: generate, run, state, diff, verify, gc, list, inspect, registry, restore, savepoint,
+bootstrap.
 
 Exit status: 0 fine, 1 `verify` found bad files, 2 bad input (the message says what to fix),
 3 the work failed while running (e.g. a Spark task raised; the message names the cause).
@@ -278,6 +279,46 @@ def _json_text(value: Any) -> str:
         return str(v)
 
     return json.dumps(value, default=plain, ensure_ascii=False)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from sparkpoint.state.diff import diff_snapshots, locate
+    from sparkpoint.state.extract import resolve_operator
+
+    pipeline = _pipeline(args)
+    operator = resolve_operator(pipeline.operator(args.operator) if pipeline is not None else args.operator)
+    needs_job = any(str(ref).strip().removeprefix("chk-").isdigit() for ref in (args.from_, args.to))
+    storage = _storage(args) if needs_job or pipeline is not None or args.checkpoints else None
+    options = _storage_options(args.storage_options) if args.storage_options else (
+        storage.storage_options if storage is not None else None)
+    local_dir = args.local_dir or (pipeline.location("local") if pipeline is not None else None)
+    result = diff_snapshots(locate(args.from_, storage, options), locate(args.to, storage, options), operator,
+                            local_dir=local_dir)
+    table, summary = result.table, result.summary()
+    if args.json and not args.out:
+        records = json.loads(table.to_json(orient="records", date_format="iso", date_unit="us"))
+        _print_json({**summary, "rows": records})
+        return 0
+    fmt = args.format or _format_of(args.out)
+    if fmt == "parquet":
+        if not args.out:
+            raise UsageError("--format parquet needs --out FILE")
+        table.to_parquet(args.out, index=False)
+    elif fmt == "json":
+        _write_text(args.out, table.to_json(orient="records", date_format="iso", date_unit="us") + "\n")
+    else:
+        _write_text(args.out, table.to_csv(index=False))
+    counts = ", ".join(f"{n} {c}" for c, n in summary["changes"].items())
+    how = summary["method"] + (f" ({summary['reason']})" if summary["reason"] else "")
+    print(f"{operator.name} chk-{result.source.meta.checkpoint_id} -> chk-{result.target.meta.checkpoint_id}: "
+          f"{counts}; by {how}; {_size(summary['bytes_read'])} read"
+          + (f" to {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
+
+
+def _format_of(path: str | None) -> str:
+    suffix = os.path.splitext(path or "")[1].lower()
+    return {".parquet": "parquet", ".json": "json"}.get(suffix, "csv")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -609,6 +650,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every state through the codec _metadata recorded, one row per entry; needs no operator "
                         "code (an operator removed or renamed stays readable)")
     p.set_defaults(fn=cmd_state)
+
+    p = sub.add_parser("diff", help="the rows of an operator's state that differ between two snapshots")
+    _job_args(p)
+    p.add_argument("--operator", required=True, metavar="NAME")
+    p.add_argument("--from", required=True, dest="from_", metavar="ID_OR_URL",
+                   help="the older snapshot: a checkpoint id of the job, or a checkpoint/savepoint URL (…/chk-<N>)")
+    p.add_argument("--to", required=True, metavar="ID_OR_URL", help="the newer snapshot, likewise")
+    p.add_argument("--json", action="store_true", help="the summary and the rows as one JSON object")
+    p.add_argument("--out", metavar="FILE", help="write the rows to FILE (csv, parquet or json by its extension)")
+    p.add_argument("--format", choices=["csv", "parquet", "json"], help="of --out or standard output (default csv)")
+    p.add_argument("--local-dir", metavar="DIR",
+                   help="the job's local directory: verified task-local copies stand in for downloads")
+    p.set_defaults(fn=cmd_diff)
 
     p = sub.add_parser("verify", help="check every file of the checkpoint(s): present, size, CRC32")
     _job_args(p)

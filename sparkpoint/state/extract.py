@@ -139,7 +139,6 @@ def state_table(
 ) -> tuple[CheckpointMetadata, pd.DataFrame]:
     """(the checkpoint read, the operator's state as one table sorted by key). `raw`: every
     state through the codec `_metadata` recorded, no operator code needed (`raw_table`)."""
-    from sparkpoint.state.sample import operator_by_name
     from sparkpoint.state.verify import restore_hint
 
     if raw:
@@ -150,15 +149,7 @@ def state_table(
                 return meta, raw_table(meta, name, backends)
         except CheckpointCorrupted as e:
             raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
-    if isinstance(operator, KeyedOperator):
-        op = operator
-    else:
-        try:
-            op = operator_by_name(operator)
-        except KeyError as e:
-            raise OperatorStateMismatch(
-                f"{e.args[0]}; for your own operator pass the KeyedOperator (or --pipeline MODULE:ATTR)"
-            ) from e
+    op = resolve_operator(operator)
     meta = _load(storage, checkpoint)
     try:
         with operator_states(storage, meta, op.name, progress=progress, code=op) as backends:
@@ -166,6 +157,20 @@ def state_table(
     except CheckpointCorrupted as e:
         raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
     return meta, table
+
+
+def resolve_operator(operator: str | KeyedOperator) -> KeyedOperator:
+    """The operator itself, or the sample operator of that name."""
+    from sparkpoint.state.sample import operator_by_name
+
+    if isinstance(operator, KeyedOperator):
+        return operator
+    try:
+        return operator_by_name(operator)
+    except KeyError as e:
+        raise OperatorStateMismatch(
+            f"{e.args[0]}; for your own operator pass the KeyedOperator (or --pipeline MODULE:ATTR)"
+        ) from e
 
 
 def export_table(op: KeyedOperator, backends: list[RocksDBStateBackend]) -> pd.DataFrame:

@@ -1,0 +1,261 @@
+"""`sparkpoint diff` / `diff_state`: the rows of an operator's state that differ between two
+snapshots, checked against a pandas comparison of the two full exports, on random workloads of a
+user's own operator (wallets: a value, a map and a list state per account).
+
+Same job and layout: by the changed files, without reading the files both snapshots share;
+across a rescale and between a savepoint and a checkpoint: by full exports."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sparkpoint import api
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.errors import CheckpointNotFound, OperatorStateMismatch
+from sparkpoint.checkpoint.savepoint import take_savepoint
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.cli import main
+from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.codecs import JsonCodec
+from sparkpoint.state.diff import CHANGED_FILES, FULL, diff_snapshots, locate
+from sparkpoint.state.keygroups import subtasks_of
+from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.sstfile import read_sst_keys
+
+CODEC = JsonCodec()
+
+
+def wallets_process(batch: pd.DataFrame, state: RocksDBStateBackend) -> None:
+    balance = state.value_state("balance", CODEC)
+    tags = state.map_state("tags", CODEC)
+    history = state.list_state("history", CODEC)
+    for row in batch.itertuples(index=False):
+        if row.op == "close":
+            balance.delete(row.account)
+            tags.remove_key(row.account)
+            history.delete(row.account)
+            continue
+        balance.put(row.account, (balance.get(row.account) or 0) + int(row.amount))
+        tags.put(row.account, row.tag, (tags.get(row.account, row.tag) or 0) + 1)
+        history.add(row.account, int(row.amount))
+
+
+def wallets_export(state: RocksDBStateBackend) -> pd.DataFrame:
+    balance = dict(state.value_state("balance", CODEC).items())
+    tags: dict[bytes, dict[str, int]] = {}
+    for key, tag, n in state.map_state("tags", CODEC).items():
+        tags.setdefault(key, {})[tag.decode()] = n
+    history = dict(state.list_state("history", CODEC).items())
+    keys = sorted(set(balance) | set(tags) | set(history))
+    return pd.DataFrame({
+        "account": [k.decode() for k in keys],
+        "balance": pd.array([balance.get(k) for k in keys], dtype="Int64"),
+        "tags": [json.dumps(tags.get(k, {}), sort_keys=True) for k in keys],
+        "history": [json.dumps(history.get(k, [])) for k in keys],
+    })
+
+
+WALLETS = KeyedOperator("wallets", "account", wallets_process, wallets_export, columns=("op", "amount", "tag"))
+
+
+def workload(rng: random.Random, n: int, accounts: int) -> pd.DataFrame:
+    rows = [("close" if rng.random() < 0.15 else "pay", f"acct-{rng.randrange(accounts):04d}", rng.randrange(1, 99),
+             rng.choice("abcde")) for _ in range(n)]
+    return pd.DataFrame(rows, columns=["op", "account", "amount", "tag"])
+
+
+class Job:
+    """A user's job without Spark: P subtasks of WALLETS, a checkpoint per batch."""
+
+    def __init__(self, storage: CheckpointStorage, local: Path, parallelism: int, *, changelog: bool = False,
+                 restore_from=None, source=None):
+        self.storage, self.local, self.parallelism = storage, local, parallelism
+        self.coordinator = CheckpointCoordinator(storage, num_retained=100)
+        self.backends = [RocksDBStateBackend(storage, "wallets", i, parallelism=parallelism, max_parallelism=32,
+                                             local_dir=local, changelog=ChangelogOptions(enabled=changelog))
+                         for i in range(parallelism)]
+        for b in self.backends:
+            b.restore(restore_from, source=source, claim_mode="NO_CLAIM" if source else "CLAIM")
+
+    def batch(self, df: pd.DataFrame) -> int:
+        owner = subtasks_of(df["account"].tolist(), 32, self.parallelism)
+        for i, b in enumerate(self.backends):
+            wallets_process(df[owner == i], b)
+        return take_checkpoint(self.coordinator, self.backends).checkpoint_id
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+
+
+def expected(storage: CheckpointStorage, a, b, a_storage=None) -> pd.DataFrame:
+    """The pandas comparison of the two full exports, as a user would write it."""
+    old = api.read_state((a_storage or storage).url, (a_storage or storage).job_id, WALLETS, a)
+    new = api.read_state(storage.url, storage.job_id, WALLETS, b)
+    merged = old.merge(new, on="account", how="outer", suffixes=("_old", ""), indicator=True)
+    value_cols = ["balance", "tags", "history"]
+    differs = pd.Series(False, index=merged.index)
+    for c in value_cols:
+        differs |= merged[c].astype(str) != merged[f"{c}_old"].astype(str)
+    change = merged["_merge"].map({"left_only": "removed", "right_only": "added", "both": "changed"})
+    merged["change"] = change.astype(str)
+    keep = (merged["_merge"] != "both") | differs
+    return merged[keep][["account", "change"]].sort_values("account").reset_index(drop=True)
+
+
+def same_rows(diff: pd.DataFrame, want: pd.DataFrame, storage: CheckpointStorage, a, b) -> None:
+    got = list(diff[["account", "change"]].itertuples(index=False, name=None))
+    assert got == list(want.itertuples(index=False, name=None)), (diff, want)
+    old = api.read_state(storage.url, storage.job_id, WALLETS, a).set_index("account") if isinstance(a, int) else None
+    new = api.read_state(storage.url, storage.job_id, WALLETS, b).set_index("account")
+    for row in diff.itertuples(index=False):
+        if row.change != "removed":
+            assert row.balance == new.loc[row.account, "balance"] and row.history == new.loc[row.account, "history"]
+        if row.change == "changed" and old is not None:
+            assert row.balance_old == old.loc[row.account, "balance"]
+            assert row.tags_old == old.loc[row.account, "tags"]
+
+
+@pytest.mark.parametrize("changelog", [False, True], ids=["sst", "changelog"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_diff_of_two_checkpoints_equals_the_pandas_comparison_of_their_exports(
+        tmp_path: Path, local_storage: CheckpointStorage, seed: int, changelog: bool):
+    rng = random.Random(seed)
+    job = Job(local_storage, tmp_path / "local", 2, changelog=changelog)
+    ids = [job.batch(workload(rng, 400, 150))]
+    for _ in range(5):
+        ids.append(job.batch(workload(rng, rng.choice([5, 40, 200]), 150)))
+        if rng.random() < 0.3:
+            for b in job.backends:
+                b.compact()  # compaction rewrites SSTs: the differing files then hold unchanged keys too
+    job.close()
+    methods = []
+    for a, b in [(ids[0], ids[-1]), (ids[2], ids[3]), (ids[-1], ids[1]), (ids[4], ids[4]), (ids[4], ids[5])]:
+        result = diff_snapshots(locate(a, local_storage), locate(b, local_storage), WALLETS)
+        assert result.method == CHANGED_FILES or result.reason == "the snapshots share no file"  # compacted since
+        methods.append(result.method)
+        same_rows(result.table, expected(local_storage, a, b), local_storage, a, b)
+        full = diff_snapshots(locate(a, local_storage), locate(b, local_storage), WALLETS, method=FULL)
+        assert full.method == FULL
+        pd.testing.assert_frame_equal(result.table.astype(str), full.table.astype(str))
+    assert CHANGED_FILES in methods
+
+
+def test_two_close_checkpoints_are_diffed_without_reading_the_files_they_share(
+        tmp_path: Path, local_storage: CheckpointStorage):
+    rng = random.Random(7)
+    job = Job(local_storage, tmp_path / "local", 2)
+    job.batch(workload(rng, 3000, 1000))
+    first = job.batch(workload(rng, 20, 1000))
+    second = job.batch(workload(rng, 20, 1000))  # its task-local copy stays in tmp_path/local
+    job.close()
+    result = diff_snapshots(locate(first, local_storage), locate(second, local_storage), WALLETS,
+                            local_dir=tmp_path / "local")
+    assert result.method == CHANGED_FILES
+    assert result.shared_bytes > 5 * result.changed_bytes and result.bytes_scanned == result.changed_bytes
+    old, new = (locate(c, local_storage).meta.operators["wallets"] for c in (first, second))
+    only_old = {f.path: f.size for h in old.subtasks for f in h.files()}
+    for h in new.subtasks:
+        for f in h.files():
+            only_old.pop(f.path, None)
+    assert 0 < result.bytes_read <= sum(only_old.values())  # the rest is the task-local copy of `second`
+    same_rows(result.table, expected(local_storage, first, second), local_storage, first, second)
+    without_copy = diff_snapshots(locate(first, local_storage), locate(second, local_storage), WALLETS)
+    assert without_copy.bytes_local == 0 and without_copy.table.equals(result.table)
+
+
+def test_a_rescale_and_a_savepoint_are_diffed_by_full_exports(tmp_path: Path, local_storage: CheckpointStorage):
+    rng = random.Random(3)
+    job = Job(local_storage, tmp_path / "local", 2)
+    job.batch(workload(rng, 500, 200))
+    before = job.batch(workload(rng, 100, 200))
+    job.close()
+    saved = take_savepoint(local_storage, target=f"{local_storage.url}/sp-1")
+    rescaled = Job(local_storage, tmp_path / "local3", 3, restore_from=locate(before, local_storage).meta)
+    after = rescaled.batch(workload(rng, 100, 200))
+    rescaled.close()
+
+    across = diff_snapshots(locate(before, local_storage), locate(after, local_storage), WALLETS)
+    assert across.method == FULL and "rescale" in across.reason
+    same_rows(across.table, expected(local_storage, before, after), local_storage, before, after)
+
+    table = api.diff_state(local_storage.url, local_storage.job_id, WALLETS, saved.url, after)
+    assert table.attrs["method"] == FULL and "savepoint" in table.attrs["reason"]
+    same_rows(table, expected(local_storage, before, after), local_storage, before, after)
+    assert api.diff_state(local_storage.url, "job", WALLETS, saved.url, f"{local_storage.job_url}/chk-{before}").empty
+
+
+def test_ids_and_urls_name_the_same_snapshots(local_storage: CheckpointStorage, tmp_path: Path):
+    rng = random.Random(5)
+    job = Job(local_storage, tmp_path / "local", 1)
+    a, b = job.batch(workload(rng, 200, 50)), job.batch(workload(rng, 30, 50))
+    job.close()
+    by_id = api.diff_state(local_storage.url, "job", WALLETS, a, b)
+    by_url = api.diff_state(local_storage.url, "job", WALLETS, f"{local_storage.job_url}/chk-{a}",
+                            f"{local_storage.job_url}/chk-{b}/_metadata")
+    assert by_id.attrs["method"] == by_url.attrs["method"] == CHANGED_FILES
+    assert by_id.equals(by_url) and len(by_id)
+    assert set(by_id.columns) == {"account", "balance", "tags", "history", "change", "balance_old", "tags_old",
+                                  "history_old"}
+
+
+def test_cli_writes_json_csv_and_parquet(local_storage: CheckpointStorage, tmp_path: Path, capsys, monkeypatch):
+    rng = random.Random(9)
+    job = Job(local_storage, tmp_path / "local", 2)
+    a, b = job.batch(workload(rng, 200, 60)), job.batch(workload(rng, 30, 60))
+    job.close()
+    monkeypatch.setattr("sparkpoint.state.sample.operator_by_name", lambda name: WALLETS)
+    base = ["diff", "--checkpoints", local_storage.url, "--job-id", "job", "--operator", "wallets",
+            "--from", str(a), "--to", str(b)]
+    assert main([*base, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = expected(local_storage, a, b)
+    assert out["method"] == "changed files" and out["from"]["checkpoint_id"] == a and out["to"]["checkpoint_id"] == b
+    assert [(r["account"], r["change"]) for r in out["rows"]] == list(want.itertuples(index=False, name=None))
+    assert out["changes"] == {c: int((want["change"] == c).sum()) for c in ("added", "removed", "changed")}
+    assert main([*base, "--out", str(tmp_path / "d.parquet")]) == 0
+    assert list(pd.read_parquet(tmp_path / "d.parquet")["account"]) == list(want["account"])
+    assert main(base) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("account,balance,tags,history,change,") and "changed files" in captured.err
+
+
+def test_errors_say_what_is_wrong(local_storage: CheckpointStorage, tmp_path: Path, capsys):
+    job = Job(local_storage, tmp_path / "local", 1)
+    a = job.batch(workload(random.Random(1), 50, 20))
+    job.close()
+    other = KeyedOperator("nobody", "account", wallets_process, wallets_export)
+    with pytest.raises(OperatorStateMismatch, match="no operator 'nobody'.*wallets"):
+        api.diff_state(local_storage.url, "job", other, a, a)
+    with pytest.raises(CheckpointNotFound, match="checkpoint 9 does not exist"):
+        api.diff_state(local_storage.url, "job", WALLETS, a, 9)
+    with pytest.raises(CheckpointNotFound):
+        api.diff_state(local_storage.url, "job", WALLETS, a, f"file://{tmp_path}/nowhere/chk-1")
+    base = ["diff", "--checkpoints", local_storage.url, "--job-id", "job", "--operator", "user_totals"]
+    assert main([*base, "--from", str(a), "--to", "7"]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_sst_reader_lists_puts_deletes_and_range_deletes(tmp_path: Path):
+    from sparkpoint.state.rocksdb import RocksDBOptions, open_db
+
+    db = open_db(str(tmp_path / "db"), ["s"], RocksDBOptions(), create=True)
+    cf = db.get_column_family("s")
+    for i in range(5000):
+        cf.put(b"k%05d" % i, b"v" * (i % 50))
+    cf.delete(b"k00007")
+    cf.delete(b"absent")
+    cf.delete_range(b"k01000", b"k01100")
+    cf.flush(True)
+    names = [f["name"] for f in db.live_files()]
+    db.close()
+    found = read_sst_keys(str(tmp_path / "db") + names[0])
+    assert found.column_family == "s"
+    assert b"k00007" in found.keys and b"absent" in found.keys and b"k04999" in found.keys
+    assert found.ranges == [(b"k01000", b"k01100")]
