@@ -9,7 +9,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_the_schema_evolution_example_of_the_readme_runs():
-    section = README.read_text().split("### Schema evolution", 1)[1].split("\n## ", 1)[0]
+    section = README.read_text().split("### Schema evolution", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks
     namespace: dict[str, object] = {}
