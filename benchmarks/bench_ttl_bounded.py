@@ -11,16 +11,18 @@ parallelism 2, changelog checkpoints, the defaults), on the same files:
 * ttl: `StateTtl(TTL_BATCHES x BATCH_SECONDS, clock="event")`: a key not written for 10 batches
   of event time expires, and the bounded sweep (`sparkpoint.state.handles.SWEEP_LIMIT` entries
   per state, subtask and batch) deletes it;
-* no-ttl: the same operator without a TTL.
+* no-ttl: the same operator without a TTL;
+* ttl/files, no-ttl/files: the same two with changelog checkpoints off (RocksDB files only).
 
-Per checkpoint, from `BatchReport` and the checkpoint's `_metadata`: live state bytes
-(`state_size`: what a restore reads), bytes uploaded (`checkpointed_size`), the live bytes split
-into RocksDB SSTs, changelog files and the rest, the state's entries and what the TTL sweep
+Per checkpoint, from `BatchReport` and the checkpoint's `_metadata`: the bytes a restore reads
+(its handles' files: RocksDB SSTs, changelog files, the rest), `state_size` (every file the
+checkpoint references: those, plus the staged slices of a materialization in progress), bytes
+uploaded (`checkpointed_size`), the state's entries and what the TTL sweep
 removed (the subtasks' `facts`; RocksDB's estimate above `EXACT_UP_TO` entries per subtask).
 Bytes are exact, timings noisy (2 shared cores); `--repeat N` runs each variant N times
 (alternating) and the tables show per-batch medians.
 
-Run (about 6 minutes with --repeat 2; --quick: 12 batches of 500 keys, a smoke test):
+Run (about 10 minutes with --repeat 2; --quick: 12 batches of 500 keys, a smoke test):
 
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_ttl_bounded [--repeat 2] [--keys 5000]
 
@@ -106,10 +108,13 @@ def export_no_ttl(state: Any) -> pd.DataFrame:
     return _export(state, None)
 
 
-VARIANTS = {
-    "ttl": KeyedOperator("last_seen", key="key", columns=("ts", "amount"), process=update_ttl, export=export_ttl),
-    "no-ttl": KeyedOperator("last_seen", key="key", columns=("ts", "amount"), process=update_no_ttl,
-                            export=export_no_ttl),
+WITH_TTL = KeyedOperator("last_seen", key="key", columns=("ts", "amount"), process=update_ttl, export=export_ttl)
+WITHOUT_TTL = KeyedOperator("last_seen", key="key", columns=("ts", "amount"), process=update_no_ttl,
+                            export=export_no_ttl)
+# label -> (operator, changelog checkpoints); the default mode is changelog on
+VARIANTS: dict[str, tuple[KeyedOperator, bool]] = {
+    "ttl": (WITH_TTL, True), "no-ttl": (WITHOUT_TTL, True),
+    "ttl/files": (WITH_TTL, False), "no-ttl/files": (WITHOUT_TTL, False),
 }
 
 
@@ -147,9 +152,11 @@ def make_inputs(directory: Path, batches: int, keys: int, seed: int) -> list[int
 
 
 def live_breakdown(meta: Any) -> dict[str, int]:
-    """The files a restore of this checkpoint reads, by kind (bytes)."""
-    out = {"sst": 0, "changelog": 0, "other": 0, "changelog_files": 0}
+    """The files a restore of this checkpoint reads, by kind, their sum, and the staged slices of
+    a materialization in progress (kept by the checkpoint, read by no restore) (bytes)."""
+    out = {"sst": 0, "changelog": 0, "other": 0, "changelog_files": 0, "staged": 0}
     for handle in meta.subtask_handles():
+        out["staged"] += sum(f.size for f in handle.staged)
         for f in handle.files():
             if f.local_name.endswith(".sst"):
                 out["sst"] += f.size
@@ -158,15 +165,17 @@ def live_breakdown(meta: Any) -> dict[str, int]:
                 out["changelog_files"] += 1
             else:
                 out["other"] += f.size
+    out["restore"] = out["sst"] + out["changelog"] + out["other"]
     return out
 
 
 def run_variant(spark: Any, variant: str, inputs: Path, run_dir: Path) -> list[dict[str, Any]]:
     from sparkpoint.pipeline.driver import StatefulPipeline
 
-    spec = Pipeline(f"ttl-{variant}", [VARIANTS[variant]], input_url=f"file://{inputs}",
+    operator, changelog = VARIANTS[variant]
+    spec = Pipeline(f"ttl-{variant.replace('/', '-')}", [operator], input_url=f"file://{inputs}",
                     checkpoints_url=f"file://{run_dir / 'ckpt'}", local_dir=str(run_dir / "local"),
-                    parallelism=PARALLELISM, event_time="ts", allowed_lateness=0)
+                    parallelism=PARALLELISM, event_time="ts", allowed_lateness=0, changelog=changelog)
     pipeline = StatefulPipeline(spark, spec.config(), spec.operators)
     store = CompletedCheckpointStore(pipeline.storage)
     out = []
@@ -185,7 +194,8 @@ def run_variant(spark: Any, variant: str, inputs: Path, run_dir: Path) -> list[d
         })
         b = out[-1]
         if b["batch"] in SHOWN or b["batch"] % 10 == 0:
-            log(f"  {variant} #{b['batch']}: live {b['state_size'] / 1e6:.2f} MB (sst {b['live']['sst'] / 1e6:.2f}, "
+            log(f"  {variant} #{b['batch']}: state {b['state_size'] / 1e6:.2f} MB "
+                f"(staged {b['live']['staged'] / 1e6:.2f}, sst {b['live']['sst'] / 1e6:.2f}, "
                 f"changelog {b['live']['changelog'] / 1e6:.2f} in {b['live']['changelog_files']} files), uploaded "
                 f"{b['checkpointed_size'] / 1e3:.0f} kB, entries {b['entries']}, expired {b['expired_removed']}, "
                 f"{wall:.2f} s")
@@ -214,6 +224,9 @@ def summary(batches: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "batches": n,
         "live_last_over_batch20": by[n]["state_size"] / by[ref]["state_size"],
+        "restore_last_over_batch20": by[n]["live"]["restore"] / by[ref]["live"]["restore"],
+        "restore_max_over_batch20": max(b["live"]["restore"] for b in tail) / by[ref]["live"]["restore"],
+        "restore_min_over_batch20": min(b["live"]["restore"] for b in tail) / by[ref]["live"]["restore"],
         "uploaded_last_over_batch20": by[n]["checkpointed_size"] / by[ref]["checkpointed_size"],
         "live_max_over_batch20": max(b["state_size"] for b in tail) / by[ref]["state_size"],
         "uploaded_mean_from_20": statistics.fmean(b["checkpointed_size"] for b in tail),
@@ -241,32 +254,37 @@ def report(results: dict[str, Any]) -> str:
     med = results["median"]
     n = results["config"]["batches"]
     shown = [b for b in SHOWN if b <= n] + ([n] if n not in SHOWN else [])
-    rows = []
-    for b in shown:
-        t, f = med["ttl"][b - 1], med["no-ttl"][b - 1]
-        rows.append([str(b), kb(t["state_size"]), kb(t["checkpointed_size"]), f"{t['entries']:,.0f}",
-                     f"{t['expired_removed']:,.0f}", kb(f["state_size"]), kb(f["checkpointed_size"]),
-                     f"{f['entries']:,.0f}"])
-    out = [table(f"Per checkpoint, medians of {results['config']['repeat']} run(s) (kB; entries from the "
-                 "checkpoint's facts)",
-                 ["batch", "ttl live kB", "ttl uploaded kB", "ttl entries", "ttl expired", "no-ttl live kB",
-                  "no-ttl uploaded kB", "no-ttl entries"], rows)]
-    rows = []
-    for b in shown:
-        t = med["ttl"][b - 1]
-        rows.append([str(b), kb(t["live_sst"]), kb(t["live_changelog"]), f"{t['live_changelog_files']:.0f}",
-                     kb(t["live_other"])])
-    out.append(table("ttl: what the live bytes are (kB)", ["batch", "SSTs", "changelogs", "changelog files",
-                                                          "other"], rows))
+    out = []
+    for mode, suffix in (("changelog checkpoints (the default)", ""), ("RocksDB files only", "/files")):
+        rows = []
+        for b in shown:
+            t, f = med["ttl" + suffix][b - 1], med["no-ttl" + suffix][b - 1]
+            rows.append([str(b), kb(t["live_restore"]), kb(t["state_size"]), kb(t["checkpointed_size"]),
+                         f"{t['entries']:,.0f}", f"{t['expired_removed']:,.0f}", kb(f["live_restore"]),
+                         kb(f["state_size"]), kb(f["checkpointed_size"]), f"{f['entries']:,.0f}"])
+        out.append(table(f"{mode}: per checkpoint, medians of {results['config']['repeat']} run(s) (kB; entries "
+                         "from the checkpoint's facts)",
+                         ["batch", "ttl restore", "ttl state_size", "ttl uploaded", "ttl entries", "ttl expired",
+                          "no-ttl restore", "no-ttl state_size", "no-ttl uploaded", "no-ttl entries"], rows))
+    for variant in ("ttl", "ttl/files"):
+        rows = []
+        for b in shown:
+            t = med[variant][b - 1]
+            rows.append([str(b), kb(t["live_sst"]), kb(t["live_changelog"]), f"{t['live_changelog_files']:.0f}",
+                         kb(t["live_other"]), kb(t["live_staged"])])
+        out.append(table(f"{variant}: what the checkpoint's bytes are (kB)",
+                         ["batch", "SSTs", "changelogs", "changelog files", "other", "staged slices"], rows))
     rows = []
     for variant, runs in results["runs"].items():
         for k, run in enumerate(runs):
             s = summary(run)
-            rows.append([variant, str(k + 1), f"{s['live_last_over_batch20']:.2f}",
-                         f"{s['live_max_over_batch20']:.2f}", f"{s['uploaded_last_over_batch20']:.2f}",
+            rows.append([variant, str(k + 1), f"{s['restore_last_over_batch20']:.2f}",
+                         f"{s['restore_min_over_batch20']:.2f}-{s['restore_max_over_batch20']:.2f}",
+                         f"{s['live_last_over_batch20']:.2f}", f"{s['uploaded_last_over_batch20']:.2f}",
                          kb(s["uploaded_mean_from_20"]), kb(s["uploaded_max_from_20"]), f"{s['wall_s_median']:.2f}"])
     out.append(table(f"Batch {n} ÷ batch 20 per run (goal for ttl: ≤ 1.2)",
-                     ["variant", "run", "live last/20", "live max/20", "uploaded last/20", "uploaded mean kB (20+)",
+                     ["variant", "run", "restore last/20", "restore min-max/20 (20+)", "state_size last/20",
+                      "uploaded last/20", "uploaded mean kB (20+)",
                       "uploaded max kB (20+)", "batch s (median)"], rows))
     return "\n".join(out)
 
@@ -296,17 +314,17 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="sparkpoint-ttl-"))
-    runs: dict[str, list[list[dict[str, Any]]]] = {"ttl": [], "no-ttl": []}
+    runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in VARIANTS}
     spark = spark_session("local[2]", app_name="bench_ttl_bounded")
     try:
         inputs = work / "in"
         rows = make_inputs(inputs, args.batches, args.keys, args.seed)
         log(f"{args.batches} batches of {args.keys:,} keys in {inputs}")
         for k in range(args.repeat):
-            order = ["ttl", "no-ttl"] if k % 2 == 0 else ["no-ttl", "ttl"]
+            order = list(VARIANTS) if k % 2 == 0 else list(reversed(VARIANTS))
             for variant in order:
                 log(f"run {k + 1}: {variant}")
-                runs[variant].append(run_variant(spark, variant, inputs, work / f"{variant}-{k}"))
+                runs[variant].append(run_variant(spark, variant, inputs, work / f"{variant.replace('/', '-')}-{k}"))
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
