@@ -68,6 +68,8 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_startup
 	$(BIN)/python -m benchmarks.bench_scale --large
 	$(BIN)/python -m benchmarks.bench_vs_spark --ours-setting ours-files:state.backend.changelog.enabled=false
+	$(BIN)/python -m benchmarks.bench_ttl_bounded
+	$(BIN)/python -m benchmarks.bench_timers_vs_spark
 
 clean:
 	rm -rf $(VENV) .sparkpoint
