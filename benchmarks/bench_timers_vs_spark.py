@@ -39,8 +39,13 @@ batches, its no-data batches included). The live state at the end is what a rest
 compared with each other and with a pandas recomputation from the input (sessions whose last
 click + GAP is at or below the final watermark).
 
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_timers_vs_spark            # ~25 min
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_timers_vs_spark --quick    # ~2 min
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_timers_vs_spark            # ~10^6 timers
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_timers_vs_spark --users 8000 --batches 25 --repeat 2
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_timers_vs_spark --quick    # ~2 min, smoke test
+
+The default (40,000 users x 50 files, about 2 million events) has not been run on this machine:
+from the second line's run (~10^5 timers, 16 minutes for two runs of each job) it would take
+about an hour, two thirds of it Spark's.
     ... --example DIR   # the sessions example's project directory (default examples/sessions)
 
 Prints a table, writes benchmarks/results/timers_vs_spark.json (timers_vs_spark_quick.json).
