@@ -146,7 +146,7 @@ class SparkpointBatchOperator(SparkpointOperator):
         self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
                       attempt.attempt_id)
         return {"attempt_id": attempt.attempt_id, "checkpoint_id": attempt.checkpoint_id,
-                "operators": {op.name: attempt.operator_summary(op.name) for op in driver.operators}}
+                "operators": {op.name: attempt.operator_summary(op.uid) for op in driver.operators}}
 
 
 class SparkpointCheckpointOperator(SparkpointOperator):

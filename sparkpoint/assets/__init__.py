@@ -97,10 +97,11 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             if empty:
                 context.log.warning(empty)
             return
-        for name, key in scope.sstable_keys.items():
+        for name, key in scope.sstable_keys.items():  # asset keys by display name, state by uid
             if key not in context.selected_asset_keys:
                 continue
-            yield dg.MaterializeResult(asset_key=key, metadata=sstable_metadata(attempt.operator_summary(name)))
+            summary = attempt.operator_summary(pipeline.operator(name).uid)
+            yield dg.MaterializeResult(asset_key=key, metadata=sstable_metadata(summary))
 
     output_specs = [dg.AssetSpec(
         scope.output_key, group_name=scope.group_name, skippable=True, deps=[scope.checkpoint_key],

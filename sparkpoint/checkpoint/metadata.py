@@ -35,6 +35,8 @@ FORMAT_NAME = "sparkpoint-checkpoint"
 # Version 4: a subtask may list `staged` files, the slices of a materialization in progress that
 # no restore reads yet but that must live as long as the checkpoint (an older reader would drop
 # them from its registry and delete them); written only when some subtask has them.
+# An operator may carry `name`, its display name beside the uid it is keyed by: older readers
+# ignore it, and nothing they do depends on it, so it needs no version of its own.
 FORMAT_VERSION = 4
 CHAIN_VERSION = 3
 CHAIN_FREE_VERSION = 2
@@ -178,8 +180,13 @@ class SubtaskStateHandle:
 
 @dataclass(frozen=True)
 class OperatorState:
+    """One operator's state in a checkpoint, under its uid (the key in `operators`)."""
+
     max_parallelism: int
     subtasks: tuple[SubtaskStateHandle, ...]
+    # The operator's display name when the checkpoint was taken (so an upgrade can say "renamed");
+    # None in files written before sparkpoint recorded it: the name was the uid then.
+    name: str | None = None
 
     @property
     def parallelism(self) -> int:
@@ -241,6 +248,10 @@ class CheckpointMetadata:
     def is_savepoint(self) -> bool:
         return self.kind == "savepoint"
 
+    def operator_name(self, uid: str) -> str:
+        """The display name operator `uid` had when this checkpoint was taken."""
+        return self.operators[uid].name or uid
+
     def subtask_handles(self) -> Iterator[SubtaskStateHandle]:
         for op in self.operators.values():
             yield from op.subtasks
@@ -291,11 +302,12 @@ class CheckpointMetadata:
             "source_offsets": self.source_offsets,
             "stats": self.stats.to_json(),
             "operators": {
-                name: {
+                uid: {
                     "max_parallelism": op.max_parallelism,
                     "subtasks": [h.subtask_json() for h in op.subtasks],
+                    **({"name": op.name} if op.name is not None else {}),
                 }
-                for name, op in sorted(self.operators.items())
+                for uid, op in sorted(self.operators.items())
             },
         }
 
@@ -647,7 +659,8 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         gap = coverage_problem([s.key_group_range for s in subtasks], max_p)
         if gap:
             raise v.fail(f"{name}.subtasks", gap)
-        operators[op_name] = OperatorState(max_parallelism=max_p, subtasks=subtasks)
+        display = _operator_name(v, v.string(op_obj, "name", name), f"{name}.name") if "name" in op_obj else None
+        operators[op_name] = OperatorState(max_parallelism=max_p, subtasks=subtasks, name=display)
     if not operators:
         raise v.fail("operators", "is empty: the checkpoint would restore no state at all")
     meta = CheckpointMetadata(

@@ -85,10 +85,11 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         if report.batch is not None:
             batch, meta = report.batch
             why = f"re-processed by the recovery of run {failed_id}" if failed_id else "re-processed by recovery"
-            for name, key in scope.sstable_keys.items():
+            for name, key in scope.sstable_keys.items():  # asset keys by display name, state by uid
+                handles = meta.operators[pipeline.operator(name).uid].subtasks
                 context.log_event(dg.AssetMaterialization(
                     asset_key=key, description=why,
-                    metadata=sstable_metadata(snapshot_summary(meta.operators[name].subtasks, meta.checkpoint_id))))
+                    metadata=sstable_metadata(snapshot_summary(handles, meta.checkpoint_id))))
             context.log_event(dg.AssetMaterialization(
                 asset_key=scope.checkpoint_key, description=why,
                 metadata=checkpoint_metadata(driver.storage, batch, meta, recovered_run=failed_id or None),

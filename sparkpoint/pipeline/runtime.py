@@ -21,6 +21,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
+from sparkpoint.pipeline.upgrade import RestorePlan, plan_restore
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
@@ -163,9 +164,9 @@ class PipelineCore:
 
     def __init__(self, spark: Any, config: PipelineConfig, operators: tuple[KeyedOperator, ...] = SAMPLE_OPERATORS):
         validate_config(config)
-        names = [op.name for op in operators]
-        if len(set(names)) != len(names):
-            raise PipelineError(f"operator names must be unique, got {names}")
+        for what, values in (("names", [op.name for op in operators]), ("uids", [op.uid for op in operators])):
+            if len(set(values)) != len(values):
+                raise PipelineError(f"operator {what} must be unique, got {values}")
         self.spark = spark
         self.config = config
         self.operators = tuple(operators)
@@ -177,6 +178,10 @@ class PipelineCore:
             if config.output_url
             else None
         )
+
+    def operator_names(self) -> dict[str, str]:
+        """Each operator's display name by its uid (what `_metadata` records beside the state)."""
+        return {op.uid: op.name for op in self.operators}
 
     def consumed_files(self) -> tuple[str, ...]:
         """The input files the latest checkpoint has consumed (none before the first)."""
@@ -312,33 +317,25 @@ class PipelineCore:
             raise PipelineError(report.lost[0])
         return bool(report.repaired) and not report.unrepairable
 
+    def plan_for(self, meta: CheckpointMetadata) -> RestorePlan:
+        """What restoring `meta` into this job does per operator uid, and whether it is allowed."""
+        c = self.config
+        return plan_restore(meta, self.operators, parallelism=c.parallelism, max_parallelism=c.max_parallelism,
+                            allow_non_restored_state=c.allow_non_restored_state,
+                            allow_new_operators=c.allow_new_operators)
+
+    def restore_plan(self) -> RestorePlan | None:
+        """What the next start would restore (None: it starts empty), from `_metadata` alone: the
+        decision `sparkpoint run` says before Spark starts."""
+        start, _, _ = self._starting_point()
+        return self.plan_for(start.metadata) if start.metadata is not None else None
+
     def _check_operators(self, meta: CheckpointMetadata) -> None:
-        """The checkpoint must hold exactly the job's operators, at its max parallelism, unless the
-        user allows the difference (Flink's --allowNonRestoredState, and new operators)."""
-        have, want = set(meta.operators), {op.name for op in self.operators}
-        problems = []
-        if want - have and not self.config.allow_new_operators:
-            problems.append(
-                f"it has no state for {', '.join(sorted(want - have))} (these would start empty: allow with "
-                "--allow-new-operators)"
-            )
-        if have - want and not self.config.allow_non_restored_state:
-            problems.append(
-                f"it holds state of {', '.join(sorted(have - want))}, which this job does not run (it would be "
-                "dropped: allow with --allow-non-restored-state)"
-            )
-        for name in sorted(have & want):
-            if meta.operators[name].max_parallelism != self.config.max_parallelism:
-                problems.append(
-                    f"{name} has max parallelism {meta.operators[name].max_parallelism}, this job "
-                    f"{self.config.max_parallelism} (run with --max-parallelism "
-                    f"{meta.operators[name].max_parallelism})"
-                )
-        if problems:
-            raise OperatorStateMismatch(
-                f"checkpoint {meta.checkpoint_id} does not fit this job's operators "
-                f"({', '.join(sorted(want))}): " + "; ".join(problems)
-            )
+        """The checkpoint must hold exactly the job's operators (by uid), at its max parallelism,
+        unless the user allows the difference (Flink's --allowNonRestoredState, and new operators)."""
+        plan = self.plan_for(meta)
+        if not plan.ok:
+            raise OperatorStateMismatch(plan.refusal(op.name for op in self.operators))
 
     def _settle_sink(self, start: _Start) -> None:
         """Finish the sink commit of the checkpoint we resume from, drop abandoned staging."""

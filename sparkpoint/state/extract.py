@@ -148,7 +148,7 @@ def state_table(
         raise MetadataError(f"{storage.job_url} holds no completed checkpoint")
     meta = store.load(checkpoint if checkpoint is not None else ids[0])
     try:
-        with operator_states(storage, meta, op.name, progress=progress) as backends:
+        with operator_states(storage, meta, op.uid, progress=progress) as backends:
             table = export_table(op, backends)
     except CheckpointCorrupted as e:
         raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e

@@ -53,9 +53,15 @@ class KeyedOperator:
     # Writes the initial state from one subtask's rows of an initial table (keyed by `key`, every
     # column of the table) into an empty state: `sparkpoint bootstrap` turns it into a savepoint.
     bootstrap: BootstrapFn | None = None
+    # What checkpoints key this operator's state by (`_metadata`, `shared/<uid>/`, the registry,
+    # local directories); None: the name (a str once constructed). Keep it when renaming the
+    # operator, and its state stays with it.
+    uid: str = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        validate_name(self.name, "operator name")  # it names directories and output files
+        validate_name(self.name, "operator name")  # it names output files and the orchestrator's assets
+        object.__setattr__(self, "uid", validate_name(self.uid if self.uid is not None else self.name,
+                                                      "operator uid"))  # it names directories
         pairs = self.schema.items() if isinstance(self.schema, Mapping) else self.schema
         object.__setattr__(self, "schema", tuple((str(c), str(t)) for c, t in pairs))
 
