@@ -162,7 +162,9 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
 
     checkpoint = dg.define_asset_job(
         scope.name("checkpoint"), tags=tags,
-        selection=dg.AssetSelection.assets(*scope.sstable_keys.values(), scope.checkpoint_key).downstream(),
+        # The upgrade pre-flight (a blocking check on the input) runs first and gates the SSTable step.
+        selection=dg.AssetSelection.assets(*scope.sstable_keys.values(), scope.checkpoint_key).downstream()
+        | dg.AssetSelection.checks_for_assets(scope.input_key),
         description=f"Materialize `{pipeline.name}`'s SSTable and checkpoint assets: one batch, one checkpoint",
         executor_def=dg.in_process_executor,
     )
