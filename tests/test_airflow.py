@@ -80,8 +80,8 @@ def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
 
     first = dag.test()
-    assert states(first) == {"batch": "success", "checkpoint": "success", "prune": "success", "verify": "success",
-                             "recover": "skipped"}, states(first)
+    assert states(first) == {"check_upgrade": "success", "batch": "success", "checkpoint": "success",
+                             "prune": "success", "verify": "success", "recover": "skipped"}, states(first)
     assert storage.completed_checkpoint_ids() == [1]
     for point, cid in (("before-upload", 2), ("after-upload", 3), ("before-commit", 4)):
         run = dag.test(run_conf={"sparkpoint_inject_failure": point})
@@ -161,11 +161,13 @@ def test_the_provider_is_registered_and_the_dag_has_its_shape(tmp_path: Path):
     (tmp_path / "in").mkdir()
     dag = sparkpoint_dag(pipeline_at(tmp_path), on_landing=True)
     assert dag.dag_id == "sparkpoint_sample_af" and dag.max_active_runs == 1
-    assert set(dag.task_ids) == {"wait_for_batch", "batch", "checkpoint", "prune", "verify", "recover"}
+    assert set(dag.task_ids) == {"check_upgrade", "wait_for_batch", "batch", "checkpoint", "prune", "verify",
+                                 "recover"}
     outlets = dag.get_task("checkpoint").outlets
     assert [a.uri for a in outlets] == ["sparkpoint://job/checkpoint"]
     assert dag.get_task("recover").trigger_rule == "one_failed"  # a str enum
     assert dag.get_task("batch").upstream_task_ids == {"wait_for_batch"}
+    assert dag.get_task("wait_for_batch").upstream_task_ids == {"check_upgrade"}, "the pre-flight comes first"
 
 
 def test_credentials_come_from_an_airflow_connection(monkeypatch: pytest.MonkeyPatch):
