@@ -330,3 +330,15 @@ def test_the_dagster_preflight_blocks_a_refused_upgrade_before_the_sstable_step(
     assert check.passed and "1 renamed" in (check.description or ""), check.description
     assert passed.success
     assert CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "shop")).checkpoint_ids() == [2, 1]
+
+
+def test_the_readme_rename_example_keeps_the_uid():
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Upgrading your pipeline", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    namespace: dict[str, Any] = {"KeyedOperator": KeyedOperator, "add_spend": shop.add_spend,
+                                 "export_spend": shop.export_spend}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert (namespace["spend"].name, namespace["spend"].uid) == ("customer_spend", "spend")
