@@ -411,7 +411,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{info['files_reused']} reused)")
     if info["watermark"] is not None:
         print(f"  watermark {info['watermark']}")
-    for name, op in info["operators"].items():
+    for uid, op in info["operators"].items():
+        name = uid if op["name"] == uid else f"{op['name']} (uid {uid})"
         _table(
             f"operator {name}: parallelism {op['parallelism']}, max parallelism {op['max_parallelism']}",
             ["subtask", "key groups", "files", "size"],
