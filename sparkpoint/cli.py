@@ -1,8 +1,10 @@
 """The `sparkpoint` command: generate, run, state, diff, verify, gc, list, inspect, registry, restore, savepoint,
 bootstrap.
 
-Exit status: 0 fine, 1 `verify` found bad files, 2 bad input (the message says what to fix),
-3 the work failed while running (e.g. a Spark task raised; the message names the cause).
+Also `check-upgrade`: what restoring a checkpoint into a changed pipeline would do, before running it.
+Exit status: 0 fine, 1 `verify` found bad files or `check-upgrade` a restore that would be refused,
+2 bad input (the message says what to fix), 3 the work failed while running (e.g. a Spark task
+raised; the message names the cause).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from sparkpoint.checkpoint.catalog import existing_store
-from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.errors import OperatorStateMismatch, SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
 from sparkpoint.checkpoint.progress import ProgressFn
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
 EXIT_BAD_FILES = 1
+EXIT_REFUSED = 1  # check-upgrade: the restore would be refused
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
@@ -201,6 +204,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             chosen[key] = storage_url(chosen[key]) if key != "local_dir" else chosen[key]
     config = pipeline_spec.config(**chosen)
     pipeline = StatefulPipeline(None, config, pipeline_spec.operators)  # checks input and storage before Spark
+    plan = pipeline.restore_plan()  # from `_metadata` alone: a refused restore stops here, nothing written
+    if plan is not None:
+        if not plan.ok:
+            raise OperatorStateMismatch(plan.refusal(op.name for op in pipeline.operators))
+        print(f"sparkpoint run: {plan.decision()}", file=sys.stderr if args.json else sys.stdout, flush=True)
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
     pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
                                   {op.name: op.input_columns() for op in pipeline.operators})
@@ -241,6 +249,46 @@ def cmd_run(args: argparse.Namespace) -> int:
     if empty:
         print(f"sparkpoint run: warning: {empty}", file=sys.stderr)
     return 0
+
+
+def cmd_check_upgrade(args: argparse.Namespace) -> int:
+    """What restoring a checkpoint into the pipeline given would do, from its `_metadata` alone
+    (no Spark, no state file): the same plan `run` makes before it starts."""
+    from sparkpoint.pipeline.runtime import load_external_checkpoint, plan_for, restore_plan, validate_config
+
+    pipeline = _pipeline(args)
+    if args.source and (args.checkpoints or args.job_id):
+        raise UsageError("give --from, or --checkpoints and --job-id, not both")
+    if bool(args.checkpoints) != bool(args.job_id):
+        raise UsageError("--checkpoints and --job-id go together (without them: the pipeline's own job)")
+    overrides: dict[str, Any] = {k: v for k, v in {
+        "parallelism": args.parallelism, "max_parallelism": args.max_parallelism,
+        "allow_non_restored_state": args.allow_non_restored_state or None,
+        "allow_new_operators": args.allow_new_operators or None,
+        "storage_options": _storage_options(args.storage_options) if args.storage_options else None,
+    }.items() if v is not None}
+    if args.checkpoints:  # that job's latest checkpoint, as a run with these locations would restore it
+        overrides.update(checkpoints_url=storage_url(args.checkpoints), job_id=args.job_id, from_checkpoint=None)
+    config = pipeline.config(**overrides)
+    validate_config(config)
+    if args.source:
+        meta, _ = load_external_checkpoint(args.source, config.storage_options)
+        plan = plan_for(meta, config, pipeline.operators)
+    else:
+        plan = restore_plan(config, pipeline.operators)
+    if plan is None:
+        return _printed_plan(args, None, f"{config.checkpoints_url}/{config.job_id} holds no completed checkpoint "
+                                         "(and no --from-checkpoint is set): the job starts empty")
+    return _printed_plan(args, plan, "\n".join(plan.lines()))
+
+
+def _printed_plan(args: argparse.Namespace, plan: Any, text: str) -> int:
+    if args.json:
+        _print_json(plan.to_json() if plan is not None else {"checkpoint_id": None, "ok": True, "operators": [],
+                                                             "summary": text})
+    else:
+        print(text)
+    return 0 if plan is None or plan.ok else EXIT_REFUSED
 
 
 def cmd_state(args: argparse.Namespace) -> int:
@@ -422,7 +470,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{info['files_reused']} reused)")
     if info["watermark"] is not None:
         print(f"  watermark {info['watermark']}")
-    for name, op in info["operators"].items():
+    for uid, op in info["operators"].items():
+        name = uid if op["name"] == uid else f"{op['name']} (uid {uid})"
         _table(
             f"operator {name}: parallelism {op['parallelism']}, max parallelism {op['max_parallelism']}",
             ["subtask", "key groups", "files", "size"],
@@ -639,6 +688,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "timers fire, TTL state expires")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("check-upgrade", help="what restoring a checkpoint into a (new) pipeline would do, per "
+                       "operator, from its _metadata alone; exit 1 when the restore would be refused")
+    p.add_argument("--pipeline", required=True, metavar="MODULE:ATTR", help="the pipeline to restore into")
+    p.add_argument("--from", dest="source", metavar="CHECKPOINT_OR_SAVEPOINT_URL",
+                   help="<checkpoints-dir>/<job-id>/chk-<N> (or its _metadata)")
+    p.add_argument("--checkpoints", metavar="URL", help="with --job-id: that job's latest checkpoint "
+                   "(default without --from: the pipeline's own job, as `run` would restore it)")
+    p.add_argument("--job-id", metavar="ID")
+    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options (default: the pipeline's)")
+    p.add_argument("--parallelism", type=_positive, help="the new job's (default: the pipeline's)")
+    p.add_argument("--max-parallelism", type=_positive, help="the new job's (default: the pipeline's)")
+    p.add_argument("--allow-non-restored-state", action="store_true",
+                   help="as `run`: state of operators the pipeline lacks may be dropped")
+    p.add_argument("--allow-new-operators", action="store_true",
+                   help="as `run`: operators the checkpoint lacks may start empty")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_check_upgrade)
 
     p = sub.add_parser("state", help="export an operator's state at a checkpoint as a table")
     _job_args(p)

@@ -155,7 +155,7 @@ def check_latest(storage: CheckpointStorage) -> int:
     events = pd.concat([pd.read_parquet(Path(DEFAULT_INPUT) / name) for name in consumed], ignore_index=True)
     ok = True
     for op, expected in [(user_totals, _totals(events)), (item_reach, _reach(events))]:
-        with operator_states(storage, meta, op.name) as backends:
+        with operator_states(storage, meta, op.uid) as backends:
             got = pd.concat([op.export(b) for b in backends]).sort_values(op.key).reset_index(drop=True)
         same = _same(got, expected)
         ok &= same

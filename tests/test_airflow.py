@@ -80,8 +80,8 @@ def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
 
     first = dag.test()
-    assert states(first) == {"batch": "success", "checkpoint": "success", "prune": "success", "verify": "success",
-                             "recover": "skipped"}, states(first)
+    assert states(first) == {"check_upgrade": "success", "batch": "success", "checkpoint": "success",
+                             "prune": "success", "verify": "success", "recover": "skipped"}, states(first)
     assert storage.completed_checkpoint_ids() == [1]
     for point, cid in (("before-upload", 2), ("after-upload", 3), ("before-commit", 4)):
         run = dag.test(run_conf={"sparkpoint_inject_failure": point})
@@ -161,11 +161,13 @@ def test_the_provider_is_registered_and_the_dag_has_its_shape(tmp_path: Path):
     (tmp_path / "in").mkdir()
     dag = sparkpoint_dag(pipeline_at(tmp_path), on_landing=True)
     assert dag.dag_id == "sparkpoint_sample_af" and dag.max_active_runs == 1
-    assert set(dag.task_ids) == {"wait_for_batch", "batch", "checkpoint", "prune", "verify", "recover"}
+    assert set(dag.task_ids) == {"check_upgrade", "wait_for_batch", "batch", "checkpoint", "prune", "verify",
+                                 "recover"}
     outlets = dag.get_task("checkpoint").outlets
     assert [a.uri for a in outlets] == ["sparkpoint://job/checkpoint"]
     assert dag.get_task("recover").trigger_rule == "one_failed"  # a str enum
     assert dag.get_task("batch").upstream_task_ids == {"wait_for_batch"}
+    assert dag.get_task("wait_for_batch").upstream_task_ids == {"check_upgrade"}, "the pre-flight comes first"
 
 
 def test_credentials_come_from_an_airflow_connection(monkeypatch: pytest.MonkeyPatch):
@@ -191,3 +193,45 @@ def test_bad_pipeline_references_and_settings_fail_when_the_dag_is_parsed(tmp_pa
         sparkpoint_dag(pipeline_at(tmp_path), overrides={"state.nope": 1})
     dag = sparkpoint_dag(pipeline_at(tmp_path), overrides={"state.checkpoints.num-retained": "4"})
     assert dag.get_task("prune").ref.resolved().num_retained == 4  # type: ignore[attr-defined]
+
+
+def test_overrides_take_the_two_restore_settings_and_the_preflight_stops_a_refused_upgrade_first(tmp_path: Path):
+    from sparkpoint.airflow.operators import PipelineRef
+    from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+    from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+
+    ref = PipelineRef(pipeline_at(tmp_path), {"allow_new_operators": True,
+                                              "execution.state-recovery.ignore-unclaimed-state": "true"}, None)
+    config = ref.resolved().config()
+    assert config.allow_new_operators and config.allow_non_restored_state
+
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")  # both operators' state, without Spark
+    backends = [RocksDBStateBackend(storage, op.uid, i, parallelism=2, local_dir=tmp_path / "w")
+                for op in (user_totals, item_reach) for i in range(2)]
+    for b in backends:
+        b.restore(None)
+    take_checkpoint(CheckpointCoordinator(storage), backends,
+                    source_offsets={"source": {"version": 1, "consumed": []}, "sink": []})
+    for b in backends:
+        b.close()
+    generate(str(tmp_path / "in"), batches=1, events_per_batch=100, users=10, items=5, seed=1)
+    path = Path(_HOME, "dags", "sample_af_dropped.py")
+    path.write_text(
+        "from sparkpoint.airflow import sparkpoint_dag\n"
+        "from sparkpoint.sample import pipeline\n"
+        "from sparkpoint.state.sample import user_totals\n"
+        f"dag = sparkpoint_dag(pipeline.with_(name='sample_af', job_id='job', operators=(user_totals,), "
+        f"input_url={str(tmp_path / 'in')!r}, checkpoints_url={str(tmp_path / 'ckpt')!r}, "
+        f"local_dir={str(tmp_path / 'local')!r}), dag_id='sample_af_dropped')\n"
+    )
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sample_af_dropped", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = module.dag.test()
+    got = states(run)
+    assert got["check_upgrade"] == "failed" and got["batch"] == "upstream_failed", got
+    assert got["recover"] == "skipped", "nothing ran, nothing to recover"
+    assert storage.completed_checkpoint_ids() == [1]

@@ -140,7 +140,8 @@ VALID_BUT_HOSTILE = ["shared/user_totals/0/evil.sst", "chk-1/_metadata", "chk-2/
 FILE_FIELDS = ["path", "local_name", "size", "crc32", "created_by"]
 TOP_FIELDS = [("job_id",), ("checkpoint_id",), ("version",), ("format",), ("kind",), ("created_at",),
               ("stats", "state_size"), ("lineage",), ("unowned",), ("source_offsets",),
-              ("operators", "user_totals", "max_parallelism"), ("operators", "user_totals", "subtasks")]
+              ("operators", "user_totals", "max_parallelism"), ("operators", "user_totals", "subtasks"),
+              ("operators", "user_totals", "name")]
 
 
 @st.composite

@@ -7,8 +7,9 @@ integration, over the same orchestrator-neutral seam (`sparkpoint.pipeline`), fo
     dag = sparkpoint_dag(clicks, schedule="*/10 * * * *")
 
 Operators: `SparkpointBatchOperator` (the Spark half), `SparkpointCheckpointOperator` (completes
-it), `SparkpointRecoverOperator`, `SparkpointPruneOperator`, `SparkpointVerifyOperator`,
-`SparkpointSavepointOperator`, and `SparkpointLandingSensor`. Nothing else in sparkpoint imports
+it), `SparkpointUpgradeCheckOperator` (the upgrade pre-flight), `SparkpointRecoverOperator`,
+`SparkpointPruneOperator`, `SparkpointVerifyOperator`, `SparkpointSavepointOperator`, and
+`SparkpointLandingSensor`. Nothing else in sparkpoint imports
 this package; installing `sparkpoint[airflow]` registers it (`airflow providers list`).
 """
 
@@ -21,6 +22,7 @@ _HOMES = {
     "SparkpointBatchOperator": "sparkpoint.airflow.operators",
     "SparkpointCheckpointOperator": "sparkpoint.airflow.operators",
     "SparkpointRecoverOperator": "sparkpoint.airflow.operators",
+    "SparkpointUpgradeCheckOperator": "sparkpoint.airflow.operators",
     "SparkpointPruneOperator": "sparkpoint.airflow.operators",
     "SparkpointVerifyOperator": "sparkpoint.airflow.operators",
     "SparkpointSavepointOperator": "sparkpoint.airflow.operators",

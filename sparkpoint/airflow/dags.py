@@ -1,7 +1,12 @@
 """`sparkpoint_dag`: a pipeline as an Airflow DAG.
 
-    wait_for_batch (with on_landing) >> batch >> checkpoint >> [prune, verify]
-                                        [batch, checkpoint] >> recover (when one of them failed)
+    check_upgrade >> wait_for_batch (with on_landing) >> batch >> checkpoint >> [prune, verify]
+                                                        [batch, checkpoint] >> recover (when one of them failed)
+
+`check_upgrade` is the upgrade pre-flight, without Spark: it fails the run before any batch when
+the checkpoint's state would not map onto the operators (by uid), saying what would make it work
+(then `recover` skips: nothing ran); its XCom says whether the code version changed since the
+previous run.
 
 `batch` runs the Spark half and persists the attempt under the DAG run's id; `checkpoint`
 completes it and declares the asset `sparkpoint://<job>/checkpoint`, so downstream DAGs can be
@@ -27,6 +32,7 @@ from sparkpoint.airflow.operators import (
     SparkpointLandingSensor,
     SparkpointPruneOperator,
     SparkpointRecoverOperator,
+    SparkpointUpgradeCheckOperator,
     SparkpointVerifyOperator,
 )
 from sparkpoint.pipeline.spec import Pipeline
@@ -78,9 +84,13 @@ def sparkpoint_dag(
         if verify:
             checkpoint >> SparkpointVerifyOperator(task_id="verify", **common)
         recover = SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED,
-                                            orphan_grace_seconds=orphan_grace_seconds, **common, **spark)
+                                            orphan_grace_seconds=orphan_grace_seconds,
+                                            preflight_task_id="check_upgrade", **common, **spark)
         [batch, checkpoint] >> recover
+        check_upgrade = SparkpointUpgradeCheckOperator(task_id="check_upgrade", **common)
         if on_landing:
-            SparkpointLandingSensor(task_id="wait_for_batch", poke_interval=poke_interval, mode="reschedule",
-                                    **common) >> batch
+            check_upgrade >> SparkpointLandingSensor(task_id="wait_for_batch", poke_interval=poke_interval,
+                                                     mode="reschedule", **common) >> batch
+        else:
+            check_upgrade >> batch
     return dag

@@ -23,6 +23,7 @@ from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import finish_step, start_step
 from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.runtime import restore_plan
 from sparkpoint.pipeline.spec import Pipeline, load_pipeline
 
 LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id", "storage_options")
@@ -123,6 +124,30 @@ class SparkpointOperator(BaseOperator):
                              share=session_key(pipeline.effective_job_id, pipeline.operators) if self.remote else None)
 
 
+class SparkpointUpgradeCheckOperator(SparkpointOperator):
+    """The upgrade pre-flight, without Spark: whether the checkpoint the next batch restores maps
+    onto this code's operators (by uid), as `sparkpoint check-upgrade` says. Fails, naming what
+    would make it work, when the restore would be refused; its XCom says whether the code version
+    changed since the previous run and carries the plan."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        pipeline = self.resolved()
+        plan = restore_plan(pipeline.config(), pipeline.operators)
+        now = pipeline.code_version()
+        before = context["ti"].xcom_pull(task_ids=self.task_id, key="code_version", include_prior_dates=True)
+        changed = isinstance(before, str) and before != now
+        out = {"code_version": now, "code_changed": changed, "ok": plan is None or plan.ok,
+               "plan": plan.to_json() if plan is not None else None}
+        context["ti"].xcom_push(key="code_version", value=now)
+        context["ti"].xcom_push(key="ok", value=out["ok"])  # read by `recover`: nothing ran to recover
+        decision = plan.decision() if plan is not None else "no checkpoint to restore: the job starts empty"
+        if plan is not None and not plan.ok:
+            raise AirflowException(f"sparkpoint upgrade pre-flight: {decision}")
+        self.log.info("sparkpoint upgrade pre-flight%s: %s", f" (code version {before} -> {now})" if changed else "",
+                      decision)
+        return out
+
+
 class SparkpointBatchOperator(SparkpointOperator):
     """The Spark half of the next unconsumed batch: every subtask restores, applies its rows,
     snapshots and uploads; the attempt is persisted under this DAG run's id, which goes to XCom
@@ -146,7 +171,7 @@ class SparkpointBatchOperator(SparkpointOperator):
         self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
                       attempt.attempt_id)
         return {"attempt_id": attempt.attempt_id, "checkpoint_id": attempt.checkpoint_id,
-                "operators": {op.name: attempt.operator_summary(op.name) for op in driver.operators}}
+                "operators": {op.name: attempt.operator_summary(op.uid) for op in driver.operators}}
 
 
 class SparkpointCheckpointOperator(SparkpointOperator):
@@ -177,11 +202,15 @@ class SparkpointRecoverOperator(SparkpointOperator):
     (uploads no attempt record names) are swept only past `orphan_grace_seconds`: another writer
     of the same job (a CLI run) may be uploading right now."""
 
-    def __init__(self, *, orphan_grace_seconds: float = 3600.0, **kwargs: Any) -> None:
+    def __init__(self, *, orphan_grace_seconds: float = 3600.0, preflight_task_id: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.orphan_grace_seconds = orphan_grace_seconds
+        self.preflight_task_id = preflight_task_id
 
     def execute(self, context: Context) -> dict[str, Any]:
+        if self.preflight_task_id and context["ti"].xcom_pull(task_ids=self.preflight_task_id, key="ok") is False:
+            raise AirflowSkipException("the upgrade pre-flight refused the restore: no batch ran, nothing to recover")
         spark = self.spark()
         try:
             report = maintenance.recover(self.driver(spark), orphan_grace_seconds=self.orphan_grace_seconds)

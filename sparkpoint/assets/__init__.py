@@ -31,11 +31,16 @@ from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.attempt import Overtaken, finish_step_or_overtaken, start_step
 from sparkpoint.pipeline.maintenance import prune_due, recount, registry_counts, verify_latest
+from sparkpoint.pipeline.runtime import restore_plan
+from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, TICK_TAG, PipelineScope
 from sparkpoint.spark.sink import output_facts
 from sparkpoint.spark.source import ParquetDirectorySource
 
-__all__ = ["INJECT_TAG", "build_assets", "build_checks", "registry_matches", "run_lineage", "verifies"]
+__all__ = ["INJECT_TAG", "UPGRADE_CHECK", "build_assets", "build_checks", "preflight", "registry_matches",
+           "run_lineage", "verifies"]
+UPGRADE_CHECK = "upgrade_preflight"
+CODE_VERSION_TAG = "dagster/code_version"  # what Dagster tags a materialization of an asset with a code version
 
 
 def run_lineage(run: dg.DagsterRun) -> list[str]:
@@ -97,10 +102,11 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             if empty:
                 context.log.warning(empty)
             return
-        for name, key in scope.sstable_keys.items():
+        for name, key in scope.sstable_keys.items():  # asset keys by display name, state by uid
             if key not in context.selected_asset_keys:
                 continue
-            yield dg.MaterializeResult(asset_key=key, metadata=sstable_metadata(attempt.operator_summary(name)))
+            summary = attempt.operator_summary(pipeline.operator(name).uid)
+            yield dg.MaterializeResult(asset_key=key, metadata=sstable_metadata(summary))
 
     output_specs = [dg.AssetSpec(
         scope.output_key, group_name=scope.group_name, skippable=True, deps=[scope.checkpoint_key],
@@ -164,8 +170,19 @@ def report_overtaken(scope: PipelineScope, context: dg.AssetExecutionContext, lo
 
 def build_checks(scope: PipelineScope) -> list[dg.AssetChecksDefinition]:
     """The checkpoint's checks, run after each checkpoint (the first blocks what depends on it)
-    and on their own from the UI; the recovery run reports them for the checkpoint it makes."""
+    and on their own from the UI; the recovery run reports them for the checkpoint it makes. And
+    the upgrade pre-flight on the input, which the checkpoint job runs before its SSTable step
+    (blocking: a restore that would be refused stops the run before Spark starts)."""
     keys = scope.resource_keys("storage")
+
+    @dg.asset_check(asset=scope.input_key, name=UPGRADE_CHECK, blocking=True,
+                    required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
+                    description="Whether the latest checkpoint's state maps onto this code's operators (by uid): "
+                                "what `sparkpoint check-upgrade` reports, from _metadata alone")
+    def upgrade_preflight(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        config = scope.resources(context).config(scope.pipeline)
+        return preflight(scope, restore_plan(config, scope.pipeline.operators),
+                         last_code_version(context.instance, scope.checkpoint_key))
 
     @dg.asset_check(asset=scope.checkpoint_key, name="checkpoint_verifies", blocking=True,
                     required_resource_keys=keys, description="Every file of the latest checkpoint: size, CRC32")
@@ -177,7 +194,32 @@ def build_checks(scope: PipelineScope) -> list[dg.AssetChecksDefinition]:
     def registry_matches_metadata(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         return registry_matches(scope, scope.storage(context).open())
 
-    return [checkpoint_verifies, registry_matches_metadata]
+    return [upgrade_preflight, checkpoint_verifies, registry_matches_metadata]
+
+
+def last_code_version(instance: dg.DagsterInstance, key: dg.AssetKey) -> str | None:
+    """The code version of `key`'s latest materialization (None: none, or none recorded)."""
+    event = instance.get_latest_materialization_event(key)
+    materialization = event.asset_materialization if event is not None else None
+    return materialization.tags.get(CODE_VERSION_TAG) if materialization and materialization.tags else None
+
+
+def preflight(scope: PipelineScope, plan: RestorePlan | None, before: str | None) -> dg.AssetCheckResult:
+    """The upgrade pre-flight's result: passes when the next start's restore would go ahead.
+    It runs before every checkpoint (it reads one `_metadata`); it matters on the first after the
+    operators' code version changed, which its metadata says."""
+    now = scope.pipeline.code_version()
+    changed = before is not None and before != now
+    if plan is None:
+        description = "no checkpoint to restore: the job starts empty"
+    else:
+        description = plan.decision() + (f" (code version {before} -> {now})" if changed else "")
+    return dg.AssetCheckResult(
+        asset_key=scope.input_key, check_name=UPGRADE_CHECK, passed=plan is None or plan.ok,
+        description=description[:2000],
+        metadata={"code_version": now, "checkpointed_code_version": before or "", "code_changed": changed,
+                  "plan": dg.MetadataValue.json(plan.to_json() if plan is not None else {})},
+    )
 
 
 def verifies(scope: PipelineScope, storage: CheckpointStorage) -> dg.AssetCheckResult:

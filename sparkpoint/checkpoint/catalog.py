@@ -116,7 +116,8 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
             }
             for h in op.subtasks
         ]
-        operators[name] = {"max_parallelism": op.max_parallelism, "parallelism": op.parallelism,
+        operators[name] = {"name": meta.operator_name(name), "max_parallelism": op.max_parallelism,
+                           "parallelism": op.parallelism,
                            "subtasks": subtasks, **state_facts(op.subtasks)}
     return {
         "path": located.url,

@@ -63,6 +63,7 @@ class PendingCheckpoint:
     expected: Mapping[str, int] | None  # operator -> parallelism; None: accept what arrives
     started: float = field(default_factory=time.monotonic)
     acks: dict[tuple[str, int], SubtaskStateHandle] = field(default_factory=dict)
+    names: Mapping[str, str] = field(default_factory=dict)  # operator uid -> display name, for `_metadata`
 
     def missing(self) -> list[tuple[str, int]]:
         if self.expected is None:
@@ -125,8 +126,10 @@ class CheckpointCoordinator:
         kind: str = "checkpoint",
         expected: Mapping[str, int] | None = None,
         checkpoint_id: int | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> PendingCheckpoint:
-        """Start checkpoint N (by default the highest id seen anywhere + 1).
+        """Start checkpoint N (by default the highest id seen anywhere + 1). `names`: the
+        operators' display names by uid, recorded beside their state.
 
         A driver that resumed from checkpoint K may ask for exactly K + 1: then a zombie driver
         that resumed from the same K races for the same id, and the exclusive create of
@@ -138,7 +141,8 @@ class CheckpointCoordinator:
             raise ValueError(f"checkpoint id {checkpoint_id} is invalid or already pending")
         cid = checkpoint_id if checkpoint_id is not None else self.next_checkpoint_id()
         self._last_triggered = max(self._last_triggered, cid)
-        pending = PendingCheckpoint(cid, kind, dict(expected) if expected is not None else None)
+        pending = PendingCheckpoint(cid, kind, dict(expected) if expected is not None else None,
+                                    names=dict(names or {}))
         self.pending[cid] = pending
         return pending
 
@@ -400,7 +404,8 @@ class CheckpointCoordinator:
             if any(d != declared[0] for d in declared):
                 raise CheckpointDeclined(f"operator {op!r}: its subtasks declared different states")
             operators[op] = OperatorState(
-                max_parallelism=max_p, subtasks=tuple(handles), states=declared[0] if declared else None
+                max_parallelism=max_p, subtasks=tuple(handles), states=declared[0] if declared else None,
+                name=pending.names.get(op),
             )
         new = [p for p, c in referenced.items() if c == cid]
         return CheckpointMetadata(

@@ -36,6 +36,8 @@ FORMAT_NAME = "sparkpoint-checkpoint"
 # Version 4: a subtask may list `staged` files, the slices of a materialization in progress that
 # no restore reads yet but that must live as long as the checkpoint (an older reader would drop
 # them from its registry and delete them); written only when some subtask has them.
+# An operator may carry `name`, its display name beside the uid it is keyed by: older readers
+# ignore it, and nothing they do depends on it, so it needs no version of its own.
 FORMAT_VERSION = 4
 CHAIN_VERSION = 3
 CHAIN_FREE_VERSION = 2
@@ -186,12 +188,17 @@ class SubtaskStateHandle:
 
 @dataclass(frozen=True)
 class OperatorState:
+    """One operator's state in a checkpoint, under its uid (the key in `operators`)."""
+
     max_parallelism: int
     subtasks: tuple[SubtaskStateHandle, ...]
     # The states the operator declared, by name: kind, key type, TTL and codec (with a
     # RecordCodec's fields), what a restore and `check-upgrade` compare the code's against.
     # None: checkpointed before sparkpoint recorded them, or an operator that declares none.
     states: Mapping[str, Any] | None = None
+    # The operator's display name when the checkpoint was taken (so an upgrade can say "renamed");
+    # None in files written before sparkpoint recorded it: the name was the uid then.
+    name: str | None = None
 
     @property
     def parallelism(self) -> int:
@@ -253,6 +260,10 @@ class CheckpointMetadata:
     def is_savepoint(self) -> bool:
         return self.kind == "savepoint"
 
+    def operator_name(self, uid: str) -> str:
+        """The display name operator `uid` had when this checkpoint was taken."""
+        return self.operators[uid].name or uid
+
     def subtask_handles(self) -> Iterator[SubtaskStateHandle]:
         for op in self.operators.values():
             yield from op.subtasks
@@ -303,12 +314,13 @@ class CheckpointMetadata:
             "source_offsets": self.source_offsets,
             "stats": self.stats.to_json(),
             "operators": {
-                name: {
+                uid: {
                     "max_parallelism": op.max_parallelism,
                     "subtasks": [h.subtask_json() for h in op.subtasks],
                     **({"states": dict(op.states)} if op.states is not None else {}),
+                    **({"name": op.name} if op.name is not None else {}),
                 }
-                for name, op in sorted(self.operators.items())
+                for uid, op in sorted(self.operators.items())
             },
         }
 
@@ -751,9 +763,10 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         if gap:
             raise v.fail(f"{name}.subtasks", gap)
         states = op_obj.get("states")
+        display = _operator_name(v, v.string(op_obj, "name", name), f"{name}.name") if "name" in op_obj else None
         operators[op_name] = OperatorState(
             max_parallelism=max_p, subtasks=subtasks,
-            states=None if states is None else declarations_from_json(v, states, f"{name}.states"),
+            states=None if states is None else declarations_from_json(v, states, f"{name}.states"), name=display,
         )
     if not operators:
         raise v.fail("operators", "is empty: the checkpoint would restore no state at all")

@@ -171,8 +171,8 @@ def _savepoint_metadata(
         files = tuple(replace(f, path=moved[f.path], created_by=new_id) for f in h.files())
         return replace(h, checkpoint_id=new_id, shared=(), private=files, staged=())  # no slices: nothing reads them
 
-    operators = {name: OperatorState(op.max_parallelism, tuple(own(h) for h in op.subtasks), op.states)
-                 for name, op in meta.operators.items()}
+    operators = {uid: OperatorState(op.max_parallelism, tuple(own(h) for h in op.subtasks), op.states, name=op.name)
+                 for uid, op in meta.operators.items()}
     offsets = meta.source_offsets
     if isinstance(offsets, dict) and "sink" in offsets:  # that output was committed with the checkpoint
         offsets = {**offsets, "sink": []}

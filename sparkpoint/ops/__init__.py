@@ -85,10 +85,11 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         if report.batch is not None:
             batch, meta = report.batch
             why = f"re-processed by the recovery of run {failed_id}" if failed_id else "re-processed by recovery"
-            for name, key in scope.sstable_keys.items():
+            for name, key in scope.sstable_keys.items():  # asset keys by display name, state by uid
+                handles = meta.operators[pipeline.operator(name).uid].subtasks
                 context.log_event(dg.AssetMaterialization(
                     asset_key=key, description=why,
-                    metadata=sstable_metadata(snapshot_summary(meta.operators[name].subtasks, meta.checkpoint_id))))
+                    metadata=sstable_metadata(snapshot_summary(handles, meta.checkpoint_id))))
             context.log_event(dg.AssetMaterialization(
                 asset_key=scope.checkpoint_key, description=why,
                 metadata=checkpoint_metadata(driver.storage, batch, meta, recovered_run=failed_id or None),
@@ -161,7 +162,9 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
 
     checkpoint = dg.define_asset_job(
         scope.name("checkpoint"), tags=tags,
-        selection=dg.AssetSelection.assets(*scope.sstable_keys.values(), scope.checkpoint_key).downstream(),
+        # The upgrade pre-flight (a blocking check on the input) runs first and gates the SSTable step.
+        selection=dg.AssetSelection.assets(*scope.sstable_keys.values(), scope.checkpoint_key).downstream()
+        | dg.AssetSelection.checks_for_assets(scope.input_key),
         description=f"Materialize `{pipeline.name}`'s SSTable and checkpoint assets: one batch, one checkpoint",
         executor_def=dg.in_process_executor,
     )

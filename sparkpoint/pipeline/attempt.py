@@ -127,7 +127,7 @@ class AttemptIdReused(PipelineError):
 class SubtaskRun:
     """How one subtask ran in the Spark half."""
 
-    operator: str
+    operator: str  # its uid
     subtask: int
     restore: str  # working | local | primary | rescale | empty
     rows: int
@@ -165,7 +165,7 @@ class PendingAttempt:
         return [f for h in self.state_handles() for f in h.new_files()]
 
     def operator_summary(self, operator: str) -> dict[str, Any]:
-        """Per operator: subtasks, SST files new/reused, bytes uploaded, restore path per subtask."""
+        """Per operator (by uid): subtasks, SST files new/reused, bytes uploaded, restore path per subtask."""
         handles = [h for h in self.state_handles() if h.operator == operator]
         return {
             **snapshot_summary(handles, self.checkpoint_id),
@@ -309,9 +309,10 @@ def run_spark_half(
     inject = check_point(inject_failure)
     pipeline.source.check_columns(files, {op.name: op.input_columns() for op in pipeline.operators})
     started_at = time.time()
-    expected = {op.name: pipeline.config.parallelism for op in pipeline.operators}
+    expected = {op.uid: pipeline.config.parallelism for op in pipeline.operators}
     watermarks = _watermarks(pipeline, start, files)  # its errors come before the checkpoint is triggered
-    cid = coordinator.trigger(expected=expected, checkpoint_id=start.next_id).checkpoint_id
+    cid = coordinator.trigger(expected=expected, checkpoint_id=start.next_id,
+                              names=pipeline.operator_names()).checkpoint_id
     spec = replace(pipeline._spec(cid, start), watermark_start_us=watermarks[0], watermark_us=watermarks[1])
     if inject:
         spec = replace(spec, inject_failure=inject)
@@ -328,7 +329,7 @@ def run_spark_half(
         if corrupted is not None:
             raise corrupted from e
         raise
-    names = [op.name for op in pipeline.operators]
+    uids = [op.uid for op in pipeline.operators]
     results = sorted(results, key=lambda r: (int(r["op"]), int(r["subtask"])))
     return PendingAttempt(
         job_id=pipeline.config.job_id, checkpoint_id=cid, attempt_id=attempt_id or uuid.uuid4().hex,
@@ -336,10 +337,10 @@ def run_spark_half(
         staged=tuple(sorted(r["staged"] for r in results if r["staged"])),
         source_offsets=start.offsets.after(files).to_json(), files=tuple(files),
         subtasks=tuple(
-            SubtaskRun(names[int(r["op"])], int(r["subtask"]), str(r["restore"]), int(r["rows"]), float(r["seconds"]))
+            SubtaskRun(uids[int(r["op"])], int(r["subtask"]), str(r["restore"]), int(r["rows"]), float(r["seconds"]))
             for r in results
         ),
-        rows=sum(int(r["rows"]) for r in results) // len(names), started_at=started_at,
+        rows=sum(int(r["rows"]) for r in results) // len(uids), started_at=started_at,
         watermark=watermarks[1], late_rows=sum(int(r["late"]) for r in results if int(r["op"]) == 0),
     )
 
@@ -389,7 +390,7 @@ def complete_attempt(
             held = taken
     if coordinator is None:
         _, coordinator = pipeline._begin()
-        coordinator.trigger(expected=attempt.expected, checkpoint_id=cid)
+        coordinator.trigger(expected=attempt.expected, checkpoint_id=cid, names=pipeline.operator_names())
     try:
         _check_uploads_present(storage, attempt)
         for handle in attempt.state_handles():

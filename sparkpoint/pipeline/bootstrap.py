@@ -118,8 +118,8 @@ class BootstrapPlan:
         )
         rows = _run_spark(spark, spec)
         coordinator = CheckpointCoordinator(self.target)
-        pending = coordinator.trigger(kind="savepoint", expected={op.name: self.parallelism for op in operators},
-                                      checkpoint_id=SAVEPOINT_ID)
+        pending = coordinator.trigger(kind="savepoint", expected={op.uid: self.parallelism for op in operators},
+                                      checkpoint_id=SAVEPOINT_ID, names={op.uid: op.name for op in operators})
         for row in rows:
             coordinator.acknowledge(pending.checkpoint_id, SubtaskStateHandle.loads(row["handle"]))
         # No input consumed, no output committed, no watermark: the job starts at the beginning.

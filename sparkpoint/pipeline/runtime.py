@@ -21,6 +21,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
+from sparkpoint.pipeline.upgrade import RestorePlan, plan_restore
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
@@ -164,9 +165,9 @@ class PipelineCore:
 
     def __init__(self, spark: Any, config: PipelineConfig, operators: tuple[KeyedOperator, ...] = SAMPLE_OPERATORS):
         validate_config(config)
-        names = [op.name for op in operators]
-        if len(set(names)) != len(names):
-            raise PipelineError(f"operator names must be unique, got {names}")
+        for what, values in (("names", [op.name for op in operators]), ("uids", [op.uid for op in operators])):
+            if len(set(values)) != len(values):
+                raise PipelineError(f"operator {what} must be unique, got {values}")
         self.spark = spark
         self.config = config
         self.operators = tuple(operators)
@@ -178,6 +179,10 @@ class PipelineCore:
             if config.output_url
             else None
         )
+
+    def operator_names(self) -> dict[str, str]:
+        """Each operator's display name by its uid (what `_metadata` records beside the state)."""
+        return {op.uid: op.name for op in self.operators}
 
     def consumed_files(self) -> tuple[str, ...]:
         """The input files the latest checkpoint has consumed (none before the first)."""
@@ -241,34 +246,7 @@ class PipelineCore:
     # --- start, fallback, sink ---------------------------------------------------------------------
 
     def _starting_point(self) -> tuple[_Start, RestoreLineage | None, frozenset[str]]:
-        listing = self.store.load_all()
-        own = listing.checkpoints
-        newest_readable = own[0].checkpoint_id if own else 0
-        for cid, why in sorted(listing.unreadable.items()):
-            if cid > newest_readable:  # resuming from an older one could repeat its output
-                raise PipelineError(
-                    f"chk-{cid}/_metadata cannot be read ({why}) and it is newer than the latest readable "
-                    f"checkpoint ({newest_readable or 'none'}): resuming would replay what it committed. Repair "
-                    f"or remove {self.storage.job_url}/chk-{cid} by hand (`sparkpoint verify` lists it)."
-                )
-            log.error("chk-%s/_metadata cannot be read, it is skipped: %s", cid, why)
-        if own:
-            if self.config.from_checkpoint:
-                log.warning(
-                    "job %s already has checkpoints; resuming from chk-%s, --from-checkpoint %s is ignored",
-                    self.config.job_id, own[0].checkpoint_id, self.config.from_checkpoint,
-                )
-            start = _Start(own[0], _offsets_of(own[0]), next_id=own[0].checkpoint_id + 1)
-            return start, None, frozenset()
-        if not self.config.from_checkpoint:
-            return _Start(None, SourceOffsets(()), next_id=1), None, frozenset()
-        meta, storage = load_external_checkpoint(self.config.from_checkpoint, self.config.storage_options)
-        claim = ClaimMode(self.config.restore_mode).value
-        lineage = RestoreLineage(restored_from=f"{storage.job_url}/{meta.metadata_path}", claim_mode=claim)
-        same_job = storage.job_url == self.storage.job_url
-        unowned = frozenset(meta.paths() | {meta.metadata_path}) if same_job and claim == "NO_CLAIM" else frozenset()
-        restore_job = None if same_job else (storage.url, storage.job_id, storage.storage_options)
-        return _Start(meta, _offsets_of(meta), claim, restore_job), lineage, unowned
+        return starting_point(self.storage, self.config)
 
     def _fall_back(self, start: _Start, error: CheckpointCorrupted) -> _Start:
         """Restore the next older retained checkpoint instead of `start`'s, loudly.
@@ -313,41 +291,24 @@ class PipelineCore:
             raise PipelineError(report.lost[0])
         return bool(report.repaired) and not report.unrepairable
 
+    def restore_plan(self) -> RestorePlan | None:
+        """What the next start would restore (None: it starts empty), from `_metadata` alone."""
+        return restore_plan(self.config, self.operators)
+
     def _check_operators(self, meta: CheckpointMetadata) -> None:
-        """The checkpoint must hold exactly the job's operators, at its max parallelism, unless the
-        user allows the difference (Flink's --allowNonRestoredState, and new operators)."""
-        have, want = set(meta.operators), {op.name for op in self.operators}
-        problems = []
-        if want - have and not self.config.allow_new_operators:
-            problems.append(
-                f"it has no state for {', '.join(sorted(want - have))} (these would start empty: allow with "
-                "--allow-new-operators)"
-            )
-        if have - want and not self.config.allow_non_restored_state:
-            problems.append(
-                f"it holds state of {', '.join(sorted(have - want))}, which this job does not run (it would be "
-                "dropped: allow with --allow-non-restored-state)"
-            )
-        for name in sorted(have & want):
-            if meta.operators[name].max_parallelism != self.config.max_parallelism:
-                problems.append(
-                    f"{name} has max parallelism {meta.operators[name].max_parallelism}, this job "
-                    f"{self.config.max_parallelism} (run with --max-parallelism "
-                    f"{meta.operators[name].max_parallelism})"
-                )
-        if problems:
-            raise OperatorStateMismatch(
-                f"checkpoint {meta.checkpoint_id} does not fit this job's operators "
-                f"({', '.join(sorted(want))}): " + "; ".join(problems)
-            )
-        self._check_states(meta)
+        """The checkpoint must hold exactly the job's operators (by uid), at its max parallelism,
+        unless the user allows the difference (Flink's --allowNonRestoredState, and new operators)."""
+        self._check_states(meta)  # an incompatible schema is said as such (StateSchemaIncompatible)
+        plan = plan_for(meta, self.config, self.operators)
+        if not plan.ok:
+            raise OperatorStateMismatch(plan.refusal(op.name for op in self.operators))
 
     def _check_states(self, meta: CheckpointMetadata) -> None:
         """Each operator's declared states must read what the checkpoint recorded of them (a
         RecordCodec may add, remove, widen, reorder fields and make them nullable)."""
         problems = []
         for op in self.operators:
-            recorded = meta.operators[op.name].states if op.name in meta.operators else None
+            recorded = meta.operators[op.uid].states if op.uid in meta.operators else None
             if recorded is not None and len(op.states):
                 problems += refusals(op.name, compare_states(recorded, op.declarations()))
         if problems:
@@ -384,6 +345,56 @@ class PipelineCore:
                 if dropped:
                     log.warning("rolled back the output of discarded checkpoints %s", dropped)
         self.sink.discard_staging(up_to=meta.checkpoint_id if meta is not None and start.restore_job is None else 0)
+
+
+def starting_point(storage: CheckpointStorage, config: PipelineConfig
+                   ) -> tuple[_Start, RestoreLineage | None, frozenset[str]]:
+    """Where job `storage` starts: its latest checkpoint, else `config.from_checkpoint` (another
+    job's checkpoint or a savepoint), else nothing. Reads `_metadata` files only."""
+    listing = CompletedCheckpointStore(storage).load_all()
+    own = listing.checkpoints
+    newest_readable = own[0].checkpoint_id if own else 0
+    for cid, why in sorted(listing.unreadable.items()):
+        if cid > newest_readable:  # resuming from an older one could repeat its output
+            raise PipelineError(
+                f"chk-{cid}/_metadata cannot be read ({why}) and it is newer than the latest readable "
+                f"checkpoint ({newest_readable or 'none'}): resuming would replay what it committed. Repair "
+                f"or remove {storage.job_url}/chk-{cid} by hand (`sparkpoint verify` lists it)."
+            )
+        log.error("chk-%s/_metadata cannot be read, it is skipped: %s", cid, why)
+    if own:
+        if config.from_checkpoint:
+            log.warning(
+                "job %s already has checkpoints; resuming from chk-%s, --from-checkpoint %s is ignored",
+                config.job_id, own[0].checkpoint_id, config.from_checkpoint,
+            )
+        start = _Start(own[0], _offsets_of(own[0]), next_id=own[0].checkpoint_id + 1)
+        return start, None, frozenset()
+    if not config.from_checkpoint:
+        return _Start(None, SourceOffsets(()), next_id=1), None, frozenset()
+    meta, source = load_external_checkpoint(config.from_checkpoint, config.storage_options)
+    claim = ClaimMode(config.restore_mode).value
+    lineage = RestoreLineage(restored_from=f"{source.job_url}/{meta.metadata_path}", claim_mode=claim)
+    same_job = source.job_url == storage.job_url
+    unowned = frozenset(meta.paths() | {meta.metadata_path}) if same_job and claim == "NO_CLAIM" else frozenset()
+    restore_job = None if same_job else (source.url, source.job_id, source.storage_options)
+    return _Start(meta, _offsets_of(meta), claim, restore_job), lineage, unowned
+
+
+def restore_plan(config: PipelineConfig, operators: tuple[KeyedOperator, ...]) -> RestorePlan | None:
+    """What a start of `operators` with `config` would restore, per operator uid (None: it starts
+    empty), from `_metadata` alone: what `sparkpoint run` says before Spark starts and
+    `sparkpoint check-upgrade` reports."""
+    storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
+    start = starting_point(storage, config)[0]
+    return plan_for(start.metadata, config, operators) if start.metadata is not None else None
+
+
+def plan_for(meta: CheckpointMetadata, config: PipelineConfig, operators: tuple[KeyedOperator, ...]) -> RestorePlan:
+    """Restoring `meta` into a job of `operators` with `config` (`plan_restore`)."""
+    return plan_restore(meta, operators, parallelism=config.parallelism, max_parallelism=config.max_parallelism,
+                        allow_non_restored_state=config.allow_non_restored_state,
+                        allow_new_operators=config.allow_new_operators)
 
 
 def operator_functions(operators: tuple[KeyedOperator, ...]) -> list[Any]:

@@ -74,9 +74,10 @@ class Pipeline:
         object.__setattr__(self, "operators", tuple(self.operators))
         if not self.operators or not all(isinstance(op, KeyedOperator) for op in self.operators):
             raise PipelineError(f"pipeline {self.name!r}: operators must be one or more KeyedOperator")
-        names = [op.name for op in self.operators]
-        if len(set(names)) != len(names):
-            raise PipelineError(f"pipeline {self.name!r}: operator names must be unique, got {names}")
+        for what, values in (("names", [op.name for op in self.operators]),
+                             ("uids", [op.uid for op in self.operators])):
+            if len(set(values)) != len(values):
+                raise PipelineError(f"pipeline {self.name!r}: operator {what} must be unique, got {values}")
         for field_name, enum in (("retention", ExternalizedRetention), ("restore_mode", ClaimMode)):
             value = getattr(self, field_name)
             if value not in {e.value for e in enum}:
@@ -135,6 +136,8 @@ class Pipeline:
         digest = hashlib.sha256()
         for op in self.operators:
             digest.update(repr((op.name, op.key, op.columns, op.emits, op.schema)).encode())
+            if op.uid != op.name:  # a uid of its own; unset or equal to the name: as before uids existed
+                digest.update(repr(("uid", op.uid)).encode())
             optional = [fn for fn in (op.on_timer, op.bootstrap) if fn is not None]  # unset: as before they existed
             for fn in (op.process, op.export, *optional):
                 digest.update(fingerprint(fn).encode())

@@ -25,6 +25,7 @@ from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
+from sparkpoint.pipeline.runtime import PipelineConfig, validate_config
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.rocksdb import RocksDBOptions
@@ -195,6 +196,9 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     parallelism: int = 2
     max_parallelism: int = 128
     rocksdb_block_cache_mb: int = 256  # the process's block cache, shared by every database it opens
+    # Mapping the restored checkpoint's state onto the operators (by uid), as `run` takes them:
+    allow_non_restored_state: bool = False  # state of an operator the pipeline no longer runs is dropped
+    allow_new_operators: bool = False  # an operator the checkpoint lacks starts empty
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         if not 1 <= self.max_parallelism <= MAX_KEY_GROUPS:
@@ -261,6 +265,14 @@ class PipelineResources:
     def driver(self, pipeline: Pipeline, spark: Any = None) -> StatefulPipeline:
         """`pipeline` with what these resources set on top of its own settings (`spark` None:
         the completing half)."""
+        config = self.config(pipeline)
+        try:
+            return StatefulPipeline(spark, config, pipeline.operators)
+        except SparkpointError as e:
+            raise ResourceConfigError(str(e)) from e
+
+    def config(self, pipeline: Pipeline) -> PipelineConfig:
+        """`pipeline`'s settings with what these resources set on top (checked; nothing is opened)."""
         storage, registry, backend, source = self.storage, self.registry, self.state_backend, self.source
         try:
             config = pipeline.config(
@@ -274,9 +286,12 @@ class PipelineResources:
                 parallelism=backend.parallelism, max_parallelism=backend.max_parallelism,
                 local_dir=str(Path(backend.local_dir).resolve()), incremental=backend.incremental,
                 local_recovery=backend.local_recovery, changelog=backend.changelog,
+                allow_non_restored_state=backend.allow_non_restored_state,
+                allow_new_operators=backend.allow_new_operators,
                 rocksdb=dataclasses.replace(pipeline.rocksdb, block_cache_mb=backend.rocksdb_options().block_cache_mb),
             )
-            return StatefulPipeline(spark, config, pipeline.operators)
+            validate_config(config)
+            return config
         except SparkpointError as e:
             raise ResourceConfigError(str(e)) from e
 
@@ -302,7 +317,9 @@ def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[st
                               local_dir=pipeline.location("local"), local_recovery=pipeline.local_recovery,
                               incremental=pipeline.incremental, changelog=pipeline.changelog,
                               parallelism=pipeline.parallelism, max_parallelism=pipeline.max_parallelism,
-                              rocksdb_block_cache_mb=pipeline.rocksdb.block_cache_mb),
+                              rocksdb_block_cache_mb=pipeline.rocksdb.block_cache_mb,
+                              allow_non_restored_state=pipeline.allow_non_restored_state,
+                              allow_new_operators=pipeline.allow_new_operators),
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
                        output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,

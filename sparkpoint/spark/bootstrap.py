@@ -161,7 +161,7 @@ def bootstrap_subtask(
     root = Path(tempfile.mkdtemp(prefix="sparkpoint-bootstrap-", dir=_local_root(spec)))
     try:
         backend = RocksDBStateBackend(
-            storage, op.name, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
+            storage, op.uid, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
             local_dir=root, options=spec.rocksdb, incremental=False, local_recovery=False,
             changelog=ChangelogOptions(enabled=False), states=op.states, key_type=op.key_type,
         )

@@ -127,7 +127,7 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
     storage = CheckpointStorage(spec.checkpoints_url, spec.job_id, spec.storage_options)
     source = CheckpointStorage(*spec.restore_job) if spec.restore_job else None
     backend = RocksDBStateBackend(
-        storage, op.name, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
+        storage, op.uid, subtask, parallelism=spec.parallelism, max_parallelism=spec.max_parallelism,
         local_dir=task_local_dir(spec), options=spec.rocksdb, incremental=spec.incremental,
         local_recovery=spec.local_recovery, changelog=spec.changelog, states=op.states, key_type=op.key_type,
     )
@@ -166,6 +166,7 @@ def _attempt(
                             event_time=spec.event_time is not None)
         staged = None
         if op.emits and spec.sink is not None and changed is not None:
+            # Output files are named by the display name: a name per checkpoint, never state.
             staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)
         if op_index == 0 and subtask == 0:
             fail_at("before-upload", spec.inject_failure, f"{op.name}/{subtask} before its snapshot upload")

@@ -142,9 +142,9 @@ def diff_snapshots(
     `local_dir` is the job's local directory: its verified task-local copies stand in for
     downloads. `method` forces FULL (or CHANGED_FILES, which raises when it cannot be used)."""
     started = time.monotonic()
-    operator_state_of(source.meta, operator.name)  # an operator one side lacks is named, with what it has
-    operator_state_of(target.meta, operator.name)
-    reason = "forced" if method == FULL else cheap_path_refusal(source, target, operator.name)
+    operator_state_of(source.meta, operator.uid)  # an operator one side lacks is named, with what it has
+    operator_state_of(target.meta, operator.uid)
+    reason = "forced" if method == FULL else cheap_path_refusal(source, target, operator.uid)
     scratch = Path(tempfile.mkdtemp(prefix="sparkpoint-diff-", dir=work_dir))
     try:
         result = None
@@ -196,9 +196,9 @@ def _full(source: Snapshot, target: Snapshot, op: KeyedOperator, scratch: Path, 
     tables = []
     read = 0
     for side in (source, target):
-        handles = side.meta.operators[op.name].subtasks
+        handles = side.meta.operators[op.uid].subtasks
         read += sum(f.size for h in handles for f in h.files())
-        with operator_states(side.storage, side.meta, op.name, work_dir=str(scratch)) as backends:
+        with operator_states(side.storage, side.meta, op.uid, work_dir=str(scratch)) as backends:
             tables.append(export_table(op, backends))
     return StateDiff(compare_tables(tables[0], tables[1], _key_column(op, *tables)), op.name, source, target, FULL,
                      reason, bytes_read=read)
@@ -284,8 +284,8 @@ def task_local_copies(snapshot: Snapshot, operator: str, local_dir: str | os.Pat
 
 def _by_changed_files(source: Snapshot, target: Snapshot, op: KeyedOperator, scratch: Path,
                       local_dir: str | os.PathLike[str] | None) -> StateDiff:
-    files = _Files(source.storage, scratch / "files", task_local_copies(target, op.name, local_dir))
-    a_op, b_op = source.meta.operators[op.name], target.meta.operators[op.name]
+    files = _Files(source.storage, scratch / "files", task_local_copies(target, op.uid, local_dir))
+    a_op, b_op = source.meta.operators[op.uid], target.meta.operators[op.uid]
     kinds = _kinds([*a_op.subtasks, *b_op.subtasks])
     tables: tuple[list[pd.DataFrame], list[pd.DataFrame]] = ([], [])
     changed = shared = scanned = candidates = 0
@@ -462,8 +462,8 @@ def _entries_of(cf: Rdict, kind: str, wanted: set[tuple[bytes, bytes]]) -> list[
 def _restricted_export(op: KeyedOperator, side: Snapshot, handle: SubtaskStateHandle, db: Rdict,
                        kinds: dict[str, str], wanted: set[tuple[bytes, bytes]], work: Path) -> pd.DataFrame:
     """`op.export` of a scratch state holding only the `wanted` keys' entries of `db`."""
-    op_state = side.meta.operators[op.name]
-    backend = RocksDBStateBackend(side.storage, op.name, handle.subtask, parallelism=op_state.parallelism,
+    op_state = side.meta.operators[op.uid]
+    backend = RocksDBStateBackend(side.storage, op.uid, handle.subtask, parallelism=op_state.parallelism,
                                   max_parallelism=op_state.max_parallelism, local_dir=work, local_recovery=False)
     try:
         backend.restore(None)
@@ -487,7 +487,7 @@ def _restricted_export(op: KeyedOperator, side: Snapshot, handle: SubtaskStateHa
 
 
 def _empty_export(op: KeyedOperator, side: Snapshot, work: Path) -> pd.DataFrame:
-    with RocksDBStateBackend(side.storage, op.name, 0, parallelism=1, max_parallelism=1, local_dir=work,
+    with RocksDBStateBackend(side.storage, op.uid, 0, parallelism=1, max_parallelism=1, local_dir=work,
                              local_recovery=False) as backend:
         backend.restore(None)
         return op.export(backend)

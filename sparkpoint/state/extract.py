@@ -142,7 +142,7 @@ def state_table(
     from sparkpoint.state.verify import restore_hint
 
     if raw:
-        name = operator.name if isinstance(operator, KeyedOperator) else operator
+        name = operator.uid if isinstance(operator, KeyedOperator) else operator
         meta = _load(storage, checkpoint)
         try:
             with operator_states(storage, meta, name, progress=progress) as backends:
@@ -152,7 +152,7 @@ def state_table(
     op = resolve_operator(operator)
     meta = _load(storage, checkpoint)
     try:
-        with operator_states(storage, meta, op.name, progress=progress, code=op) as backends:
+        with operator_states(storage, meta, op.uid, progress=progress, code=op) as backends:
             table = export_table(op, backends)
     except CheckpointCorrupted as e:
         raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e

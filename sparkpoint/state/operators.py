@@ -65,9 +65,15 @@ class KeyedOperator:
     # The key column's Arrow type (e.g. "string", "int64"), recorded with each declared state: a
     # restore by code whose key type differs is refused (stored keys would not be found).
     key_type: str | None = None
+    # What checkpoints key this operator's state by (`_metadata`, `shared/<uid>/`, the registry,
+    # local directories); None: the name (a str once constructed). Keep it when renaming the
+    # operator, and its state stays with it.
+    uid: str = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        validate_name(self.name, "operator name")  # it names directories and output files
+        validate_name(self.name, "operator name")  # it names output files and the orchestrator's assets
+        object.__setattr__(self, "uid", validate_name(self.uid if self.uid is not None else self.name,
+                                                      "operator uid"))  # it names directories
         if not isinstance(self.states, DeclaredStates):
             object.__setattr__(self, "states", DeclaredStates(self.states))
         if self.key_type is not None:

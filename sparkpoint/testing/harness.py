@@ -174,7 +174,7 @@ class OperatorHarness:
         try:
             for subtask in range(self.parallelism):
                 backend = RocksDBStateBackend(
-                    self._storage, self.operator.name, subtask, parallelism=self.parallelism,
+                    self._storage, self.operator.uid, subtask, parallelism=self.parallelism,
                     max_parallelism=self.max_parallelism, local_dir=self._local.path,
                     changelog=ChangelogOptions(enabled=True), states=self.operator.states,
                     key_type=self.operator.key_type,
@@ -200,11 +200,11 @@ class OperatorHarness:
         Args:
             snapshot: what `snapshot()` returned.
             parallelism: subtasks of the new harness (default: the snapshot's).
-            operator: a new version of the operator (same name) to run on the restored state.
+            operator: a new version of the operator (same uid; its name may differ) to run on the restored state.
 
         Raises:
             HarnessError: the snapshot's files are gone.
-            OperatorStateMismatch: `operator` has another name than the snapshot's.
+            OperatorStateMismatch: `operator` has another uid than the snapshot's.
         """
         harness = cls.__new__(cls)
         harness._configure(
