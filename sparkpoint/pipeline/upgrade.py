@@ -133,7 +133,8 @@ class RestorePlan:
 
     def refusal(self, operators: Iterable[str]) -> str:
         """The error a refused start raises (`OperatorStateMismatch`)."""
-        return (f"checkpoint {self.checkpoint_id} does not fit this job's operators ({', '.join(sorted(operators))}): "
+        return (f"checkpoint {self.checkpoint_id} does not fit this job's operators ({', '.join(sorted(operators))}; "
+                "refused before Spark starts): "
                 + "; ".join(f"{op.problem}: {op.fix}" for op in self.operators if op.problem)
                 + "".join(f"; {hint}" for hint in self.hints))
 
