@@ -336,7 +336,7 @@ def test_the_readme_rename_example_keeps_the_uid():
     import re
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Upgrading your pipeline", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("### Operator identity (`uid`)", 1)[1].split("\n### ", 1)[0]
     (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
     namespace: dict[str, Any] = {"KeyedOperator": KeyedOperator, "add_spend": shop.add_spend,
                                  "export_spend": shop.export_spend}
