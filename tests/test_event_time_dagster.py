@@ -45,6 +45,14 @@ def test_the_checkpoint_asset_carries_the_watermark_and_late_rows(spark, tmp_pat
     defs = defs_of(tmp_path, SILENCE_ALERTS, "devices", event_time="reported_at", allowed_lateness=LATENESS)
     instance = dg.DagsterInstance.ephemeral()
     expected = oracle(BATCHES, LATENESS, "drop")
+    expected_changes, last, watermark = [], {}, None  # per batch: devices first seen, devices whose last report moved
+    for rows in BATCHES:
+        kept = [(d, t) for d, t in rows if watermark is None or t >= watermark]
+        newest = {d: max(t for e, t in kept if e == d) for d, _ in kept}
+        expected_changes.append((sum(1 for d in newest if d not in last),
+                                 sum(1 for d, t in newest.items() if d in last and t > last[d])))
+        last.update({d: max(t, last.get(d, t)) for d, t in newest.items()})
+        watermark = max([*(t for _, t in rows), (watermark or 0) + LATENESS]) - LATENESS
     for watermark, late, due in expected:
         result = run(defs, instance)
         checkpoint = materializations(result, defs.scope.checkpoint_key)[0]
@@ -52,6 +60,11 @@ def test_the_checkpoint_asset_carries_the_watermark_and_late_rows(spark, tmp_pat
         assert checkpoint["late_rows"] == late
         sstables = materializations(result, defs.scope.sstable_keys["silence"])[0]
         assert sstables["timers_fired"] == len(due)
+        if checkpoint["checkpoint_id"] > 1:  # the checkpoint before it, linked, and what changed since (cheap)
+            added, changed = expected_changes[checkpoint["checkpoint_id"] - 1]
+            assert checkpoint["previous_checkpoint_id"] == checkpoint["checkpoint_id"] - 1
+            assert checkpoint["keys_added"] == {"silence": added}, checkpoint["keys_added"]
+            assert (checkpoint["keys_changed"], checkpoint["keys_removed"]) == ({"silence": changed}, {"silence": 0})
     assert sstables["entries"] == 4 and sstables["timers_pending"] == 4 - sum(len(d) for _, _, d in expected)
     assert sstables["states"] == {"last_report": {"kind": "value", "ttl": None, "entries": 4}}
 
@@ -75,3 +88,24 @@ def test_a_tick_run_fires_processing_timers_and_expires_ttl_and_the_schedule_tic
     with dg.instance_for_test() as scheduled:
         request = defs.jobs.schedule(dg.build_schedule_context(instance=scheduled))
     assert isinstance(request, dg.RunRequest) and request.tags.get(TICK_TAG) == "true"
+
+
+def test_the_savepoint_job_diffs_against_a_savepoint_its_run_config_names(spark, tmp_path: Path):
+    land(tmp_path, BATCHES[:2])
+    defs = defs_of(tmp_path, SILENCE_ALERTS, "devices", event_time="reported_at", allowed_lateness=LATENESS)
+    instance = dg.DagsterInstance.ephemeral()
+    run(defs, instance)
+    job = defs.definitions().get_job_def(defs.scope.name("savepoint"))
+    saved = step_output(job.execute_in_process(instance=instance))
+    url = str(tmp_path / "ckpt" / "devices" / f"chk-{saved['savepoint_id']}")
+    run(defs, instance)  # batch 1: d4 new, d1 d2 d3 moved
+    second = job.execute_in_process(instance=instance, run_config={
+        "ops": {defs.scope.name("savepoint_op"): {"config": {"diff_against": url}}}})
+    facts = step_output(second)
+    assert facts["keys_added"] == {"silence": 1} and facts["keys_changed"] == {"silence": 3}
+    assert facts["keys_removed"] == {"silence": 0}
+
+
+def step_output(result: dg.ExecuteInProcessResult) -> dict:
+    return {k: v.value for e in result.all_events if e.event_type_value == "STEP_OUTPUT"
+            for k, v in e.step_output_data.metadata.items()}

@@ -17,6 +17,7 @@ materializations it reported stay, the checkpoint asset gets none.
 
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -28,9 +29,11 @@ from sparkpoint.assets.metadata import (
     state_schema,
 )
 from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import Overtaken, finish_step_or_overtaken, start_step
-from sparkpoint.pipeline.maintenance import prune_due, recount, registry_counts, verify_latest
+from sparkpoint.pipeline.maintenance import key_changes, prune_due, recount, registry_counts, verify_latest
 from sparkpoint.pipeline.runtime import restore_plan
 from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, TICK_TAG, PipelineScope
@@ -145,8 +148,10 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             context.log.warning(f"could not tell whether a prune is due ({e}); the retention sensor will prune")
             due = [f"unknown: {e}"]
         if scope.checkpoint_key in context.selected_asset_keys:
+            previous, changes = changes_since_previous(context, driver, meta)
             yield dg.MaterializeResult(asset_key=scope.checkpoint_key,
-                                       metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due),
+                                       metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due,
+                                                                    previous=previous, changes=changes),
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
         if output_specs and driver.sink is not None and scope.output_key in context.selected_asset_keys:
             facts = output_facts(driver.sink, meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
@@ -154,6 +159,26 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
 
     return [input_asset, sstables, complete]
+
+
+def changes_since_previous(
+    context: dg.AssetExecutionContext, driver: Any, meta: CheckpointMetadata
+) -> tuple[CheckpointMetadata | None, dict[str, dict[str, int]] | None]:
+    """The retained checkpoint before `meta` and, per operator, the keys that changed since it
+    where a diff by changed files is cheap (reporting only: a failure here is a warning)."""
+    try:
+        store = CompletedCheckpointStore(driver.storage)
+        older = [cid for cid in store.checkpoint_ids() if cid < meta.checkpoint_id]
+        if not older:
+            return None, None
+        previous = store.load(max(older))
+        if previous.is_savepoint:
+            return previous, None
+        return previous, key_changes(driver.storage, previous, meta, driver.operators,
+                                     local_dir=driver.config.local_dir)
+    except (SparkpointError, OSError) as e:
+        context.log.warning(f"could not tell what changed since the previous checkpoint: {e}")
+        return None, None
 
 
 def report_overtaken(scope: PipelineScope, context: dg.AssetExecutionContext, lost: Overtaken) -> None:

@@ -47,7 +47,9 @@ def state_schema(operator: KeyedOperator) -> dict[str, Any]:
 
 
 def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: CheckpointMetadata, *,
-                        prune_due: list[str] | None = None, recovered_run: str | None = None) -> dict[str, Any]:
+                        prune_due: list[str] | None = None, recovered_run: str | None = None,
+                        previous: CheckpointMetadata | None = None,
+                        changes: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """The checkpoint asset's materialization: what `sparkpoint run` prints for the checkpoint, and more."""
     facts = checkpoint_facts(storage, report, meta)
     out: dict[str, Any] = {
@@ -75,6 +77,12 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
         out["late_rows"] = facts["late_rows"]
     if recovered_run:
         out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
+    if previous is not None:  # the checkpoint before it, to open beside it (and to diff against)
+        out["previous_checkpoint"] = location(f"{storage.job_url}/{previous.metadata_path}")
+        out["previous_checkpoint_id"] = previous.checkpoint_id
+    for kind in ("keys_added", "keys_removed", "keys_changed"):  # per operator, where cheap to know
+        if changes:
+            out[kind] = dg.MetadataValue.json({op: c[kind] for op, c in changes.items()})
     return out
 
 

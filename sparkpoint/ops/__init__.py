@@ -35,6 +35,12 @@ class RecoverConfig(dg.Config):
     failed_run_id: str = ""  # the run being healed (for the record; recovery reads storage)
 
 
+class SavepointConfig(dg.Config):
+    # A savepoint or checkpoint URL (<checkpoints-dir>/<job-id>/chk-<N>) to diff the new savepoint
+    # against, per operator: keys added, removed, changed (`sparkpoint diff`).
+    diff_against: str = ""
+
+
 @dataclass(frozen=True)
 class PipelineJobs:
     checkpoint: Any  # an asset job (resolved when the definitions load)
@@ -143,14 +149,27 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                                          "deletion_blocked": dg.MetadataValue.json(list(built.blocked))})
 
     @dg.op(name=scope.name("savepoint_op"), pool=pool, required_resource_keys=scope.resource_keys("storage"))
-    def savepoint_op(context: dg.OpExecutionContext) -> dg.Output[None]:
-        """A self-contained, verified copy of the latest checkpoint that retention never deletes."""
-        result = take_savepoint(scope.storage(context).open())
-        return dg.Output(None, metadata=plain({
+    def savepoint_op(context: dg.OpExecutionContext, config: SavepointConfig) -> dg.Output[None]:
+        """A self-contained, verified copy of the latest checkpoint that retention never deletes;
+        with `diff_against`, what changed per operator since that savepoint or checkpoint."""
+        storage = scope.storage(context).open()
+        result = take_savepoint(storage)
+        facts: dict[str, Any] = {
             "savepoint_id": result.metadata.checkpoint_id, "state_size_bytes": result.metadata.stats.state_size,
             "from_checkpoint": result.source_checkpoint, "files": result.files,
             "path": location(f"{result.url}/_metadata"),
-        }))
+        }
+        if config.diff_against:
+            from sparkpoint.state.diff import diff_snapshots, locate
+
+            before = locate(config.diff_against, storage, storage.storage_options)
+            after = locate(result.url, None, storage.storage_options)
+            changes = {op.name: diff_snapshots(before, after, op).counts() for op in pipeline.operators
+                       if op.uid in before.meta.operators}
+            facts["diff_against"] = location(config.diff_against)
+            for kind, column in (("keys_added", "added"), ("keys_removed", "removed"), ("keys_changed", "changed")):
+                facts[kind] = {op: c[column] for op, c in changes.items()}
+        return dg.Output(None, metadata=plain(facts))
 
     def job_of(op: dg.OpDefinition, role: str, **extra_tags: str) -> dg.JobDefinition:
         @dg.job(name=scope.name(role), tags={**tags, **extra_tags}, description=op.description,

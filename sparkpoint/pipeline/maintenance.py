@@ -8,6 +8,7 @@ calls.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from sparkpoint.pipeline.claims import fence, forget_fences
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.state.eventtime import iso_micros
+from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.verify import verify_checkpoint
 
 if TYPE_CHECKING:
@@ -393,3 +395,35 @@ def prune(
     forget_fences(storage)
     sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=pending_paths(storage))
     return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale.outcomes))
+
+
+# --- what changed, per operator, when it is cheap to know ------------------------------------------
+
+CHEAP_DIFF_BYTES = 32 << 20  # the differing files a diff may read after a checkpoint (its changelog, new SSTs)
+
+
+def key_changes(
+    storage: CheckpointStorage, previous: CheckpointMetadata, meta: CheckpointMetadata,
+    operators: Iterable[KeyedOperator], *, local_dir: str | None = None, max_bytes: int = CHEAP_DIFF_BYTES,
+) -> dict[str, dict[str, int]]:
+    """Per operator, the keys its export gained, lost and changed from `previous` to `meta`, where
+    the diff can go by the files one lists and the other lacks (one lineage, the same key-group
+    layout, no TTL) and those files hold at most `max_bytes`: the batch's changelog, a
+    materialization's new SSTs. Operators it would cost more for are left out."""
+    from sparkpoint.state.diff import CHANGED_FILES, Snapshot, cheap_path_refusal, diff_snapshots
+
+    before, after = Snapshot(storage, previous), Snapshot(storage, meta)
+    out: dict[str, dict[str, int]] = {}
+    for op in operators:
+        if op.uid not in previous.operators or op.uid not in meta.operators:
+            continue
+        if cheap_path_refusal(before, after, op.uid) is not None:
+            continue
+        old = {f.path for h in previous.operators[op.uid].subtasks for f in h.files()}
+        new = {f.path: f.size for h in meta.operators[op.uid].subtasks for f in h.files()}
+        if sum(size for path, size in new.items() if path not in old) > max_bytes:
+            continue
+        counts = diff_snapshots(before, after, op, local_dir=local_dir, method=CHANGED_FILES).counts()
+        out[op.name] = {"keys_added": counts["added"], "keys_removed": counts["removed"],
+                        "keys_changed": counts["changed"]}
+    return out
