@@ -39,7 +39,7 @@ NOT_RECOVERED_TAG = "sparkpoint/not-recovered"
 # Failures of the configuration or the input itself, before any upload: a recovery with the
 # same config would fail the same way.
 CONFIG_ERRORS = frozenset({"ResourceConfigError", "DagsterInvalidConfigError", "SourceError", "SourceSchemaError",
-                           "PipelineError"})
+                           "PipelineError", "EventTimeError", "OperatorStateMismatch", "StateSchemaIncompatible"})
 
 
 def recovery_decision(
