@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.soak]  # 5 minutes of Spark: `make soak` runs them
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "sessions"
 
 
 def run_quick(module: str, out: Path, *args: str) -> dict:
@@ -40,7 +39,6 @@ def test_ttl_benchmark_quick_keeps_the_ttl_state_below_the_state_without(tmp_pat
         assert sum(b["expired_removed"] for b in runs[no_ttl]) == 0
 
 
-@pytest.mark.skipif(not EXAMPLE.exists(), reason="the sessions example (examples/sessions) is not in this tree")
 def test_timers_benchmark_quick_closes_the_same_sessions_as_spark_and_pandas(tmp_path: Path):
     results = run_quick("benchmarks.bench_timers_vs_spark", tmp_path)
     agreement = results["agreement"]
