@@ -429,23 +429,29 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"dry_run": args.dry_run, "orphans": [f.path for f in report.orphans],
                      "bytes": report.orphan_bytes, "referenced": report.referenced,
-                     "symlinks": [f.path for f in report.symlinks]})
+                     "symlinks": [f.path for f in report.symlinks],
+                     "young": [f.path for f in report.young], "young_bytes": report.young_bytes})
     else:
         verb = "would delete" if args.dry_run else "deleted"
         for f in report.orphans:
             print(f"{verb} {f.path} ({f.size} bytes)")
         print(f"{verb} {len(report.orphans)} orphan files, {report.orphan_bytes} bytes")
+        if report.young:
+            print(f"kept {len(report.young)} unreferenced files ({_size(report.young_bytes)}) younger than the grace "
+                  f"period ({args.grace:g} s): a running job may still be writing them; with no job of "
+                  f"{storage.job_id} running, include them with --grace 0")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     from sparkpoint.checkpoint.catalog import checkpoint_rows
 
-    rows, unreadable = checkpoint_rows(_storage(args))
+    storage = _storage(args)
+    rows, unreadable = checkpoint_rows(storage)
     if _printed_json(args, {"checkpoints": rows, "unreadable": unreadable}):
         return 0
     _table(
-        f"{len(rows)} retained checkpoint(s) of {args.job_id}",
+        f"{len(rows)} retained checkpoint(s) of {storage.job_id}",
         ["id", "kind", "created", "restored from", "state size", "checkpointed size", "files"],
         [[f"chk-{r['checkpoint_id']}", r["kind"], r["created_at"],
           f"{r['restored_from']} ({r['claim_mode']})" if r["restored_from"] else "",

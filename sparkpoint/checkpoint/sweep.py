@@ -22,6 +22,11 @@ class SweepReport:
     deleted: bool
     referenced: int
     symlinks: tuple[StoredFile, ...] = ()  # links found in the job directory: reported, never followed
+    young: tuple[StoredFile, ...] = ()  # unreferenced, kept: younger than the grace period (a writer may use them)
+
+    @property
+    def young_bytes(self) -> int:
+        return sum(f.size for f in self.young)
 
     @property
     def orphan_bytes(self) -> int:
@@ -83,13 +88,19 @@ def sweep_orphans(
     links = tuple(sorted((f for f in files if f.symlink), key=lambda f: f.path))
     for link in links:
         log.warning("%s/%s is a symbolic link: the sweep neither follows nor deletes it", storage.job_url, link.path)
-    orphans = select_orphans(files, referenced, grace_seconds, time.time() if now is None else now)
+    now = time.time() if now is None else now
+    orphans = select_orphans(files, referenced, grace_seconds, now)
+    unreferenced = select_orphans(files, referenced, 0.0, now + 1.0)  # any age
     if listing.unreadable:
         blocked_dirs = tuple(f"chk-{cid}/" for cid in listing.unreadable)
         orphans = [f for f in orphans if not f.path.startswith(blocked_dirs)]
+        unreferenced = [f for f in unreferenced if not f.path.startswith(blocked_dirs)]
+    old = {f.path for f in orphans}
+    young = tuple(f for f in unreferenced if f.path not in old)
     if not dry_run and orphans:
         storage.delete(f.path for f in orphans)
         storage.remove_empty_dirs("shared")
         for cid in storage.checkpoint_dirs():
             storage.remove_empty_dirs(f"chk-{cid}")
-    return SweepReport(orphans=tuple(orphans), deleted=not dry_run, referenced=len(referenced), symlinks=links)
+    return SweepReport(orphans=tuple(orphans), deleted=not dry_run, referenced=len(referenced), symlinks=links,
+                       young=young)
