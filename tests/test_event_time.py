@@ -300,3 +300,21 @@ def test_each_checkpoint_records_its_states_timers_and_expired_entries(tmp_path:
     assert info["watermark"] == pd.Timestamp(micros(expected[1][0]), unit="us", tz="UTC").isoformat()
     shown = sstable_metadata(snapshot_summary(meta.operators["silence"].subtasks, 2))
     assert (shown["entries"], shown["timers_fired"], shown["timers_pending"]) == (4, fired_by_2, op["timers_pending"])
+
+
+def test_a_hostile_ttl_in_a_snapshots_facts_is_refused_naming_the_field(tmp_path: Path):
+    """A restore sweeps states no batch opens by the TTL their snapshot's facts record: one a
+    `_metadata` makes up (an unknown clock) is refused when the file is read, not mid-batch."""
+    from sparkpoint.checkpoint.errors import MetadataError
+    from sparkpoint.checkpoint.metadata import CheckpointMetadata
+
+    land(tmp_path, BATCHES[:1])
+    spec = pipeline(tmp_path, parallelism=1)
+    InProcessPipeline(None, spec.config(), spec.operators).run()
+    path = tmp_path / "ckpt" / "devices" / "chk-1" / "_metadata"
+    raw = json.loads(path.read_text())
+    facts = raw["operators"]["silence"]["subtasks"][0]["facts"]
+    facts["states"]["last_report"]["ttl"] = {"seconds": 60, "update": "on_write", "clock": "wall"}
+    raw.pop("checksum", None)
+    with pytest.raises(MetadataError, match=r"facts\.states.*ttl\.clock.*must be one of processing, event"):
+        CheckpointMetadata.loads(json.dumps(raw).encode())

@@ -596,8 +596,9 @@ def _facts_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
             seconds = t.get("seconds")
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
                 raise v.fail(f"{where}.ttl.seconds", f"must be a positive number, got {seconds!r}")
-            ttl = {"seconds": seconds, "update": v.string(t, "update", f"{where}.ttl")[:40],
-                   "clock": v.string(t, "clock", f"{where}.ttl")[:40]}
+            ttl = {"seconds": seconds,  # a restore sweeps by it: only what StateTtl takes
+                   "update": v.string(t, "update", f"{where}.ttl", choices=("on_write", "on_read_and_write")),
+                   "clock": v.string(t, "clock", f"{where}.ttl", choices=("processing", "event"))}
         out_states[state] = {"kind": v.string(f, "kind", where)[:40], "ttl": ttl,
                              "entries": v.integer(f, "entries", where)}
     timers = v.obj(v.get(obj, "timers", name), f"{name}.timers")
