@@ -410,10 +410,12 @@ def test_every_database_a_process_opens_shares_one_block_cache_and_one_memtable_
         for c in cfs:
             c[b"k%07d" % i] = rng.randbytes(30)
         if i % 1000 == 999:
-            peak = max(peak, sum(c.property_int_value("rocksdb.cur-size-all-mem-tables") for c in cfs))
-    # Alone, each state would hold up to two 2 MB memtables (9.6 MB written in all, none flushed);
-    # together they stay within about two write buffers.
-    assert 1 << 20 < peak < 6 << 20, peak
+            peak = max(peak, sum(c.property_int_value("rocksdb.cur-size-active-mem-table") for c in cfs))
+    # Alone, each state would fill its own 2 MB memtable (9.6 MB written in all, none switched);
+    # together the memtables being written stay within two write buffers. Memtables already
+    # switched and waiting for their flush are not counted: how many wait depends on how fast
+    # the background flushes run on a loaded machine (measured: 4.7-8.6 MB in all at the peak).
+    assert 1 << 20 < peak < 4 << 20, peak
     cf = cfs[0]
     assert cf.property_int_value("rocksdb.block-cache-capacity") == 21 << 20
     for c in cfs:

@@ -17,13 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
 import json
+import sys
 from sparkpoint.spark.session import spark_session
 spark = spark_session("local[1]")
 jvm = spark.sparkContext._jvm
 args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
-print(json.dumps({"flag": jvm.java.lang.System.getProperty("sparkpoint.test.flag"),
-                  "other": jvm.java.lang.System.getProperty("sparkpoint.test.other"),
-                  "count": spark.range(7).count(), "args": args}))
+# To a file: the JVM writes to the same standard output from its own threads, mid-line.
+with open(sys.argv[1], "w") as out:
+    json.dump({"flag": jvm.java.lang.System.getProperty("sparkpoint.test.flag"),
+               "other": jvm.java.lang.System.getProperty("sparkpoint.test.other"),
+               "count": spark.range(7).count(), "args": args}, out)
 spark.stop()
 """
 
@@ -40,11 +43,11 @@ def test_the_users_driver_java_options_reach_the_jvm_with_ours(tmp_path: Path):
         b"    -Dsparkpoint.test.other=too -verbose:class\n"
         b"spark.sql.shuffle.partitions 3\n")
     env = {k: v for k, v in os.environ.items() if k != "SPARKPOINT_VERBOSE"}
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**env, "PYTHONPATH": str(ROOT), "SPARK_CONF_DIR": str(conf)})
+    result = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, "-c", CHILD, str(result)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT), "SPARK_CONF_DIR": str(conf)})
     assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith('{"flag"')]
-    got = json.loads(line)
+    got = json.loads(result.read_text())
     assert got["flag"] == "kept" and got["other"] == "too" and got["count"] == 7
     assert any(a.startswith("-Dlog4j2.configurationFile=") for a in got["args"]), "ours are there too"
     assert done.stdout.count("[class,load]") > 1000, "the JVM's standard output comes through the driver"

@@ -14,8 +14,9 @@ of 26, and with its first 1,000 random reads 23 ms instead of 33.
 Memory is the process's, as Flink's managed memory is the slot's: every database a process opens
 (the working one, a staging snapshot, the databases a rescaling restore reads from) and every
 column family in them share one block cache of `block_cache_mb` and one write buffer manager
-that holds their memtables together to two write buffers. A task's RocksDB memory is then bounded
-by those two figures, whatever the state's size, its number of states, or how many databases a
+that holds the memtables being written together to two write buffers (switched memtables wait
+for their flush on top of that, without stalling writes). A task's RocksDB memory is then bounded
+by those figures, whatever the state's size, its number of states, or how many databases a
 restore opens. Whole-state scans (staging slices, a rescaling restore, counting) bypass the cache
 (`scan_options`): they read every block once, and would only evict what the task's reads need.
 """
