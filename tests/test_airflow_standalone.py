@@ -82,8 +82,14 @@ class Airflow:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"{self.url}/api/v2{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.load(r)
+        for attempt in range(3 if method == "GET" else 1):  # a loaded machine: a read may time out once
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return json.load(r)
+            except (TimeoutError, urllib.error.URLError):
+                if attempt == 2 or method != "GET":
+                    raise
+                time.sleep(2)
 
     def dag_ids(self) -> set[str]:
         try:
