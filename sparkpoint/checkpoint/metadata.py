@@ -601,6 +601,11 @@ def _facts_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
                    "clock": v.string(t, "clock", f"{where}.ttl", choices=("processing", "event"))}
         out_states[state] = {"kind": v.string(f, "kind", where)[:40], "ttl": ttl,
                              "entries": v.integer(f, "entries", where)}
+        if f.get("codec") is not None:  # a restore evolves an undeclared RecordCodec state by it
+            codec = _codec_from_json(v, f["codec"], f"{where}.codec")
+            if codec["type"] != "record":
+                raise v.fail(f"{where}.codec", f"only a record codec is recorded here, got {codec['type']!r}")
+            out_states[state]["codec"] = codec
     timers = v.obj(v.get(obj, "timers", name), f"{name}.timers")
     earliest = timers.get("earliest")
     if earliest is not None and (isinstance(earliest, bool) or not isinstance(earliest, int)):

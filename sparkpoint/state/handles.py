@@ -36,6 +36,7 @@ from sparkpoint.checkpoint.metadata import KeyGroupRange
 from sparkpoint.state.changelog import ChangeLog
 from sparkpoint.state.codecs import Codec
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_raw, key_groups_of_raw, raw_keys
+from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.ttl import STAMP, StateTtl
 
 V = TypeVar("V")
@@ -215,9 +216,12 @@ class _KeyedState(Generic[V]):
         return rewritten
 
     def declaration(self) -> dict[str, Any]:
-        """The state's kind and TTL as the operator declared them (what `inspect` shows)."""
+        """The state's kind and TTL as the operator declared them (what `inspect` shows), and a
+        RecordCodec's fields: a restore reads them to evolve a state the operator did not declare."""
         ttl = None if self.ttl is None else {"seconds": self.ttl.seconds, "update": self.ttl.update,
                                               "clock": self.ttl.clock}
+        if isinstance(self.codec, RecordCodec):
+            return {"kind": self.KIND, "ttl": ttl, "codec": self.codec.spec()}
         return {"kind": self.KIND, "ttl": ttl}
 
     # --- keys ------------------------------------------------------------------------------------

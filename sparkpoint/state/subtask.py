@@ -31,6 +31,8 @@ from sparkpoint.state.codecs import BytesCodec, Codec
 from sparkpoint.state.handles import SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.localfiles import write_replacing
+from sparkpoint.state.migration import migrate_records
+from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.rocksdb import (
     EXACT_UP_TO,
     RocksDBOptions,
@@ -41,7 +43,13 @@ from sparkpoint.state.rocksdb import (
     list_states,
     open_db,
 )
-from sparkpoint.state.schema import DeclaredStates, StateDescriptor, declarations
+from sparkpoint.state.schema import (
+    DeclaredStates,
+    StateDescriptor,
+    StateSchemaIncompatible,
+    compare_records,
+    declarations,
+)
 from sparkpoint.state.timers import TIMERS, TimerService
 from sparkpoint.state.ttl import StateTtl
 
@@ -220,6 +228,8 @@ class SubtaskState:
             raise ValueError(f"invalid state name {name!r}")
         db = self._open_db()
         ensure_column_families(db, str(self.db_path), [name], self.options)
+        if name not in self.descriptors:  # declared states were evolved by the restore, before any open
+            self._evolve_undeclared(name, codec)
         state: _KeyedState[Any] = kind(
             db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write, log=self._log,
             ttl=ttl, clock=self.clock, **extra,
@@ -228,6 +238,26 @@ class SubtaskState:
         self._declared[name] = state.declaration()
         self._states[name] = state
         return state
+
+    def _evolve_undeclared(self, name: str, codec: Codec[Any]) -> None:
+        """A state the operator does not declare, opened with a RecordCodec whose fields differ from
+        those the restored snapshot recorded: its entries are rewritten in the new fields (added,
+        removed, widened, reordered, made nullable) before the handle reads any, or the change is
+        refused. Without this, `int64 -> float64` in a record of numbers only decoded the old
+        bytes as other numbers, without an error."""
+        old = self._declared.get(name, {}).get("codec")
+        if not isinstance(codec, RecordCodec) or old is None or old["fields"] == codec.spec()["fields"]:
+            return
+        _, problems = compare_records(old, codec.spec())
+        if problems:
+            raise StateSchemaIncompatible(
+                f"state {name!r} of {self.operator} was checkpointed with RecordCodec fields {old['fields']} and "
+                f"is opened with {codec.spec()['fields']}: " + "; ".join(problems)
+                + ". Keep the old fields, or start the changed state under a new name")
+        started = time.monotonic()
+        rewritten = migrate_records(self, name, RecordCodec.from_spec(old), codec)
+        log.info("%s/%s: %d entries of state %s rewritten in its new fields in %.2fs", self.operator, self.subtask,
+                 rewritten, name, time.monotonic() - started)
 
     # --- time: what TTL expires against -----------------------------------------------------------
 
