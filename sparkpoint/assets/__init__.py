@@ -40,9 +40,10 @@ from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, TICK_TAG, Pipe
 from sparkpoint.spark.sink import output_facts
 from sparkpoint.spark.source import ParquetDirectorySource
 
-__all__ = ["INJECT_TAG", "UPGRADE_CHECK", "build_assets", "build_checks", "preflight", "registry_matches",
-           "run_lineage", "verifies"]
+__all__ = ["INJECT_TAG", "SKIPPED_CHECK", "UPGRADE_CHECK", "build_assets", "build_checks", "preflight",
+           "registry_matches", "run_lineage", "skipped_files", "verifies"]
 UPGRADE_CHECK = "upgrade_preflight"
+SKIPPED_CHECK = "skipped_files"  # on the input: a WARN when the latest checkpoint skipped bad input files
 CODE_VERSION_TAG = "dagster/code_version"  # what Dagster tags a materialization of an asset with a code version
 
 
@@ -219,7 +220,30 @@ def build_checks(scope: PipelineScope) -> list[dg.AssetChecksDefinition]:
     def registry_matches_metadata(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         return registry_matches(scope, scope.storage(context).open())
 
-    return [upgrade_preflight, checkpoint_verifies, registry_matches_metadata]
+    @dg.asset_check(asset=scope.input_key, name=SKIPPED_CHECK, additional_deps=[scope.checkpoint_key],
+                    required_resource_keys=keys,
+                    description="Whether the latest checkpoint consumed input files without processing them "
+                                "(on_bad_file=\"skip\", or the skip_file job): a warning naming each file and why")
+    def skipped_input_files(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        return skipped_files(scope, scope.storage(context).open())
+
+    return [upgrade_preflight, checkpoint_verifies, registry_matches_metadata, skipped_input_files]
+
+
+def skipped_files(scope: PipelineScope, storage: CheckpointStorage) -> dg.AssetCheckResult:
+    """The input check after a checkpoint: passes unless the latest checkpoint skipped input
+    files; then a WARN-severity failure naming them, the check each failed and why."""
+    latest = CompletedCheckpointStore(storage).latest()
+    skipped = latest.newly_skipped() if latest is not None else ()
+    description = ("; ".join(f"skipped {s.line()}" for s in skipped) if skipped
+                   else "no input file skipped" if latest is not None else "no completed checkpoint")
+    return dg.AssetCheckResult(
+        asset_key=scope.input_key, check_name=SKIPPED_CHECK, passed=not skipped,
+        severity=dg.AssetCheckSeverity.WARN, description=description[:2000],
+        metadata={"checkpoint_id": latest.checkpoint_id if latest else 0,
+                  "skipped_files": dg.MetadataValue.json([s.to_json() for s in skipped]),
+                  "skipped_before": len(latest.skipped_files) - len(skipped) if latest else 0},
+    )
 
 
 def last_code_version(instance: dg.DagsterInstance, key: dg.AssetKey) -> str | None:
