@@ -33,12 +33,13 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import Overtaken, finish_step_or_overtaken, start_step
+from sparkpoint.pipeline.badfiles import bad_file_message
 from sparkpoint.pipeline.maintenance import key_changes, prune_due, recount, registry_counts, verify_latest
 from sparkpoint.pipeline.runtime import restore_plan
 from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, TICK_TAG, PipelineScope
 from sparkpoint.spark.sink import output_facts
-from sparkpoint.spark.source import ParquetDirectorySource
+from sparkpoint.spark.source import BadInputFile, ParquetDirectorySource
 
 __all__ = ["INJECT_TAG", "SKIPPED_CHECK", "UPGRADE_CHECK", "build_assets", "build_checks", "preflight",
            "registry_matches", "run_lineage", "skipped_files", "verifies"]
@@ -94,7 +95,12 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         driver = scope.resources(context).driver(pipeline)
         driver.spark = scope.spark(context).session_for(driver)
         inject = context.run.tags.get(INJECT_TAG)
-        attempt = start_step(driver, context.run.run_id, inject_failure=inject)
+        try:
+            attempt = start_step(driver, context.run.run_id, inject_failure=inject)
+        except BadInputFile as e:  # say the way on in this UI: the pipeline's own skip job
+            raise bad_file_message(e.file, e.check, e.reason, skip_how=(
+                f"launch the {scope.name('skip_file')} job with config file: {e.file!r} and a reason "
+                "(or `sparkpoint skip`)")) from None
         if attempt is None and source.land_sample_batch(driver.consumed_files()):
             attempt = start_step(driver, context.run.run_id, inject_failure=inject)
         if attempt is None and context.run.tags.get(TICK_TAG, "").lower() == "true":

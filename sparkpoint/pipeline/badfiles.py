@@ -80,13 +80,18 @@ class FileChecks:
 
 def bad_file_error(verdict: FileVerdict) -> BadInputFile:
     """The "fail" policy's error: the file, the check, and the three ways on, in one line."""
-    name = shlex.quote(verdict.name)
+    return bad_file_message(verdict.name, verdict.check or "", verdict.reason or "")
+
+
+def bad_file_message(file: str, check: str, reason: str, skip_how: str | None = None) -> BadInputFile:
+    """`BadInputFile` for `file`, saying how to skip it (`skip_how`; default: the command, and
+    the Dagster job by its pattern)."""
+    skip_how = skip_how or (f"`sparkpoint skip --pipeline MODULE:ATTR {shlex.quote(file)} --reason TEXT` (in "
+                            "Dagster, the pipeline's <name>_skip_file job)")
     return BadInputFile(
-        f"{verdict.reason} (check {verdict.check!r}; on_bad_file=\"fail\": nothing was uploaded). Land a fixed "
-        f"copy under a new name, or skip this file: `sparkpoint skip --pipeline MODULE:ATTR {name} --reason "
-        "TEXT` (in Dagster, the pipeline's <name>_skip_file job), or set on_bad_file=\"skip\" to record bad "
-        "files as skipped and go on",
-        file=verdict.name, check=verdict.check or "", reason=verdict.reason or "",
+        f"{reason} (check {check!r}; on_bad_file=\"fail\": nothing was uploaded). Land a fixed copy under a new "
+        f"name, or skip this file: {skip_how}, or set on_bad_file=\"skip\" to record bad files as skipped and go on",
+        file=file, check=check, reason=reason,
     )
 
 
