@@ -235,3 +235,45 @@ def test_overrides_take_the_two_restore_settings_and_the_preflight_stops_a_refus
     assert got["check_upgrade"] == "failed" and got["batch"] == "upstream_failed", got
     assert got["recover"] == "skipped", "nothing ran, nothing to recover"
     assert storage.completed_checkpoint_ids() == [1]
+
+
+def meters_dag(name: str, tmp_path: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    """A DAG file for the smart-meters pipeline (tests.meters_pipeline) at `tmp_path`; its DAG."""
+    import importlib.util
+
+    path = Path(_HOME, "dags", f"{name}.py")
+    path.write_text(
+        "from pathlib import Path\n"
+        "from sparkpoint.airflow import sparkpoint_dag\n"
+        "from tests.meters_pipeline import meters\n"
+        f"dag = sparkpoint_dag(meters(Path({str(tmp_path)!r})), dag_id={name!r}, overrides={overrides!r})\n"
+    )
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dag
+
+
+def test_a_bad_file_fails_the_batch_before_spark_or_is_skipped_with_a_warning(tmp_path: Path, caplog, capfd):
+    """Issue 34, item 2: under "fail" the batch task fails naming the file (no Spark, no retry,
+    `recover` skips); with `overrides={"on_bad_file": "skip"}` the run consumes it and the
+    checkpoint task logs a warning naming it, no row of it in the state, the next file pending."""
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from tests.meters_pipeline import bad, good, meters, state_of
+
+    pipeline = meters(tmp_path)
+    bad(tmp_path, "r-000.parquet", "null keys")
+    good(tmp_path, "r-001.parquet")
+    failing = meters_dag("meters_af_fail", tmp_path).test()
+    assert states(failing)["batch"] == "failed" and states(failing)["recover"] == "skipped", states(failing)
+    assert not (tmp_path / "local").exists() and not list((tmp_path / "ckpt").rglob("*.sst"))
+
+    caplog.set_level("WARNING")
+    run = meters_dag("meters_af_skip", tmp_path, on_bad_file="skip").test()
+    assert states(run)["checkpoint"] == "success", states(run)
+    said = caplog.text + "".join(capfd.readouterr())
+    assert "skipped input file r-000.parquet (null_keys: input file" in said
+    assert state_of(pipeline) == {}, "a batch of one bad file: a checkpoint that processed no row"
+    assert [s.file for s in CompletedCheckpointStore(pipeline.storage()).latest().skipped_files] == ["r-000.parquet"]
+    assert StatefulPipeline(None, pipeline.config(), pipeline.operators).pending_files() == ["r-001.parquet"]
