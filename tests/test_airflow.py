@@ -53,16 +53,21 @@ def pipeline_at(tmp_path: Path):  # type: ignore[no-untyped-def]
 def dag_file(name: str, tmp_path: Path, **factory: object):  # type: ignore[no-untyped-def]
     """A DAG file in the DAGs folder (as a user writes one) for the sample pipeline at `tmp_path`;
     its DAG, imported from the file."""
-    import importlib.util
-
-    path = Path(_HOME, "dags", f"{name}.py")
-    path.write_text(
+    return dag_from_file(name, (
         "from sparkpoint.airflow import sparkpoint_dag\n"
         "from sparkpoint.sample import pipeline\n"
         f"dag = sparkpoint_dag(pipeline.with_(name='sample_af', job_id='job', input_url={str(tmp_path / 'in')!r}, "
         f"checkpoints_url={str(tmp_path / 'ckpt')!r}, output_url={str(tmp_path / 'out')!r}, "
         f"local_dir={str(tmp_path / 'local')!r}), dag_id={name!r}, **{factory!r})\n"
-    )
+    ))
+
+
+def dag_from_file(name: str, text: str):  # type: ignore[no-untyped-def]
+    """`text` as the DAG file `name` in the DAGs folder; its `dag`, imported from the file."""
+    import importlib.util
+
+    path = Path(_HOME, "dags", f"{name}.py")
+    path.write_text(text)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -239,20 +244,12 @@ def test_overrides_take_the_two_restore_settings_and_the_preflight_stops_a_refus
 
 def meters_dag(name: str, tmp_path: Path, **overrides: object):  # type: ignore[no-untyped-def]
     """A DAG file for the smart-meters pipeline (tests.meters_pipeline) at `tmp_path`; its DAG."""
-    import importlib.util
-
-    path = Path(_HOME, "dags", f"{name}.py")
-    path.write_text(
+    return dag_from_file(name, (
         "from pathlib import Path\n"
         "from sparkpoint.airflow import sparkpoint_dag\n"
         "from tests.meters_pipeline import meters\n"
         f"dag = sparkpoint_dag(meters(Path({str(tmp_path)!r})), dag_id={name!r}, overrides={overrides!r})\n"
-    )
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.dag
+    ))
 
 
 def test_a_bad_file_fails_the_batch_before_spark_or_is_skipped_with_a_warning(tmp_path: Path, caplog, capfd):
