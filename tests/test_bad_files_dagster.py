@@ -81,6 +81,7 @@ def test_a_bad_file_fails_its_run_unrecovered_until_the_skip_job_consumes_it_the
     assert "r-000.parquet (manual: the gateway sent null meter ids)" in (warning.description or "")
     [materialization] = skipped.get_asset_materialization_events()
     assert materialization.materialization.asset_key == dg.AssetKey(["meters", "checkpoint"])
+    assert [s["file"] for s in materialization.materialization.metadata["skipped_files"].value] == ["r-000.parquet"]
 
     tick = input_tick()
     assert isinstance(tick, dg.RunRequest) and tick.run_key == "landed-r-001.parquet", \
