@@ -53,16 +53,21 @@ def pipeline_at(tmp_path: Path):  # type: ignore[no-untyped-def]
 def dag_file(name: str, tmp_path: Path, **factory: object):  # type: ignore[no-untyped-def]
     """A DAG file in the DAGs folder (as a user writes one) for the sample pipeline at `tmp_path`;
     its DAG, imported from the file."""
-    import importlib.util
-
-    path = Path(_HOME, "dags", f"{name}.py")
-    path.write_text(
+    return dag_from_file(name, (
         "from sparkpoint.airflow import sparkpoint_dag\n"
         "from sparkpoint.sample import pipeline\n"
         f"dag = sparkpoint_dag(pipeline.with_(name='sample_af', job_id='job', input_url={str(tmp_path / 'in')!r}, "
         f"checkpoints_url={str(tmp_path / 'ckpt')!r}, output_url={str(tmp_path / 'out')!r}, "
         f"local_dir={str(tmp_path / 'local')!r}), dag_id={name!r}, **{factory!r})\n"
-    )
+    ))
+
+
+def dag_from_file(name: str, text: str):  # type: ignore[no-untyped-def]
+    """`text` as the DAG file `name` in the DAGs folder; its `dag`, imported from the file."""
+    import importlib.util
+
+    path = Path(_HOME, "dags", f"{name}.py")
+    path.write_text(text)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -235,3 +240,37 @@ def test_overrides_take_the_two_restore_settings_and_the_preflight_stops_a_refus
     assert got["check_upgrade"] == "failed" and got["batch"] == "upstream_failed", got
     assert got["recover"] == "skipped", "nothing ran, nothing to recover"
     assert storage.completed_checkpoint_ids() == [1]
+
+
+def meters_dag(name: str, tmp_path: Path, **overrides: object):  # type: ignore[no-untyped-def]
+    """A DAG file for the smart-meters pipeline (tests.meters_pipeline) at `tmp_path`; its DAG."""
+    return dag_from_file(name, (
+        "from pathlib import Path\n"
+        "from sparkpoint.airflow import sparkpoint_dag\n"
+        "from tests.meters_pipeline import meters\n"
+        f"dag = sparkpoint_dag(meters(Path({str(tmp_path)!r})), dag_id={name!r}, overrides={overrides!r})\n"
+    ))
+
+
+def test_a_bad_file_fails_the_batch_before_spark_or_is_skipped_with_a_warning(tmp_path: Path, caplog, capfd):
+    """Issue 34, item 2: under "fail" the batch task fails naming the file (no Spark, no retry,
+    `recover` skips); with `overrides={"on_bad_file": "skip"}` the run consumes it and the
+    checkpoint task logs a warning naming it, no row of it in the state, the next file pending."""
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from tests.meters_pipeline import bad, good, meters, state_of
+
+    pipeline = meters(tmp_path)
+    bad(tmp_path, "r-000.parquet", "null keys")
+    good(tmp_path, "r-001.parquet")
+    failing = meters_dag("meters_af_fail", tmp_path).test()
+    assert states(failing)["batch"] == "failed" and states(failing)["recover"] == "skipped", states(failing)
+    assert not (tmp_path / "local").exists() and not list((tmp_path / "ckpt").rglob("*.sst"))
+
+    caplog.set_level("WARNING")
+    run = meters_dag("meters_af_skip", tmp_path, on_bad_file="skip").test()
+    assert states(run)["checkpoint"] == "success", states(run)
+    said = caplog.text + "".join(capfd.readouterr())
+    assert "skipped input file r-000.parquet (null_keys: input file" in said
+    assert state_of(pipeline) == {}, "a batch of one bad file: a checkpoint that processed no row"
+    assert [s.file for s in CompletedCheckpointStore(pipeline.storage()).latest().skipped_files] == ["r-000.parquet"]
+    assert StatefulPipeline(None, pipeline.config(), pipeline.operators).pending_files() == ["r-001.parquet"]

@@ -129,7 +129,8 @@ def sparkpoint_dag(
             checkpoint >> SparkpointVerifyOperator(task_id="verify", **common)
         recover = SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED,
                                             orphan_grace_seconds=orphan_grace_seconds,
-                                            preflight_task_id="check_upgrade", **common, **spark)
+                                            preflight_task_id="check_upgrade", batch_task_id="batch", **common,
+                                            **spark)
         [batch, checkpoint] >> recover
         check_upgrade = SparkpointUpgradeCheckOperator(task_id="check_upgrade", **common)
         if on_landing:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator, Context
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.savepoint import take_savepoint
@@ -25,6 +25,7 @@ from sparkpoint.pipeline.attempt import finish_step, start_step
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import restore_plan
 from sparkpoint.pipeline.spec import Pipeline, load_pipeline
+from sparkpoint.spark.source import BadInputFile
 
 LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id", "storage_options")
 INJECT_KEY = "sparkpoint_inject_failure"  # dag_run.conf: before-upload | after-upload | before-commit
@@ -206,12 +207,19 @@ class SparkpointBatchOperator(SparkpointOperator):
         self.tick = tick
 
     def execute(self, context: Context) -> dict[str, Any]:
-        spark = self.spark()
+        driver = self.driver()
         try:
-            driver = self.driver(spark)
-            attempt = start_step(driver, attempt_id_of(context), inject_failure=injected(context), tick=self.tick)
-        finally:
-            spark.stop()
+            # The batch's checks from its files' footers, before Spark starts: a bad file under
+            # on_bad_file="fail" fails the task (no retry: the same file fails the same way).
+            driver.check_batch(driver.pending_files()[: driver.config.files_per_checkpoint])
+            driver.spark = self.spark()
+            try:
+                attempt = start_step(driver, attempt_id_of(context), inject_failure=injected(context), tick=self.tick)
+            finally:
+                driver.spark.stop()
+        except BadInputFile as e:
+            context["ti"].xcom_push(key="bad_file", value={"file": e.file, "check": e.check, "reason": e.reason})
+            raise AirflowFailException(f"sparkpoint: {e}") from e
         if attempt is None:
             raise AirflowSkipException(f"no unconsumed batch in {driver.config.input_url}: no new checkpoint")
         self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
@@ -255,7 +263,10 @@ class SparkpointCheckpointOperator(SparkpointOperator):
         report, meta = done
         facts = maintenance.checkpoint_facts(driver.storage, report, meta)
         self.log.info("sparkpoint %s", report.line())
-        return {**facts, "rows": report.rows, "batch": list(report.files)}
+        for skipped in report.skipped:  # on_bad_file="skip": consumed, not processed
+            self.log.warning("sparkpoint checkpoint %s skipped input file %s", meta.checkpoint_id, skipped.line())
+        return {**facts, "rows": report.rows, "batch": list(report.files),
+                "skipped_files": [s.to_json() for s in report.skipped]}
 
 
 class SparkpointRecoverOperator(SparkpointOperator):
@@ -282,14 +293,20 @@ class SparkpointRecoverOperator(SparkpointOperator):
     """
 
     def __init__(self, *, orphan_grace_seconds: float = 3600.0, preflight_task_id: str | None = None,
-                 **kwargs: Any) -> None:
+                 batch_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.orphan_grace_seconds = orphan_grace_seconds
         self.preflight_task_id = preflight_task_id
+        self.batch_task_id = batch_task_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         if self.preflight_task_id and context["ti"].xcom_pull(task_ids=self.preflight_task_id, key="ok") is False:
             raise AirflowSkipException("the upgrade pre-flight refused the restore: no batch ran, nothing to recover")
+        bad = context["ti"].xcom_pull(task_ids=self.batch_task_id, key="bad_file") if self.batch_task_id else None
+        if isinstance(bad, dict):
+            raise AirflowSkipException(
+                f"the batch failed on bad input file {bad.get('file')} ({bad.get('check')}) before any upload: nothing "
+                "to recover. Land a fixed copy, `sparkpoint skip` it, or set on_bad_file=\"skip\"")
         spark = self.spark()
         try:
             report = maintenance.recover(self.driver(spark), orphan_grace_seconds=self.orphan_grace_seconds)

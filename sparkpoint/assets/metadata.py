@@ -75,6 +75,8 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
     if "watermark" in facts:  # pipelines with an event time
         out["watermark"] = facts["watermark"]
         out["late_rows"] = facts["late_rows"]
+    if "skipped_files" in facts:  # input files it consumed without processing them (on_bad_file, skip_file)
+        out["skipped_files"] = dg.MetadataValue.json(facts["skipped_files"])
     if recovered_run:
         out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
     if previous is not None:  # the checkpoint before it, to open beside it (and to diff against)

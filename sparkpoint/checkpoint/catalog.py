@@ -19,7 +19,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import MAX_METADATA_BYTES, CompletedCheckpointStore, StoreListing
 
 LIST_COLUMNS = ("checkpoint_id", "kind", "created_at", "state_size", "checkpointed_size", "files",
-                "restored_from", "claim_mode", "operators")
+                "restored_from", "claim_mode", "operators", "skipped_files")
 REGISTRY_COLUMNS = ("path", "kind", "size", "count", "created_by", "last_used", "owned")
 
 
@@ -50,6 +50,9 @@ def checkpoint_row(meta: CheckpointMetadata) -> dict[str, Any]:
         "restored_from": meta.lineage.restored_from if meta.lineage else None,
         "claim_mode": meta.lineage.claim_mode if meta.lineage else None,
         "operators": {name: op.parallelism for name, op in sorted(meta.operators.items())},
+        # The input files this checkpoint consumed without processing them (`inspect` lists those
+        # it carries from older checkpoints too).
+        "skipped_files": [s.to_json() for s in meta.newly_skipped()],
     }
 
 
@@ -129,6 +132,7 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
         "watermark": _watermark(meta),
         "unowned": sorted(meta.unowned),
         "operators": operators,
+        "skipped_files": [s.to_json() for s in meta.skipped_files],  # up to this checkpoint, oldest first
     }
 
 

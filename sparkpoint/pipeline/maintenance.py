@@ -96,6 +96,7 @@ def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: Chec
         "duration_s": round(report.seconds, 3),
         **({"watermark": iso_micros(report.watermark), "late_rows": report.late_rows}
            if report.watermark is not None else {}),  # pipelines with an event time
+        **({"skipped_files": [s.to_json() for s in report.skipped]} if report.skipped else {}),  # consumed unprocessed
     }
 
 

@@ -17,14 +17,15 @@ from sparkpoint.checkpoint.errors import (
     OperatorStateMismatch,
     SparkpointError,
 )
-from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, SkippedFile
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
+from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, check_on_bad_file, input_needs
 from sparkpoint.pipeline.upgrade import RestorePlan, plan_restore
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
-from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
+from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, run_slots, run_subtask
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import check_event_time, iso_micros
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
@@ -81,6 +82,7 @@ class PipelineConfig:
     event_time: str | None = None  # the input's event-time column: watermarks, late rows, event-time timers
     allowed_lateness: float = 0.0  # seconds the watermark trails the highest event time seen
     late: str = "drop"  # rows below the watermark their batch starts with: "drop" or "process"
+    on_bad_file: str = "fail"  # an input file that fails a check: "fail" the batch, or "skip" it (recorded)
 
 
 def validate_config(config: PipelineConfig) -> None:
@@ -103,6 +105,7 @@ def validate_config(config: PipelineConfig) -> None:
     except ValueError as e:
         problems.append(str(e))
     problems += check_event_time(config.event_time, config.allowed_lateness, config.late)
+    problems += check_on_bad_file(config.on_bad_file)
     if problems:
         raise PipelineError("; ".join(problems))
 
@@ -123,14 +126,17 @@ class BatchReport:
     restored: tuple[str, ...]  # per (operator, subtask), how it got its state: working | local | primary | ...
     watermark: int | None = None  # after the batch, µs since the epoch, UTC (pipelines with an event time)
     late_rows: int = 0  # rows below the watermark the batch started with (dropped unless late="process")
+    skipped: tuple[SkippedFile, ...] = ()  # input files this checkpoint consumed without processing them
 
     def line(self) -> str:
+        batch = ",".join(self.files) or ("(none)" if self.skipped else "(tick)")
         return (
-            f"chk-{self.checkpoint_id} batch={','.join(self.files) or '(tick)'} rows={self.rows} "
+            f"chk-{self.checkpoint_id} batch={batch} rows={self.rows} "
             f"state={self.state_size}B "
             f"uploaded={self.checkpointed_size}B files new={self.files_new} reused={self.files_reused} "
             f"deleted={self.files_deleted} {self.seconds:.2f}s"
             + (f" watermark={iso_micros(self.watermark)} late={self.late_rows}" if self.watermark is not None else "")
+            + (" skipped=" + "; ".join(s.line() for s in self.skipped) if self.skipped else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -142,6 +148,7 @@ class BatchReport:
             "restored_by_subtask": list(self.restored),  # in (operator, subtask) order
             "watermark": iso_micros(self.watermark) if self.watermark is not None else None,
             "late_rows": self.late_rows,
+            "skipped": [{"file": s.file, "check": s.check, "reason": s.reason} for s in self.skipped],
         }
 
 
@@ -174,6 +181,7 @@ class PipelineCore:
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
         self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
+        self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file)
         self.sink = (
             ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
             if config.output_url
@@ -192,6 +200,12 @@ class PipelineCore:
     def pending_files(self) -> list[str]:
         """The input files no checkpoint has consumed yet, in the order they will be read."""
         return self.source.pending(SourceOffsets(self.consumed_files()))
+
+    def check_batch(self, files: list[str]) -> BatchCheck:
+        """Every check of the batch's files, before any Spark work (each footer read once):
+        under `on_bad_file="fail"` a bad file raises `BadInputFile`; under "skip" the bad ones
+        are returned apart from the good ones."""
+        return self._file_checks.batch(self.source, files)
 
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
@@ -221,6 +235,9 @@ class PipelineCore:
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:
         groups = len(self.operators) * spec.parallelism
+        if self.spark is None and not urls:  # nothing to read (`sparkpoint skip`): no JVM for that
+            return [run_subtask(spec, i, subtask, no_rows(op)).to_dict("records")[0]
+                    for subtask in range(spec.parallelism) for i, op in enumerate(self.operators)]
         if not getattr(self, "_shipped", False):  # the user's operator modules, to every executor
             from sparkpoint.spark.session import ship_modules  # pyspark: only where Spark runs
 

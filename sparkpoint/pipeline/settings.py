@@ -70,6 +70,7 @@ _PARSERS: dict[str, Any] = {
     "event_time": str,
     "allowed_lateness": float,
     "late": str,
+    "on_bad_file": lambda v: str(v).strip().lower(),  # fail | skip: checked with the other settings
 }
 
 

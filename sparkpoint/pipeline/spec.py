@@ -121,6 +121,10 @@ class Pipeline:
     event_time: str | None = None
     allowed_lateness: float = 0.0
     late: str = "drop"
+    # An input file that fails a check before any Spark work (not Parquet, a column missing or of
+    # the wrong type, null keys): "fail" the batch before any upload, or "skip" the file, recorded
+    # in the checkpoint's `_metadata` (sparkpoint.pipeline.badfiles).
+    on_bad_file: str = "fail"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))

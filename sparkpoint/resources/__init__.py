@@ -23,6 +23,7 @@ from pydantic import PrivateAttr
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
+from sparkpoint.pipeline.badfiles import check_on_bad_file
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
 from sparkpoint.pipeline.runtime import PipelineConfig, validate_config
@@ -232,11 +233,16 @@ class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     output_url: str = DEFAULT_OUTPUT  # "" for no sink
     files_per_checkpoint: int = 1
     sample_stream: bool = False
+    # An input file that fails a check before Spark (not Parquet, a column missing or of the wrong
+    # type, null keys): "fail" the run before any upload, or "skip" it (recorded in the checkpoint).
+    on_bad_file: str = "fail"
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         _json_object(self.input_options, "input: input_options")
         if self.files_per_checkpoint < 1:
             raise ResourceConfigError(f"input: files_per_checkpoint must be >= 1, got {self.files_per_checkpoint}")
+        for problem in check_on_bad_file(self.on_bad_file):
+            raise ResourceConfigError(f"input: {problem}")
         if self.sample_stream:
             Path(self.input_url).mkdir(parents=True, exist_ok=True)
 
@@ -279,7 +285,7 @@ class PipelineResources:
                 input_url=_url(source.input_url), input_options=_json_object(source.input_options,
                                                                              "input: input_options"),
                 output_url=_url(source.output_url) if source.output_url else None,
-                files_per_checkpoint=source.files_per_checkpoint,
+                files_per_checkpoint=source.files_per_checkpoint, on_bad_file=source.on_bad_file,
                 checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
                 num_retained=registry.num_retained, retention=registry.retention,
                 restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
@@ -323,7 +329,7 @@ def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[st
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
                        output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,
-                       sample_stream=sample_stream),
+                       sample_stream=sample_stream, on_bad_file=pipeline.on_bad_file),
     }
 
 

@@ -106,7 +106,7 @@ def parse_field(name: str, text: str) -> RecordField:
 
 def _fields_of(fields: Any) -> tuple[RecordField, ...]:
     if isinstance(fields, pa.Schema):
-        pairs = [(f.name, _arrow_name(f.type) + ("" if f.nullable else " not null")) for f in fields]
+        pairs = [(f.name, arrow_type_name(f.type) + ("" if f.nullable else " not null")) for f in fields]
     elif isinstance(fields, Mapping):
         pairs = list(fields.items())
     else:
@@ -120,7 +120,8 @@ def _fields_of(fields: Any) -> tuple[RecordField, ...]:
     return out
 
 
-def _arrow_name(t: pa.DataType) -> str:
+def arrow_type_name(t: pa.DataType) -> str:
+    """An Arrow type by the name RecordCodec fields and `KeyedOperator.key_type` use."""
     if pa.types.is_timestamp(t):
         return f"timestamp[{t.unit}]" if t.tz is None else f"timestamp[{t.unit}, tz={t.tz}]"
     if pa.types.is_floating(t):
