@@ -50,7 +50,7 @@ test: $(DEV_STAMP)
 # The documentation site (docs/, mkdocs.yml) into build/site, strictly: a broken link, a public name
 # without a complete docstring or a setting without a description fails it. Offline, a few seconds.
 docs: $(DEV_STAMP)
-	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
 # Long reliability variants (crash points x seeds, storage faults over hundreds of checkpoints, load).
 soak: $(DEV_STAMP)

@@ -287,6 +287,8 @@ class SparkpointRecoverOperator(SparkpointOperator):
         orphan_grace_seconds: uploads younger than this are not swept.
         preflight_task_id: the `SparkpointUpgradeCheckOperator` task: when it refused the restore,
             nothing ran and this task skips.
+        batch_task_id: the `SparkpointBatchOperator` task: when it failed on a bad input file (before
+            any upload), there is nothing to recover and this task skips.
         **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
             `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
             (`task_id`, `retries`, ...).

@@ -105,6 +105,9 @@ SETTING_DOCS = {
     "event_time": "the input's event-time column (a timestamp): a watermark, late rows, event-time timers and TTL",
     "allowed_lateness": "seconds the watermark trails the highest event time seen",
     "late": "rows below the watermark their batch starts with: `drop` or `process`",
+    "on_bad_file": "a batch file that fails its checks before Spark (not Parquet, a missing column, a wrong key type, "
+                   "null keys): `fail` stops before any upload, `skip` consumes it unprocessed and records it in "
+                   "`_metadata`",
 }
 
 

@@ -87,6 +87,9 @@ class Pipeline:
             timers and TTL; None: processing time only.
         allowed_lateness: seconds the watermark trails the highest event time seen.
         late: rows below the watermark their batch starts with: "drop" or "process".
+        on_bad_file: a batch file that fails its checks before Spark (not Parquet, a missing column,
+            a wrong key type, null keys): "fail" stops the batch before any upload, "skip" consumes
+            it unprocessed and records it in `_metadata` (`skipped_files`).
 
     Raises:
         PipelineError: a setting the CLI would refuse (each message says what to change).
