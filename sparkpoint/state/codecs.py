@@ -38,8 +38,9 @@ class StructCodec(Generic[T]):
 
     A value is a tuple of numbers as the format says; `decode_many` / `encode_many` turn whole
     batches into NumPy records and back (fields `f0`, `f1`, ...), for vectorized operators
-    (`ValueState.update_many_encoded`). StructCodec cannot evolve: its records are positional bytes;
-    use RecordCodec for fields that change.
+    (`ValueState.update_many_encoded`).
+
+    StructCodec cannot evolve: its records are positional bytes; use RecordCodec for fields that change
 
     Example:
         ```python
