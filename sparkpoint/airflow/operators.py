@@ -99,12 +99,12 @@ def resolve_pipeline(pipeline: Pipeline | str, overrides: Mapping[str, Any]) -> 
 
 class SparkpointOperator(BaseOperator):
     """What every sparkpoint operator shares: the pipeline, its overrides, credentials, Spark
-    (`master`, or `remote`: a Spark Connect URL)."""
+    (`master`, or `remote`: a Spark Connect URL; neither: the warm local Spark)."""
 
     ui_color = "#f4a460"
 
     def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
-                 storage_conn_id: str | None = None, master: str = "local[2]", remote: str | None = None,
+                 storage_conn_id: str | None = None, master: str | None = None, remote: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ref = PipelineRef(pipeline, overrides, storage_conn_id)
@@ -121,7 +121,7 @@ class SparkpointOperator(BaseOperator):
 
         pipeline = self.resolved()
         return spark_session(self.master, app_name=f"sparkpoint-{pipeline.name}", remote=self.remote,
-                             share=session_key(pipeline.effective_job_id, pipeline.operators) if self.remote else None)
+                             share=session_key(pipeline.effective_job_id, pipeline.operators))
 
 
 class SparkpointUpgradeCheckOperator(SparkpointOperator):
