@@ -3,6 +3,7 @@ first run without `master`/`remote` starts and later runs attach to. Real server
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -193,3 +194,46 @@ def test_a_users_pipeline_run_without_a_master_attaches_to_the_warm_server(tmp_p
     off = subprocess.run([*command, "--max-batches", "1"], cwd=project, capture_output=True, text=True, timeout=600,
                          env={**env, "SPARKPOINT_WARM_SPARK": "off"})
     assert off.returncode == 0 and _starts(warm_env) == 1, off.stderr[-2000:]
+
+
+def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
+    import pty
+    import select
+    import urllib.request
+
+    from tests.cluster import free_port
+
+    _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
+    server = _server(warm_env)
+    port = free_port()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: `make ui` at a terminal, as a user runs it
+        os.chdir(ROOT)
+        os.execvpe("make", ["make", "--no-print-directory", "ui", f"UI_PORT={port}",
+                            f"DAGSTER_HOME={tmp_path / 'dagster'}"], warm_env)
+    output = b""
+
+    def read(seconds: float) -> None:
+        nonlocal output
+        if select.select([fd], [], [], seconds)[0]:
+            with contextlib.suppress(OSError):
+                output += os.read(fd, 65536)
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        read(1)
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2).close()
+            break
+        except OSError:
+            continue
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError(output.decode(errors="replace")[-3000:])
+    os.write(fd, b"\x03")  # Ctrl-C
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+        read(1)
+    read(0.5)
+    assert not _any_lives(server), output.decode(errors="replace")[-3000:]
+    assert "stopped the warm local Spark" in output.decode(errors="replace")
