@@ -357,6 +357,10 @@ def test_an_undeclared_same_width_change_reads_the_old_numbers_not_their_bytes()
         got = h2.export()
     every = _games(7).groupby("player", sort=True).agg(points=("points", "sum"))
     assert got.points.tolist() == [float(x) for x in every.points]
+    # Without its code, the state reads by the fields its snapshot recorded.
+    raw = read_state(snap.checkpoints_url, "harness", "scores", raw=True).sort_values("key")
+    assert raw.value.tolist() == [{"points": int(p), "games": int(g)} for p, g in
+                                  zip(every.points, _games(7).groupby("player", sort=True).size())]
 
 
 @pytest.mark.parametrize("codec, message", [

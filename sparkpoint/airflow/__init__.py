@@ -34,7 +34,16 @@ __all__ = sorted([*_HOMES, "get_provider_info"])
 
 
 def get_provider_info() -> dict[str, Any]:
-    """What `airflow providers list` shows (the `apache_airflow_provider` entry point)."""
+    """What `airflow providers list` shows (the `apache_airflow_provider` entry point).
+
+    Example:
+        ```python
+        get_provider_info()["package-name"]        # "sparkpoint"
+        ```
+
+    Returns:
+        Airflow's provider-info dict: package name, versions, operator and sensor modules, asset URI scheme.
+    """
     from sparkpoint import __version__
 
     return {

@@ -39,7 +39,20 @@ from sparkpoint.pipeline.spec import Pipeline
 
 
 def checkpoint_asset(job_id: str) -> Asset:
-    """The Airflow asset a job's checkpoints update: `sparkpoint://<job>/checkpoint`."""
+    """The Airflow asset a job's checkpoints update: `sparkpoint://<job>/checkpoint`.
+
+    Example:
+        ```python
+        with DAG("report", schedule=[checkpoint_asset("clicks")]):    # runs after each checkpoint of job clicks
+            ...
+        ```
+
+    Args:
+        job_id: the job id (a pipeline's `effective_job_id`).
+
+    Returns:
+        An `airflow.sdk.Asset` (named `sparkpoint_<job>_checkpoint`).
+    """
     return Asset(uri=f"sparkpoint://{job_id}/checkpoint", name=f"sparkpoint_{job_id}_checkpoint")
 
 
@@ -59,11 +72,42 @@ def sparkpoint_dag(
     tick: bool = False,
     **dag_kwargs: Any,
 ) -> DAG:
-    """The DAG of `pipeline` (default id `sparkpoint_<name>`). `schedule`: any Airflow schedule;
-    `on_landing=True` waits for a batch file first (a sensor) and, without a schedule, runs
-    continuously (`@continuous`: the next run starts when one ends, and waits for the next file).
-    `tick=True`: a run that finds no unconsumed batch makes a checkpoint of no input instead of
-    skipping, so processing time passes on the schedule: due timers fire, TTL state expires."""
+    """The DAG of `pipeline`: upgrade pre-flight, batch, checkpoint, prune, verify and recover tasks.
+
+    Tasks: `check_upgrade` → (`wait_for_batch` with `on_landing`) → `batch` → `checkpoint` →
+    `prune` and `verify`; `recover` runs when `batch` or `checkpoint` failed. One run at a time
+    (`max_active_runs=1`), no catch-up; the checkpoint task updates `checkpoint_asset(job_id)`.
+
+    Example:
+        ```python
+        # dags/clicks.py
+        from sparkpoint.airflow import sparkpoint_dag
+        from my_project.pipelines import clicks
+
+        dag = sparkpoint_dag(clicks, schedule="*/10 * * * *")            # or on_landing=True
+        ```
+
+    Args:
+        pipeline: a `sparkpoint.Pipeline`, or `"MODULE:ATTR"` naming one.
+        dag_id: default `sparkpoint_<name>`.
+        schedule: any Airflow schedule; with `on_landing` and no schedule, `@continuous`.
+        on_landing: wait for a batch file first (a sensor); without a schedule the DAG runs
+            continuously (the next run starts when one ends, and waits for the next file).
+        verify: add the `verify` task after each checkpoint.
+        overrides: locations and settings on top of the pipeline's (our names or Flink's keys).
+        storage_conn_id: an Airflow Connection whose credentials become fsspec storage options.
+        master: the Spark master URL of the batch and recover tasks' own Spark.
+        remote: a Spark Connect URL to attach those tasks to instead.
+        poke_interval: seconds between the landing sensor's looks.
+        orphan_grace_seconds: uploads younger than this are never swept (prune, recover).
+        tick: a run that finds no unconsumed batch makes a checkpoint of no input instead of
+            skipping, so processing time passes on the schedule: due timers fire, TTL state expires.
+        **dag_kwargs: passed to `DAG` (defaults: `max_active_runs=1`, `catchup=False`, a fixed past
+            `start_date`, tag `sparkpoint`).
+
+    Returns:
+        The `airflow.sdk.DAG`.
+    """
     ref = PipelineRef(pipeline, overrides, storage_conn_id)
     resolved = ref.resolved()
     if on_landing and schedule is None:

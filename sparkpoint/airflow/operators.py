@@ -98,8 +98,28 @@ def resolve_pipeline(pipeline: Pipeline | str, overrides: Mapping[str, Any]) -> 
 
 
 class SparkpointOperator(BaseOperator):
-    """What every sparkpoint operator shares: the pipeline, its overrides, credentials, Spark
-    (`master`, or `remote`: a Spark Connect URL; neither: the warm local Spark)."""
+    """What every sparkpoint operator shares: the pipeline, its overrides, credentials and Spark.
+
+    Not used on its own: `sparkpoint_dag` wires the operators below, or your own DAG uses them.
+
+    Example:
+        ```python
+        SparkpointSavepointOperator(task_id="savepoint", pipeline="my_project.pipelines:clicks",
+                                    overrides={"checkpoints_url": "s3://lake/ckpt"}, storage_conn_id="lake")
+        ```
+
+    Args:
+        pipeline: a `sparkpoint.Pipeline`, or `"MODULE:ATTR"` naming one (imported when the task runs).
+        overrides: locations (`input_url`, `checkpoints_url`, `output_url`, `local_dir`, `job_id`) and
+            settings under our names or Flink's keys, on top of the pipeline's.
+        storage_conn_id: an Airflow Connection whose credentials become fsspec storage options (an `aws`
+            connection: login = key, password = secret, extra `endpoint_url` / `region_name`; any
+            connection's extra `storage_options`).
+        master: the Spark master URL of a Spark of the task's own (`local[2]`: in the task's process).
+        remote: a Spark Connect URL (`sc://host:15002`) to attach to instead of starting Spark.
+            Neither: the warm local Spark (`sparkpoint.spark.warm`), started once and kept warm.
+        **kwargs: Airflow's `BaseOperator` arguments (`task_id`, `retries`, `outlets`, ...).
+    """
 
     ui_color = "#f4a460"
 
@@ -126,9 +146,23 @@ class SparkpointOperator(BaseOperator):
 
 class SparkpointUpgradeCheckOperator(SparkpointOperator):
     """The upgrade pre-flight, without Spark: whether the checkpoint the next batch restores maps
-    onto this code's operators (by uid), as `sparkpoint check-upgrade` says. Fails, naming what
-    would make it work, when the restore would be refused; its XCom says whether the code version
-    changed since the previous run and carries the plan."""
+    onto this code's operators (by uid), as `sparkpoint check-upgrade` says.
+
+    Fails, naming what would make it work, when the restore would be refused; its XCom says whether
+    the code version changed since the previous run (`code_changed`) and carries the plan. The
+    `recover` task of `sparkpoint_dag` skips when it refused (nothing ran).
+
+    Example:
+        ```python
+        check = SparkpointUpgradeCheckOperator(task_id="check_upgrade", pipeline=clicks)
+        check >> SparkpointBatchOperator(task_id="batch", pipeline=clicks)
+        ```
+
+    Args:
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def execute(self, context: Context) -> dict[str, Any]:
         pipeline = self.resolved()
@@ -149,11 +183,24 @@ class SparkpointUpgradeCheckOperator(SparkpointOperator):
 
 
 class SparkpointBatchOperator(SparkpointOperator):
-    """The Spark half of the next unconsumed batch: every subtask restores, applies its rows,
-    snapshots and uploads; the attempt is persisted under this DAG run's id, which goes to XCom
-    (JSON) for `SparkpointCheckpointOperator`. Nothing unconsumed: the task is skipped, or with
-    `tick=True` a checkpoint of no input is made (processing time passes: due timers fire, TTL
-    state expires)."""
+    """The Spark half of the next unconsumed batch.
+
+    Every subtask restores, applies its rows, snapshots and uploads; the attempt is persisted under
+    this try's id, which goes to XCom (JSON) for `SparkpointCheckpointOperator`. Nothing unconsumed:
+    the task is skipped, or with `tick=True` a checkpoint of no input is made (processing time
+    passes: due timers fire, TTL state expires).
+
+    Example:
+        ```python
+        batch = SparkpointBatchOperator(task_id="batch", pipeline=clicks, remote="sc://spark:15002")
+        ```
+
+    Args:
+        tick: with no unconsumed batch, make a checkpoint of no input instead of skipping.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, tick: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -176,7 +223,23 @@ class SparkpointBatchOperator(SparkpointOperator):
 
 class SparkpointCheckpointOperator(SparkpointOperator):
     """Completes the checkpoint the batch task uploaded (`_metadata`, registry, retention, sink
-    commit), without Spark. Its facts go to the log in one line and to XCom."""
+    commit), without Spark. Its facts go to the log in one line and to XCom.
+
+    Give it `outlets=[checkpoint_asset(job_id)]` to schedule other DAGs on the job's checkpoints
+    (`sparkpoint_dag` does).
+
+    Example:
+        ```python
+        batch >> SparkpointCheckpointOperator(task_id="checkpoint", pipeline=clicks,
+                                              outlets=[checkpoint_asset("clicks")])
+        ```
+
+    Args:
+        batch_task_id: the task whose XCom holds the attempt to complete.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, batch_task_id: str = "batch", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -198,9 +261,26 @@ class SparkpointCheckpointOperator(SparkpointOperator):
 
 class SparkpointRecoverOperator(SparkpointOperator):
     """After a failed batch or checkpoint task of this DAG run: abort its attempt, rebuild the
-    registry, verify (falling back loudly), and process the batch again, exactly once. Orphans
-    (uploads no attempt record names) are swept only past `orphan_grace_seconds`: another writer
-    of the same job (a CLI run) may be uploading right now."""
+    registry, verify (falling back loudly), and process the batch again, exactly once.
+
+    Orphans (uploads no attempt record names) are swept only past `orphan_grace_seconds`: another
+    writer of the same job (a CLI run) may be uploading right now. Give it the trigger rule
+    `one_failed` downstream of the batch and checkpoint tasks.
+
+    Example:
+        ```python
+        recover = SparkpointRecoverOperator(task_id="recover", pipeline=clicks, trigger_rule=TriggerRule.ONE_FAILED)
+        [batch, checkpoint] >> recover
+        ```
+
+    Args:
+        orphan_grace_seconds: uploads younger than this are not swept.
+        preflight_task_id: the `SparkpointUpgradeCheckOperator` task: when it refused the restore,
+            nothing ran and this task skips.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, orphan_grace_seconds: float = 3600.0, preflight_task_id: str | None = None,
                  **kwargs: Any) -> None:
@@ -228,8 +308,20 @@ class SparkpointRecoverOperator(SparkpointOperator):
 
 
 class SparkpointPruneOperator(SparkpointOperator):
-    """Retention: subsume beyond num_retained, forget attempts that can never complete, sweep
-    orphans older than `orphan_grace_seconds`."""
+    """Retention: subsume beyond `num_retained`, forget attempts that can never complete, sweep
+    orphans older than `orphan_grace_seconds`.
+
+    Example:
+        ```python
+        checkpoint >> SparkpointPruneOperator(task_id="prune", pipeline=clicks)
+        ```
+
+    Args:
+        orphan_grace_seconds: uploads younger than this are not swept.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, orphan_grace_seconds: float = 3600.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -246,7 +338,18 @@ class SparkpointPruneOperator(SparkpointOperator):
 
 
 class SparkpointVerifyOperator(SparkpointOperator):
-    """Every retained checkpoint's files: present, size, CRC32. Fails when one does not verify."""
+    """Every retained checkpoint's files: present, size, CRC32. Fails when one does not verify.
+
+    Example:
+        ```python
+        checkpoint >> SparkpointVerifyOperator(task_id="verify", pipeline=clicks)
+        ```
+
+    Args:
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def execute(self, context: Context) -> dict[str, Any]:
         problems = maintenance.verify_all(self.resolved().storage())
@@ -259,8 +362,21 @@ class SparkpointVerifyOperator(SparkpointOperator):
 
 
 class SparkpointSavepointOperator(SparkpointOperator):
-    """A self-contained, verified copy of the latest checkpoint that retention never deletes
-    (`target`: where; default: the next chk-N of the job)."""
+    """A self-contained, verified copy of the latest checkpoint that retention never deletes.
+
+    Example:
+        ```python
+        SparkpointSavepointOperator(task_id="savepoint", pipeline=clicks,
+                                    target="s3://archive/savepoints/{{ ds }}")
+        ```
+
+    Args:
+        target: where (a new directory, laid out as a job directory: `target/chk-<N>/_metadata`);
+            default: the next chk-N of the job.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, target: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -275,7 +391,20 @@ class SparkpointSavepointOperator(SparkpointOperator):
 
 
 class SparkpointLandingSensor(BaseSensorOperator):
-    """Waits until a batch file no checkpoint consumed is in the pipeline's input."""
+    """Waits until a batch file no checkpoint consumed is in the pipeline's input.
+
+    Example:
+        ```python
+        SparkpointLandingSensor(task_id="wait_for_batch", pipeline=clicks, poke_interval=10,
+                                mode="reschedule") >> batch
+        ```
+
+    Args:
+        pipeline: a `sparkpoint.Pipeline`, or `"MODULE:ATTR"` naming one.
+        overrides: locations and settings on top of the pipeline's (as `SparkpointOperator` takes them).
+        storage_conn_id: an Airflow Connection whose credentials become fsspec storage options.
+        **kwargs: Airflow's `BaseSensorOperator` arguments (`task_id`, `poke_interval`, `mode`, ...).
+    """
 
     def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
                  storage_conn_id: str | None = None, **kwargs: Any) -> None:

@@ -149,30 +149,113 @@ class SubtaskState:
         return self._base_id
 
     def value_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ValueState[V]:
-        """One value per key (`ttl`: entries expire, see `sparkpoint.StateTtl`)."""
+        """One value per key: a `ValueState` of this subtask's key-group range.
+
+        Calls with the same name in one batch return the same handle. A state asked for with another
+        kind, codec or TTL than its declaration (`KeyedOperator(states=...)`), or with another kind or
+        TTL than an earlier call, is refused.
+
+        Example:
+            ```python
+            totals = state.value_state("totals", StructCodec("<q"), ttl=StateTtl(30 * 86400))
+            ```
+
+        Args:
+            name: the state's name (a RocksDB column family of its own); not `"default"` or `"__timers__"`.
+            codec: how its values are stored (`RecordCodec`, `JsonCodec`, `StructCodec`, `BytesCodec`).
+            ttl: entries expire that long after their last write (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         return self._state(ValueState, name, codec, ttl)
 
     def map_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> MapState[V]:
-        """Per key a map of user key -> value; with `ttl` each entry expires on its own."""
+        """Per key a map of user key -> value: a `MapState`; with `ttl` each entry expires on its own.
+
+        Example:
+            ```python
+            pages = state.map_state("pages", JsonCodec())
+            ```
+
+        Args:
+            name: the state's name; not `"default"` or `"__timers__"`.
+            codec: how its values are stored.
+            ttl: each entry expires that long after its last write (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         return self._state(MapState, name, codec, ttl)
 
     def list_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ListState[V]:
-        """Per key a list of values; an append is one write, whatever the list's length; with
-        `ttl` each element expires on its own."""
+        """Per key a list of values: a `ListState`; an append is one write, whatever the list's length.
+
+        Example:
+            ```python
+            clicks = state.list_state("clicks", JsonCodec(), ttl=StateTtl(3600, clock="event"))
+            ```
+
+        Args:
+            name: the state's name; not `"default"` or `"__timers__"`.
+            codec: how its elements are stored.
+            ttl: each element expires that long after it was written (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         return self._state(ListState, name, codec, ttl)
 
     def reducing_state(
         self, name: str, codec: Codec[V], reduce: Callable[[V, V], V], ttl: StateTtl | None = None
     ) -> ReducingState[V]:
-        """Per key one value that each `add` folds into with `reduce(old, new)`."""
+        """Per key one value that each `add` folds into with `reduce(old, new)`: a `ReducingState`.
+
+        Example:
+            ```python
+            spend = state.reducing_state("spend", StructCodec("<d"), lambda a, b: (a[0] + b[0],))
+            ```
+
+        Args:
+            name: the state's name; not `"default"` or `"__timers__"`.
+            codec: how its values are stored.
+            reduce: `reduce(old, new)` returns the folded value.
+            ttl: a value expires that long after its last write (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         state = self._state(ReducingState, name, codec, ttl, reduce=reduce)
         state.reduce = reduce
         return state
 
     @property
     def timers(self) -> TimerService:
-        """This subtask's timers (`register`, `register_many`, `delete`, `list`): they fire after the
-        batch that makes them due, into the operator's `on_timer`."""
+        """This subtask's timers (`register`, `register_many`, `delete`, `list`): a `TimerService`.
+
+        They fire after the batch that makes them due, into the operator's `on_timer`.
+
+        Example:
+            ```python
+            state.timers.register(user, last_click + pd.Timedelta(minutes=30))
+            ```
+        """
         service = self._states.get(TIMERS) or self._add_state(TimerService, TIMERS, _RAW)
         assert isinstance(service, TimerService)
         service.default_clock = self.default_clock
@@ -188,7 +271,16 @@ class SubtaskState:
         """The handle of a state the operator declares (`KeyedOperator(states=...)`), of its
         declared kind, codec and TTL.
 
+        Example:
+            ```python
             totals = state.declared("totals")   # a ValueState of the declared RecordCodec
+            ```
+
+        Args:
+            name: the declared state's name.
+
+        Returns:
+            A `ValueState`, `MapState`, `ListState` or `ReducingState`, as declared.
 
         Raises:
             KeyError: the operator declares no state `name`.
