@@ -331,8 +331,9 @@ def _die_with_parent() -> None:
     """In the JVM's child before exec: SIGKILL when the supervisor dies, however it dies."""
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _jvm_command(port: int) -> list[str]:
