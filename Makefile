@@ -22,13 +22,15 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 run: $(RUN_STAMP)
 	$(BIN)/python -m sparkpoint.demo
 
-# The Dagster UI (webserver + daemon) on the embedded defaults; Ctrl-C stops it.
+# The Dagster UI (webserver + daemon) on the embedded defaults; Ctrl-C stops it, and the warm
+# local Spark its runs attached to.
 DAGSTER_HOME ?= $(CURDIR)/.sparkpoint/dagster
 UI_PORT ?= 3000
 ui: $(RUN_STAMP)
 	@home=$$($(BIN)/python -c 'import sys; from sparkpoint.ops.instance import prepare_dagster_home; print(prepare_dagster_home(sys.argv[1]))' "$(DAGSTER_HOME)") && \
 	  echo "Dagster UI: http://127.0.0.1:$(UI_PORT)  (DAGSTER_HOME=$$home; Ctrl-C stops it)" && \
-	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH exec $(BIN)/dg dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
+	  trap '$(BIN)/python -m sparkpoint.spark.warm --stop' EXIT && trap 'exit 130' INT TERM && \
+	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 # Two pytest workers, each taking whole files: most of the suite's time is spent waiting for
 # servers, daemons and new processes, so two overlap well even on two cores (29 -> 20-23 min here).

@@ -153,6 +153,10 @@ def _progress(args: argparse.Namespace, what: str) -> Iterator[ProgressFn | None
 # --- commands ------------------------------------------------------------------------------------
 
 
+MASTER_HELP = ("Spark master URL; default: the warm local Spark (a Spark Connect server on 127.0.0.1 that "
+               "sparkpoint starts once and keeps warm; SPARKPOINT_WARM_SPARK=off, or local[2], runs Spark in "
+               "this process)")
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from sparkpoint.spark.generate import generate
 
@@ -221,8 +225,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # on_bad_file="fail" stops here: nothing started, nothing uploaded); the batch reuses them.
     pipeline.check_batch(pending[: config.files_per_checkpoint])
     pipeline.check_start()  # the operators and their states' schemas against the checkpoint, before Spark
+    # On Spark Connect (the warm local Spark by default) the runs of one job and code share a
+    # server session, whose Python workers stay warm between runs.
     pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote,
-                                   share=session_key(config.job_id, pipeline.operators) if remote else None)
+                                   share=session_key(config.job_id, pipeline.operators))
 
     uploaded = 0
 
@@ -703,7 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--files-per-checkpoint", type=_positive, help="input files per checkpoint (default 1)")
     p.add_argument("--local-dir", metavar="DIR", help="working RocksDB instances (default .sparkpoint/local, "
                    "with --pipeline .sparkpoint/<name>/local)")
-    p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
+    p.add_argument("--master", metavar="URL", help=MASTER_HELP)
     p.add_argument("--remote", metavar="sc://HOST:PORT",
                    help="attach to a running Spark through Spark Connect instead of starting one "
                         "(also --conf spark.remote=... or SPARK_REMOTE)")
@@ -848,7 +854,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallelism", type=_positive, help="subtasks per operator (default: the pipeline's)")
     p.add_argument("--storage-options", metavar="JSON",
                    help="fsspec options for the table and the target (default: the pipeline's)")
-    p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
+    p.add_argument("--master", metavar="URL", help=MASTER_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_bootstrap)
 

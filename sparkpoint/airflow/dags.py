@@ -65,7 +65,7 @@ def sparkpoint_dag(
     verify: bool = True,
     overrides: Mapping[str, Any] | None = None,
     storage_conn_id: str | None = None,
-    master: str = "local[2]",
+    master: str | None = None,
     remote: str | None = None,
     poke_interval: float = 10.0,
     orphan_grace_seconds: float = 3600.0,

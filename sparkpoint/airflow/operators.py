@@ -116,15 +116,16 @@ class SparkpointOperator(BaseOperator):
         storage_conn_id: an Airflow Connection whose credentials become fsspec storage options (an `aws`
             connection: login = key, password = secret, extra `endpoint_url` / `region_name`; any
             connection's extra `storage_options`).
-        master: the Spark master URL of a Spark of the task's own.
+        master: the Spark master URL of a Spark of the task's own (`local[2]`: in the task's process).
         remote: a Spark Connect URL (`sc://host:15002`) to attach to instead of starting Spark.
+            Neither: the warm local Spark (`sparkpoint.spark.warm`), started once and kept warm.
         **kwargs: Airflow's `BaseOperator` arguments (`task_id`, `retries`, `outlets`, ...).
     """
 
     ui_color = "#f4a460"
 
     def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
-                 storage_conn_id: str | None = None, master: str = "local[2]", remote: str | None = None,
+                 storage_conn_id: str | None = None, master: str | None = None, remote: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ref = PipelineRef(pipeline, overrides, storage_conn_id)
@@ -141,7 +142,7 @@ class SparkpointOperator(BaseOperator):
 
         pipeline = self.resolved()
         return spark_session(self.master, app_name=f"sparkpoint-{pipeline.name}", remote=self.remote,
-                             share=session_key(pipeline.effective_job_id, pipeline.operators) if self.remote else None)
+                             share=session_key(pipeline.effective_job_id, pipeline.operators))
 
 
 class SparkpointUpgradeCheckOperator(SparkpointOperator):

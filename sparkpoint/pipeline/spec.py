@@ -245,6 +245,8 @@ class Pipeline:
             if f.name not in values and hasattr(self, f.name):
                 values[f.name] = getattr(self, f.name)
         values.update(overrides)
+        if values.get("local_dir"):  # as the driver means it: Spark's workers (a Connect server's) run elsewhere
+            values["local_dir"] = str(Path(values["local_dir"]).resolve())
         return PipelineConfig(**values)
 
     def code_version(self) -> str:

@@ -120,30 +120,35 @@ class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-
 
 
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """A Spark session: `local[2]` by default, any master URL, extra conf as JSON; or, with
-    `remote` (`sc://host:port`), a Spark Connect client of a Spark that is already up, so a run
-    starts no JVM of its own. On Connect the runs of a pipeline share a server session (its
-    Python workers stay warm between runs; see `sparkpoint.spark.session`): `session_for`."""
+    """A Spark session: by default the warm local Spark (a Spark Connect server on 127.0.0.1 that
+    sparkpoint starts on first use and keeps warm: `sparkpoint.spark.warm`), any master URL
+    (`local[2]`: a Spark in the run's own process), extra conf as JSON; or, with `remote`
+    (`sc://host:port`), a Spark Connect client of a Spark that is already up. On Connect the runs
+    of a pipeline share a server session (its Python workers stay warm between runs; see
+    `sparkpoint.spark.session`): `session_for`."""
 
-    master: str = "local[2]"
+    master: str = ""  # "": the warm local Spark (SPARKPOINT_WARM_SPARK=off: local[2] in the run's process)
     remote: str = ""  # Spark Connect URL; wins over `master`
     conf: str = "{}"  # JSON object of Spark settings
     app_name: str = "sparkpoint"
     stop_on_teardown: bool = True
     _session: Any = PrivateAttr(default=None)
     _remote: str | None = PrivateAttr(default=None)
+    _master: str | None = PrivateAttr(default=None)
     _conf: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._conf = _json_object(self.conf, "spark: conf")
         from sparkpoint.spark.session import check_reachable, spark_session
+        from sparkpoint.spark.warm import default_spark
 
         self._remote = self.remote or str(self._conf.pop("spark.remote", "")) or None
         try:
+            self._master, self._remote = default_spark(self.master or None, self._remote)
             if self._remote:  # the session itself when a step knows its pipeline (`session_for`)
                 check_reachable(self._remote)
             else:
-                self._session = spark_session(self.master, app_name=self.app_name)
+                self._session = spark_session(self._master, app_name=self.app_name)
         except SparkpointError as e:
             raise ResourceConfigError(f"spark (master, remote): {e}") from e
         if self._session is not None:
@@ -166,7 +171,7 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         from sparkpoint.spark.session import spark_session
 
         try:
-            self._session = spark_session(self.master, app_name=self.app_name, remote=self._remote, share=share)
+            self._session = spark_session(self._master, app_name=self.app_name, remote=self._remote, share=share)
         except SparkpointError as e:
             # As when setup refused it: a configuration error, which no recovery run heals (the
             # recovery sensor reads the causes too).
