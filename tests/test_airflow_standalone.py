@@ -43,7 +43,11 @@ def free_port() -> int:
 
 
 class Airflow:
-    def __init__(self, root: Path) -> None:
+    """`airflow standalone` in `root` with the two example DAGs, or `dags` (file name -> source),
+    ready once the DAGs `expect` names are parsed."""
+
+    def __init__(self, root: Path, *, dags: dict[str, str] | None = None, expect: set[str] | None = None) -> None:
+        self.dags, self.expect = dags, expect or {"sparkpoint_sparkpoint", "sparkpoint_clicks"}
         self.root, self.port = root, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "standalone.log"
@@ -52,8 +56,12 @@ class Airflow:
     def start(self, timeout: float = 300) -> None:
         home, dags = self.root / "airflow-home", self.root / "dags"
         dags.mkdir(parents=True)
-        for name in ("sample_dag.py", "clickstream_dag.py"):
-            shutil.copy(ROOT / "examples" / "airflow" / name, dags / name)
+        if self.dags is None:
+            for name in ("sample_dag.py", "clickstream_dag.py"):
+                shutil.copy(ROOT / "examples" / "airflow" / name, dags / name)
+        else:
+            for name, source in self.dags.items():
+                (dags / name).write_text(source)
         env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
                "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__PARALLELISM": "4",
                "AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__HOST": "127.0.0.1",
@@ -66,8 +74,7 @@ class Airflow:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], cwd=self.root, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.wait_for("both DAGs parsed", lambda: {"sparkpoint_sparkpoint", "sparkpoint_clicks"} <= self.dag_ids(),
-                      timeout)
+        self.wait_for("the DAGs parsed", lambda: self.expect <= self.dag_ids(), timeout)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
