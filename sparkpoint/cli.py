@@ -208,7 +208,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if plan is not None:
         if not plan.ok:
             raise OperatorStateMismatch(plan.refusal(op.name for op in pipeline.operators))
-        print(f"sparkpoint run: {plan.decision()}", file=sys.stderr if args.json else sys.stdout, flush=True)
+        said = sys.stderr if args.json else sys.stdout
+        print(f"sparkpoint run: {plan.decision()}", file=said, flush=True)
+        if plan.rescaling():  # a parallelism the user set that differs from the checkpoint's
+            print(plan.rescaling(), file=said, flush=True)
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
     pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
                                   {op.name: op.input_columns() for op in pipeline.operators})
@@ -664,7 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "--pipeline")
     _job_args(p)
     p.add_argument("--retain", type=_positive, help="completed checkpoints to keep (default 2)")
-    p.add_argument("--parallelism", type=_positive, help="subtasks per operator (default 2)")
+    p.add_argument("--parallelism", type=_positive,
+                   help="subtasks per operator (default: the latest checkpoint's, 2 for a first run); a change "
+                        "rescales the state by key groups, said in one line")
     p.add_argument("--max-parallelism", type=_positive, help="key groups (default 128)")
     p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of the operators' changed rows")
     p.add_argument("--max-batches", type=_positive)
@@ -704,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default without --from: the pipeline's own job, as `run` would restore it)")
     p.add_argument("--job-id", metavar="ID")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options (default: the pipeline's)")
-    p.add_argument("--parallelism", type=_positive, help="the new job's (default: the pipeline's)")
+    p.add_argument("--parallelism", type=_positive,
+                   help="the new job's (default: the pipeline's, or the checkpoint's when it sets none)")
     p.add_argument("--max-parallelism", type=_positive, help="the new job's (default: the pipeline's)")
     p.add_argument("--allow-non-restored-state", action="store_true",
                    help="as `run`: state of operators the pipeline lacks may be dropped")

@@ -309,7 +309,7 @@ def run_spark_half(
     inject = check_point(inject_failure)
     pipeline.source.check_columns(files, {op.name: op.input_columns() for op in pipeline.operators})
     started_at = time.time()
-    expected = {op.uid: pipeline.config.parallelism for op in pipeline.operators}
+    expected = {op.uid: pipeline.parallelism for op in pipeline.operators}
     watermarks = _watermarks(pipeline, start, files)  # its errors come before the checkpoint is triggered
     cid = coordinator.trigger(expected=expected, checkpoint_id=start.next_id,
                               names=pipeline.operator_names()).checkpoint_id
