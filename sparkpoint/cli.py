@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sparkpoint.checkpoint.catalog import existing_store
+from sparkpoint.checkpoint.catalog import existing_store, readable_size
 from sparkpoint.checkpoint.errors import OperatorStateMismatch, SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
 from sparkpoint.checkpoint.progress import ProgressFn
@@ -120,14 +120,7 @@ def _range(key_groups: dict[str, int]) -> str:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return ""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+    return "" if n is None else readable_size(n)
 
 
 @contextmanager
