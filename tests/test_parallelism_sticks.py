@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from sparkpoint import Pipeline
-from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.pipeline.runtime import restore_plan
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from tests.helpers import empty_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "clickstream"))
@@ -61,25 +60,12 @@ def test_a_run_without_parallelism_keeps_the_checkpoints_and_a_change_is_said_on
     assert {op.parallelism for op in store.load(3).operators.values()} == {2}
 
 
-def checkpoint_at(tmp_path: Path, parallelism: int) -> CheckpointStorage:
-    """A checkpoint of both clickstream operators at `parallelism`, without Spark."""
-    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "clicks")
-    backends = [RocksDBStateBackend(storage, op.uid, i, parallelism=parallelism, local_dir=tmp_path / "w")
-                for op in (clicks_per_user, pages_per_user) for i in range(parallelism)]
-    for b in backends:
-        b.restore(None)
-    take_checkpoint(CheckpointCoordinator(storage), backends,
-                    source_offsets={"source": {"version": 1, "consumed": []}, "sink": []})
-    for b in backends:
-        b.close()
-    return storage
-
-
 def test_every_front_end_leaves_parallelism_unset_unless_the_user_sets_it(tmp_path: Path):
     from sparkpoint.airflow.operators import PipelineRef
     from sparkpoint.resources import PipelineResources, resources_for
 
-    checkpoint_at(tmp_path, 3)
+    empty_checkpoint(CheckpointStorage(f"file://{tmp_path}/ckpt", "clicks"), (clicks_per_user, pages_per_user), 3,
+                     tmp_path / "w")
     pipeline = Pipeline("clicks", [clicks_per_user, pages_per_user], checkpoints_url=f"file://{tmp_path}/ckpt",
                         input_url=str(tmp_path / "in"))
     assert pipeline.parallelism is None and pipeline.config().parallelism is None

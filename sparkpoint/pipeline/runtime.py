@@ -174,7 +174,7 @@ class PipelineCore:
         self.spark = spark
         self.config = config  # its parallelism is resolved by each start (`_begin`) when the user set none
         self.requested_parallelism = config.parallelism
-        self.rescaling: str | None = None  # `rescaling 3 -> 2 subtasks from chk-12`, said by the last start
+        self.rescaling: str | None = None  # `rescaling 3 -> 2 subtasks from chk-12`, when a start of it rescaled
         self.operators = tuple(operators)
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
@@ -208,7 +208,8 @@ class PipelineCore:
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
         self.config = replace(self.config, parallelism=resolve_parallelism(self.requested_parallelism, start.metadata))
-        self.rescaling = self._check_operators(start.metadata).rescaling() if start.metadata is not None else None
+        if start.metadata is not None:
+            self.rescaling = self._check_operators(start.metadata).rescaling() or self.rescaling
         coordinator = CheckpointCoordinator(
             self.storage, num_retained=self.config.num_retained, retention=self.config.retention,
             lineage=lineage, unowned=unowned,
