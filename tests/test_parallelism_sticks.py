@@ -84,3 +84,37 @@ def test_every_front_end_leaves_parallelism_unset_unless_the_user_sets_it(tmp_pa
     assert dagster.parallelism is None, "the Dagster resource's default: the checkpoint's"
     assert PipelineRef(pipeline, None, None).resolved().config().parallelism is None, "Airflow likewise"
     assert PipelineRef(pipeline, {"parallelism": 5}, None).resolved().config().parallelism == 5
+
+
+@pytest.mark.spark
+def test_dagster_runs_keep_the_parallelism_their_run_config_once_set(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """Materializing the checkpoint job of `orders` (a test pipeline of its own) with the state
+    backend's `parallelism: 3` in its run config, then without: still 3, no rescale; then 2 in
+    the run config: the SSTable step logs the one rescale line."""
+    import dagster as dg
+
+    from sparkpoint.factory import pipeline_defs
+    from sparkpoint.resources import SparkResource
+    from tests.orders_pipeline import land, orders_pipeline
+
+    monkeypatch.setattr(SparkResource, "teardown_after_execution", lambda self, context: None)  # one JVM
+    pipeline = orders_pipeline(tmp_path).with_(parallelism=None)
+    built = pipeline_defs(pipeline, resources={"spark": SparkResource(app_name="orders")})
+    job = built.definitions().resolve_job_def(built.scope.name("checkpoint"))
+    storage = pipeline.storage()
+    instance = dg.DagsterInstance.ephemeral()
+
+    def materialize(parallelism: int | None) -> list[str]:
+        config = {} if parallelism is None else {
+            "resources": built.scope.keyed({"state_backend": {"config": {"parallelism": parallelism}}})}
+        result = job.execute_in_process(run_config=config, instance=instance)
+        assert result.success
+        return [e.user_message for e in instance.all_logs(result.run_id) if "rescaling" in e.user_message]
+
+    for number, parallelism in enumerate((3, None, 2)):
+        land(tmp_path, f"batch-{number}.parquet")
+        said = materialize(parallelism)
+        meta = CompletedCheckpointStore(storage).load(number + 1)
+        assert {op.parallelism for op in meta.operators.values()} == {parallelism or 3}
+        assert said == ([] if parallelism != 2 else ["rescaling 3 -> 2 subtasks from chk-2"]), said
