@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sparkpoint.checkpoint.catalog import existing_store
+from sparkpoint.checkpoint.catalog import existing_store, readable_size
 from sparkpoint.checkpoint.errors import OperatorStateMismatch, SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
 from sparkpoint.checkpoint.progress import ProgressFn
@@ -121,14 +121,7 @@ def _range(key_groups: dict[str, int]) -> str:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return ""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+    return "" if n is None else readable_size(n)
 
 
 @contextmanager
@@ -219,7 +212,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if plan is not None:
         if not plan.ok:
             raise OperatorStateMismatch(plan.refusal(op.name for op in pipeline.operators))
-        print(f"sparkpoint run: {plan.decision()}", file=sys.stderr if args.json else sys.stdout, flush=True)
+        said = sys.stderr if args.json else sys.stdout
+        print(f"sparkpoint run: {plan.decision()}", file=said, flush=True)
+        if plan.rescaling():  # a parallelism the user set that differs from the checkpoint's
+            print(plan.rescaling(), file=said, flush=True)
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
     # Every check of the first batch's files, from their footers, before Spark (a bad file under
     # on_bad_file="fail" stops here: nothing started, nothing uploaded); the batch reuses them.
@@ -702,7 +698,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "--pipeline")
     _job_args(p)
     p.add_argument("--retain", type=_positive, help="completed checkpoints to keep (default 2)")
-    p.add_argument("--parallelism", type=_positive, help="subtasks per operator (default 2)")
+    p.add_argument("--parallelism", type=_positive,
+                   help="subtasks per operator (default: the latest checkpoint's, 2 for a first run); a change "
+                        "rescales the state by key groups, said in one line")
     p.add_argument("--max-parallelism", type=_positive, help="key groups (default 128)")
     p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of the operators' changed rows")
     p.add_argument("--max-batches", type=_positive)
@@ -760,7 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default without --from: the pipeline's own job, as `run` would restore it)")
     p.add_argument("--job-id", metavar="ID")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options (default: the pipeline's)")
-    p.add_argument("--parallelism", type=_positive, help="the new job's (default: the pipeline's)")
+    p.add_argument("--parallelism", type=_positive,
+                   help="the new job's (default: the pipeline's, or the checkpoint's when it sets none)")
     p.add_argument("--max-parallelism", type=_positive, help="the new job's (default: the pipeline's)")
     p.add_argument("--allow-non-restored-state", action="store_true",
                    help="as `run`: state of operators the pipeline lacks may be dropped")

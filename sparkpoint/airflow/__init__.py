@@ -29,6 +29,7 @@ _HOMES = {
     "SparkpointLandingSensor": "sparkpoint.airflow.operators",
     "sparkpoint_dag": "sparkpoint.airflow.dags",
     "checkpoint_asset": "sparkpoint.airflow.dags",
+    "checkpoint_alias": "sparkpoint.airflow.dags",
 }
 __all__ = sorted([*_HOMES, "get_provider_info"])
 

@@ -112,6 +112,8 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             if empty:
                 context.log.warning(empty)
             return
+        if driver.rescaling:  # the parallelism set in the resource's config differs from the checkpoint's
+            context.log.info(driver.rescaling)
         for name, key in scope.sstable_keys.items():  # asset keys by display name, state by uid
             if key not in context.selected_asset_keys:
                 continue

@@ -8,20 +8,13 @@ from typing import Any
 
 import dagster as dg
 
+from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.maintenance import checkpoint_facts
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
-
-
-def readable_size(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def location(url: str) -> dg.MetadataValue:

@@ -23,6 +23,16 @@ LIST_COLUMNS = ("checkpoint_id", "kind", "created_at", "state_size", "checkpoint
 REGISTRY_COLUMNS = ("path", "kind", "size", "count", "created_by", "last_used", "owned")
 
 
+def readable_size(size: float) -> str:
+    """A size for people, in one unit style wherever sparkpoint prints one: `512 B`, `12.3 KiB`,
+    `4.0 MiB` (powers of 1024)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
 def existing_store(storage: CheckpointStorage) -> CompletedCheckpointStore:
     """The job's store; a job directory that does not exist is named, with what to check."""
     if not storage.job_dir_exists():

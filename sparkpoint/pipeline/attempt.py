@@ -45,11 +45,12 @@ storage steps that its bound allows.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -323,7 +324,7 @@ def run_spark_half(
     inject = check_point(inject_failure)
     batch = pipeline.check_batch(files)
     started_at = time.time()
-    expected = {op.uid: pipeline.config.parallelism for op in pipeline.operators}
+    expected = {op.uid: pipeline.parallelism for op in pipeline.operators}
     watermarks = _watermarks(pipeline, start, batch.max_event_time)
     cid = coordinator.trigger(expected=expected, checkpoint_id=start.next_id,
                               names=pipeline.operator_names()).checkpoint_id
@@ -811,6 +812,36 @@ def start_step(
     save_attempt(pipeline.storage, attempt)
     fail_at("after-upload", inject, f"checkpoint {attempt.checkpoint_id} uploaded, not completed")
     return attempt
+
+
+def start_steps(
+    pipeline: PipelineCore, attempt_id: str, *, max_batches: int | None, inject_failure: str | None = None,
+    tick: bool = False, on_commit: Callable[[BatchReport, CheckpointMetadata], None] | None = None,
+) -> PendingAttempt | None:
+    """Step 1 over a backlog: every unconsumed batch, up to `max_batches` (None: all), each its
+    own checkpoint, as `sparkpoint run` takes them. Every batch but the last is completed right
+    here, both halves in this process (`on_commit` is told of each); the last one's attempt is
+    persisted and returned for step 2, as `start_step` does. So one batch pending makes exactly
+    what `start_step` makes, and a failure in batch k leaves batches before k committed, batch k
+    to recovery. `inject_failure` hits the last batch (the one step 2 completes).
+
+    The attempt id of the k-th batch is `attempt_id` for the first, `<attempt_id>-b<k>` after:
+    each checkpoint's `_metadata` then says which batch of which step wrote it."""
+    for k in itertools.count(1):
+        last = (max_batches is not None and k >= max_batches) or remaining_batches(pipeline) <= 1
+        attempt = start_step(pipeline, attempt_id if k == 1 else f"{attempt_id}-b{k}",
+                             inject_failure=inject_failure if last else None, tick=tick and k == 1)
+        if attempt is None or last:
+            return attempt
+        done = finish_step(pipeline, [attempt.attempt_id])
+        if done is not None and on_commit is not None:
+            on_commit(*done)
+    raise AssertionError("unreachable")
+
+
+def remaining_batches(pipeline: PipelineCore) -> int:
+    """How many batches the unconsumed files make (`files_per_checkpoint` files each)."""
+    return -(-len(pipeline.pending_files()) // pipeline.config.files_per_checkpoint)
 
 
 def finish_step(

@@ -107,7 +107,7 @@ class Pipeline:
     retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
     restore_mode: str = ClaimMode.CLAIM.value
     from_checkpoint: str | None = None
-    parallelism: int = 2
+    parallelism: int | None = None  # None: the latest checkpoint's, 2 for a first run (a rescale is said)
     max_parallelism: int = 128
     files_per_checkpoint: int = 1
     incremental: bool = True

@@ -199,7 +199,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     local_recovery: bool = True
     incremental: bool = True
     changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.state.changelog)
-    parallelism: int = 2
+    parallelism: int | None = None  # None: the latest checkpoint's (2 for a first run); a change is a rescale
     max_parallelism: int = 128
     rocksdb_block_cache_mb: int = 256  # the process's block cache, shared by every database it opens
     # Mapping the restored checkpoint's state onto the operators (by uid), as `run` takes them:
@@ -211,7 +211,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             raise ResourceConfigError(
                 f"state backend: max_parallelism must be between 1 and {MAX_KEY_GROUPS}, got {self.max_parallelism}"
             )
-        if not 1 <= self.parallelism <= self.max_parallelism:
+        if self.parallelism is not None and not 1 <= self.parallelism <= self.max_parallelism:
             raise ResourceConfigError(
                 f"state backend: parallelism must be between 1 and max_parallelism ({self.max_parallelism}), "
                 f"got {self.parallelism}"
