@@ -75,9 +75,11 @@ def dagster_mode(root: Path, mode: str, files: list[Path], env: dict[str, str]) 
             metadata = where / workload / "checkpoints" / name / f"chk-{checkpoint_id}" / "_metadata"
             landed = land(f, where / workload / "in")
             committed = wait(f"chk-{checkpoint_id}", lambda m=metadata: m.exists() and time.time(), 600, 0.02)
-            (run,) = [r for r in server.runs({"sparkpoint/landed": f.name}) if r["jobName"] == f"{name}_checkpoint"]
-            run = server.wait_run(run["runId"], timeout=600)
-            assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
+            runs = [server.wait_run(r["runId"], timeout=600) for r in server.runs({"sparkpoint/landed": f.name})
+                    if r["jobName"] == f"{name}_checkpoint"]
+            ok = [r for r in runs if r["status"] == "SUCCESS"]
+            assert len(ok) == 1 and len(runs) == 1, f"runs of {f.name}: {runs}\n{server.log_tail()}"
+            run = ok[0]
             times = server.gql(RUN_TIMES, {"id": run["runId"]})["runOrError"]
             row = {"file": f.name, "first": i == 0, "run_to_commit_s": committed - times["startTime"],
                    "landing_to_commit_s": committed - landed, "run_s": times["endTime"] - times["startTime"]}

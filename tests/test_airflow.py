@@ -243,26 +243,29 @@ def meters_dag(name: str, tmp_path: Path, **overrides: object):  # type: ignore[
 
 def test_a_bad_file_fails_the_batch_before_spark_or_is_skipped_with_a_warning(tmp_path: Path, caplog, capfd):
     """Issue 34, item 2: under "fail" the batch task fails naming the file (no Spark, no retry,
-    `recover` skips); with `overrides={"on_bad_file": "skip"}` the run consumes it and the
-    checkpoint task logs a warning naming it, no row of it in the state, the next file pending."""
+    `recover` skips); with `overrides={"on_bad_file": "skip"}` the run consumes it and the task
+    that committed its checkpoint (the batch task: the run takes the backlog) logs a warning naming
+    it, no row of it in the state, the good file after it processed."""
     from sparkpoint.pipeline.driver import StatefulPipeline
-    from tests.meters_pipeline import bad, good, meters, state_of
+    from tests.meters_pipeline import bad, good, meters, state_of, totals
 
     pipeline = meters(tmp_path)
     bad(tmp_path, "r-000.parquet", "null keys")
-    good(tmp_path, "r-001.parquet")
+    rows = good(tmp_path, "r-001.parquet")
     failing = meters_dag("meters_af_fail", tmp_path).test()
     assert states(failing)["batch"] == "failed" and states(failing)["recover"] == "skipped", states(failing)
     assert not (tmp_path / "local").exists() and not list((tmp_path / "ckpt").rglob("*.sst"))
 
     caplog.set_level("WARNING")
-    run = meters_dag("meters_af_skip", tmp_path, on_bad_file="skip").test()
+    run = meters_dag("meters_af_skip", tmp_path, on_bad_file="skip").test()  # takes both files: two checkpoints
     assert states(run)["checkpoint"] == "success", states(run)
     said = caplog.text + "".join(capfd.readouterr())
-    assert "skipped input file r-000.parquet (null_keys: input file" in said
-    assert state_of(pipeline) == {}, "a batch of one bad file: a checkpoint that processed no row"
-    assert [s.file for s in CompletedCheckpointStore(pipeline.storage()).latest().skipped_files] == ["r-000.parquet"]
-    assert StatefulPipeline(None, pipeline.config(), pipeline.operators).pending_files() == ["r-001.parquet"]
+    assert "sparkpoint checkpoint 1 skipped input file r-000.parquet (null_keys: input file" in said
+    assert state_of(pipeline) == totals([rows]), "only the good file's rows"
+    store = CompletedCheckpointStore(pipeline.storage())
+    assert [s.file for s in store.load(1).skipped_files] == ["r-000.parquet"] and store.load(1).source_offsets
+    assert [s.file for s in store.latest().skipped_files] == ["r-000.parquet"]  # carried on
+    assert StatefulPipeline(None, pipeline.config(), pipeline.operators).pending_files() == []
 
 
 # --- a backlog in one run, and one asset event per committed checkpoint (issue 34, items 11, 12) ---

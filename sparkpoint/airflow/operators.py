@@ -56,6 +56,12 @@ def checkpoint_asset(job_id: str) -> Asset:
     return Asset(uri=f"sparkpoint://{job_id}/checkpoint", name=f"sparkpoint_{job_id}_checkpoint")
 
 
+def warn_skipped(log: Any, report: BatchReport, meta: CheckpointMetadata) -> None:
+    """A warning in the task's log per input file the checkpoint skipped (on_bad_file="skip")."""
+    for skipped in report.skipped:
+        log.warning("sparkpoint checkpoint %s skipped input file %s", meta.checkpoint_id, skipped.line())
+
+
 def checkpoint_alias(job_id: str) -> AssetAlias:
     """The outlet of a task that commits any number of checkpoints (the batch task of a backlog, `recover`).
 
@@ -278,6 +284,7 @@ class SparkpointBatchOperator(SparkpointOperator):
 
         def on_commit(report: BatchReport, meta: CheckpointMetadata) -> None:
             self.log.info("sparkpoint %s", report.line())
+            warn_skipped(self.log, report, meta)
             committed.append(maintenance.checkpoint_event(driver.storage, meta, report.files))
             context["ti"].xcom_push(key=COMMITTED_KEY, value=committed)
 
@@ -345,8 +352,7 @@ class SparkpointCheckpointOperator(SparkpointOperator):
         report, meta = done
         facts = maintenance.checkpoint_facts(driver.storage, report, meta)
         self.log.info("sparkpoint %s", report.line())
-        for skipped in report.skipped:  # on_bad_file="skip": consumed, not processed
-            self.log.warning("sparkpoint checkpoint %s skipped input file %s", meta.checkpoint_id, skipped.line())
+        warn_skipped(self.log, report, meta)
         announce(context, driver.storage, [maintenance.checkpoint_event(driver.storage, meta, report.files)],
                  alias=False)
         return {**facts, "rows": report.rows, "batch": list(report.files),
