@@ -63,7 +63,7 @@ WARM_ENV = "SPARKPOINT_WARM_SPARK"  # "off": no warm server, a run without maste
 IDLE_ENV = "SPARKPOINT_WARM_SPARK_IDLE"  # seconds without an attached run before the server stops
 DIR_ENV = "SPARKPOINT_WARM_SPARK_DIR"
 IN_PROCESS_MASTER = "local[2]"  # the master of a run when the warm server is off
-DEFAULT_IDLE = 600.0
+DEFAULT_IDLE = 300.0
 START_TIMEOUT = 180.0
 ANSWER_TIMEOUT = 10.0  # a JVM that does not complete a gRPC handshake in this long is wedged
 POLL = 1.0
@@ -227,7 +227,7 @@ def attach(*, idle: float | None = None, timeout: float = START_TIMEOUT) -> str:
 
     Args:
         idle: seconds without an attached run after which a server this call starts stops
-            (default `SPARKPOINT_WARM_SPARK_IDLE`, else 600).
+            (default `SPARKPOINT_WARM_SPARK_IDLE`, else 300: five minutes).
         timeout: how long to wait for a new server to answer.
 
     Returns:
