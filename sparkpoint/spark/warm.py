@@ -65,7 +65,8 @@ DIR_ENV = "SPARKPOINT_WARM_SPARK_DIR"
 IN_PROCESS_MASTER = "local[2]"  # the master of a run when the warm server is off
 DEFAULT_IDLE = 300.0
 START_TIMEOUT = 180.0
-ANSWER_TIMEOUT = 10.0  # a JVM that does not complete a gRPC handshake in this long is wedged
+ANSWER_TIMEOUT = 10.0  # a JVM that does not complete a gRPC handshake in this long is wedged ...
+WEDGED_AFTER = 60.0  # ... unless runs are attached to it: then in this long
 POLL = 1.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 FORMAT = 1
@@ -240,7 +241,7 @@ def attach(*, idle: float | None = None, timeout: float = START_TIMEOUT) -> str:
     idle = idle_seconds() if idle is None else idle
     with _flock(directory / "lock", fcntl.LOCK_EX, timeout=timeout + 60):
         server = read_server(directory)
-        if server is not None and not (server.lives() and answers(server.port)):
+        if server is not None and not (server.lives() and _answers_patiently(directory, server)):
             log.warning("the warm local Spark (pid %d) is gone or does not answer: starting another", server.jvm_pid)
             stop(server)
             server = None
@@ -250,6 +251,17 @@ def attach(*, idle: float | None = None, timeout: float = START_TIMEOUT) -> str:
         _hold(directory)
         (directory / "last-attach").touch()
     return server.url
+
+
+def _answers_patiently(directory: Path, server: WarmServer) -> bool:
+    """Whether the server answers; a busy one (other runs attached: a loaded machine, a long GC)
+    is given `WEDGED_AFTER` seconds before it is taken for wedged and its runs lose their Spark."""
+    if answers(server.port):
+        return True
+    with _flock(directory / "in-use", fcntl.LOCK_EX, timeout=0) as alone:
+        if alone is not None:
+            return False
+    return answers(server.port, timeout=WEDGED_AFTER - ANSWER_TIMEOUT)
 
 
 def _hold(directory: Path) -> None:
