@@ -21,7 +21,8 @@ from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 JOB = "demo"  # the resources' embedded default job id
-METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "checkpointed_size_bytes",
+METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "state_size", "checkpointed_size_bytes",
+                 "checkpointed_size",
                  "incremental_ratio", "files_new", "files_reused", "files_deleted", "registry_files", "retained",
                  "duration_seconds", "batch", "dagster/row_count", "prune_due"}
 

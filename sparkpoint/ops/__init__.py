@@ -22,7 +22,15 @@ from typing import Any
 import dagster as dg
 
 from sparkpoint.assets import registry_matches, run_lineage, verifies
-from sparkpoint.assets.metadata import checkpoint_metadata, location, plain, sstable_metadata
+from sparkpoint.assets.metadata import (
+    DATA_VERSION_TAG,
+    checkpoint_metadata,
+    location,
+    plain,
+    readable_size,
+    size_entries,
+    sstable_metadata,
+)
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import snapshot_summary
@@ -99,7 +107,7 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
             context.log_event(dg.AssetMaterialization(
                 asset_key=scope.checkpoint_key, description=why,
                 metadata=checkpoint_metadata(driver.storage, batch, meta, recovered_run=failed_id or None),
-                tags={"dagster/data_version": str(meta.checkpoint_id)},
+                tags={DATA_VERSION_TAG: str(meta.checkpoint_id)},
             ))
         storage = driver.storage
         for result in (verifies(scope, storage), registry_matches(scope, storage)):
@@ -124,7 +132,8 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                               orphan_grace_seconds=registry.orphan_grace_seconds)
         return dg.Output(None, metadata={"subsumed": dg.MetadataValue.json(list(r.subsumed)),
                                          "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
-                                         "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts})
+                                         "orphan_bytes": r.orphan_bytes, "orphan_size": readable_size(r.orphan_bytes),
+                                         "stale_attempts": r.stale_attempts})
 
     @dg.op(name=scope.name("verify_op"), pool=pool, required_resource_keys=scope.resource_keys("storage"))
     def verify_op(context: dg.OpExecutionContext) -> dg.Output[None]:
@@ -155,7 +164,8 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         storage = scope.storage(context).open()
         result = take_savepoint(storage)
         facts: dict[str, Any] = {
-            "savepoint_id": result.metadata.checkpoint_id, "state_size_bytes": result.metadata.stats.state_size,
+            "savepoint_id": result.metadata.checkpoint_id,
+            **size_entries("state_size", result.metadata.stats.state_size),
             "from_checkpoint": result.source_checkpoint, "files": result.files,
             "path": location(f"{result.url}/_metadata"),
         }

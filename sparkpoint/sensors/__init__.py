@@ -17,20 +17,23 @@ gives the pipeline's pool no limit. The recovery sensor keeps the failed runs it
 in its cursor (`sparkpoint.sensors.recovery`) and launches one recovery at a time.
 
 The input sensor's decisions (when a file has settled, when a file a run did not consume is
-offered again) are in `sparkpoint.sensors.landing`.
+offered again, when it observes the input asset, a failure injection armed in its cursor) are in
+`sparkpoint.sensors.landing`.
 """
 
 
 import json
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
 
+from sparkpoint.assets.metadata import input_observation
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.ops import PipelineJobs
-from sparkpoint.resources.scope import FAILED_RUN_TAG, PipelineScope
+from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, PipelineScope
 from sparkpoint.sensors import landing
 from sparkpoint.sensors.recovery import RecoveryCursor, new_failures
 
@@ -197,36 +200,54 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
                default_status=dg.DefaultSensorStatus.RUNNING if landing_sensor else dg.DefaultSensorStatus.STOPPED,
                required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
                description=f"Materializes `{scope.pipeline.name}` when a batch file lands that no checkpoint consumed")
-    def input_sensor(context: dg.SensorEvaluationContext, **resources: Any) -> dg.RunRequest | dg.SkipReason:
+    def input_sensor(context: dg.SensorEvaluationContext, **resources: Any) -> dg.SensorResult:
         # (Dagster passes the required resources as keyword arguments too; context.resources has them.)
         # One run per batch file: while it runs, the same first file is pending and the sensor
         # waits for it; a file its run did not consume is offered again under a new run key.
+        cursor = landing.InputCursor.from_cursor(context.cursor, scope.name("input_sensor"))
+        if cursor.problem:  # a cursor a user set: it stays as it is until they fix or delete it
+            return dg.SensorResult(skip_reason=cursor.problem)
+        events: list[dg.AssetObservation] = []
+
+        def skip(reason: str) -> dg.SensorResult:
+            return dg.SensorResult(skip_reason=cursor.say(reason), cursor=cursor.to_cursor(), asset_events=events)
+
         try:
             driver = scope.resources(context).driver(scope.pipeline)
             pending = driver.pending_files()
+            cursor, due = cursor.observe(pending, time.time())
+            if due:
+                events.append(input_observation(scope.input_key, pending, driver.config.input_url,
+                                                f"seen by {scope.name('input_sensor')}"))
             if not pending:
-                return dg.SkipReason("no batch file waiting")
+                return skip("no batch file waiting")
             name, now = pending[0], time.time()
             stat = driver.source.stat(name)
-            seen, unsettled = landing.settle(landing.FileSeen.from_cursor(context.cursor), name, stat, now,
-                                             settle_seconds)
-            context.update_cursor(seen.to_cursor())
+            seen, unsettled = landing.settle(cursor.seen, name, stat, now, settle_seconds)
+            cursor = replace(cursor, seen=seen)
             if unsettled:
-                return dg.SkipReason(unsettled)
+                return skip(unsettled)
             runs = landing.landed_runs(context.instance, scope.name("input_sensor"), name)
             decision = landing.landing_decision(name, stat, runs, landing.active_recoveries(context.instance, runs),
                                                 now, retry_seconds)
             # The runs ended after the listing above: had one consumed the file, a new listing shows it.
             if decision.again and name not in driver.pending_files():
-                return dg.SkipReason(f"{name} was consumed while the sensor looked")
+                return skip(f"{name} was consumed while the sensor looked")
         except SparkpointError as e:
-            return dg.SkipReason(f"input not readable: {e}")
+            return skip(f"input not readable: {e}")
         if decision.run_key is None:
-            return dg.SkipReason(decision.reason)
+            return skip(decision.reason)
         busy = scope.runs_in_flight(context.instance)
         if busy:
-            return dg.SkipReason(f"{decision.reason}; {scope.waiting_for(busy)}")
-        context.log.info(decision.reason)
-        return dg.RunRequest(run_key=decision.run_key, tags=dict(decision.tags))
+            return skip(f"{decision.reason}; {scope.waiting_for(busy)}")
+        tags = dict(decision.tags)
+        if cursor.inject_failure:  # armed for this run only: the cursor forgets it with this request
+            tags[INJECT_TAG] = cursor.inject_failure
+            context.log.info(f"{decision.reason}; injecting failure {cursor.inject_failure} (armed in the cursor)")
+            cursor = replace(cursor, inject_failure=None)
+        else:
+            context.log.info(decision.reason)
+        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=decision.run_key, tags=tags)],
+                               cursor=cursor.to_cursor(), asset_events=events)
 
     return [recovery_sensor, retention_sensor, input_sensor]
