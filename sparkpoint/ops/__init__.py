@@ -36,7 +36,8 @@ from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import snapshot_summary
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG, RECOVERED_BY_TAG, TICK_TAG, PipelineScope
 
-__all__ = ["FAILED_RUN_TAG", "PipelineJobs", "RecoverConfig", "build_jobs"]
+__all__ = ["FAILED_RUN_TAG", "RECOVERY_RUN", "PipelineJobs", "RecoverConfig", "build_jobs", "link_to_recovery"]
+RECOVERY_RUN = "recovery_run"  # the metadata entry of the failed run's event that links its recovery
 
 
 class RecoverConfig(dg.Config):
@@ -63,6 +64,19 @@ class PipelineJobs:
         return [self.checkpoint, self.recover, self.prune, self.verify, self.rebuild_registry, self.savepoint]
 
 
+def link_to_recovery(instance: dg.DagsterInstance, failed: dg.DagsterRun, recovery_run_id: str) -> None:
+    """The failed run's way to its recovery: the tag `sparkpoint/recovered-by` (runs are filtered
+    by it) and, since the UI renders no tag as a link, an event in the failed run's own log whose
+    `recovery_run` opens the recovery run in one click."""
+    from dagster._core.events import EngineEventData  # Dagster exports no public way to write this event
+
+    instance.add_run_tags(failed.run_id, {RECOVERED_BY_TAG: recovery_run_id})
+    instance.report_engine_event(
+        f"sparkpoint: run {recovery_run_id} recovers this run", dagster_run=failed,
+        engine_event_data=EngineEventData(metadata={RECOVERY_RUN: dg.MetadataValue.dagster_run(recovery_run_id)}),
+    )
+
+
 def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
                tick: bool = False) -> PipelineJobs:
@@ -82,7 +96,7 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         failed_id = config.failed_run_id
         failed = context.instance.get_run_record_by_id(failed_id) if failed_id else None
         if failed is not None:  # the link back: the failed run names the run that heals it
-            context.instance.add_run_tags(failed_id, {RECOVERED_BY_TAG: context.run_id})
+            link_to_recovery(context.instance, failed.dagster_run, context.run_id)
         # The failed run's attempts (its own id and those of the runs it re-executed) are fenced
         # before the sweep that takes what it uploaded: a zombie of it can never commit then.
         report = maintenance.recover(
