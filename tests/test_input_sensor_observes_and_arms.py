@@ -12,6 +12,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from sparkpoint.assets.metadata import input_data_version
 from sparkpoint.resources.scope import INJECT_TAG
 from sparkpoint.sensors.landing import OBSERVE_EVERY_SECONDS, InputCursor
 from tests.test_input_sensor_retries import Daemon, land, orders
@@ -37,7 +38,7 @@ def test_the_input_sensor_observes_the_input_asset_when_what_is_pending_changes(
     daemon = Daemon(instance, orders(tmp_path))
     assert daemon.tick().skip_message == "no batch file waiting"
     (first,) = observations(instance)
-    assert first["files_pending"] == 0 and first["newest_file"] == "" and first["data_version"] == "nothing pending"
+    assert first["files_pending"] == 0 and first["newest_file"] == "" and first["data_version"] == "nothing landed"
     assert first["location"] == str(tmp_path / "landing")
     assert first["description"] == "0 batch files pending (seen by orders_input_sensor)"
     daemon.tick()
@@ -65,6 +66,15 @@ def test_when_a_tick_observes_the_input(observed: list[object] | None, after: fl
     assert reported is due
     assert (after_tick.observed_at == 1000.0 + after) is due
     assert InputCursor.from_cursor(after_tick.to_cursor(), "s") == after_tick
+
+
+@pytest.mark.parametrize(("pending", "consumed", "version"), [
+    (["c.parquet", "d.parquet"], ["a.parquet", "b.parquet"], "d.parquet"),
+    ([], ["a.parquet", "b.parquet"], "b.parquet"),  # a checkpoint consumed the newest: the version stays
+    ([], [], "nothing landed"),
+])
+def test_the_input_version_is_the_newest_file_landed(pending: list[str], consumed: list[str], version: str):
+    assert input_data_version(pending, lambda: consumed).value == version
 
 
 def test_a_failure_armed_in_the_cursor_goes_to_the_next_run_only(tmp_path: Path):

@@ -63,7 +63,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
     def input_files(context: dg.AssetExecutionContext) -> dg.ObserveResult:
         driver = scope.resources(context).driver(pipeline)
         pending = driver.pending_files()
-        return dg.ObserveResult(data_version=input_data_version(pending),
+        return dg.ObserveResult(data_version=input_data_version(pending, driver.consumed_files),
                                 metadata=input_metadata(pending, driver.config.input_url))
 
     with warnings.catch_warnings():  # observable source assets are "beta" in Dagster 1.13, and what we need
@@ -98,8 +98,8 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             context.log.info("no unconsumed batch: a tick (a checkpoint of no input: due timers fire, TTL expires)")
             attempt = start_step(driver, context.run.run_id, inject_failure=inject, tick=True)
         # The run that reads the input observes it too (the input sensor may be stopped).
-        context.log_event(input_observation(scope.input_key, driver.pending_files(), driver.config.input_url,
-                                            f"seen by run {context.run.run_id}"))
+        context.log_event(input_observation(scope.input_key, driver.pending_files(), driver.consumed_files,
+                                            driver.config.input_url, f"seen by run {context.run.run_id}"))
         if attempt is None:
             context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
             empty = driver.source.nothing_to_read()

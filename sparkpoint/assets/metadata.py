@@ -6,7 +6,7 @@ and the sink's output."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -47,16 +47,22 @@ def input_metadata(pending: Sequence[str], input_url: str) -> dict[str, Any]:
             "newest_file": pending[-1] if pending else "", "location": location(input_url)}
 
 
-def input_data_version(pending: Sequence[str]) -> dg.DataVersion:
-    return dg.DataVersion(pending[-1] if pending else "nothing pending")
+def input_data_version(pending: Sequence[str], consumed: Callable[[], Sequence[str]]) -> dg.DataVersion:
+    """The newest batch file that landed, consumed or not: it changes when a file lands, not when a
+    checkpoint consumes one, so the SSTable assets are in sync once they have read it. (`consumed`
+    is asked only when nothing is pending.)"""
+    newest = pending[-1] if pending else next(iter(reversed(consumed())), None)
+    return dg.DataVersion(newest or "nothing landed")
 
 
-def input_observation(key: dg.AssetKey, pending: Sequence[str], input_url: str, by: str) -> dg.AssetObservation:
+def input_observation(key: dg.AssetKey, pending: Sequence[str], consumed: Callable[[], Sequence[str]],
+                      input_url: str, by: str) -> dg.AssetObservation:
     """An observation of the input asset reported outside its own observe step (`by`: who looked)."""
     files = f"{len(pending)} batch file{'' if len(pending) == 1 else 's'} pending"
     return dg.AssetObservation(
         asset_key=key, description=f"{files}{f', newest {pending[-1]}' if pending else ''} ({by})",
-        metadata=input_metadata(pending, input_url), tags={DATA_VERSION_TAG: input_data_version(pending).value},
+        metadata=input_metadata(pending, input_url),
+        tags={DATA_VERSION_TAG: input_data_version(pending, consumed).value},
     )
 
 

@@ -217,8 +217,8 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
             pending = driver.pending_files()
             cursor, due = cursor.observe(pending, time.time())
             if due:
-                events.append(input_observation(scope.input_key, pending, driver.config.input_url,
-                                                f"seen by {scope.name('input_sensor')}"))
+                events.append(input_observation(scope.input_key, pending, driver.consumed_files,
+                                                driver.config.input_url, f"seen by {scope.name('input_sensor')}"))
             if not pending:
                 return skip("no batch file waiting")
             name, now = pending[0], time.time()
