@@ -1,8 +1,9 @@
 """The input sensor of a user's own pipeline (orders: `customer`, `amount`) observes its input asset
 on its ticks (files pending, the next and the newest file), when that changed or once every few
-minutes, so `orders/input` is never "Never observed"; and a failure injection armed in its cursor
-(one step: `{"inject_failure": "after-upload"}`) goes to its next run only. A cursor it cannot
-follow stops it with a message saying how to fix it, and is kept as the user wrote it."""
+minutes, so `orders/input` is never "Never observed"; a run of the pipeline observes it too (for a
+pipeline whose sensor is stopped); and a failure injection armed in its cursor (one step:
+`{"inject_failure": "after-upload"}`) goes to its next run only. A cursor it cannot follow stops
+it with a message saying how to fix it, and is kept as the user wrote it."""
 
 from __future__ import annotations
 
@@ -113,3 +114,23 @@ def test_a_cursor_the_sensor_cannot_follow_stops_it_and_says_how_to_fix_it(tmp_p
     assert not instance.get_runs() and not observations(instance), "nothing else happens meanwhile"
     daemon.cursor = None  # deleted
     assert isinstance(daemon.tick(), dg.RunRequest)
+
+
+@pytest.mark.spark
+def test_a_run_observes_the_input_it_reads_when_the_sensor_is_stopped(spark, tmp_path: Path):
+    from sparkpoint.resources import SparkResource
+    from tests.orders_pipeline import land as land_orders
+    from tests.orders_pipeline import orders as orders_defs
+
+    parts = orders_defs(tmp_path, landing_sensor=False, resources={"spark": SparkResource(stop_on_teardown=False)})
+    instance = dg.DagsterInstance.ephemeral()
+    land_orders(tmp_path, "o0.parquet")
+    land_orders(tmp_path, "o1.parquet")
+    result = dg.materialize([*parts.assets, *parts.checks], resources=parts.resources, instance=instance)
+    assert result.success
+    (seen,) = observations(instance)
+    assert (seen["files_pending"], seen["next_file"], seen["newest_file"]) == (2, "o0.parquet", "o1.parquet")
+    assert seen["description"] == f"2 batch files pending, newest o1.parquet (seen by run {result.run_id})"
+    assert seen["data_version"] == "o1.parquet"
+    assert not [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"], \
+        "the run's own events say what it made; the observation is the instance's"

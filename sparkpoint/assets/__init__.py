@@ -97,9 +97,11 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         if attempt is None and context.run.tags.get(TICK_TAG, "").lower() == "true":
             context.log.info("no unconsumed batch: a tick (a checkpoint of no input: due timers fire, TTL expires)")
             attempt = start_step(driver, context.run.run_id, inject_failure=inject, tick=True)
-        # The run that reads the input observes it too (the input sensor may be stopped).
-        context.log_event(input_observation(scope.input_key, driver.pending_files(), driver.consumed_files,
-                                            driver.config.input_url, f"seen by run {context.run.run_id}"))
+        # The run that reads the input observes it too (the input sensor may be stopped), as the
+        # sensor does: outside the run's own events, which say what the run made.
+        context.instance.report_runless_asset_event(input_observation(
+            scope.input_key, driver.pending_files(), driver.consumed_files, driver.config.input_url,
+            f"seen by run {context.run.run_id}"))
         if attempt is None:
             context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
             empty = driver.source.nothing_to_read()
