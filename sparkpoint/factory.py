@@ -149,7 +149,10 @@ def build_pipeline_defs(
     (`storage`, `registry`, `spark`, `state_backend`, `source`), e.g. with `EnvVar` fields.
     The input sensor offers a file once it has been unchanged for `landing_settle_seconds` (a
     file still being copied is not read), and a file that earlier runs did not consume again
-    `landing_retry_seconds` after the last (doubling with each run), at once if it changed.
+    `landing_retry_seconds` after the last (doubling with each run), at once if it changed. It
+    observes `<name>/input` on its ticks (files pending, next and newest file), and a failure
+    injection armed in its cursor (`{"inject_failure": "after-upload"}`, set in the UI or with
+    `dagster sensor cursor`) goes to its next run only.
     With `tick`, a scheduled run that finds no unconsumed batch makes a checkpoint of no input, so
     that processing time passes without data: due timers fire and TTL state expires (any run of
     the checkpoint job does so with the run tag `sparkpoint/tick=true`).
