@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 
-.PHONY: run ui test lint bench soak clean
+.PHONY: run ui test lint docs bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,15 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 run: $(RUN_STAMP)
 	$(BIN)/python -m sparkpoint.demo
 
-# The Dagster UI (webserver + daemon) on the embedded defaults; Ctrl-C stops it.
+# The Dagster UI (webserver + daemon) on the embedded defaults; Ctrl-C stops it, and the warm
+# local Spark its runs attached to.
 DAGSTER_HOME ?= $(CURDIR)/.sparkpoint/dagster
 UI_PORT ?= 3000
 ui: $(RUN_STAMP)
 	@home=$$($(BIN)/python -c 'import sys; from sparkpoint.ops.instance import prepare_dagster_home; print(prepare_dagster_home(sys.argv[1]))' "$(DAGSTER_HOME)") && \
 	  echo "Dagster UI: http://127.0.0.1:$(UI_PORT)  (DAGSTER_HOME=$$home; Ctrl-C stops it)" && \
-	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH exec $(BIN)/dg dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
+	  trap '$(BIN)/python -m sparkpoint.spark.warm --stop' EXIT && trap 'exit 130' INT TERM && \
+	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 # Two pytest workers, each taking whole files: most of the suite's time is spent waiting for
 # servers, daemons and new processes, so two overlap well even on two cores (29 -> 20-23 min here).
@@ -37,14 +39,20 @@ ui: $(RUN_STAMP)
 TEST_WORKERS ?= 2
 test: $(DEV_STAMP)
 	@sh tools/ensure-test-tools
-	$(BIN)/ruff check sparkpoint tests benchmarks
+	$(BIN)/ruff check sparkpoint tests benchmarks docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	$(MAKE) --no-print-directory docs
 	@home=$$(mktemp -d) && printf 'telemetry:\n  enabled: false\nconcurrency:\n  pools:\n    granularity: run\n    default_limit: 1\n' > $$home/dagster.yaml && \
 	  DAGSTER_HOME=$$home $(BIN)/dagster definitions validate -w workspace.yaml && \
 	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg check defs; \
 	  status=$$?; rm -rf $$home; exit $$status
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+
+# The documentation site (docs/, mkdocs.yml) into build/site, strictly: a broken link, a public name
+# without a complete docstring or a setting without a description fails it. Offline, a few seconds.
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
 # Long reliability variants (crash points x seeds, storage faults over hundreds of checkpoints, load).
 soak: $(DEV_STAMP)
@@ -52,7 +60,7 @@ soak: $(DEV_STAMP)
 	@$(BIN)/python -m tests.soak_summary build/soak
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check sparkpoint tests benchmarks
+	$(BIN)/ruff check sparkpoint tests benchmarks docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 

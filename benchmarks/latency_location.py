@@ -1,5 +1,6 @@
-"""The code location `bench_latency` serves: one pipeline per workload, built by the factory as a
-user's would be, attached to the Spark Connect server the bench started, with its input,
+"""The code location `bench_latency` and `bench_warm_spark` serve: one pipeline per workload, built
+by the factory as a user's would be, on the Spark the bench names (a Connect server it started, the
+warm local Spark, or a Spark of each run's own), with its input,
 checkpoints and output under the bench's directory (all from the environment the bench sets)."""
 
 from __future__ import annotations
@@ -30,10 +31,20 @@ def pipeline_of(root: Path, workload: str) -> Pipeline:
                     parallelism=PARALLELISM, num_retained=RETAINED)
 
 
+def spark_resource(spark: str) -> SparkResource:
+    """`sc://...`: that Connect server; `local[...]`: a Spark of each run's own; "" or `warm`: the
+    default, the warm local Spark."""
+    if spark.startswith("sc://"):
+        return SparkResource(remote=spark)
+    if spark.startswith("local"):
+        return SparkResource(master=spark)
+    return SparkResource()
+
+
 def location() -> dg.Definitions:
-    root, remote = Path(os.environ[ROOT_ENV]), os.environ[REMOTE_ENV]
+    root, spark = Path(os.environ[ROOT_ENV]), os.environ.get(REMOTE_ENV, "")
     return dg.Definitions.merge(*(
-        build_pipeline_defs(pipeline_of(root, w), resources={"spark": SparkResource(remote=remote)})
+        build_pipeline_defs(pipeline_of(root, w), resources={"spark": spark_resource(spark)})
         for w in os.environ[WORKLOADS_ENV].split(",")
     ))
 

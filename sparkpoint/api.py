@@ -27,8 +27,26 @@ __all__ = ["diff_state", "list_checkpoints", "read_state", "registry", "state_ta
 
 
 def list_checkpoints(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:
-    """One row per retained checkpoint, newest first (columns: `LIST_COLUMNS`). A `_metadata` that
-    cannot be read raises MetadataError naming it (`sparkpoint list` prints it as UNREADABLE)."""
+    """The job's retained checkpoints, one row each, newest first: what `sparkpoint list --json` gives.
+
+    Example:
+        ```python
+        sparkpoint.list_checkpoints("file:///data/checkpoints", "clicks")[["checkpoint_id", "kind", "state_size"]]
+        ```
+
+    Args:
+        url: the checkpoints directory (any fsspec URL).
+        job_id: the job whose checkpoints to list.
+        storage_options: fsspec options of `url`.
+
+    Returns:
+        A DataFrame with the columns `checkpoint_id`, `kind`, `created_at`, `state_size`,
+        `checkpointed_size`, `files`, `restored_from`, `claim_mode`, `operators`.
+
+    Raises:
+        MetadataError: a `_metadata` that cannot be read (named; `sparkpoint list` shows it as UNREADABLE).
+        CheckpointNotFound: no job directory at `url`/`job_id`.
+    """
     rows, unreadable = checkpoint_rows(CheckpointStorage(url, job_id, storage_options))
     if unreadable:
         raise MetadataError("; ".join(f"chk-{cid}/_metadata cannot be read: {why}" for cid, why in unreadable.items()))
@@ -64,8 +82,27 @@ def read_state(
 
 
 def registry(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:
-    """The shared-state registry rebuilt from the retained `_metadata`: one row per file it counts
-    (columns: `REGISTRY_COLUMNS`); the totals are in `df.attrs["totals"]`."""
+    """The shared-state registry rebuilt from the retained `_metadata`: what `sparkpoint registry --json` gives.
+
+    Example:
+        ```python
+        files = sparkpoint.registry("s3://bucket/checkpoints", "clicks",
+                                    storage_options={"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}})
+        files.attrs["totals"]
+        ```
+
+    Args:
+        url: the checkpoints directory (any fsspec URL).
+        job_id: the job whose registry to rebuild.
+        storage_options: fsspec options of `url`.
+
+    Returns:
+        One row per file it counts (columns `path`, `kind`, `size`, `count`, `created_by`,
+        `last_used`, `owned`); the totals in `df.attrs["totals"]`.
+
+    Raises:
+        CheckpointNotFound: no job directory at `url`/`job_id`.
+    """
     rows, totals = registry_rows(CheckpointStorage(url, job_id, storage_options))
     frame = pd.DataFrame(rows, columns=list(REGISTRY_COLUMNS))
     frame.attrs["totals"] = totals

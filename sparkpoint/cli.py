@@ -1,5 +1,5 @@
-"""The `sparkpoint` command: generate, run, state, diff, verify, gc, list, inspect, registry, restore, savepoint,
-bootstrap.
+"""The `sparkpoint` command: generate, run, skip, state, diff, verify, gc, list, inspect, registry, restore,
+savepoint, bootstrap.
 
 Also `check-upgrade`: what restoring a checkpoint into a changed pipeline would do, before running it.
 Exit status: 0 fine, 1 `verify` found bad files or `check-upgrade` a restore that would be refused,
@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sparkpoint.checkpoint.catalog import existing_store
+from sparkpoint.checkpoint.catalog import existing_store, readable_size
 from sparkpoint.checkpoint.errors import OperatorStateMismatch, SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
 from sparkpoint.checkpoint.progress import ProgressFn
@@ -103,12 +103,13 @@ def _console(*, stderr: bool = False) -> Any:
 def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: int = 0) -> None:
     """Print a table; the last `right` columns (numbers) are right-aligned."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(header_style="bold")
     for i, name in enumerate(columns):
         table.add_column(name, justify="right" if i >= len(columns) - right else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+    for row in rows:  # as Text: a value with `[` (a file name, a reason) is printed literally, never as markup
+        table.add_row(*(Text("" if v is None else str(v)) for v in row))
     console = _console()
     if title:  # above the table, not as its title: a title wider than the table would wrap
         console.print(title, markup=False)
@@ -120,14 +121,7 @@ def _range(key_groups: dict[str, int]) -> str:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return ""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+    return "" if n is None else readable_size(n)
 
 
 @contextmanager
@@ -152,6 +146,10 @@ def _progress(args: argparse.Namespace, what: str) -> Iterator[ProgressFn | None
 # --- commands ------------------------------------------------------------------------------------
 
 
+MASTER_HELP = ("Spark master URL; default: the warm local Spark (a Spark Connect server on 127.0.0.1 that "
+               "sparkpoint starts once and keeps warm; SPARKPOINT_WARM_SPARK=off, or local[2], runs Spark in "
+               "this process)")
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from sparkpoint.spark.generate import generate
 
@@ -166,14 +164,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from sparkpoint.pipeline.driver import StatefulPipeline
+def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
+    """(the pipeline, its settings with the flags and `--conf` on top, the Spark Connect URL) of
+    `run` and `skip`: a flag wins over `--conf`, which wins over the pipeline's own setting."""
     from sparkpoint.pipeline.settings import resolve_settings
-    from sparkpoint.spark.session import session_key, spark_session
-    from sparkpoint.spark.source import SourceOffsets
 
     conf = dict(_key_value(c) for c in args.conf)
-    remote = args.remote or conf.pop("spark.remote", None) or os.environ.get("SPARK_REMOTE") or None
+    remote = getattr(args, "remote", None) or conf.pop("spark.remote", None) or os.environ.get("SPARK_REMOTE") or None
     settings = resolve_settings(conf)
     pipeline_spec = _pipeline(args)
     if pipeline_spec is None:
@@ -184,15 +181,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sparkpoint.sample import pipeline as pipeline_spec
 
         pipeline_spec = pipeline_spec.with_(local_dir=".sparkpoint/local", output_url=None)
-    # Precedence: a flag, then --conf, then the pipeline's own setting.
-    flags = {
-        "input_url": args.input, "checkpoints_url": args.checkpoints, "job_id": args.job_id,
-        "num_retained": args.retain, "parallelism": args.parallelism, "max_parallelism": args.max_parallelism,
-        "output_url": args.output, "max_batches": args.max_batches, "files_per_checkpoint": args.files_per_checkpoint,
-        "local_dir": args.local_dir, "restore_mode": args.restore_mode, "from_checkpoint": args.from_checkpoint,
-        "allow_non_restored_state": args.allow_non_restored_state, "allow_new_operators": args.allow_new_operators,
-        "event_time": args.event_time, "allowed_lateness": args.allowed_lateness, "late": args.late,
-    }
+    flag = {"input_url": "input", "checkpoints_url": "checkpoints", "job_id": "job_id", "num_retained": "retain",
+            "parallelism": "parallelism", "max_parallelism": "max_parallelism", "output_url": "output",
+            "max_batches": "max_batches", "files_per_checkpoint": "files_per_checkpoint", "local_dir": "local_dir",
+            "restore_mode": "restore_mode", "from_checkpoint": "from_checkpoint",
+            "allow_non_restored_state": "allow_non_restored_state", "allow_new_operators": "allow_new_operators",
+            "event_time": "event_time", "allowed_lateness": "allowed_lateness", "late": "late",
+            "on_bad_file": "on_bad_file"}
+    flags = {setting: getattr(args, name, None) for setting, name in flag.items()}
     if args.storage_options:
         options = _storage_options(args.storage_options)
         flags.update(storage_options=options, input_options=options)
@@ -202,21 +198,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     for key in ("input_url", "checkpoints_url", "output_url", "local_dir"):
         if chosen.get(key):
             chosen[key] = storage_url(chosen[key]) if key != "local_dir" else chosen[key]
-    config = pipeline_spec.config(**chosen)
+    return pipeline_spec, pipeline_spec.config(**chosen), remote
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from sparkpoint.spark.session import session_key, spark_session
+    from sparkpoint.spark.source import SourceOffsets
+
+    pipeline_spec, config, remote = _run_config(args)
     pipeline = StatefulPipeline(None, config, pipeline_spec.operators)  # checks input and storage before Spark
     plan = pipeline.restore_plan()  # from `_metadata` alone: a refused restore stops here, nothing written
     if plan is not None:
         if not plan.ok:
             raise OperatorStateMismatch(plan.refusal(op.name for op in pipeline.operators))
-        print(f"sparkpoint run: {plan.decision()}", file=sys.stderr if args.json else sys.stdout, flush=True)
+        said = sys.stderr if args.json else sys.stdout
+        print(f"sparkpoint run: {plan.decision()}", file=said, flush=True)
+        if plan.rescaling():  # a parallelism the user set that differs from the checkpoint's
+            print(plan.rescaling(), file=said, flush=True)
     pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
-    pipeline.source.check_columns(pending[: config.files_per_checkpoint],  # the first batch, before Spark
-                                  {op.name: op.input_columns() for op in pipeline.operators})
-    if config.event_time:  # its type and nulls, from the footers, before Spark
-        pipeline.source.max_event_time(pending[: config.files_per_checkpoint], config.event_time)
+    # Every check of the first batch's files, from their footers, before Spark (a bad file under
+    # on_bad_file="fail" stops here: nothing started, nothing uploaded); the batch reuses them.
+    pipeline.check_batch(pending[: config.files_per_checkpoint])
     pipeline.check_start()  # the operators and their states' schemas against the checkpoint, before Spark
+    # On Spark Connect (the warm local Spark by default) the runs of one job and code share a
+    # server session, whose Python workers stay warm between runs.
     pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote,
-                                   share=session_key(config.job_id, pipeline.operators) if remote else None)
+                                   share=session_key(config.job_id, pipeline.operators))
 
     uploaded = 0
 
@@ -248,6 +256,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     empty = pipeline.source.nothing_to_read()
     if empty:
         print(f"sparkpoint run: warning: {empty}", file=sys.stderr)
+    return 0
+
+
+def cmd_skip(args: argparse.Namespace) -> int:
+    """Consume one unconsumed input file without processing it, recorded as skipped with the
+    reason: one checkpoint through the same protocol as a batch, its subtasks run here (no JVM)."""
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from sparkpoint.pipeline.skipping import skip_file
+
+    pipeline_spec, config, _ = _run_config(args)
+    pipeline = StatefulPipeline(None, config, pipeline_spec.operators)
+    pipeline.check_start()  # the operators and their states against the checkpoint, as `run` does first
+    report, _ = skip_file(pipeline, args.file, args.reason)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(report.line())
+        print(f"{args.file} is consumed as skipped; `sparkpoint run` goes on with the next file")
     return 0
 
 
@@ -452,12 +478,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     _table(
         f"{len(rows)} retained checkpoint(s) of {storage.job_id}",
-        ["id", "kind", "created", "restored from", "state size", "checkpointed size", "files"],
+        ["id", "kind", "created", "restored from", "skipped input", "state size", "checkpointed size", "files"],
         [[f"chk-{r['checkpoint_id']}", r["kind"], r["created_at"],
           f"{r['restored_from']} ({r['claim_mode']})" if r["restored_from"] else "",
+          ", ".join(s["file"] for s in r["skipped_files"]),
           _size(r["state_size"]), _size(r["checkpointed_size"]), r["files"]] for r in rows],
         right=3,
     )
+    for r in rows:
+        for s in r["skipped_files"]:
+            print(f"chk-{r['checkpoint_id']} skipped {s['file']}: {s['check']}: {s['reason']}")
     for cid, why in unreadable.items():
         print(f"chk-{cid} UNREADABLE: {why}")
     return 0
@@ -476,6 +506,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{info['files_reused']} reused)")
     if info["watermark"] is not None:
         print(f"  watermark {info['watermark']}")
+    if info["skipped_files"]:
+        _table(f"{len(info['skipped_files'])} input file(s) consumed without being processed (skipped)",
+               ["file", "skipped by", "check", "reason"],
+               [[s["file"], f"chk-{s['checkpoint_id']}", s["check"], s["reason"]] for s in info["skipped_files"]])
     for uid, op in info["operators"].items():
         name = uid if op["name"] == uid else f"{op['name']} (uid {uid})"
         _table(
@@ -664,14 +698,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "--pipeline")
     _job_args(p)
     p.add_argument("--retain", type=_positive, help="completed checkpoints to keep (default 2)")
-    p.add_argument("--parallelism", type=_positive, help="subtasks per operator (default 2)")
+    p.add_argument("--parallelism", type=_positive,
+                   help="subtasks per operator (default: the latest checkpoint's, 2 for a first run); a change "
+                        "rescales the state by key groups, said in one line")
     p.add_argument("--max-parallelism", type=_positive, help="key groups (default 128)")
     p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of the operators' changed rows")
     p.add_argument("--max-batches", type=_positive)
     p.add_argument("--files-per-checkpoint", type=_positive, help="input files per checkpoint (default 1)")
     p.add_argument("--local-dir", metavar="DIR", help="working RocksDB instances (default .sparkpoint/local, "
                    "with --pipeline .sparkpoint/<name>/local)")
-    p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
+    p.add_argument("--master", metavar="URL", help=MASTER_HELP)
     p.add_argument("--remote", metavar="sc://HOST:PORT",
                    help="attach to a running Spark through Spark Connect instead of starting one "
                         "(also --conf spark.remote=... or SPARK_REMOTE)")
@@ -689,11 +725,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how far the watermark trails the highest event time seen (default 0)")
     p.add_argument("--late", choices=["drop", "process"],
                    help="rows below the watermark their batch starts with: dropped (default) or processed")
+    p.add_argument("--on-bad-file", choices=["fail", "skip"],
+                   help="an input file that is not Parquet, lacks a column, has a wrong type or null keys: fail "
+                        "before any upload (default), or skip it (recorded in the checkpoint)")
     p.add_argument("--tick", action="store_true",
                    help="with no unconsumed batch, one checkpoint of no input: processing time advances, due "
                         "timers fire, TTL state expires")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("skip", help="consume one unconsumed input file without processing it, recorded as skipped "
+                       "with a reason: a checkpoint of no input (no Spark)")
+    p.add_argument("file", metavar="FILE", help="the file's name in the input directory (as the run's error names it)")
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why it is skipped (one line; kept in _metadata)")
+    p.add_argument("--input", metavar="DIR", help="directory of Parquet files (fsspec URL); required without "
+                   "--pipeline")
+    _job_args(p)
+    p.add_argument("--output", metavar="URL", help="the exactly-once output, as the runs write it")
+    p.add_argument("--local-dir", metavar="DIR", help="working RocksDB instances, as the runs use them")
+    p.add_argument("--parallelism", type=_positive, help="subtasks per operator, as the runs use them")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting, as `run` takes it (Flink's keys accepted)")
+    p.add_argument("--json", action="store_true", help="the checkpoint as one JSON object")
+    p.set_defaults(fn=cmd_skip)
 
     p = sub.add_parser("check-upgrade", help="what restoring a checkpoint into a (new) pipeline would do, per "
                        "operator, from its _metadata alone; exit 1 when the restore would be refused")
@@ -704,7 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default without --from: the pipeline's own job, as `run` would restore it)")
     p.add_argument("--job-id", metavar="ID")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options (default: the pipeline's)")
-    p.add_argument("--parallelism", type=_positive, help="the new job's (default: the pipeline's)")
+    p.add_argument("--parallelism", type=_positive,
+                   help="the new job's (default: the pipeline's, or the checkpoint's when it sets none)")
     p.add_argument("--max-parallelism", type=_positive, help="the new job's (default: the pipeline's)")
     p.add_argument("--allow-non-restored-state", action="store_true",
                    help="as `run`: state of operators the pipeline lacks may be dropped")
@@ -798,7 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallelism", type=_positive, help="subtasks per operator (default: the pipeline's)")
     p.add_argument("--storage-options", metavar="JSON",
                    help="fsspec options for the table and the target (default: the pipeline's)")
-    p.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
+    p.add_argument("--master", metavar="URL", help=MASTER_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_bootstrap)
 

@@ -128,9 +128,47 @@ class PipelineScaffolder(dg.Scaffolder[PipelineScaffoldParams]):
 
 @dg.scaffold_with(PipelineScaffolder)
 class PipelineComponent(dg.Component, dg.Model, dg.Resolvable):
-    """A sparkpoint pipeline (keyed RocksDB state, incremental checkpoints) as Dagster assets,
-    checks, jobs and sensors: SSTable assets per operator, the checkpoint asset, input and output,
-    recovery, retention and the input-landing sensor."""
+    """A sparkpoint pipeline declared in a `dg` project's `defs.yaml`: what `build_pipeline_defs` builds.
+
+    SSTable assets per operator, the checkpoint asset, input and output, recovery, retention and the
+    input-landing sensor. `dg scaffold defs sparkpoint.PipelineComponent NAME` makes one; `dg list
+    components` lists it; `dg check defs` and `dg dev` load it.
+
+    Example:
+        ```yaml
+        # my_project/defs/pages/defs.yaml
+        type: sparkpoint.PipelineComponent
+        attributes:
+          pipeline: my_project.pipelines:pages           # a sparkpoint.Pipeline; or inline:
+          # name: pages
+          # operators: [my_project.operators:pages_per_user]
+          # input_url: s3://landing/pages
+          settings:                                      # our names or Flink's keys, as `run --conf`
+            state.checkpoints.num-retained: 3
+          owners: ["team:web"]
+        ```
+
+    Attributes:
+        pipeline: `MODULE:ATTR` of a `sparkpoint.Pipeline` (what is set below goes on top of it).
+        name: inline: the pipeline's name (default job id, prefix of every name).
+        operators: inline: `MODULE:ATTR` of each `sparkpoint.KeyedOperator`.
+        input_url: where batch files land.
+        checkpoints_url: the checkpoint storage.
+        output_url: the exactly-once sink's output.
+        local_dir: the working RocksDB instances.
+        job_id: the job's directory under `checkpoints_url`.
+        storage_options: fsspec options of the storage.
+        settings: retention, parallelism, ...: our names or Flink's keys.
+        key_prefix: prefix of the asset keys.
+        group_name: the assets' group.
+        owners: owners of every asset.
+        tags: tags of every asset.
+        schedule: a cron for the checkpoint job.
+        landing_sensor: run the checkpoint job when a batch file lands.
+        landing_settle_seconds: ... once it has been unchanged this long.
+        landing_retry_seconds: a file a run did not consume: offered again after this (doubling).
+        tick: a scheduled run with no batch to read makes a checkpoint of no input (timers, TTL).
+    """
 
     pipeline: str | None = None  # MODULE:ATTR of a sparkpoint.Pipeline
     name: str | None = None  # inline: the pipeline's name (default job id, prefix of every name)
@@ -162,7 +200,20 @@ class PipelineComponent(dg.Component, dg.Model, dg.Resolvable):
 
     def resolve_pipeline(self) -> Pipeline:
         """The Pipeline this component declares: the referenced one with what is set here on top,
-        or one built inline."""
+        or one built inline.
+
+        Example:
+            ```python
+            component = PipelineComponent(pipeline="my_project.pipelines:pages", settings={"parallelism.default": 4})
+            component.resolve_pipeline().parallelism          # 4
+            ```
+
+        Returns:
+            The `sparkpoint.Pipeline`.
+
+        Raises:
+            PipelineError: both `pipeline` and inline `operators`, or neither with a name; a setting it refuses.
+        """
         given = {k: getattr(self, k) for k in _LOCATIONS if getattr(self, k) is not None}
         if self.storage_options is not None:
             given["storage_options"] = self.storage_options

@@ -4,11 +4,15 @@ Local Spark, `file://` checkpoint storage under `.sparkpoint/`, a Dagster instan
 under `.sparkpoint/dagster`. Each run materializes the SSTable and checkpoint assets for a few
 batches (each lands the next batch of the sample stream when none is unconsumed), one of them
 with an injected `after-upload` failure that the recovery sensor's run heals; then it prints the
-checkpoint table and compares the latest checkpoint's state with a plain recomputation over
-every consumed file. Runs again and again: each resumes from the latest completed checkpoint.
+checkpoint table (sizes in the unit style of the lines above it) and compares the latest
+checkpoint's state with a plain recomputation over every consumed file; its last line says where
+to look next (`make ui`, and the exact `sparkpoint list ...` of its job). Runs again and again:
+each resumes from the latest completed checkpoint.
 """
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,11 +24,13 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
+from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.factory import pipeline_defs
 from sparkpoint.ops.instance import prepare_dagster_home
 from sparkpoint.pipeline.maintenance import interruption_summary
+from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.resources import DEFAULT_INPUT, SparkResource
 from sparkpoint.resources.scope import INJECT_TAG
 from sparkpoint.sample import pipeline
@@ -96,7 +102,9 @@ def run_demo() -> int:
         return 130
     _stop_spark()
     _table(storage)
-    return check_latest(storage)
+    status = check_latest(storage)
+    print(next_steps(pipeline))
+    return status
 
 
 def _stop_spark() -> None:
@@ -141,11 +149,30 @@ def _report(what: str, result: dg.ExecuteInProcessResult) -> None:
 
 
 def _table(storage: CheckpointStorage) -> None:
-    print(f"{'checkpoint':>10} {'kind':>10} {'state B':>10} {'uploaded B':>10} {'files':>6} {'batches':>7}")
+    """The retained checkpoints, sizes in the unit style of the lines above (`readable_size`)."""
+    print(f"{'checkpoint':>10} {'kind':>10} {'state':>10} {'uploaded':>10} {'files':>6} {'batches':>7}")
     for meta in CompletedCheckpointStore(storage).load_all().checkpoints:
         consumed = len(meta.source_offsets["source"]["consumed"])
-        print(f"{meta.checkpoint_id:>10} {meta.kind:>10} {meta.stats.state_size:>10} "
-              f"{meta.stats.checkpointed_size:>10} {len(meta.paths()):>6} {consumed:>7}")
+        print(f"{meta.checkpoint_id:>10} {meta.kind:>10} {readable_size(meta.stats.state_size):>10} "
+              f"{readable_size(meta.stats.checkpointed_size):>10} {len(meta.paths()):>6} {consumed:>7}")
+
+
+def next_steps(demo: Pipeline) -> str:
+    """The demo's last line: where to look next, with the exact command for its job."""
+    command = shlex.join([_sparkpoint_command(), "list", "--checkpoints", demo.location("checkpoints"),
+                          "--job-id", demo.effective_job_id])
+    return (f"next: `make ui` shows these runs, checkpoints and checks in the Dagster UI; `{command}` lists "
+            "the retained checkpoints")
+
+
+def _sparkpoint_command() -> str:
+    """`sparkpoint` when it is on PATH, else the script beside this Python (`.venv/bin/sparkpoint`)."""
+    script = Path(sys.executable).parent / "sparkpoint"
+    found = shutil.which("sparkpoint")
+    if not script.exists() or (found is not None and Path(found).resolve() == script.resolve()):
+        return "sparkpoint"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("..") else str(script)
 
 
 def check_latest(storage: CheckpointStorage) -> int:

@@ -137,29 +137,55 @@ def build_pipeline_defs(
     landing_retry_seconds: float = RETRY_SECONDS,
     tick: bool = False,
 ) -> dg.Definitions:
-    """Dagster definitions for `pipeline`: SSTable assets (one per operator), the checkpoint asset
-    and its checks, the input (observable) and output assets; jobs `<name>_checkpoint`,
-    `_recover`, `_prune`, `_verify`, `_rebuild_registry`, `_savepoint`; sensors `<name>_recovery_sensor`,
-    `_retention_sensor`, `_input_sensor` (runs the checkpoint job when a batch lands; stopped
-    with `landing_sensor=False`); a schedule `<name>_checkpoint_schedule` when `schedule` (cron)
-    is given; resources `<name>_storage`, `_registry`, `_spark`, `_state_backend`, `_source`.
+    """Dagster definitions for `pipeline`: its assets, checks, jobs, sensors, schedule and resources.
 
-    `key_prefix` (default: the name) prefixes the asset keys; `group_name` (default: the name)
-    groups them; `owners` and `tags` go on every asset; `resources` replaces resources by role
-    (`storage`, `registry`, `spark`, `state_backend`, `source`), e.g. with `EnvVar` fields.
-    The input sensor offers a file once it has been unchanged for `landing_settle_seconds` (a
-    file still being copied is not read), and a file that earlier runs did not consume again
-    `landing_retry_seconds` after the last (doubling with each run), at once if it changed. It
-    observes `<name>/input` on its ticks (files pending, next and newest file), and a failure
-    injection armed in its cursor (`{"inject_failure": "after-upload"}`, set in the UI or with
-    `dagster sensor cursor`) goes to its next run only.
-    With `tick`, a scheduled run that finds no unconsumed batch makes a checkpoint of no input, so
-    that processing time passes without data: due timers fire and TTL state expires (any run of
-    the checkpoint job does so with the run tag `sparkpoint/tick=true`).
+    SSTable assets (one per operator), the checkpoint asset and its checks, the input (observable)
+    and output assets; jobs `<name>_checkpoint`, `_recover`, `_prune`, `_verify`,
+    `_rebuild_registry`, `_savepoint`; sensors `<name>_recovery_sensor`, `_retention_sensor`,
+    `_input_sensor` (runs the checkpoint job when a batch lands); a schedule
+    `<name>_checkpoint_schedule` when `schedule` (cron) is given; resources `<name>_storage`,
+    `_registry`, `_spark`, `_state_backend`, `_source`. Every name carries the pipeline's, so any
+    number of pipelines share one code location. Guide: [Dagster](../dagster.md).
+
+    Example:
+        ```python
+        import dagster as dg
+        from sparkpoint import build_pipeline_defs
+        from my_project.pipelines import clicks, sessions
+
+        defs = dg.Definitions.merge(build_pipeline_defs(clicks, owners=["team:web"]),
+                                    build_pipeline_defs(sessions, schedule="*/10 * * * *"))
+        ```
+
+    Args:
+        pipeline: the `sparkpoint.Pipeline`.
+        key_prefix: prefix of the asset keys (default: the name).
+        group_name: the assets' group (default: the name).
+        owners: owners of every asset (`"team:web"`, an e-mail).
+        tags: tags of every asset.
+        schedule: a cron for the checkpoint job's schedule; None: no schedule.
+        schedule_status: whether that schedule starts running.
+        landing_sensor: the input sensor (a run per batch file that lands); False: none. It observes
+            `<name>/input` on its ticks (files pending, next and newest file), and a failure injection
+            armed in its cursor (`{"inject_failure": "after-upload"}`, set in the UI or with
+            `dagster sensor cursor`) goes to its next run only.
+        resources: replaces resources by role (`storage`, `registry`, `spark`, `state_backend`,
+            `source`), e.g. `{"spark": SparkResource(remote="sc://spark:15002")}` or with `EnvVar` fields.
+        landing_settle_seconds: the input sensor offers a file once it has been unchanged this long (a
+            file still being copied is not read).
+        landing_retry_seconds: a file earlier runs did not consume is offered again this long after the
+            last (doubling with each run), at once if it changed.
+        tick: a scheduled run that finds no unconsumed batch makes a checkpoint of no input, so
+            processing time passes without data (due timers fire, TTL state expires); any run of the
+            checkpoint job does so with the run tag `sparkpoint/tick=true`.
+
+    Returns:
+        A `dagster.Definitions`.
 
     Raises:
         PipelineError: another pipeline's definitions in this process write the same job
             directory (checkpoints location and job id); the message names both.
+        ValueError: an unknown resource role.
     """
     return pipeline_defs(
         pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags, schedule=schedule,

@@ -21,6 +21,9 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 # build directory, not the user's cache; every Spark started by a test, in or out of process, uses it.
 _JVM_CACHE = Path(__file__).resolve().parent.parent / "build" / "jvm-cache"
 os.environ.setdefault("SPARKPOINT_JVM_CACHE", str(_JVM_CACHE) if " " not in str(_JVM_CACHE) else "off")
+# A run without `master` starts Spark in its own process (local[2]), as the suite was written for:
+# the tests of the warm local Spark (tests/test_warm_spark.py) turn it on with a directory of their own.
+os.environ.setdefault("SPARKPOINT_WARM_SPARK", "off")
 
 
 @pytest.fixture(scope="session")

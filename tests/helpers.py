@@ -1,15 +1,18 @@
-"""Building state handles from real files, for core tests that do not need RocksDB."""
+"""Building state handles from real files, for core tests that do not need RocksDB; an empty
+checkpoint of real RocksDB backends for tests that need one but no Spark."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import private_dir, shared_dir
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.keygroups import key_group_range
+from sparkpoint.state.operators import KeyedOperator
 
 
 class FakeSubtask:
@@ -68,3 +71,20 @@ class FakeSubtask:
 
     def abort(self, checkpoint_id: int) -> None:
         self.pending.pop(checkpoint_id, None)
+
+
+def empty_checkpoint(storage: CheckpointStorage, operators: Iterable[KeyedOperator], parallelism: int,
+                     local_dir: Path) -> None:
+    """A completed checkpoint of `operators` at `parallelism` with empty state and no input
+    consumed, written by real RocksDB backends without Spark."""
+    from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+    from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+
+    backends = [RocksDBStateBackend(storage, op.uid, i, parallelism=parallelism, local_dir=local_dir)
+                for op in operators for i in range(parallelism)]
+    for b in backends:
+        b.restore(None)
+    take_checkpoint(CheckpointCoordinator(storage), backends,
+                    source_offsets={"source": {"version": 1, "consumed": []}, "sink": []})
+    for b in backends:
+        b.close()

@@ -43,7 +43,11 @@ def free_port() -> int:
 
 
 class Airflow:
-    def __init__(self, root: Path) -> None:
+    """`airflow standalone` in `root` with the two example DAGs, or `dags` (file name -> source),
+    ready once the DAGs `expect` names are parsed."""
+
+    def __init__(self, root: Path, *, dags: dict[str, str] | None = None, expect: set[str] | None = None) -> None:
+        self.dags, self.expect = dags, expect or {"sparkpoint_sparkpoint", "sparkpoint_clicks"}
         self.root, self.port = root, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "standalone.log"
@@ -52,8 +56,12 @@ class Airflow:
     def start(self, timeout: float = 300) -> None:
         home, dags = self.root / "airflow-home", self.root / "dags"
         dags.mkdir(parents=True)
-        for name in ("sample_dag.py", "clickstream_dag.py"):
-            shutil.copy(ROOT / "examples" / "airflow" / name, dags / name)
+        if self.dags is None:
+            for name in ("sample_dag.py", "clickstream_dag.py"):
+                shutil.copy(ROOT / "examples" / "airflow" / name, dags / name)
+        else:
+            for name, source in self.dags.items():
+                (dags / name).write_text(source)
         env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
                "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__PARALLELISM": "4",
                "AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__HOST": "127.0.0.1",
@@ -66,8 +74,7 @@ class Airflow:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], cwd=self.root, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.wait_for("both DAGs parsed", lambda: {"sparkpoint_sparkpoint", "sparkpoint_clicks"} <= self.dag_ids(),
-                      timeout)
+        self.wait_for("the DAGs parsed", lambda: self.expect <= self.dag_ids(), timeout)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -141,24 +148,31 @@ def airflow(tmp_path: Path) -> Iterator[Airflow]:
 def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow):
     root = airflow.root
     sample_dag, clicks_dag = "sparkpoint_sparkpoint", "sparkpoint_clicks"
-    generate(str(root / ".sparkpoint" / "demo" / "input"), batches=3, events_per_batch=1500, users=300, items=40,
-             seed=2)
+    sample_input = str(root / ".sparkpoint" / "demo" / "input")
+    stream = {"events_per_batch": 1500, "users": 300, "items": 40, "seed": 2}
+    generate(sample_input, batches=1, **stream)
     for dag_id in (sample_dag, clicks_dag):
         airflow.api("PATCH", f"/dags/{dag_id}", {"is_paused": False})
     sample = CheckpointStorage((root / ".sparkpoint" / "checkpoints").as_uri(), "demo")
 
     first = airflow.trigger(sample_dag)
     assert airflow.wait_run(sample_dag, first)["state"] == "success", airflow.tail()
+    assert sample.completed_checkpoint_ids() == [1]
+    # A backlog of two batches is one run: the first commits in the batch task, the second fails
+    # after its upload (the injected failure hits a run's last batch) and `recover` commits it.
+    generate(sample_input, batches=2, first=1, **stream)
     failed = airflow.trigger(sample_dag, {"sparkpoint_inject_failure": "after-upload"})
     assert airflow.wait_run(sample_dag, failed)["state"] == "failed"
     tasks = airflow.tasks(sample_dag, failed)
     assert tasks["batch"] == "failed" and tasks["recover"] == "success", tasks
+    assert sample.completed_checkpoint_ids() == [2, 3]
+    generate(sample_input, batches=1, first=3, **stream)
     later = airflow.trigger(sample_dag)
     assert airflow.wait_run(sample_dag, later)["state"] == "success", airflow.tail()
-    assert sample.completed_checkpoint_ids() == [2, 3]
+    assert sample.completed_checkpoint_ids() == [3, 4]
     latest = CompletedCheckpointStore(sample).latest()
     assert latest is not None
-    events = pd.concat(oracle.read_batches(str(root / ".sparkpoint" / "demo" / "input")), ignore_index=True)
+    events = pd.concat(oracle.read_batches(sample_input), ignore_index=True)
     with operator_states(sample, latest, user_totals.name) as backends:
         oracle.assert_totals_equal(pd.concat([user_totals.export(b) for b in backends]), oracle.user_totals(events))
 

@@ -8,7 +8,6 @@ real local Spark, real RocksDB, real files. Bad input is refused before any Spar
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +23,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.operators import KeyedOperator, run_bootstrap
 from tests import accounts_pipeline as acc
+from tests.docs_text import page, python_blocks
 
 PIPELINE = "tests.accounts_pipeline:accounts"
 
@@ -254,12 +254,11 @@ def test_the_command_prints_the_savepoint_that_run_starts_from(spark, tmp_path: 
     assert got["amounts"].tolist() == want["amounts"].tolist()
 
 
-def test_the_readme_bootstrap_example_writes_the_initial_clicks(tmp_path: Path):
-    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Your own pipeline", 1)[1]
-    blocks = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+def test_the_guide_bootstrap_example_writes_the_initial_clicks(tmp_path: Path):
+    blocks = python_blocks(page("pipeline.md"))
     namespace: dict[str, object] = {}
     for block in (blocks[0], next(b for b in blocks if "bootstrap=" in b)):
-        exec(compile(block, "README.md", "exec"), namespace)
+        exec(compile(block, "docs/pipeline.md", "exec"), namespace)
     op = namespace["clicks"].operator("clicks_per_user")  # type: ignore[attr-defined]
     table = pd.DataFrame({"user": ["u1", "u2", "u1"], "clicks": [3, 4, 5]})
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")

@@ -144,7 +144,7 @@ def test_resource_fields_come_from_environment_variables(tmp_path: Path, monkeyp
 def test_every_step_of_a_pipeline_is_in_its_pool_limited_to_one_run(tmp_path: Path):
     assert {a.op.pool for a in ASSETS if isinstance(a, dg.AssetsDefinition) and a.is_materializable} == {SCOPE.pool}
     ops = [node for job in JOBS.all() if isinstance(job, dg.JobDefinition) for node in job.graph.node_defs]
-    assert len(ops) == 5 and {op.pool for op in ops} == {SCOPE.pool} == {"sparkpoint"}
+    assert len(ops) == 6 and {op.pool for op in ops} == {SCOPE.pool} == {"sparkpoint"}
     home = prepare_dagster_home(tmp_path / "dagster")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         pools = instance.get_concurrency_config().pool_config
@@ -173,7 +173,7 @@ def test_definitions_hold_the_documented_names():
     assert schedule.name == "sparkpoint_checkpoint_schedule"
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     assert sorted(c.check_key.name for c in ASSET_CHECKS) == ["checkpoint_verifies", "registry_matches_metadata",
-                                                             "upgrade_preflight"]
+                                                             "skipped_files", "upgrade_preflight"]
 
 
 def checkpoint_event(instance: dg.DagsterInstance, cid: int, due: list[str]) -> None:

@@ -107,17 +107,16 @@ def covers_every_case(want: Expected) -> None:
     assert len(want.sessions) and len(want.open_sessions) and len(want.seen) < len(want.first_clicks)
 
 
-def test_the_readme_quotes_the_example_as_it_is():
-    """Every line of the README's excerpts of the example is a line of its files (so they cannot rot)."""
-    import re
+def test_the_guide_quotes_the_example_as_it_is():
+    """Every line of the guide's excerpts of the example is a line of its files (so they cannot rot)."""
+    from tests.docs_text import python_blocks, section
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Sessions and deduplication on event time", 1)[1].split("\n## ", 1)[0]
+    text = section("pipeline.md", "### Sessions and deduplication on event time (`examples/sessions/`)")
     code = "\n".join(p.read_text() for p in (EXAMPLE / "sessions").glob("*.py")).splitlines()
-    quoted = [line for block in re.findall(r"```python\n(.*?)```", section, re.S) for line in block.splitlines()]
+    quoted = [line for block in python_blocks(text) for line in block.splitlines()]
     assert len(quoted) > 10
     for line in quoted:
-        assert line in code, f"README quotes a line examples/sessions does not have: {line!r}"
+        assert line in code, f"docs/pipeline.md quotes a line examples/sessions does not have: {line!r}"
 
 
 def test_the_operators_on_one_subtask_equal_the_recomputation(tmp_path: Path, example: Any):

@@ -69,7 +69,7 @@ def test_every_name_is_scoped_to_the_pipeline(tmp_path: Path):
     defs = build_pipeline_defs(clicks(tmp_path), schedule="*/5 * * * *", owners=["team:web"], tags={"domain": "web"})
     jobs, automations, resources = all_names(defs)
     assert jobs == {f"clicks_{j}" for j in ("checkpoint", "recover", "prune", "verify", "rebuild_registry",
-                                             "savepoint")}
+                                             "savepoint", "skip_file")}
     assert automations == {"clicks_recovery_sensor", "clicks_retention_sensor", "clicks_input_sensor",
                            "clicks_checkpoint_schedule"}
     assert resources == {f"clicks_{r}" for r in ("storage", "registry", "spark", "state_backend", "source")}

@@ -8,7 +8,6 @@ The operators are the test's own (sessions, spend, devices, pages, peaks, nudges
 from __future__ import annotations
 
 import gc
-import re
 import subprocess
 import sys
 import tempfile
@@ -474,12 +473,13 @@ def test_the_test_tools_import_no_spark_or_orchestrator():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
 
 
-def test_the_readme_example_runs():
-    section = re.split(r"\n##+ ", (ROOT / "README.md").read_text().split("### Testing an operator", 1)[1])[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+def test_the_guide_example_runs():
+    from tests.docs_text import python_blocks, section
+
+    blocks = python_blocks(section("writing-operators.md", "## Testing an operator"))
     assert blocks
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
+        exec(compile(block, "docs/writing-operators.md", "exec"), {})
 
 
 def test_an_operator_that_raises_leaves_the_watermark_and_late_rows_as_they_were():

@@ -128,15 +128,13 @@ def test_your_own_pipeline_through_the_cli_and_the_api(tmp_path: Path, monkeypat
         mine.read_state("user_totals")
 
 
-def test_the_readme_pipeline_example_computes_what_it_says(tmp_path: Path):
-    import re
-
+def test_the_guide_pipeline_example_computes_what_it_says(tmp_path: Path):
     from sparkpoint.checkpoint.storage import CheckpointStorage
     from sparkpoint.state.backend import RocksDBStateBackend
+    from tests.docs_text import page, python_blocks
 
-    section = (ROOT / "README.md").read_text().split("## Your own pipeline", 1)[1].split("\n## ", 1)[0]
     namespace: dict[str, object] = {}
-    exec(compile(re.findall(r"```python\n(.*?)```", section, re.S)[0], "README.md", "exec"), namespace)
+    exec(compile(python_blocks(page("pipeline.md"))[0], "docs/pipeline.md", "exec"), namespace)
     pipeline = namespace["clicks"]
     assert isinstance(pipeline, sparkpoint.Pipeline) and pipeline.effective_job_id == "clicks"
     events = land(tmp_path, 2)

@@ -1,8 +1,8 @@
-"""The README's "Writing your own operator" examples run, and both ways of counting agree."""
+"""The "Faster: whole batches at once" examples of docs/writing-operators.md run, and both ways of
+counting agree."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -10,15 +10,13 @@ import pandas as pd
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+from tests.docs_text import python_blocks, section
 
 
 def operator_examples() -> dict[str, object]:
-    section = README.read_text().split("## Writing your own operator", 1)[1].split("\n## ", 1)[0]
     namespace: dict[str, object] = {}
-    for block in re.findall(r"```python\n(.*?)```", section, re.S):
-        exec(compile(block, str(README), "exec"), namespace)
+    for block in python_blocks(section("writing-operators.md", "## Faster: whole batches at once")):
+        exec(compile(block, "docs/writing-operators.md", "exec"), namespace)
     return namespace
 
 

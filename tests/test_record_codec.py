@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from sparkpoint import JsonCodec, KeyedOperator, RecordCodec, StateDescriptor, StructCodec, compare_states
+from sparkpoint import JsonCodec, KeyedOperator, RecordCodec, StateDescriptor, StateTtl, StructCodec, compare_states
 from sparkpoint.api import read_state
 from sparkpoint.checkpoint.errors import MetadataError, StateBackendError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, content_checksum
@@ -290,3 +291,89 @@ def test_hostile_state_declarations_in_metadata_are_refused_naming_the_field(sta
         CheckpointMetadata.loads(_with_states(meta, states))
     assert f"field `{field}`" in str(e.value)
     assert CheckpointMetadata.loads(_with_states(meta, {"t": GOOD})).operators["loyalty"].states == {"t": GOOD}
+
+
+def _undeclared_scores(codec: RecordCodec, ttl: StateTtl | None = None) -> KeyedOperator:
+    """An operator that opens a RecordCodec state without declaring it: per player the points
+    scored and the games played, kept as whatever fields `codec` has."""
+    def process(batch: pd.DataFrame, state: object) -> None:
+        scores = state.value_state("scores", codec, ttl=ttl)  # type: ignore[attr-defined]
+        agg = batch.groupby("player", sort=True).agg(points=("points", "sum"), games=("points", "size"))
+        old = scores.get_many(agg.index.tolist())
+        scores.put_many((p, {"points": (o or {}).get("points", 0) + int(pts), "games": (o or {}).get("games", 0) + n})
+                        for p, pts, n, o in zip(agg.index, agg["points"], agg["games"], old))
+
+    def export(state: object) -> pd.DataFrame:
+        rows = [{"player": k.decode(), **v}
+                for k, v in state.value_state("scores", codec, ttl=ttl).items()]  # type: ignore[attr-defined]
+        return pd.DataFrame(rows, columns=["player", *codec.names]).sort_values("player").reset_index(drop=True)
+
+    return KeyedOperator("scores", key="player", columns=("points",), process=process, export=export)
+
+
+def _games(seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"player": [f"p{i}" for i in rng.integers(0, 40, 300)],
+                         "points": rng.integers(0, 1000, 300)})
+
+
+@pytest.mark.parametrize("ttl", [None, StateTtl(10 * 365 * 24 * 3600)])
+def test_an_undeclared_record_state_evolves_at_its_first_open_after_a_rescaled_restore(ttl):
+    # A record of numbers only has one width: int64 -> float64 read the old bytes as other numbers,
+    # without an error, before the fields were recorded with the snapshot's facts.
+    v1 = RecordCodec({"points": "int64", "games": "int32"})
+    v2 = RecordCodec({"games": "int64", "points": "float64", "team": "string"})
+    batches = [_games(s) for s in range(4)]
+    with OperatorHarness(_undeclared_scores(v1, ttl), parallelism=2) as h:
+        for b in batches[:2]:
+            h.process(b)
+        snap = h.snapshot()
+    with OperatorHarness.restore(snap, parallelism=3, operator=_undeclared_scores(v2, ttl)) as h2:
+        for b in batches[2:]:
+            h2.process(b)
+        got = h2.export()
+        snap2 = h2.snapshot()
+    every = pd.concat(batches).groupby("player", sort=True).agg(points=("points", "sum"), games=("points", "size"))
+    assert got.player.tolist() == every.index.tolist()
+    assert got.points.tolist() == [float(x) for x in every.points] and got.games.tolist() == every.games.tolist()
+    assert got.team.isna().all()
+    facts = {s.facts["states"]["scores"]["codec"]["fields"].__repr__()
+             for s in snap2.metadata().operators["scores"].subtasks}
+    assert facts == {repr([["games", "int64"], ["points", "float64"], ["team", "string"]])}
+    narrowed = RecordCodec({"games": "int8", "points": "float64", "team": "string"})
+    with OperatorHarness.restore(snap2, parallelism=1, operator=_undeclared_scores(narrowed, ttl)) as h3, \
+            pytest.raises(StateSchemaIncompatible, match="state 'scores' of scores .* field games changed from int64 "
+                                                         "to int8: a narrowing"):
+        h3.process(batches[0])
+
+
+def test_an_undeclared_same_width_change_reads_the_old_numbers_not_their_bytes():
+    v1 = RecordCodec({"points": "int64", "games": "int64"})
+    v2 = RecordCodec({"points": "float64", "games": "int64"})  # one width: the old bytes decode as floats
+    with OperatorHarness(_undeclared_scores(v1), parallelism=1) as h:
+        h.process(_games(7))
+        snap = h.snapshot()
+    with OperatorHarness.restore(snap, parallelism=1, operator=_undeclared_scores(v2)) as h2:
+        got = h2.export()
+    every = _games(7).groupby("player", sort=True).agg(points=("points", "sum"))
+    assert got.points.tolist() == [float(x) for x in every.points]
+    # Without its code, the state reads by the fields its snapshot recorded.
+    raw = read_state(snap.checkpoints_url, "harness", "scores", raw=True).sort_values("key")
+    assert raw.value.tolist() == [{"points": int(p), "games": int(g)} for p, g in
+                                  zip(every.points, _games(7).groupby("player", sort=True).size())]
+
+
+@pytest.mark.parametrize("codec, message", [
+    ({"type": "json"}, "only a record codec is recorded here"),
+    ({"type": "record", "fields": [["a", "no such type!"]]}, "is not an Arrow type name"),
+    ({"type": "record", "fields": []}, "must list 1 to"),
+])
+def test_a_hostile_record_codec_in_a_snapshots_facts_is_refused_naming_the_field(codec, message):
+    with OperatorHarness(_undeclared_scores(RecordCodec({"points": "int64", "games": "int64"})), parallelism=1) as h:
+        h.process(_games(1))
+        snap = h.snapshot()
+    raw = json.loads(snap.metadata().dumps())
+    raw["operators"]["scores"]["subtasks"][0]["facts"]["states"]["scores"]["codec"] = codec
+    raw.pop("checksum", None)
+    with pytest.raises(MetadataError, match=rf"facts\.states.*codec.*{message}"):
+        CheckpointMetadata.loads(json.dumps(raw).encode())

@@ -332,13 +332,11 @@ def test_the_dagster_preflight_blocks_a_refused_upgrade_before_the_sstable_step(
     assert CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "shop")).checkpoint_ids() == [2, 1]
 
 
-def test_the_readme_rename_example_keeps_the_uid():
-    import re
+def test_the_guide_rename_example_keeps_the_uid():
+    from tests.docs_text import python_blocks, section
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Operator identity (`uid`)", 1)[1].split("\n### ", 1)[0]
-    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    (block,) = python_blocks(section("upgrading.md", "## Operator identity (`uid`)"))
     namespace: dict[str, Any] = {"KeyedOperator": KeyedOperator, "add_spend": shop.add_spend,
                                  "export_spend": shop.export_spend}
-    exec(compile(block, "README.md", "exec"), namespace)
+    exec(compile(block, "docs/upgrading.md", "exec"), namespace)
     assert (namespace["spend"].name, namespace["spend"].uid) == ("customer_spend", "spend")

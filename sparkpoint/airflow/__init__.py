@@ -29,12 +29,22 @@ _HOMES = {
     "SparkpointLandingSensor": "sparkpoint.airflow.operators",
     "sparkpoint_dag": "sparkpoint.airflow.dags",
     "checkpoint_asset": "sparkpoint.airflow.dags",
+    "checkpoint_alias": "sparkpoint.airflow.dags",
 }
 __all__ = sorted([*_HOMES, "get_provider_info"])
 
 
 def get_provider_info() -> dict[str, Any]:
-    """What `airflow providers list` shows (the `apache_airflow_provider` entry point)."""
+    """What `airflow providers list` shows (the `apache_airflow_provider` entry point).
+
+    Example:
+        ```python
+        get_provider_info()["package-name"]        # "sparkpoint"
+        ```
+
+    Returns:
+        Airflow's provider-info dict: package name, versions, operator and sensor modules, asset URI scheme.
+    """
     from sparkpoint import __version__
 
     return {

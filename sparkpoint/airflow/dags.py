@@ -8,13 +8,22 @@ the checkpoint's state would not map onto the operators (by uid), saying what wo
 (then `recover` skips: nothing ran); its XCom says whether the code version changed since the
 previous run.
 
-`batch` runs the Spark half and persists the attempt under the DAG run's id; `checkpoint`
-completes it and declares the asset `sparkpoint://<job>/checkpoint`, so downstream DAGs can be
-scheduled on new checkpoints; `prune` applies retention; `verify` checks every retained
-checkpoint's files. `recover` runs only when `batch` or `checkpoint` failed (trigger rule
-`one_failed`): it aborts this run's attempt and processes the batch again, so the run's batch is
-committed exactly once (the run is still marked failed: it did fail, and the log says how it
-healed). A retried `batch` task aborts its own earlier attempt first. One run at a time.
+`batch` takes every unconsumed batch up to `max_batches_per_run`, each its own checkpoint, on
+one Spark session: it completes all but the last itself and persists the last one's attempt
+under the DAG run's id; `checkpoint` completes that one; `prune` applies retention; `verify`
+checks every retained checkpoint's files. `recover` runs only when `batch` or `checkpoint` failed
+(trigger rule `one_failed`): it aborts this run's attempt and processes the failed batch again,
+so each batch is committed exactly once (batches before a failed one stay committed; the run is
+still marked failed: it did fail, and the log says how it healed). A retried `batch` task aborts
+its own earlier attempt first. One run at a time.
+
+Every committed checkpoint is exactly one event on the asset `sparkpoint://<job>/checkpoint`
+(`checkpoint_asset`), so downstream DAGs can be scheduled on new checkpoints; its `extra` holds
+`checkpoint_id`, `path` (its `_metadata`), `state_size`, `checkpointed_size` (bytes) and `batch`
+(the input files). `checkpoint` has the asset as its outlet; `batch` and `recover`, which commit
+any number, add one event each through the alias `sparkpoint_<job>_checkpoints`
+(`checkpoint_alias`). A task that fails announces nothing, so `recover` announces what the run
+committed and no successful task did: its own checkpoint, the failed batch task's earlier ones.
 """
 
 from __future__ import annotations
@@ -23,9 +32,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import DAG, Asset, TriggerRule
+from airflow.sdk import DAG, TriggerRule
 
 from sparkpoint.airflow.operators import (
+    DEFAULT_MAX_BATCHES_PER_RUN,
     PipelineRef,
     SparkpointBatchOperator,
     SparkpointCheckpointOperator,
@@ -34,13 +44,12 @@ from sparkpoint.airflow.operators import (
     SparkpointRecoverOperator,
     SparkpointUpgradeCheckOperator,
     SparkpointVerifyOperator,
+    checkpoint_alias,
+    checkpoint_asset,
 )
 from sparkpoint.pipeline.spec import Pipeline
 
-
-def checkpoint_asset(job_id: str) -> Asset:
-    """The Airflow asset a job's checkpoints update: `sparkpoint://<job>/checkpoint`."""
-    return Asset(uri=f"sparkpoint://{job_id}/checkpoint", name=f"sparkpoint_{job_id}_checkpoint")
+__all__ = ["checkpoint_alias", "checkpoint_asset", "sparkpoint_dag"]
 
 
 def sparkpoint_dag(
@@ -52,18 +61,54 @@ def sparkpoint_dag(
     verify: bool = True,
     overrides: Mapping[str, Any] | None = None,
     storage_conn_id: str | None = None,
-    master: str = "local[2]",
+    master: str | None = None,
     remote: str | None = None,
     poke_interval: float = 10.0,
     orphan_grace_seconds: float = 3600.0,
     tick: bool = False,
+    max_batches_per_run: int | None = DEFAULT_MAX_BATCHES_PER_RUN,
     **dag_kwargs: Any,
 ) -> DAG:
-    """The DAG of `pipeline` (default id `sparkpoint_<name>`). `schedule`: any Airflow schedule;
-    `on_landing=True` waits for a batch file first (a sensor) and, without a schedule, runs
-    continuously (`@continuous`: the next run starts when one ends, and waits for the next file).
-    `tick=True`: a run that finds no unconsumed batch makes a checkpoint of no input instead of
-    skipping, so processing time passes on the schedule: due timers fire, TTL state expires."""
+    """The DAG of `pipeline`: upgrade pre-flight, batch, checkpoint, prune, verify and recover tasks.
+
+    Tasks: `check_upgrade` → (`wait_for_batch` with `on_landing`) → `batch` → `checkpoint` →
+    `prune` and `verify`; `recover` runs when `batch` or `checkpoint` failed. One run at a time
+    (`max_active_runs=1`), no catch-up. A run takes every unconsumed batch up to
+    `max_batches_per_run`, each its own checkpoint, as `sparkpoint run` does (a backlog of N files
+    needs one run, not N); every committed checkpoint is one event on `checkpoint_asset(job_id)`.
+
+    Example:
+        ```python
+        # dags/clicks.py
+        from sparkpoint.airflow import sparkpoint_dag
+        from my_project.pipelines import clicks
+
+        dag = sparkpoint_dag(clicks, schedule="*/10 * * * *")            # or on_landing=True
+        ```
+
+    Args:
+        pipeline: a `sparkpoint.Pipeline`, or `"MODULE:ATTR"` naming one.
+        dag_id: default `sparkpoint_<name>`.
+        schedule: any Airflow schedule; with `on_landing` and no schedule, `@continuous`.
+        on_landing: wait for a batch file first (a sensor); without a schedule the DAG runs
+            continuously (the next run starts when one ends, and waits for the next file).
+        verify: add the `verify` task after each checkpoint.
+        overrides: locations and settings on top of the pipeline's (our names or Flink's keys).
+        storage_conn_id: an Airflow Connection whose credentials become fsspec storage options.
+        master: the Spark master URL of a Spark of the batch and recover tasks' own (`local[2]`: in
+            the task's process).
+        remote: a Spark Connect URL to attach those tasks to instead. Neither: the warm local Spark.
+        poke_interval: seconds between the landing sensor's looks.
+        orphan_grace_seconds: uploads younger than this are never swept (prune, recover).
+        tick: a run that finds no unconsumed batch makes a checkpoint of no input instead of
+            skipping, so processing time passes on the schedule: due timers fire, TTL state expires.
+        max_batches_per_run: the most batches one run takes (None: every unconsumed one).
+        **dag_kwargs: passed to `DAG` (defaults: `max_active_runs=1`, `catchup=False`, a fixed past
+            `start_date`, tag `sparkpoint`).
+
+    Returns:
+        The `airflow.sdk.DAG`.
+    """
     ref = PipelineRef(pipeline, overrides, storage_conn_id)
     resolved = ref.resolved()
     if on_landing and schedule is None:
@@ -76,16 +121,19 @@ def sparkpoint_dag(
     common: dict[str, Any] = {"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id}
     spark: dict[str, Any] = {"master": master, "remote": remote}
     with DAG(dag_id or f"sparkpoint_{resolved.name}", schedule=schedule, **dag_kwargs) as dag:
-        batch = SparkpointBatchOperator(task_id="batch", tick=tick, **common, **spark)
+        job = resolved.effective_job_id
+        batch = SparkpointBatchOperator(task_id="batch", tick=tick, max_batches_per_run=max_batches_per_run,
+                                        outlets=[checkpoint_alias(job)], **common, **spark)
         checkpoint = SparkpointCheckpointOperator(task_id="checkpoint", batch_task_id="batch",
-                                                  outlets=[checkpoint_asset(resolved.effective_job_id)], **common)
+                                                  outlets=[checkpoint_asset(job)], **common)
         prune = SparkpointPruneOperator(task_id="prune", orphan_grace_seconds=orphan_grace_seconds, **common)
         batch >> checkpoint >> prune
         if verify:
             checkpoint >> SparkpointVerifyOperator(task_id="verify", **common)
         recover = SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED,
                                             orphan_grace_seconds=orphan_grace_seconds,
-                                            preflight_task_id="check_upgrade", **common, **spark)
+                                            preflight_task_id="check_upgrade", batch_task_id="batch",
+                                            outlets=[checkpoint_alias(job)], **common, **spark)
         [batch, checkpoint] >> recover
         check_upgrade = SparkpointUpgradeCheckOperator(task_id="check_upgrade", **common)
         if on_landing:

@@ -15,19 +15,82 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from airflow.sdk import BaseHook, BaseOperator, BaseSensorOperator, Context
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, BaseSensorOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.savepoint import take_savepoint
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline import maintenance
-from sparkpoint.pipeline.attempt import finish_step, start_step
+from sparkpoint.pipeline.attempt import finish_step, start_steps
 from sparkpoint.pipeline.driver import StatefulPipeline
-from sparkpoint.pipeline.runtime import restore_plan
+from sparkpoint.pipeline.runtime import BatchReport, restore_plan
 from sparkpoint.pipeline.spec import Pipeline, load_pipeline
+from sparkpoint.spark.source import BadInputFile
 
 LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id", "storage_options")
 INJECT_KEY = "sparkpoint_inject_failure"  # dag_run.conf: before-upload | after-upload | before-commit
+DEFAULT_MAX_BATCHES_PER_RUN = 10
+COMMITTED_KEY = "committed"  # the batch task's XCom: the event of each checkpoint it committed, pushed as it goes
+
+
+def checkpoint_asset(job_id: str) -> Asset:
+    """The Airflow asset a job's checkpoints update: `sparkpoint://<job>/checkpoint`.
+
+    Each committed checkpoint is one event on it, its `extra` the checkpoint's id, `_metadata`
+    path, sizes and batch (`sparkpoint.pipeline.maintenance.checkpoint_event`).
+
+    Example:
+        ```python
+        with DAG("report", schedule=[checkpoint_asset("clicks")]):    # runs after each checkpoint of job clicks
+            ...
+        ```
+
+    Args:
+        job_id: the job id (a pipeline's `effective_job_id`).
+
+    Returns:
+        An `airflow.sdk.Asset` (named `sparkpoint_<job>_checkpoint`).
+    """
+    return Asset(uri=f"sparkpoint://{job_id}/checkpoint", name=f"sparkpoint_{job_id}_checkpoint")
+
+
+def warn_skipped(log: Any, report: BatchReport, meta: CheckpointMetadata) -> None:
+    """A warning in the task's log per input file the checkpoint skipped (on_bad_file="skip")."""
+    for skipped in report.skipped:
+        log.warning("sparkpoint checkpoint %s skipped input file %s", meta.checkpoint_id, skipped.line())
+
+
+def checkpoint_alias(job_id: str) -> AssetAlias:
+    """The outlet of a task that commits any number of checkpoints (the batch task of a backlog, `recover`).
+
+    Through it the task adds one event on `checkpoint_asset` per checkpoint, and none when it
+    committed none (a plain asset outlet would get one event whatever happened).
+
+    Example:
+        ```python
+        SparkpointRecoverOperator(task_id="recover", pipeline=clicks, outlets=[checkpoint_alias("clicks")])
+        ```
+
+    Args:
+        job_id: the job id (a pipeline's `effective_job_id`).
+
+    Returns:
+        An `airflow.sdk.AssetAlias` (named `sparkpoint_<job>_checkpoints`).
+    """
+    return AssetAlias(name=f"sparkpoint_{job_id}_checkpoints")
+
+
+def announce(context: Context, storage: Any, events: list[dict[str, Any]], *, alias: bool) -> None:
+    """One asset event per committed checkpoint on the job's checkpoint asset: through the alias
+    (`add`, one event each), or, for a task that commits exactly one, as its own outlet's extra."""
+    asset = checkpoint_asset(storage.job_id)
+    for event in events:
+        if alias:
+            context["outlet_events"][checkpoint_alias(storage.job_id)].add(asset, extra=event)
+        else:
+            context["outlet_events"][asset].extra = event
 
 
 def storage_options_from_connection(conn_id: str) -> dict[str, Any]:
@@ -98,13 +161,33 @@ def resolve_pipeline(pipeline: Pipeline | str, overrides: Mapping[str, Any]) -> 
 
 
 class SparkpointOperator(BaseOperator):
-    """What every sparkpoint operator shares: the pipeline, its overrides, credentials, Spark
-    (`master`, or `remote`: a Spark Connect URL)."""
+    """What every sparkpoint operator shares: the pipeline, its overrides, credentials and Spark.
+
+    Not used on its own: `sparkpoint_dag` wires the operators below, or your own DAG uses them.
+
+    Example:
+        ```python
+        SparkpointSavepointOperator(task_id="savepoint", pipeline="my_project.pipelines:clicks",
+                                    overrides={"checkpoints_url": "s3://lake/ckpt"}, storage_conn_id="lake")
+        ```
+
+    Args:
+        pipeline: a `sparkpoint.Pipeline`, or `"MODULE:ATTR"` naming one (imported when the task runs).
+        overrides: locations (`input_url`, `checkpoints_url`, `output_url`, `local_dir`, `job_id`) and
+            settings under our names or Flink's keys, on top of the pipeline's.
+        storage_conn_id: an Airflow Connection whose credentials become fsspec storage options (an `aws`
+            connection: login = key, password = secret, extra `endpoint_url` / `region_name`; any
+            connection's extra `storage_options`).
+        master: the Spark master URL of a Spark of the task's own (`local[2]`: in the task's process).
+        remote: a Spark Connect URL (`sc://host:15002`) to attach to instead of starting Spark.
+            Neither: the warm local Spark (`sparkpoint.spark.warm`), started once and kept warm.
+        **kwargs: Airflow's `BaseOperator` arguments (`task_id`, `retries`, `outlets`, ...).
+    """
 
     ui_color = "#f4a460"
 
     def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
-                 storage_conn_id: str | None = None, master: str = "local[2]", remote: str | None = None,
+                 storage_conn_id: str | None = None, master: str | None = None, remote: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ref = PipelineRef(pipeline, overrides, storage_conn_id)
@@ -121,14 +204,28 @@ class SparkpointOperator(BaseOperator):
 
         pipeline = self.resolved()
         return spark_session(self.master, app_name=f"sparkpoint-{pipeline.name}", remote=self.remote,
-                             share=session_key(pipeline.effective_job_id, pipeline.operators) if self.remote else None)
+                             share=session_key(pipeline.effective_job_id, pipeline.operators))
 
 
 class SparkpointUpgradeCheckOperator(SparkpointOperator):
     """The upgrade pre-flight, without Spark: whether the checkpoint the next batch restores maps
-    onto this code's operators (by uid), as `sparkpoint check-upgrade` says. Fails, naming what
-    would make it work, when the restore would be refused; its XCom says whether the code version
-    changed since the previous run and carries the plan."""
+    onto this code's operators (by uid), as `sparkpoint check-upgrade` says.
+
+    Fails, naming what would make it work, when the restore would be refused; its XCom says whether
+    the code version changed since the previous run (`code_changed`) and carries the plan. The
+    `recover` task of `sparkpoint_dag` skips when it refused (nothing ran).
+
+    Example:
+        ```python
+        check = SparkpointUpgradeCheckOperator(task_id="check_upgrade", pipeline=clicks)
+        check >> SparkpointBatchOperator(task_id="batch", pipeline=clicks)
+        ```
+
+    Args:
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def execute(self, context: Context) -> dict[str, Any]:
         pipeline = self.resolved()
@@ -149,34 +246,96 @@ class SparkpointUpgradeCheckOperator(SparkpointOperator):
 
 
 class SparkpointBatchOperator(SparkpointOperator):
-    """The Spark half of the next unconsumed batch: every subtask restores, applies its rows,
-    snapshots and uploads; the attempt is persisted under this DAG run's id, which goes to XCom
-    (JSON) for `SparkpointCheckpointOperator`. Nothing unconsumed: the task is skipped, or with
-    `tick=True` a checkpoint of no input is made (processing time passes: due timers fire, TTL
-    state expires)."""
+    """Every unconsumed batch, up to `max_batches_per_run`, each its own checkpoint, on one Spark session.
 
-    def __init__(self, *, tick: bool = False, **kwargs: Any) -> None:
+    Every subtask restores, applies its rows, snapshots and uploads. Every batch but the last is
+    completed here (one asset event each, through the `checkpoint_alias` outlet; their events also
+    go to XCom `committed` as they commit, so `recover` can announce them should this task fail
+    later); the last one's attempt is persisted under this DAG run's id, which goes to XCom (JSON)
+    for `SparkpointCheckpointOperator`. Nothing unconsumed: the task is skipped, or with `tick=True`
+    a checkpoint of no input is made (processing time passes: due timers fire, TTL state expires).
+    Each batch's files are checked before its upload (the first batch's before Spark starts); a
+    bad file under `on_bad_file="fail"` fails the task without a retry, the batches before it
+    committed.
+
+    Example:
+        ```python
+        batch = SparkpointBatchOperator(task_id="batch", pipeline=clicks, remote="sc://spark:15002")
+        ```
+
+    Args:
+        tick: with no unconsumed batch, make a checkpoint of no input instead of skipping.
+        max_batches_per_run: the most batches one run takes (None: every unconsumed one).
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
+
+    def __init__(self, *, tick: bool = False, max_batches_per_run: int | None = DEFAULT_MAX_BATCHES_PER_RUN,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.tick = tick
+        if max_batches_per_run is not None and max_batches_per_run < 1:
+            raise AirflowException(f"max_batches_per_run must be at least 1 (or None: no limit), got "
+                                   f"{max_batches_per_run}")
+        self.tick, self.max_batches_per_run = tick, max_batches_per_run
 
     def execute(self, context: Context) -> dict[str, Any]:
-        spark = self.spark()
+        committed: list[dict[str, Any]] = []
+
+        def on_commit(report: BatchReport, meta: CheckpointMetadata) -> None:
+            self.log.info("sparkpoint %s", report.line())
+            warn_skipped(self.log, report, meta)
+            committed.append(maintenance.checkpoint_event(driver.storage, meta, report.files))
+            context["ti"].xcom_push(key=COMMITTED_KEY, value=committed)
+
+        driver = self.driver()
         try:
-            driver = self.driver(spark)
-            attempt = start_step(driver, attempt_id_of(context), inject_failure=injected(context), tick=self.tick)
-        finally:
-            spark.stop()
-        if attempt is None:
+            # The first batch's checks from its files' footers, before Spark starts (each later
+            # batch is checked before its own upload): a bad file under on_bad_file="fail" fails
+            # the task, with no retry (the same file fails the same way).
+            driver.check_batch(driver.pending_files()[: driver.config.files_per_checkpoint])
+            spark = driver.spark = self.spark()
+            try:
+                attempt = start_steps(driver, attempt_id_of(context), max_batches=self.max_batches_per_run,
+                                      inject_failure=injected(context), tick=self.tick, on_commit=on_commit)
+            finally:
+                spark.stop()
+        except BadInputFile as e:  # `recover` announces the batches committed before it
+            context["ti"].xcom_push(key="bad_file", value={"file": e.file, "check": e.check, "reason": e.reason})
+            raise AirflowFailException(f"sparkpoint: {e}") from e
+        if driver.rescaling:
+            self.log.info("sparkpoint: %s", driver.rescaling)
+        announce(context, driver.storage, committed, alias=True)
+        out: dict[str, Any] = {COMMITTED_KEY: committed}
+        if attempt is None and not committed:
             raise AirflowSkipException(f"no unconsumed batch in {driver.config.input_url}: no new checkpoint")
-        self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
-                      attempt.attempt_id)
-        return {"attempt_id": attempt.attempt_id, "checkpoint_id": attempt.checkpoint_id,
-                "operators": {op.name: attempt.operator_summary(op.uid) for op in driver.operators}}
+        if attempt is not None:
+            self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
+                          attempt.attempt_id)
+            out.update(attempt_id=attempt.attempt_id, checkpoint_id=attempt.checkpoint_id,
+                       operators={op.name: attempt.operator_summary(op.uid) for op in driver.operators})
+        return out
 
 
 class SparkpointCheckpointOperator(SparkpointOperator):
     """Completes the checkpoint the batch task uploaded (`_metadata`, registry, retention, sink
-    commit), without Spark. Its facts go to the log in one line and to XCom."""
+    commit), without Spark. Its facts go to the log in one line and to XCom.
+
+    Give it `outlets=[checkpoint_asset(job_id)]` to schedule other DAGs on the job's checkpoints
+    (`sparkpoint_dag` does).
+
+    Example:
+        ```python
+        batch >> SparkpointCheckpointOperator(task_id="checkpoint", pipeline=clicks,
+                                              outlets=[checkpoint_asset("clicks")])
+        ```
+
+    Args:
+        batch_task_id: the task whose XCom holds the attempt to complete.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, batch_task_id: str = "batch", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -193,43 +352,119 @@ class SparkpointCheckpointOperator(SparkpointOperator):
         report, meta = done
         facts = maintenance.checkpoint_facts(driver.storage, report, meta)
         self.log.info("sparkpoint %s", report.line())
-        return {**facts, "rows": report.rows, "batch": list(report.files)}
+        warn_skipped(self.log, report, meta)
+        announce(context, driver.storage, [maintenance.checkpoint_event(driver.storage, meta, report.files)],
+                 alias=False)
+        return {**facts, "rows": report.rows, "batch": list(report.files),
+                "skipped_files": [s.to_json() for s in report.skipped]}
 
 
 class SparkpointRecoverOperator(SparkpointOperator):
     """After a failed batch or checkpoint task of this DAG run: abort its attempt, rebuild the
-    registry, verify (falling back loudly), and process the batch again, exactly once. Orphans
-    (uploads no attempt record names) are swept only past `orphan_grace_seconds`: another writer
-    of the same job (a CLI run) may be uploading right now."""
+    registry, verify (falling back loudly), and process the batch again, exactly once.
+
+    Orphans (uploads no attempt record names) are swept only past `orphan_grace_seconds`: another
+    writer of the same job (a CLI run) may be uploading right now. Give it the trigger rule
+    `one_failed` downstream of the batch and checkpoint tasks.
+
+    Announces what no successful task of the run announced, one asset event each (through the
+    `checkpoint_alias` outlet): the checkpoint it commits, one a failed completer had committed
+    (settled here), and, when the batch task failed, those it committed before failing (its XCom
+    `committed`).
+
+    Example:
+        ```python
+        recover = SparkpointRecoverOperator(task_id="recover", pipeline=clicks, trigger_rule=TriggerRule.ONE_FAILED)
+        [batch, checkpoint] >> recover
+        ```
+
+    Args:
+        orphan_grace_seconds: uploads younger than this are not swept.
+        preflight_task_id: the `SparkpointUpgradeCheckOperator` task: when it refused the restore,
+            nothing ran and this task skips.
+        batch_task_id: the `SparkpointBatchOperator` task: the checkpoints it committed before it
+            failed are announced here; when it failed on a bad input file (before that batch's
+            upload), there is nothing to recover.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, orphan_grace_seconds: float = 3600.0, preflight_task_id: str | None = None,
-                 **kwargs: Any) -> None:
+                 batch_task_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.orphan_grace_seconds = orphan_grace_seconds
         self.preflight_task_id = preflight_task_id
+        self.batch_task_id = batch_task_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         if self.preflight_task_id and context["ti"].xcom_pull(task_ids=self.preflight_task_id, key="ok") is False:
             raise AirflowSkipException("the upgrade pre-flight refused the restore: no batch ran, nothing to recover")
+        bad = context["ti"].xcom_pull(task_ids=self.batch_task_id, key="bad_file") if self.batch_task_id else None
+        if isinstance(bad, dict):
+            said = (f"the batch failed on bad input file {bad.get('file')} ({bad.get('check')}) before its upload: "
+                    "nothing to recover. Land a fixed copy, `sparkpoint skip` it, or set on_bad_file=\"skip\"")
+            committed = list(context["ti"].xcom_pull(task_ids=self.batch_task_id, key=COMMITTED_KEY) or [])
+            if not committed:
+                raise AirflowSkipException(said)
+            self.log.warning("sparkpoint: %s", said)  # the batches before it are committed: announced here
+            announce(context, self.resolved().storage(), committed, alias=True)
+            return {"announced": [e["checkpoint_id"] for e in committed], "summary": said}
         spark = self.spark()
         try:
-            report = maintenance.recover(self.driver(spark), orphan_grace_seconds=self.orphan_grace_seconds)
+            driver = self.driver(spark)
+            report = maintenance.recover(driver, orphan_grace_seconds=self.orphan_grace_seconds)
         finally:
             spark.stop()
         self.log.info("sparkpoint recovery: %s", report.summary())
+        if driver.rescaling:
+            self.log.info("sparkpoint: %s", driver.rescaling)
         if report.fell_back_from:
             self.log.error("FELL BACK: checkpoints %s failed verification", list(report.fell_back_from))
+        events = self._unannounced(context, driver.storage, report)
+        announce(context, driver.storage, events, alias=True)
         out: dict[str, Any] = {"aborted": list(report.aborted), "uploads_deleted": report.uploads_deleted,
                                "orphans_deleted": report.orphans_deleted, "restored_from": report.restored_from,
-                               "fell_back_from": list(report.fell_back_from), "summary": report.summary()}
+                               "fell_back_from": list(report.fell_back_from), "summary": report.summary(),
+                               "announced": [e["checkpoint_id"] for e in events]}
         if report.batch is not None:
             out["checkpoint_id"] = report.batch[1].checkpoint_id
         return out
 
+    def _unannounced(self, context: Context, storage: Any, report: maintenance.RecoveryReport) -> list[dict[str, Any]]:
+        """The events of the checkpoints this run committed that no task announced, oldest first."""
+        events: list[dict[str, Any]] = []
+        ti = context["ti"]
+        if self.batch_task_id and ti.xcom_pull(task_ids=self.batch_task_id) is None:  # it failed: nothing announced
+            events += list(ti.xcom_pull(task_ids=self.batch_task_id, key=COMMITTED_KEY) or [])
+        store = CompletedCheckpointStore(storage)
+        for outcome in report.found_committed:
+            try:
+                events.append(maintenance.checkpoint_event(storage, store.load(outcome.checkpoint_id), outcome.files))
+            except SparkpointError as e:  # subsumed meanwhile: nothing left to point at
+                self.log.warning("sparkpoint: checkpoint %s is not announced: %s", outcome.checkpoint_id, e)
+        if report.batch is not None:
+            done, meta = report.batch
+            events.append(maintenance.checkpoint_event(storage, meta, done.files))
+        unique = {e["checkpoint_id"]: e for e in events}
+        return [unique[cid] for cid in sorted(unique)]
+
 
 class SparkpointPruneOperator(SparkpointOperator):
-    """Retention: subsume beyond num_retained, forget attempts that can never complete, sweep
-    orphans older than `orphan_grace_seconds`."""
+    """Retention: subsume beyond `num_retained`, forget attempts that can never complete, sweep
+    orphans older than `orphan_grace_seconds`.
+
+    Example:
+        ```python
+        checkpoint >> SparkpointPruneOperator(task_id="prune", pipeline=clicks)
+        ```
+
+    Args:
+        orphan_grace_seconds: uploads younger than this are not swept.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, orphan_grace_seconds: float = 3600.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -246,7 +481,18 @@ class SparkpointPruneOperator(SparkpointOperator):
 
 
 class SparkpointVerifyOperator(SparkpointOperator):
-    """Every retained checkpoint's files: present, size, CRC32. Fails when one does not verify."""
+    """Every retained checkpoint's files: present, size, CRC32. Fails when one does not verify.
+
+    Example:
+        ```python
+        checkpoint >> SparkpointVerifyOperator(task_id="verify", pipeline=clicks)
+        ```
+
+    Args:
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def execute(self, context: Context) -> dict[str, Any]:
         problems = maintenance.verify_all(self.resolved().storage())
@@ -259,8 +505,21 @@ class SparkpointVerifyOperator(SparkpointOperator):
 
 
 class SparkpointSavepointOperator(SparkpointOperator):
-    """A self-contained, verified copy of the latest checkpoint that retention never deletes
-    (`target`: where; default: the next chk-N of the job)."""
+    """A self-contained, verified copy of the latest checkpoint that retention never deletes.
+
+    Example:
+        ```python
+        SparkpointSavepointOperator(task_id="savepoint", pipeline=clicks,
+                                    target="s3://archive/savepoints/{{ ds }}")
+        ```
+
+    Args:
+        target: where (a new directory, laid out as a job directory: `target/chk-<N>/_metadata`);
+            default: the next chk-N of the job.
+        **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
+            `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
+            (`task_id`, `retries`, ...).
+    """
 
     def __init__(self, *, target: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -275,7 +534,20 @@ class SparkpointSavepointOperator(SparkpointOperator):
 
 
 class SparkpointLandingSensor(BaseSensorOperator):
-    """Waits until a batch file no checkpoint consumed is in the pipeline's input."""
+    """Waits until a batch file no checkpoint consumed is in the pipeline's input.
+
+    Example:
+        ```python
+        SparkpointLandingSensor(task_id="wait_for_batch", pipeline=clicks, poke_interval=10,
+                                mode="reschedule") >> batch
+        ```
+
+    Args:
+        pipeline: a `sparkpoint.Pipeline`, or `"MODULE:ATTR"` naming one.
+        overrides: locations and settings on top of the pipeline's (as `SparkpointOperator` takes them).
+        storage_conn_id: an Airflow Connection whose credentials become fsspec storage options.
+        **kwargs: Airflow's `BaseSensorOperator` arguments (`task_id`, `poke_interval`, `mode`, ...).
+    """
 
     def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
                  storage_conn_id: str | None = None, **kwargs: Any) -> None:

@@ -35,16 +35,18 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import Overtaken, finish_step_or_overtaken, start_step
+from sparkpoint.pipeline.badfiles import bad_file_message
 from sparkpoint.pipeline.maintenance import key_changes, prune_due, recount, registry_counts, verify_latest
 from sparkpoint.pipeline.runtime import restore_plan
 from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, TICK_TAG, PipelineScope
 from sparkpoint.spark.sink import output_facts
-from sparkpoint.spark.source import ParquetDirectorySource
+from sparkpoint.spark.source import BadInputFile, ParquetDirectorySource
 
-__all__ = ["INJECT_TAG", "UPGRADE_CHECK", "build_assets", "build_checks", "preflight", "registry_matches",
-           "run_lineage", "verifies"]
+__all__ = ["INJECT_TAG", "SKIPPED_CHECK", "UPGRADE_CHECK", "build_assets", "build_checks", "preflight",
+           "registry_matches", "run_lineage", "skipped_files", "verifies"]
 UPGRADE_CHECK = "upgrade_preflight"
+SKIPPED_CHECK = "skipped_files"  # on the input: a WARN when the latest checkpoint skipped bad input files
 CODE_VERSION_TAG = "dagster/code_version"  # what Dagster tags a materialization of an asset with a code version
 
 
@@ -91,7 +93,12 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         driver = scope.resources(context).driver(pipeline)
         driver.spark = scope.spark(context).session_for(driver)
         inject = context.run.tags.get(INJECT_TAG)
-        attempt = start_step(driver, context.run.run_id, inject_failure=inject)
+        try:
+            attempt = start_step(driver, context.run.run_id, inject_failure=inject)
+        except BadInputFile as e:  # say the way on in this UI: the pipeline's own skip job
+            raise bad_file_message(e.file, e.check, e.reason, skip_how=(
+                f"launch the {scope.name('skip_file')} job with config file: {e.file!r} and a reason "
+                "(or `sparkpoint skip`)")) from None
         if attempt is None and source.land_sample_batch(driver.consumed_files()):
             attempt = start_step(driver, context.run.run_id, inject_failure=inject)
         if attempt is None and context.run.tags.get(TICK_TAG, "").lower() == "true":
@@ -108,6 +115,8 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             if empty:
                 context.log.warning(empty)
             return
+        if driver.rescaling:  # the parallelism set in the resource's config differs from the checkpoint's
+            context.log.info(driver.rescaling)
         for name, key in scope.sstable_keys.items():  # asset keys by display name, state by uid
             if key not in context.selected_asset_keys:
                 continue
@@ -222,7 +231,30 @@ def build_checks(scope: PipelineScope) -> list[dg.AssetChecksDefinition]:
     def registry_matches_metadata(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         return registry_matches(scope, scope.storage(context).open())
 
-    return [upgrade_preflight, checkpoint_verifies, registry_matches_metadata]
+    @dg.asset_check(asset=scope.input_key, name=SKIPPED_CHECK, additional_deps=[scope.checkpoint_key],
+                    required_resource_keys=keys,
+                    description="Whether the latest checkpoint consumed input files without processing them "
+                                "(on_bad_file=\"skip\", or the skip_file job): a warning naming each file and why")
+    def skipped_input_files(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        return skipped_files(scope, scope.storage(context).open())
+
+    return [upgrade_preflight, checkpoint_verifies, registry_matches_metadata, skipped_input_files]
+
+
+def skipped_files(scope: PipelineScope, storage: CheckpointStorage) -> dg.AssetCheckResult:
+    """The input check after a checkpoint: passes unless the latest checkpoint skipped input
+    files; then a WARN-severity failure naming them, the check each failed and why."""
+    latest = CompletedCheckpointStore(storage).latest()
+    skipped = latest.newly_skipped() if latest is not None else ()
+    description = ("; ".join(f"skipped {s.line()}" for s in skipped) if skipped
+                   else "no input file skipped" if latest is not None else "no completed checkpoint")
+    return dg.AssetCheckResult(
+        asset_key=scope.input_key, check_name=SKIPPED_CHECK, passed=not skipped,
+        severity=dg.AssetCheckSeverity.WARN, description=description[:2000],
+        metadata={"checkpoint_id": latest.checkpoint_id if latest else 0,
+                  "skipped_files": dg.MetadataValue.json([s.to_json() for s in skipped]),
+                  "skipped_before": len(latest.skipped_files) - len(skipped) if latest else 0},
+    )
 
 
 def last_code_version(instance: dg.DagsterInstance, key: dg.AssetKey) -> str | None:

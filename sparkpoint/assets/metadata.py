@@ -11,6 +11,7 @@ from typing import Any
 
 import dagster as dg
 
+from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.maintenance import checkpoint_facts
@@ -19,14 +20,6 @@ from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
 
 DATA_VERSION_TAG = "dagster/data_version"
-
-
-def readable_size(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def size_entries(name: str, size: int) -> dict[str, Any]:
@@ -110,6 +103,8 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
     if "watermark" in facts:  # pipelines with an event time
         out["watermark"] = facts["watermark"]
         out["late_rows"] = facts["late_rows"]
+    if "skipped_files" in facts:  # input files it consumed without processing them (on_bad_file, skip_file)
+        out["skipped_files"] = dg.MetadataValue.json(facts["skipped_files"])
     if recovered_run:
         out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
     if previous is not None:  # the checkpoint before it, to open beside it (and to diff against)

@@ -19,8 +19,18 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import MAX_METADATA_BYTES, CompletedCheckpointStore, StoreListing
 
 LIST_COLUMNS = ("checkpoint_id", "kind", "created_at", "state_size", "checkpointed_size", "files",
-                "restored_from", "claim_mode", "operators")
+                "restored_from", "claim_mode", "operators", "skipped_files")
 REGISTRY_COLUMNS = ("path", "kind", "size", "count", "created_by", "last_used", "owned")
+
+
+def readable_size(size: float) -> str:
+    """A size for people, in one unit style wherever sparkpoint prints one: `512 B`, `12.3 KiB`,
+    `4.0 MiB` (powers of 1024)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
 
 
 def existing_store(storage: CheckpointStorage) -> CompletedCheckpointStore:
@@ -50,6 +60,9 @@ def checkpoint_row(meta: CheckpointMetadata) -> dict[str, Any]:
         "restored_from": meta.lineage.restored_from if meta.lineage else None,
         "claim_mode": meta.lineage.claim_mode if meta.lineage else None,
         "operators": {name: op.parallelism for name, op in sorted(meta.operators.items())},
+        # The input files this checkpoint consumed without processing them (`inspect` lists those
+        # it carries from older checkpoints too).
+        "skipped_files": [s.to_json() for s in meta.newly_skipped()],
     }
 
 
@@ -129,6 +142,7 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
         "watermark": _watermark(meta),
         "unowned": sorted(meta.unowned),
         "operators": operators,
+        "skipped_files": [s.to_json() for s in meta.skipped_files],  # up to this checkpoint, oldest first
     }
 
 

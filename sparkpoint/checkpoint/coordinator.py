@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkpoint.checkpoint.crash import crash_point
@@ -37,6 +37,7 @@ from sparkpoint.checkpoint.metadata import (
     CheckpointStats,
     OperatorState,
     RestoreLineage,
+    SkippedFile,
     SubtaskStateHandle,
     checkpoint_dir,
     coverage_problem,
@@ -165,12 +166,13 @@ class CheckpointCoordinator:
         pending.acks[key] = handle
 
     def complete(
-        self, checkpoint_id: int, source_offsets: Any = None, *, recheck: Callable[[], str | None] | None = None
+        self, checkpoint_id: int, source_offsets: Any = None, *, recheck: Callable[[], str | None] | None = None,
+        skipped_files: tuple[SkippedFile, ...] = (),
     ) -> CompletedCheckpoint:
         """Commit checkpoint N (see the invariants above). `recheck`, called right after the
         commit, says why this checkpoint must not stand after all (a fence a recovery set while we
         committed): the `_metadata` is then withdrawn before anything else and CheckpointDeclined
-        is raised."""
+        is raised. `skipped_files`: the input files consumed unprocessed up to N, recorded as given."""
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
@@ -181,7 +183,7 @@ class CheckpointCoordinator:
                     f"checkpoint {checkpoint_id} is subsumed: the newer {self._kinds[max(newer)]} {max(newer)} "
                     "completed first"
                 )
-            meta = self._build_metadata(pending, source_offsets)
+            meta = replace(self._build_metadata(pending, source_offsets), skipped_files=tuple(skipped_files))
         except BaseException:
             self.abort(checkpoint_id, reason="completion failed before the commit")
             raise

@@ -38,16 +38,64 @@ FORMAT_NAME = "sparkpoint-checkpoint"
 # them from its registry and delete them); written only when some subtask has them.
 # An operator may carry `name`, its display name beside the uid it is keyed by: older readers
 # ignore it, and nothing they do depends on it, so it needs no version of its own.
-FORMAT_VERSION = 4
+# Version 5: `skipped_files`, the input files the job consumed without processing them (a bad
+# file under `on_bad_file="skip"`, or `sparkpoint skip`), each with the check it failed and why;
+# carried from checkpoint to checkpoint. Written only when there are some.
+FORMAT_VERSION = 5
+STAGED_VERSION = 4
 CHAIN_VERSION = 3
 CHAIN_FREE_VERSION = 2
-READABLE_VERSIONS = (CHAIN_FREE_VERSION, CHAIN_VERSION, FORMAT_VERSION)
+READABLE_VERSIONS = (CHAIN_FREE_VERSION, CHAIN_VERSION, STAGED_VERSION, FORMAT_VERSION)
 MAX_OFFSETS_DEPTH = 32  # source offsets deeper than this are refused, not recursed into
 KINDS = ("checkpoint", "savepoint")
 CLAIM_MODES = ("CLAIM", "NO_CLAIM")
 MAX_CRC32 = 0xFFFFFFFF
 MAX_FILE_SIZE = 1 << 53
 MAX_KEY_GROUPS = 1 << 15
+# Why an input file was skipped: the check it failed before any Spark work, or `manual` (`sparkpoint skip`).
+SKIP_CHECKS = ("parquet", "columns", "types", "null_keys", "null_event_times", "manual")
+MAX_SKIPPED_FILES = 100_000
+MAX_SKIP_REASON = 2000
+MAX_INPUT_NAME = 1024
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """An input file a checkpoint consumed without processing it: its name in the input
+    directory, the check it failed (one of SKIP_CHECKS), why, and the checkpoint that skipped it."""
+
+    file: str
+    check: str
+    reason: str
+    checkpoint_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "check": self.check, "reason": self.reason, "checkpoint_id": self.checkpoint_id}
+
+    def line(self) -> str:
+        return f"{self.file} ({self.check}: {self.reason})"
+
+
+def skip_problem(file: object, check: object, reason: object) -> str | None:
+    """What is wrong with a skipped file's fields (None: nothing): a file is one plain name of the
+    input directory, the check one of SKIP_CHECKS, the reason one line of text."""
+    for name, value, limit in (("file", file, MAX_INPUT_NAME), ("reason", reason, MAX_SKIP_REASON)):
+        if not isinstance(value, str) or not value.strip():
+            return f"{name} must be a non-empty string, got {str(value)[:80]!r}"
+        if len(value) > limit:
+            return f"{name} is {len(value)} characters long, more than {limit}"
+        try:
+            check_encodable(value)
+        except ValueError as e:
+            return f"{name}: {e}"
+        if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+            return f"{name} {value[:80]!r} holds a control character (a line break, an escape sequence)"
+    assert isinstance(file, str)
+    if "/" in file or file in (".", ".."):
+        return f"file {file[:80]!r} is not one name in the input directory"
+    if check not in SKIP_CHECKS:
+        return f"check must be one of {', '.join(SKIP_CHECKS)}, got {str(check)[:80]!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -247,6 +295,9 @@ class CheckpointMetadata:
     # Paths (relative to the job directory) this job must never delete: the files of a
     # checkpoint it restored in NO_CLAIM mode. Carried forward from checkpoint to checkpoint.
     unowned: frozenset[str] = field(default_factory=frozenset)
+    # Input files consumed without being processed, oldest first: those of the checkpoint it
+    # restored from, then its own (`checkpoint_id` says which checkpoint skipped each).
+    skipped_files: tuple[SkippedFile, ...] = ()
 
     @property
     def directory(self) -> str:
@@ -295,10 +346,16 @@ class CheckpointMetadata:
     def has_staged(self) -> bool:
         return any(h.staged for h in self.subtask_handles())
 
+    def newly_skipped(self) -> tuple[SkippedFile, ...]:
+        """The input files this checkpoint itself skipped (not those it carries from older ones)."""
+        return tuple(s for s in self.skipped_files if s.checkpoint_id == self.checkpoint_id)
+
     def format_version(self) -> int:
         """The oldest version that can say everything this checkpoint lists."""
-        if self.has_staged():
+        if self.skipped_files:
             return FORMAT_VERSION
+        if self.has_staged():
+            return STAGED_VERSION
         return CHAIN_VERSION if self.has_changelog() else CHAIN_FREE_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -322,6 +379,7 @@ class CheckpointMetadata:
                 }
                 for uid, op in sorted(self.operators.items())
             },
+            **({"skipped_files": [f.to_json() for f in self.skipped_files]} if self.skipped_files else {}),
         }
 
     def dumps(self) -> bytes:
@@ -601,6 +659,11 @@ def _facts_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
                    "clock": v.string(t, "clock", f"{where}.ttl", choices=("processing", "event"))}
         out_states[state] = {"kind": v.string(f, "kind", where)[:40], "ttl": ttl,
                              "entries": v.integer(f, "entries", where)}
+        if f.get("codec") is not None:  # a restore evolves an undeclared RecordCodec state by it
+            codec = _codec_from_json(v, f["codec"], f"{where}.codec")
+            if codec["type"] != "record":
+                raise v.fail(f"{where}.codec", f"only a record codec is recorded here, got {codec['type']!r}")
+            out_states[state]["codec"] = codec
     timers = v.obj(v.get(obj, "timers", name), f"{name}.timers")
     earliest = timers.get("earliest")
     if earliest is not None and (isinstance(earliest, bool) or not isinstance(earliest, int)):
@@ -703,6 +766,37 @@ def _codec_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
     return {"type": kind, "fields": pairs, "defaults": dict(defaults)}
 
 
+def skipped_files_from_json(v: _Validator, raw: Any, name: str) -> tuple[SkippedFile, ...]:
+    """Skipped input files, checked field by field: each names one file once."""
+    if not isinstance(raw, list):
+        raise v.fail(name, f"must be an array, got {type(raw).__name__}")
+    if len(raw) > MAX_SKIPPED_FILES:
+        raise v.fail(name, f"lists {len(raw)} files, more than {MAX_SKIPPED_FILES}")
+    out, seen = [], set()
+    for i, entry in enumerate(raw):
+        where = f"{name}[{i}]"
+        obj = v.obj(entry, where)
+        unknown = set(obj) - {"file", "check", "reason", "checkpoint_id"}
+        if unknown:
+            raise v.fail(where, f"has unknown fields {sorted(str(k)[:40] for k in unknown)}")
+        for key in ("file", "check", "reason"):
+            v.get(obj, key, where)
+        problem = skip_problem(obj["file"], obj["check"], obj["reason"])
+        if problem:
+            raise v.fail(where, problem)
+        if obj["file"] in seen:
+            raise v.fail(where, f"names {obj['file'][:80]!r} a second time: a file is consumed once")
+        seen.add(obj["file"])
+        out.append(SkippedFile(obj["file"], obj["check"], obj["reason"],
+                               v.integer(obj, "checkpoint_id", where, minimum=1)))
+    return tuple(out)
+
+
+def load_skipped_files(raw: Any, where: str) -> tuple[SkippedFile, ...]:
+    """Skipped input files from plain JSON elsewhere than `_metadata` (a pending attempt), as strictly."""
+    return skipped_files_from_json(_Validator(where), raw, "skipped_files")
+
+
 def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> CheckpointMetadata:
     obj = v.obj(raw, "(root)")
     fmt = v.get(obj, "format", "")
@@ -781,10 +875,14 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         operators=operators,
         lineage=lineage,
         unowned=frozenset(unowned_raw),
+        skipped_files=skipped_files_from_json(v, obj["skipped_files"], "skipped_files")
+        if "skipped_files" in obj else (),
     )
+    if version < FORMAT_VERSION and meta.skipped_files:
+        raise v.fail("version", f"is {version}, but the file lists skipped files, which only version 5 has")
     if version == CHAIN_FREE_VERSION and meta.has_changelog():
         raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
-    if version < FORMAT_VERSION and meta.has_staged():
+    if version < STAGED_VERSION and meta.has_staged():
         raise v.fail("version", f"is {version}, but the file lists staged files, which only version 4 has")
     # Last, so that a hostile file is told by the field it breaks; this catches what still parses.
     stored = v.string(obj, "checksum", "")

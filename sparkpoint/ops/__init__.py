@@ -1,5 +1,5 @@
 """One pipeline's jobs: checkpoint (its assets), recover, prune, verify, rebuild_registry,
-savepoint, each named `<pipeline>_<job>`, and an optional schedule.
+savepoint, skip_file, each named `<pipeline>_<job>`, and an optional schedule.
 
 Each op is a few lines around `sparkpoint.pipeline.maintenance`. Every op sits in the pipeline's
 concurrency pool with its assets, so a recovery never overlaps a materialization of the same
@@ -21,27 +21,34 @@ from typing import Any
 
 import dagster as dg
 
-from sparkpoint.assets import registry_matches, run_lineage, verifies
+from sparkpoint.assets import registry_matches, run_lineage, skipped_files, verifies
 from sparkpoint.assets.metadata import (
     DATA_VERSION_TAG,
     checkpoint_metadata,
     location,
     plain,
-    readable_size,
     size_entries,
     sstable_metadata,
 )
+from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import snapshot_summary
+from sparkpoint.pipeline.skipping import skip_file
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG, RECOVERED_BY_TAG, TICK_TAG, PipelineScope
 
-__all__ = ["FAILED_RUN_TAG", "RECOVERY_RUN", "PipelineJobs", "RecoverConfig", "build_jobs", "link_to_recovery"]
+__all__ = ["FAILED_RUN_TAG", "RECOVERY_RUN", "PipelineJobs", "RecoverConfig", "SkipFileConfig", "build_jobs",
+           "link_to_recovery"]
 RECOVERY_RUN = "recovery_run"  # the metadata entry of the failed run's event that links its recovery
 
 
 class RecoverConfig(dg.Config):
     failed_run_id: str = ""  # the run being healed (for the record; recovery reads storage)
+
+
+class SkipFileConfig(dg.Config):
+    file: str  # the input file's name, as the failed run's error names it (e.g. batch-0007.parquet)
+    reason: str  # why it is skipped: one line, kept in the checkpoint's `_metadata`
 
 
 class SavepointConfig(dg.Config):
@@ -58,10 +65,12 @@ class PipelineJobs:
     verify: dg.JobDefinition
     rebuild_registry: dg.JobDefinition
     savepoint: dg.JobDefinition
+    skip_file: dg.JobDefinition
     schedule: dg.ScheduleDefinition | None
 
     def all(self) -> list[Any]:
-        return [self.checkpoint, self.recover, self.prune, self.verify, self.rebuild_registry, self.savepoint]
+        return [self.checkpoint, self.recover, self.prune, self.verify, self.rebuild_registry, self.savepoint,
+                self.skip_file]
 
 
 def link_to_recovery(instance: dg.DagsterInstance, failed: dg.DagsterRun, recovery_run_id: str) -> None:
@@ -195,6 +204,28 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                 facts[kind] = {op: c[column] for op, c in changes.items()}
         return dg.Output(None, metadata=plain(facts))
 
+    @dg.op(name=scope.name("skip_file_op"), pool=pool, out=dg.Out(dg.Nothing),
+           required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"))
+    def skip_file_op(context: dg.OpExecutionContext, config: SkipFileConfig) -> Iterator[Any]:
+        """Consume one unconsumed input file without processing it, recorded as skipped with the
+        reason (`sparkpoint skip`): a checkpoint of no input, its subtasks run in this step (no Spark)."""
+        driver = scope.resources(context).driver(pipeline)
+        driver.check_start()
+        report, meta = skip_file(driver, config.file, config.reason)
+        context.log.warning(f"{config.file} consumed as skipped by checkpoint {meta.checkpoint_id}: {config.reason}")
+        context.log_event(dg.AssetMaterialization(
+            asset_key=scope.checkpoint_key, description=f"skipped input file {config.file}",
+            metadata=checkpoint_metadata(driver.storage, report, meta),
+            tags={"dagster/data_version": str(meta.checkpoint_id)},
+        ))
+        result = skipped_files(scope, driver.storage)
+        context.log_event(dg.AssetCheckEvaluation(
+            asset_key=scope.input_key, check_name=result.check_name or "", passed=result.passed,
+            severity=result.severity, metadata=result.metadata, description=result.description,
+        ))
+        yield dg.Output(None, metadata={"checkpoint_id": meta.checkpoint_id, "file": config.file,
+                                        "reason": config.reason})
+
     def job_of(op: dg.OpDefinition, role: str, **extra_tags: str) -> dg.JobDefinition:
         @dg.job(name=scope.name(role), tags={**tags, **extra_tags}, description=op.description,
                 executor_def=dg.in_process_executor)
@@ -231,5 +262,6 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         verify=job_of(verify_op, "verify"),
         rebuild_registry=job_of(rebuild_registry_op, "rebuild_registry"),
         savepoint=job_of(savepoint_op, "savepoint"),
+        skip_file=job_of(skip_file_op, "skip_file"),
         schedule=checkpoint_schedule,
     )

@@ -45,11 +45,12 @@ storage steps that its bound allows.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -67,13 +68,16 @@ from sparkpoint.checkpoint.errors import (
 from sparkpoint.checkpoint.metadata import (
     CheckpointMetadata,
     FileHandle,
+    SkippedFile,
     SubtaskStateHandle,
+    load_skipped_files,
     metadata_path,
     state_facts,
 )
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.badfiles import MANUAL, carried_skips, skipped_entries
 from sparkpoint.pipeline.claims import (
     ABORT,
     COMPLETE,
@@ -152,6 +156,9 @@ class PendingAttempt:
     format_version: int = ATTEMPT_VERSION
     watermark: int | None = None  # the watermark after this batch (µs since the epoch, UTC): event time only
     late_rows: int = 0  # rows of the batch below the watermark it started with
+    # Every input file consumed unprocessed up to this checkpoint (`_metadata`'s `skipped_files`):
+    # those of the checkpoint it started from, then the ones this batch skipped. Absent in older records.
+    skipped_files: tuple[SkippedFile, ...] = ()
 
     @property
     def path(self) -> str:
@@ -186,6 +193,7 @@ class PendingAttempt:
             ],
             "rows": self.rows, "started_at": self.started_at, "watermark": self.watermark,
             "late_rows": self.late_rows,
+            **({"skipped_files": [f.to_json() for f in self.skipped_files]} if self.skipped_files else {}),
         }
 
     def dumps(self) -> bytes:
@@ -212,6 +220,7 @@ class PendingAttempt:
                 rows=_int(raw["rows"]), started_at=float(raw["started_at"]),
                 watermark=None if raw.get("watermark") is None else _int(raw["watermark"]),
                 late_rows=_int(raw.get("late_rows", 0)),
+                skipped_files=load_skipped_files(raw.get("skipped_files", []), f"{where}: skipped_files"),
             )
             SourceOffsets.from_json(attempt.source_offsets)
             for h in attempt.state_handles():
@@ -303,21 +312,30 @@ def run_spark_half(
     *,
     attempt_id: str | None = None,
     inject_failure: str | None = None,
+    skip: list[tuple[str, str]] | None = None,
 ) -> PendingAttempt:
     """Trigger checkpoint N and run the Spark job over `files`; every subtask has uploaded when
-    this returns. A failure aborts N (an `InjectedFailure` leaves everything, as a crash would)."""
+    this returns. A failure aborts N (an `InjectedFailure` leaves everything, as a crash would).
+
+    Every check of the files comes first (`PipelineCore.check_batch`): under `on_bad_file="fail"`
+    a bad file raises `BadInputFile` before anything is triggered; under "skip" the job runs over
+    the good files and the bad ones are consumed and recorded as skipped. `skip`: (file, reason)
+    pairs to consume unprocessed as well (`sparkpoint skip`)."""
     inject = check_point(inject_failure)
-    pipeline.source.check_columns(files, {op.name: op.input_columns() for op in pipeline.operators})
+    batch = pipeline.check_batch(files)
     started_at = time.time()
-    expected = {op.uid: pipeline.config.parallelism for op in pipeline.operators}
-    watermarks = _watermarks(pipeline, start, files)  # its errors come before the checkpoint is triggered
+    expected = {op.uid: pipeline.parallelism for op in pipeline.operators}
+    watermarks = _watermarks(pipeline, start, batch.max_event_time)
     cid = coordinator.trigger(expected=expected, checkpoint_id=start.next_id,
                               names=pipeline.operator_names()).checkpoint_id
+    skipped = [*skipped_entries(batch.bad, cid), *(SkippedFile(n, MANUAL, r, cid) for n, r in skip or [])]
+    for entry in skipped:
+        log.warning("checkpoint %s skips input file %s", cid, entry.line())
     spec = replace(pipeline._spec(cid, start), watermark_start_us=watermarks[0], watermark_us=watermarks[1])
     if inject:
         spec = replace(spec, inject_failure=inject)
     try:
-        results = pipeline._run_spark(spec, [pipeline.source.url_of(f) for f in files])
+        results = pipeline._run_spark(spec, [pipeline.source.url_of(f) for f in batch.good])
     except KeyboardInterrupt:
         raise  # stop at once: the uploads are the orphan sweep's (or recovery's), as after a kill
     except BaseException as e:
@@ -331,29 +349,29 @@ def run_spark_half(
         raise
     uids = [op.uid for op in pipeline.operators]
     results = sorted(results, key=lambda r: (int(r["op"]), int(r["subtask"])))
+    consumed = [*files, *(n for n, _ in skip or [])]
     return PendingAttempt(
         job_id=pipeline.config.job_id, checkpoint_id=cid, attempt_id=attempt_id or uuid.uuid4().hex,
         expected=expected, handles=tuple(r["handle"] for r in results),
         staged=tuple(sorted(r["staged"] for r in results if r["staged"])),
-        source_offsets=start.offsets.after(files).to_json(), files=tuple(files),
+        source_offsets=start.offsets.after(consumed).to_json(), files=tuple(batch.good),
         subtasks=tuple(
             SubtaskRun(uids[int(r["op"])], int(r["subtask"]), str(r["restore"]), int(r["rows"]), float(r["seconds"]))
             for r in results
         ),
         rows=sum(int(r["rows"]) for r in results) // len(uids), started_at=started_at,
         watermark=watermarks[1], late_rows=sum(int(r["late"]) for r in results if int(r["op"]) == 0),
+        skipped_files=(*carried_skips(start.metadata), *skipped),
     )
 
 
-def _watermarks(pipeline: PipelineCore, start: _Start, files: list[str]) -> tuple[int | None, int | None]:
+def _watermarks(pipeline: PipelineCore, start: _Start, highest: int | None) -> tuple[int | None, int | None]:
     """(the watermark the batch starts with, the one it advances to), for a pipeline with an
-    event time: the highest event time of its files (their Parquet statistics) less the
-    allowed lateness, never below where it was."""
-    event_time = pipeline.config.event_time
-    if event_time is None:
+    event time: `highest`, the highest event time of its files (their Parquet statistics, read
+    by the batch's checks), less the allowed lateness, never below where it was."""
+    if pipeline.config.event_time is None:
         return None, None
     before = watermark_of(start.metadata)
-    highest = pipeline.source.max_event_time(files, event_time)
     return before, advance(before, highest, lateness_micros(pipeline.config.allowed_lateness))
 
 
@@ -397,7 +415,8 @@ def complete_attempt(
             coordinator.acknowledge(cid, handle)
         fail_at("before-commit", inject, f"checkpoint {cid} acknowledged, _metadata not written")
         completed = coordinator.complete(cid, source_offsets=committed_offsets(attempt),
-                                         recheck=lambda: fenced(storage, attempt.attempt_id))
+                                         recheck=lambda: fenced(storage, attempt.attempt_id),
+                                         skipped_files=attempt.skipped_files)
     except (InjectedFailure, KeyboardInterrupt):
         raise  # as a crash would leave it: recovery, the next start and the sweep settle it
     except CheckpointAlreadyExists:
@@ -423,7 +442,7 @@ def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: in
         state_size=meta.stats.state_size, checkpointed_size=meta.stats.checkpointed_size,
         files_new=meta.stats.files_new, files_reused=meta.stats.files_reused, files_deleted=files_deleted,
         seconds=time.time() - attempt.started_at, restored=tuple(s.restore for s in attempt.subtasks),
-        watermark=attempt.watermark, late_rows=attempt.late_rows,
+        watermark=attempt.watermark, late_rows=attempt.late_rows, skipped=meta.newly_skipped(),
     )
 
 
@@ -793,6 +812,36 @@ def start_step(
     save_attempt(pipeline.storage, attempt)
     fail_at("after-upload", inject, f"checkpoint {attempt.checkpoint_id} uploaded, not completed")
     return attempt
+
+
+def start_steps(
+    pipeline: PipelineCore, attempt_id: str, *, max_batches: int | None, inject_failure: str | None = None,
+    tick: bool = False, on_commit: Callable[[BatchReport, CheckpointMetadata], None] | None = None,
+) -> PendingAttempt | None:
+    """Step 1 over a backlog: every unconsumed batch, up to `max_batches` (None: all), each its
+    own checkpoint, as `sparkpoint run` takes them. Every batch but the last is completed right
+    here, both halves in this process (`on_commit` is told of each); the last one's attempt is
+    persisted and returned for step 2, as `start_step` does. So one batch pending makes exactly
+    what `start_step` makes, and a failure in batch k leaves batches before k committed, batch k
+    to recovery. `inject_failure` hits the last batch (the one step 2 completes).
+
+    The attempt id of the k-th batch is `attempt_id` for the first, `<attempt_id>-b<k>` after:
+    each checkpoint's `_metadata` then says which batch of which step wrote it."""
+    for k in itertools.count(1):
+        last = (max_batches is not None and k >= max_batches) or remaining_batches(pipeline) <= 1
+        attempt = start_step(pipeline, attempt_id if k == 1 else f"{attempt_id}-b{k}",
+                             inject_failure=inject_failure if last else None, tick=tick and k == 1)
+        if attempt is None or last:
+            return attempt
+        done = finish_step(pipeline, [attempt.attempt_id])
+        if done is not None and on_commit is not None:
+            on_commit(*done)
+    raise AssertionError("unreachable")
+
+
+def remaining_batches(pipeline: PipelineCore) -> int:
+    """How many batches the unconsumed files make (`files_per_checkpoint` files each)."""
+    return -(-len(pipeline.pending_files()) // pipeline.config.files_per_checkpoint)
 
 
 def finish_step(

@@ -37,7 +37,7 @@ from sparkpoint.checkpoint.errors import CheckpointAlreadyExists
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle, utc_now_iso
 from sparkpoint.checkpoint.savepoint import new_savepoint_storage
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.pipeline.runtime import PipelineError, operator_functions
+from sparkpoint.pipeline.runtime import DEFAULT_PARALLELISM, PipelineError, operator_functions
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.spark.bootstrap import (
     BOOTSTRAP_SCHEMA,
@@ -156,7 +156,7 @@ def plan_bootstrap(
         raise BootstrapError(
             f"operator {operator!r} of pipeline {pipeline.name!r} has no bootstrap function: give its KeyedOperator "
             "bootstrap=fn(table, state), which writes a subtask's rows of the initial table into its state")
-    chosen = parallelism if parallelism is not None else pipeline.parallelism
+    chosen = next(p for p in (parallelism, pipeline.parallelism, DEFAULT_PARALLELISM) if p is not None)
     try:
         check_parallelism(chosen, pipeline.max_parallelism)
     except ValueError as e:
@@ -187,7 +187,7 @@ def bootstrap_savepoint(
         operator: the name of the operator whose `bootstrap(table, state)` runs.
         source_url: a Parquet file or a directory of them (any fsspec URL or local path).
         target_url: a new (or empty) directory; its name becomes the savepoint's job id.
-        parallelism: subtasks per operator (default: the pipeline's); a job may restore the
+        parallelism: subtasks per operator (default: the pipeline's, or 2); a job may restore the
             savepoint at any other.
         storage_options: fsspec options of the target (default: the pipeline's).
         source_options: fsspec options of the table (default: the pipeline's input options).

@@ -34,6 +34,9 @@ from dataclasses import asdict, dataclass
 
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists
 from sparkpoint.checkpoint.paths import validate_name
+from sparkpoint.checkpoint.processes import boot_id as _boot_id
+from sparkpoint.checkpoint.processes import pid_namespace as _pid_namespace
+from sparkpoint.checkpoint.processes import process_start as _process_start
 from sparkpoint.checkpoint.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -48,37 +51,6 @@ def claim_path(checkpoint_id: int, attempt_id: str) -> str:
 
 FENCED_DIR = "_fenced"  # beside `_pending`: fences are no attempts
 FENCE_LIFETIME = 7 * 24 * 3600.0
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def _boot_id() -> str | None:
-    return _read_text("/proc/sys/kernel/random/boot_id")
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot, from /proc): with the pid, it names one
-    process even after the pid is reused. None where /proc does not say."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None  # field 22 of the line, 20th after the name
 
 
 @dataclass(frozen=True)

@@ -78,15 +78,25 @@ def recount(storage: CheckpointStorage) -> RegistryCounts:
     )
 
 
+def checkpoint_event(storage: CheckpointStorage, meta: CheckpointMetadata, batch: Iterable[str]) -> dict[str, Any]:
+    """What an orchestrator announces of a committed checkpoint (an Airflow asset event's
+    `extra`), as JSON values: its id, its `_metadata`, its sizes in bytes, its batch's files."""
+    return {
+        "checkpoint_id": meta.checkpoint_id,
+        "path": f"{storage.job_url}/{meta.metadata_path}",
+        "state_size": meta.stats.state_size,
+        "checkpointed_size": meta.stats.checkpointed_size,
+        "batch": list(batch),
+    }
+
+
 def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: CheckpointMetadata) -> dict[str, Any]:
     """What a completed checkpoint is worth showing, as plain numbers (the UI plots them)."""
     counts = registry_counts(storage)
     state = meta.stats.state_size
+    event = checkpoint_event(storage, meta, report.files)
     return {
-        "checkpoint_id": meta.checkpoint_id,
-        "path": f"{storage.job_url}/{meta.metadata_path}",
-        "state_size": state,
-        "checkpointed_size": meta.stats.checkpointed_size,
+        **{k: event[k] for k in ("checkpoint_id", "path", "state_size", "checkpointed_size")},
         "incremental_ratio": round(meta.stats.checkpointed_size / state, 4) if state else 0.0,
         "files_new": report.files_new,
         "files_reused": report.files_reused,
@@ -96,6 +106,7 @@ def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: Chec
         "duration_s": round(report.seconds, 3),
         **({"watermark": iso_micros(report.watermark), "late_rows": report.late_rows}
            if report.watermark is not None else {}),  # pipelines with an event time
+        **({"skipped_files": [s.to_json() for s in report.skipped]} if report.skipped else {}),  # consumed unprocessed
     }
 
 
@@ -168,6 +179,7 @@ class RecoveryReport:
     failed_batch: tuple[str, ...] = ()  # the batch of the failed run's persisted attempts
     failed_batch_committed: CommittedBy | None = None  # ... when a checkpoint has consumed it since
     overtaken: Overtaken | None = None  # the re-processing lost its commit to another writer
+    found_committed: tuple[AbortOutcome, ...] = ()  # attempts it settled whose checkpoint their completer committed
 
     def summary(self, attempt_word: str = "attempt") -> str:
         """One readable paragraph for a log: what was aborted, restored, re-processed.
@@ -233,6 +245,11 @@ class AttemptSettlement:
     @property
     def left_to_completer(self) -> tuple[int, ...]:
         return tuple(o.checkpoint_id for o in self.outcomes if o.left_to_completer)
+
+    @property
+    def committed(self) -> tuple[AbortOutcome, ...]:
+        """Attempts whose checkpoint had committed (their completer died after `_metadata`)."""
+        return tuple(o for o in self.outcomes if o.completed)
 
     @property
     def uploads_deleted(self) -> int:
@@ -360,7 +377,7 @@ def recover(
         left_to_completer=tuple(c for c in settled.left_to_completer if c not in late.aborted),
         set_aside=settled.set_aside, failed_batch=failed_batch,
         failed_batch_committed=already,
-        overtaken=overtaken,
+        overtaken=overtaken, found_committed=settled.committed,
     )
 
 

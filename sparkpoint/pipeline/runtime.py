@@ -17,14 +17,15 @@ from sparkpoint.checkpoint.errors import (
     OperatorStateMismatch,
     SparkpointError,
 )
-from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, SkippedFile
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
-from sparkpoint.pipeline.upgrade import RestorePlan, plan_restore
+from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, check_on_bad_file, input_needs
+from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
-from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, run_slots
+from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, run_slots, run_subtask
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import check_event_time, iso_micros
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
@@ -35,6 +36,9 @@ from sparkpoint.state.sample import SAMPLE_OPERATORS
 from sparkpoint.state.schema import StateSchemaIncompatible, compare_states, refusals
 
 log = logging.getLogger(__name__)
+
+
+DEFAULT_PARALLELISM = 2  # subtasks per operator of a first run that names no parallelism
 
 
 def spark_job_group(job_id: str, checkpoint_id: int) -> str:
@@ -55,7 +59,7 @@ class PipelineConfig:
     input_options: dict[str, Any] = field(default_factory=dict)
     num_retained: int = 2
     retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
-    parallelism: int = 2
+    parallelism: int | None = None  # None: the restored checkpoint's, DEFAULT_PARALLELISM for a first run
     max_parallelism: int = 128
     output_url: str | None = None
     max_batches: int | None = None
@@ -81,6 +85,7 @@ class PipelineConfig:
     event_time: str | None = None  # the input's event-time column: watermarks, late rows, event-time timers
     allowed_lateness: float = 0.0  # seconds the watermark trails the highest event time seen
     late: str = "drop"  # rows below the watermark their batch starts with: "drop" or "process"
+    on_bad_file: str = "fail"  # an input file that fails a check: "fail" the batch, or "skip" it (recorded)
 
 
 def validate_config(config: PipelineConfig) -> None:
@@ -89,7 +94,7 @@ def validate_config(config: PipelineConfig) -> None:
     problems = []
     if not 1 <= config.max_parallelism <= MAX_KEY_GROUPS:
         problems.append(f"max parallelism must be between 1 and {MAX_KEY_GROUPS}, got {config.max_parallelism}")
-    elif not 1 <= config.parallelism <= config.max_parallelism:
+    elif config.parallelism is not None and not 1 <= config.parallelism <= config.max_parallelism:
         problems.append(f"parallelism must be between 1 and the max parallelism ({config.max_parallelism}), "
                         f"got {config.parallelism}")
     if config.num_retained < 1:
@@ -103,6 +108,7 @@ def validate_config(config: PipelineConfig) -> None:
     except ValueError as e:
         problems.append(str(e))
     problems += check_event_time(config.event_time, config.allowed_lateness, config.late)
+    problems += check_on_bad_file(config.on_bad_file)
     if problems:
         raise PipelineError("; ".join(problems))
 
@@ -123,14 +129,17 @@ class BatchReport:
     restored: tuple[str, ...]  # per (operator, subtask), how it got its state: working | local | primary | ...
     watermark: int | None = None  # after the batch, µs since the epoch, UTC (pipelines with an event time)
     late_rows: int = 0  # rows below the watermark the batch started with (dropped unless late="process")
+    skipped: tuple[SkippedFile, ...] = ()  # input files this checkpoint consumed without processing them
 
     def line(self) -> str:
+        batch = ",".join(self.files) or ("(none)" if self.skipped else "(tick)")
         return (
-            f"chk-{self.checkpoint_id} batch={','.join(self.files) or '(tick)'} rows={self.rows} "
+            f"chk-{self.checkpoint_id} batch={batch} rows={self.rows} "
             f"state={self.state_size}B "
             f"uploaded={self.checkpointed_size}B files new={self.files_new} reused={self.files_reused} "
             f"deleted={self.files_deleted} {self.seconds:.2f}s"
             + (f" watermark={iso_micros(self.watermark)} late={self.late_rows}" if self.watermark is not None else "")
+            + (" skipped=" + "; ".join(s.line() for s in self.skipped) if self.skipped else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -142,6 +151,7 @@ class BatchReport:
             "restored_by_subtask": list(self.restored),  # in (operator, subtask) order
             "watermark": iso_micros(self.watermark) if self.watermark is not None else None,
             "late_rows": self.late_rows,
+            "skipped": [{"file": s.file, "check": s.check, "reason": s.reason} for s in self.skipped],
         }
 
 
@@ -169,16 +179,26 @@ class PipelineCore:
             if len(set(values)) != len(values):
                 raise PipelineError(f"operator {what} must be unique, got {values}")
         self.spark = spark
-        self.config = config
+        self.config = config  # its parallelism is resolved by each start (`_begin`) when the user set none
+        self.requested_parallelism = config.parallelism
+        self.rescaling: str | None = None  # `rescaling 3 -> 2 subtasks from chk-12`, when a start of it rescaled
         self.operators = tuple(operators)
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
         self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
+        self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file)
         self.sink = (
             ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
             if config.output_url
             else None
         )
+
+    @property
+    def parallelism(self) -> int:
+        """The subtasks per operator of this start: as set, or as resolved by `_begin`."""
+        if self.config.parallelism is None:
+            raise PipelineError("the parallelism is chosen when a batch starts (PipelineCore._begin)")
+        return self.config.parallelism
 
     def operator_names(self) -> dict[str, str]:
         """Each operator's display name by its uid (what `_metadata` records beside the state)."""
@@ -193,10 +213,17 @@ class PipelineCore:
         """The input files no checkpoint has consumed yet, in the order they will be read."""
         return self.source.pending(SourceOffsets(self.consumed_files()))
 
+    def check_batch(self, files: list[str]) -> BatchCheck:
+        """Every check of the batch's files, before any Spark work (each footer read once):
+        under `on_bad_file="fail"` a bad file raises `BadInputFile`; under "skip" the bad ones
+        are returned apart from the good ones."""
+        return self._file_checks.batch(self.source, files)
+
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
+        self.config = replace(self.config, parallelism=resolve_parallelism(self.requested_parallelism, start.metadata))
         if start.metadata is not None:
-            self._check_operators(start.metadata)
+            self.rescaling = self._check_operators(start.metadata).rescaling() or self.rescaling
         coordinator = CheckpointCoordinator(
             self.storage, num_retained=self.config.num_retained, retention=self.config.retention,
             lineage=lineage, unowned=unowned,
@@ -210,7 +237,7 @@ class PipelineCore:
         c = self.config
         return TaskSpec(
             checkpoint_id=cid, checkpoints_url=self.storage.url, job_id=c.job_id, storage_options=c.storage_options,
-            operators=self.operators, parallelism=c.parallelism, max_parallelism=c.max_parallelism,
+            operators=self.operators, parallelism=self.parallelism, max_parallelism=c.max_parallelism,
             local_dir=c.local_dir, input_options=c.input_options,
             restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,
             claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
@@ -221,6 +248,9 @@ class PipelineCore:
 
     def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:
         groups = len(self.operators) * spec.parallelism
+        if self.spark is None and not urls:  # nothing to read (`sparkpoint skip`): no JVM for that
+            return [run_subtask(spec, i, subtask, no_rows(op)).to_dict("records")[0]
+                    for subtask in range(spec.parallelism) for i, op in enumerate(self.operators)]
         if not getattr(self, "_shipped", False):  # the user's operator modules, to every executor
             from sparkpoint.spark.session import ship_modules  # pyspark: only where Spark runs
 
@@ -295,13 +325,15 @@ class PipelineCore:
         """What the next start would restore (None: it starts empty), from `_metadata` alone."""
         return restore_plan(self.config, self.operators)
 
-    def _check_operators(self, meta: CheckpointMetadata) -> None:
+    def _check_operators(self, meta: CheckpointMetadata) -> RestorePlan:
         """The checkpoint must hold exactly the job's operators (by uid), at its max parallelism,
-        unless the user allows the difference (Flink's --allowNonRestoredState, and new operators)."""
+        unless the user allows the difference (Flink's --allowNonRestoredState, and new operators).
+        Returns the plan (it says a rescale)."""
         self._check_states(meta)  # an incompatible schema is said as such (StateSchemaIncompatible)
         plan = plan_for(meta, self.config, self.operators)
         if not plan.ok:
             raise OperatorStateMismatch(plan.refusal(op.name for op in self.operators))
+        return plan
 
     def _check_states(self, meta: CheckpointMetadata) -> None:
         """Each operator's declared states must read what the checkpoint recorded of them (a
@@ -390,9 +422,21 @@ def restore_plan(config: PipelineConfig, operators: tuple[KeyedOperator, ...]) -
     return plan_for(start.metadata, config, operators) if start.metadata is not None else None
 
 
+def resolve_parallelism(requested: int | None, meta: CheckpointMetadata | None) -> int:
+    """The parallelism a start runs at: the one the user set (a flag, a setting, a resource's
+    config, `Pipeline(parallelism=...)`), else the checkpoint's it restores, else
+    DEFAULT_PARALLELISM. So a run that names none keeps its checkpoint's layout and reuses its
+    files, instead of rescaling to a default with a full re-upload."""
+    if requested is not None:
+        return requested
+    return (checkpoint_parallelism(meta) if meta is not None else None) or DEFAULT_PARALLELISM
+
+
 def plan_for(meta: CheckpointMetadata, config: PipelineConfig, operators: tuple[KeyedOperator, ...]) -> RestorePlan:
-    """Restoring `meta` into a job of `operators` with `config` (`plan_restore`)."""
-    return plan_restore(meta, operators, parallelism=config.parallelism, max_parallelism=config.max_parallelism,
+    """Restoring `meta` into a job of `operators` with `config` (`plan_restore`); a config that
+    names no parallelism keeps the checkpoint's."""
+    parallelism = resolve_parallelism(config.parallelism, meta)
+    return plan_restore(meta, operators, parallelism=parallelism, max_parallelism=config.max_parallelism,
                         allow_non_restored_state=config.allow_non_restored_state,
                         allow_new_operators=config.allow_new_operators)
 

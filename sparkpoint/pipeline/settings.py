@@ -70,6 +70,44 @@ _PARSERS: dict[str, Any] = {
     "event_time": str,
     "allowed_lateness": float,
     "late": str,
+    "on_bad_file": lambda v: str(v).strip().lower(),  # fail | skip: checked with the other settings
+}
+
+
+# What each setting does, for people: `make docs` renders the configuration table from this
+# (beside each name its Flink keys, its default and its `sparkpoint run` flag), and fails on a
+# setting without a line here.
+SETTING_DOCS = {
+    "checkpoints_dir": "fsspec URL of the checkpoint storage (`file://`, `s3://`, `gs://`, ...)",
+    "num_retained": "completed checkpoints kept; older ones are subsumed and the files only they referenced deleted",
+    "retention": "what a shutdown deletes: `RETAIN_ON_CANCELLATION`, `DELETE_ON_CANCELLATION` or "
+                 "`NO_EXTERNALIZED_CHECKPOINTS` (never savepoints)",
+    "incremental": "upload only the files the last confirmed checkpoint lacks",
+    "local_recovery": "keep a task-local copy of the latest checkpoint next to the working database",
+    "restore_mode": "claim mode of `from_checkpoint`: `CLAIM` (the checkpoint becomes the job's own) or `NO_CLAIM` "
+                    "(only ever read)",
+    "from_checkpoint": "start a new job from this `<checkpoints-dir>/<job-id>/chk-<N>` (a checkpoint or a savepoint)",
+    "max_parallelism": "key groups (at most 32,768); fixed for the life of a job's state",
+    "parallelism": "subtasks per operator; may change between runs (the state is rescaled by key group)",
+    "allow_non_restored_state": "drop the state of operators the checkpoint holds and the job no longer runs",
+    "allow_new_operators": "start operators the checkpoint lacks empty",
+    "changelog": "changelog checkpoints (Flink's FLIP-158): upload the entries that changed, materialize now and then",
+    "changelog_materialize_share": "materialize when the chain reaches this share of the state's bytes (the larger of "
+                                   "the last materialization and the working SSTs now)",
+    "changelog_max_chain": "... or once the chain has this many changelog files",
+    "changelog_materialize_in_steps": "upload a materialization as slices over the next checkpoints (no checkpoint "
+                                      "above about twice the mean upload) instead of all in one",
+    "rocksdb_block_cache_mb": "the process's RocksDB block cache, shared by every database and state it opens, with a "
+                              "unit (`64mb`, `1gb`) or in MB, from 1 MB to 1 TB; index and filter blocks live in it. "
+                              "The memtables of all of them together are held to two 64 MB write buffers beside it",
+    "rocksdb_cache_index_and_filter_blocks": "false: every open loads each SST's whole index and filter into memory "
+                                             "(RocksDB's default, slower to open)",
+    "event_time": "the input's event-time column (a timestamp): a watermark, late rows, event-time timers and TTL",
+    "allowed_lateness": "seconds the watermark trails the highest event time seen",
+    "late": "rows below the watermark their batch starts with: `drop` or `process`",
+    "on_bad_file": "a batch file that fails its checks before Spark (not Parquet, a missing column, a wrong key type, "
+                   "null keys): `fail` stops before any upload, `skip` consumes it unprocessed and records it in "
+                   "`_metadata`",
 }
 
 

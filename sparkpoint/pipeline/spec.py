@@ -39,6 +39,61 @@ DEFAULT_ROOT = ".sparkpoint"  # locations a pipeline leaves unset: .sparkpoint/<
 
 @dataclass(frozen=True)
 class Pipeline:
+    """Your pipeline as one immutable value: the unit every front end takes.
+
+    A name (the default job id), keyed operators, where input lands, where checkpoints and output go,
+    and the settings. The CLI (`sparkpoint run --pipeline MODULE:ATTR`, whose flags override its
+    settings), the notebook API, `build_pipeline_defs` (Dagster), its `dg` component and
+    `sparkpoint_dag` (Airflow) all take it. Locations left unset go under `.sparkpoint/<name>/`.
+    Every value is checked when the pipeline is made, with the messages the CLI gives.
+
+    Example:
+        ```python
+        clicks = Pipeline("clicks", [clicks_per_user, pages_per_user],
+                          input_url="landing/clicks", checkpoints_url="s3://bucket/checkpoints",
+                          storage_options={"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}})
+        clicks.with_(parallelism=4).read_state("clicks_per_user")
+        ```
+
+    Args:
+        name: the pipeline's name: the default job id, the prefix of its Dagster names and its Airflow DAG id.
+        operators: one or more `KeyedOperator`, with distinct names and uids.
+        input_url: where batch files land (a directory of Parquet files, any fsspec URL).
+        checkpoints_url: the checkpoint storage (any fsspec URL); the job's directory is `<checkpoints_url>/<job id>/`.
+        output_url: where the exactly-once sink writes what operators that `emit` return; None: no output.
+        local_dir: the working RocksDB instances and task-local copies (a local disk).
+        job_id: the job's directory under `checkpoints_url`; default: `name`.
+        storage_options: fsspec options of the checkpoint storage (and of the input and output, unless
+            `input_options` is given).
+        input_options: fsspec options of the input; default: `storage_options`.
+        num_retained: completed checkpoints kept.
+        retention: what a shutdown deletes: `RETAIN_ON_CANCELLATION`, `DELETE_ON_CANCELLATION` or
+            `NO_EXTERNALIZED_CHECKPOINTS`.
+        restore_mode: claim mode of `from_checkpoint`: `CLAIM` or `NO_CLAIM`.
+        from_checkpoint: `<checkpoints-dir>/<job-id>/chk-<N>` (a checkpoint or a savepoint) a new job starts from.
+        parallelism: subtasks per operator (may change between runs: the state is rescaled).
+        max_parallelism: key groups, fixed for the life of the job's state.
+        files_per_checkpoint: input files per checkpoint.
+        incremental: upload only what the last confirmed checkpoint lacks.
+        local_recovery: keep a task-local copy of the latest checkpoint.
+        changelog: changelog checkpoints (Flink's FLIP-158).
+        changelog_materialize_share: materialize when the changelog chain reaches this share of the state.
+        changelog_max_chain: ... or this many changelog files.
+        changelog_materialize_in_steps: upload a materialization in slices over the next checkpoints.
+        rocksdb: RocksDB's settings (`sparkpoint.state.rocksdb.RocksDBOptions`: block cache, index and filter blocks).
+        allow_non_restored_state: drop the state of operators the checkpoint holds and the pipeline no longer runs.
+        allow_new_operators: start operators the checkpoint lacks empty.
+        event_time: the input's event-time column (a timestamp): a watermark, late rows, event-time
+            timers and TTL; None: processing time only.
+        allowed_lateness: seconds the watermark trails the highest event time seen.
+        late: rows below the watermark their batch starts with: "drop" or "process".
+        on_bad_file: a batch file that fails its checks before Spark (not Parquet, a missing column,
+            a wrong key type, null keys): "fail" stops the batch before any upload, "skip" consumes
+            it unprocessed and records it in `_metadata` (`skipped_files`).
+
+    Raises:
+        PipelineError: a setting the CLI would refuse (each message says what to change).
+    """
     name: str
     operators: tuple[KeyedOperator, ...]
     input_url: str | None = None
@@ -52,7 +107,7 @@ class Pipeline:
     retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
     restore_mode: str = ClaimMode.CLAIM.value
     from_checkpoint: str | None = None
-    parallelism: int = 2
+    parallelism: int | None = None  # None: the latest checkpoint's, 2 for a first run (a rescale is said)
     max_parallelism: int = 128
     files_per_checkpoint: int = 1
     incremental: bool = True
@@ -69,6 +124,10 @@ class Pipeline:
     event_time: str | None = None
     allowed_lateness: float = 0.0
     late: str = "drop"
+    # An input file that fails a check before any Spark work (not Parquet, a column missing or of
+    # the wrong type, null keys): "fail" the batch before any upload, or "skip" the file, recorded
+    # in the checkpoint's `_metadata` (sparkpoint.pipeline.badfiles).
+    on_bad_file: str = "fail"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))
@@ -87,15 +146,52 @@ class Pipeline:
 
     @property
     def effective_job_id(self) -> str:
+        """The job id its checkpoints go under: `job_id`, else the name.
+
+        Example:
+            ```python
+            Pipeline("clicks", ops).effective_job_id                 # "clicks"
+            ```
+        """
         return self.job_id or self.name
 
     def with_(self, **changes: Any) -> Pipeline:
-        """A copy with `changes` (any field), checked like the original."""
+        """A copy with `changes` (any field), checked like the original.
+
+        Example:
+            ```python
+            bigger = clicks.with_(parallelism=8, num_retained=3)
+            ```
+
+        Args:
+            **changes: field name -> new value.
+
+        Returns:
+            The new `Pipeline`.
+
+        Raises:
+            PipelineError: a changed value the pipeline refuses.
+        """
         return dataclasses.replace(self, **changes)
 
     def with_settings(self, settings: Mapping[str, Any]) -> Pipeline:
-        """A copy with `settings` under our names or Flink's keys, as `sparkpoint run --conf`
-        takes them (`state.checkpoints.num-retained`, `parallelism.default`, ...)."""
+        """A copy with `settings` under our names or Flink's keys, as `sparkpoint run --conf` takes them.
+
+        Example:
+            ```python
+            clicks.with_settings({"state.checkpoints.num-retained": "3", "parallelism.default": 4})
+            ```
+
+        Args:
+            settings: setting -> value (strings are parsed: `"true"`, `"3"`, `"1gb"`); see
+                [Configuration](../configuration.md).
+
+        Returns:
+            The new `Pipeline`.
+
+        Raises:
+            PipelineError: an unknown setting or a value it cannot take (the message lists the known settings).
+        """
         try:
             resolved = resolve_settings(settings)
         except ValueError as e:
@@ -105,13 +201,37 @@ class Pipeline:
         return self.with_(**resolved)
 
     def location(self, kind: str) -> str:
-        """Where `kind` (input, checkpoints, output, local) is: as given, or under `.sparkpoint/<name>/`."""
+        """Where `kind` is: as given, or under `.sparkpoint/<name>/`.
+
+        Example:
+            ```python
+            Pipeline("clicks", ops).location("checkpoints")          # ".sparkpoint/clicks/checkpoints"
+            ```
+
+        Args:
+            kind: "input", "checkpoints", "output" or "local".
+
+        Returns:
+            The URL or path as given, or the default one.
+        """
         given = {"input": self.input_url, "checkpoints": self.checkpoints_url, "output": self.output_url,
                  "local": self.local_dir}[kind]
         return given if given else str(Path(DEFAULT_ROOT) / self.name / kind)
 
     def config(self, **overrides: Any) -> PipelineConfig:
-        """The driver's settings (`overrides`: what flags or resources set on top)."""
+        """The driver's settings, resolved: locations as URLs, the local directory absolute.
+
+        Example:
+            ```python
+            clicks.config(parallelism=3).job_id                       # "clicks"
+            ```
+
+        Args:
+            **overrides: what flags or resources set on top, by `PipelineConfig` field name.
+
+        Returns:
+            A `sparkpoint.pipeline.runtime.PipelineConfig`.
+        """
         values: dict[str, Any] = {
             "input_url": storage_url(self.location("input")),
             "checkpoints_url": storage_url(self.location("checkpoints")),
@@ -125,14 +245,26 @@ class Pipeline:
             if f.name not in values and hasattr(self, f.name):
                 values[f.name] = getattr(self, f.name)
         values.update(overrides)
+        if values.get("local_dir"):  # as the driver means it: Spark's workers (a Connect server's) run elsewhere
+            values["local_dir"] = str(Path(values["local_dir"]).resolve())
         return PipelineConfig(**values)
 
     def code_version(self) -> str:
-        """Stable across processes; changes when an operator's definition or code changes, or a
-        value its functions compute with: what they close over (an operator a factory made with
-        `threshold=10` and one made with `threshold=1000` differ), their defaults, the globals
-        they name, a `functools.partial`'s arguments. What is covered and what is not:
-        `sparkpoint.pipeline.fingerprint`."""
+        """A digest of the operators' definitions and code: Dagster's code version of the assets.
+
+        Stable across processes; changes when an operator's definition or code changes, or a value its
+        functions compute with: what they close over (an operator a factory made with `threshold=10`
+        and one made with `threshold=1000` differ), their defaults, the globals they name, a
+        `functools.partial`'s arguments. What is covered and what is not: `sparkpoint.pipeline.fingerprint`.
+
+        Example:
+            ```python
+            clicks.code_version()          # e.g. "3f2a9c1de07b4411"
+            ```
+
+        Returns:
+            16 hex digits.
+        """
         digest = hashlib.sha256()
         for op in self.operators:
             digest.update(repr((op.name, op.key, op.columns, op.emits, op.schema)).encode())
@@ -146,6 +278,22 @@ class Pipeline:
         return digest.hexdigest()[:16]
 
     def operator(self, name: str) -> KeyedOperator:
+        """Its operator called `name`.
+
+        Example:
+            ```python
+            clicks.operator("pages_per_user").key         # "user"
+            ```
+
+        Args:
+            name: the operator's name.
+
+        Returns:
+            The `KeyedOperator`.
+
+        Raises:
+            PipelineError: no operator of that name (the message lists them).
+        """
         for op in self.operators:
             if op.name == name:
                 return op
@@ -155,13 +303,39 @@ class Pipeline:
     # --- reading its own checkpoints (the notebook API with this pipeline's locations) ---------
 
     def storage(self) -> CheckpointStorage:
-        """Its checkpoint storage (`<checkpoints>/<job id>/`)."""
+        """Its checkpoint storage (`<checkpoints>/<job id>/`), for the lower-level tools.
+
+        Example:
+            ```python
+            clicks.storage().job_url          # "file:///.../checkpoints/clicks"
+            ```
+
+        Returns:
+            A `sparkpoint.checkpoint.storage.CheckpointStorage`.
+        """
         return CheckpointStorage(storage_url(self.location("checkpoints")), self.effective_job_id,
                                  dict(self.storage_options))
 
     def read_state(self, operator: str, checkpoint: int | None = None) -> pd.DataFrame:
-        """The state of its operator `operator` at `checkpoint` (default: the latest), as its
-        `export` makes it, every subtask in one table sorted by key."""
+        """The state of its operator `operator` at a checkpoint, as its `export` makes it.
+
+        Example:
+            ```python
+            clicks.read_state("clicks_per_user")                  # at the latest checkpoint
+            clicks.read_state("pages_per_user", checkpoint=7)
+            ```
+
+        Args:
+            operator: the operator's name.
+            checkpoint: the checkpoint id; None: the latest.
+
+        Returns:
+            Every subtask's export in one DataFrame, sorted by key.
+
+        Raises:
+            PipelineError: no operator of that name.
+            CheckpointNotFound: no such checkpoint (the message lists the completed ones).
+        """
         return state_table(self.storage(), self.operator(operator), checkpoint)[1]
 
 

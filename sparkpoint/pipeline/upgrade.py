@@ -115,6 +115,18 @@ class RestorePlan:
         return (f"refusing to restore {where} ({counts}): " + "; ".join(self.problems())
                 + ". To go ahead: " + "; ".join(self.fixes()))
 
+    def rescaling(self) -> str | None:
+        """`rescaling 3 -> 2 subtasks from chk-12` when the restore changes the parallelism of the
+        operators it keeps; None when it does not (what `sparkpoint run` prints, once)."""
+        changed = [(op.old_parallelism, op.new_parallelism) for op in self.operators
+                   if op.old_parallelism is not None and op.new_parallelism is not None
+                   and op.old_parallelism != op.new_parallelism]
+        if not changed:
+            return None
+        old = ",".join(str(p) for p in sorted({o for o, _ in changed}))
+        new = ",".join(str(p) for p in sorted({n for _, n in changed}))
+        return f"rescaling {old} -> {new} subtasks from chk-{self.checkpoint_id}"
+
     def lines(self) -> list[str]:
         """For people: one line per operator, then the verdict."""
         verdict = "the restore would work" if self.ok else "the restore would be refused; to make it work: " \
@@ -197,6 +209,12 @@ def plan_restore(
         hints = (f"or, if {new[0].new_name} is {dropped[0].old_name} renamed, give it uid={dropped[0].uid!r}",)
     return RestorePlan(meta.checkpoint_id, meta.kind, meta.job_id, tuple(plans), allow_non_restored_state,
                        allow_new_operators, hints)
+
+
+def checkpoint_parallelism(meta: CheckpointMetadata) -> int | None:
+    """The parallelism `meta` was taken at (its operators'; the highest should they differ),
+    None for a checkpoint of no operator."""
+    return max((op.parallelism for op in meta.operators.values()), default=None)
 
 
 def _change(old: int | None, new: int | None) -> str:

@@ -23,6 +23,7 @@ from pydantic import PrivateAttr
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
+from sparkpoint.pipeline.badfiles import check_on_bad_file
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
 from sparkpoint.pipeline.runtime import PipelineConfig, validate_config
@@ -119,30 +120,35 @@ class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-
 
 
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """A Spark session: `local[2]` by default, any master URL, extra conf as JSON; or, with
-    `remote` (`sc://host:port`), a Spark Connect client of a Spark that is already up, so a run
-    starts no JVM of its own. On Connect the runs of a pipeline share a server session (its
-    Python workers stay warm between runs; see `sparkpoint.spark.session`): `session_for`."""
+    """A Spark session: by default the warm local Spark (a Spark Connect server on 127.0.0.1 that
+    sparkpoint starts on first use and keeps warm: `sparkpoint.spark.warm`), any master URL
+    (`local[2]`: a Spark in the run's own process), extra conf as JSON; or, with `remote`
+    (`sc://host:port`), a Spark Connect client of a Spark that is already up. On Connect the runs
+    of a pipeline share a server session (its Python workers stay warm between runs; see
+    `sparkpoint.spark.session`): `session_for`."""
 
-    master: str = "local[2]"
+    master: str = ""  # "": the warm local Spark (SPARKPOINT_WARM_SPARK=off: local[2] in the run's process)
     remote: str = ""  # Spark Connect URL; wins over `master`
     conf: str = "{}"  # JSON object of Spark settings
     app_name: str = "sparkpoint"
     stop_on_teardown: bool = True
     _session: Any = PrivateAttr(default=None)
     _remote: str | None = PrivateAttr(default=None)
+    _master: str | None = PrivateAttr(default=None)
     _conf: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._conf = _json_object(self.conf, "spark: conf")
         from sparkpoint.spark.session import check_reachable, spark_session
+        from sparkpoint.spark.warm import default_spark
 
         self._remote = self.remote or str(self._conf.pop("spark.remote", "")) or None
         try:
+            self._master, self._remote = default_spark(self.master or None, self._remote)
             if self._remote:  # the session itself when a step knows its pipeline (`session_for`)
                 check_reachable(self._remote)
             else:
-                self._session = spark_session(self.master, app_name=self.app_name)
+                self._session = spark_session(self._master, app_name=self.app_name)
         except SparkpointError as e:
             raise ResourceConfigError(f"spark (master, remote): {e}") from e
         if self._session is not None:
@@ -165,7 +171,7 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         from sparkpoint.spark.session import spark_session
 
         try:
-            self._session = spark_session(self.master, app_name=self.app_name, remote=self._remote, share=share)
+            self._session = spark_session(self._master, app_name=self.app_name, remote=self._remote, share=share)
         except SparkpointError as e:
             # As when setup refused it: a configuration error, which no recovery run heals (the
             # recovery sensor reads the causes too).
@@ -193,7 +199,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     local_recovery: bool = True
     incremental: bool = True
     changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.state.changelog)
-    parallelism: int = 2
+    parallelism: int | None = None  # None: the latest checkpoint's (2 for a first run); a change is a rescale
     max_parallelism: int = 128
     rocksdb_block_cache_mb: int = 256  # the process's block cache, shared by every database it opens
     # Mapping the restored checkpoint's state onto the operators (by uid), as `run` takes them:
@@ -205,7 +211,7 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             raise ResourceConfigError(
                 f"state backend: max_parallelism must be between 1 and {MAX_KEY_GROUPS}, got {self.max_parallelism}"
             )
-        if not 1 <= self.parallelism <= self.max_parallelism:
+        if self.parallelism is not None and not 1 <= self.parallelism <= self.max_parallelism:
             raise ResourceConfigError(
                 f"state backend: parallelism must be between 1 and max_parallelism ({self.max_parallelism}), "
                 f"got {self.parallelism}"
@@ -232,11 +238,16 @@ class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     output_url: str = DEFAULT_OUTPUT  # "" for no sink
     files_per_checkpoint: int = 1
     sample_stream: bool = False
+    # An input file that fails a check before Spark (not Parquet, a column missing or of the wrong
+    # type, null keys): "fail" the run before any upload, or "skip" it (recorded in the checkpoint).
+    on_bad_file: str = "fail"
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         _json_object(self.input_options, "input: input_options")
         if self.files_per_checkpoint < 1:
             raise ResourceConfigError(f"input: files_per_checkpoint must be >= 1, got {self.files_per_checkpoint}")
+        for problem in check_on_bad_file(self.on_bad_file):
+            raise ResourceConfigError(f"input: {problem}")
         if self.sample_stream:
             Path(self.input_url).mkdir(parents=True, exist_ok=True)
 
@@ -279,7 +290,7 @@ class PipelineResources:
                 input_url=_url(source.input_url), input_options=_json_object(source.input_options,
                                                                              "input: input_options"),
                 output_url=_url(source.output_url) if source.output_url else None,
-                files_per_checkpoint=source.files_per_checkpoint,
+                files_per_checkpoint=source.files_per_checkpoint, on_bad_file=source.on_bad_file,
                 checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
                 num_retained=registry.num_retained, retention=registry.retention,
                 restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
@@ -323,7 +334,7 @@ def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[st
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
                        output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,
-                       sample_stream=sample_stream),
+                       sample_stream=sample_stream, on_bad_file=pipeline.on_bad_file),
     }
 
 

@@ -18,7 +18,9 @@ in its cursor (`sparkpoint.sensors.recovery`) and launches one recovery at a tim
 
 The input sensor's decisions (when a file has settled, when a file a run did not consume is
 offered again, when it observes the input asset, a failure injection armed in its cursor) are in
-`sparkpoint.sensors.landing`.
+`sparkpoint.sensors.landing`. Before it launches a run it checks the batch's files from their
+footers: under `on_bad_file="fail"` a bad file launches no run (its skip reason names the file, the
+check and the `<name>_skip_file` job); a file consumed as skipped is never pending again.
 """
 
 
@@ -36,13 +38,15 @@ from sparkpoint.ops import PipelineJobs
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, PipelineScope
 from sparkpoint.sensors import landing
 from sparkpoint.sensors.recovery import RecoveryCursor, new_failures
+from sparkpoint.spark.source import BadInputFile
 
 WILL_RETRY_TAG = "dagster/will_retry"
 NOT_RECOVERED_TAG = "sparkpoint/not-recovered"
 # Failures of the configuration or the input itself, before any upload: a recovery with the
 # same config would fail the same way.
 CONFIG_ERRORS = frozenset({"ResourceConfigError", "DagsterInvalidConfigError", "SourceError", "SourceSchemaError",
-                           "PipelineError", "EventTimeError", "OperatorStateMismatch", "StateSchemaIncompatible"})
+                           "BadInputFile", "PipelineError", "EventTimeError", "OperatorStateMismatch",
+                           "StateSchemaIncompatible"})
 
 
 def recovery_decision(
@@ -58,6 +62,10 @@ def recovery_decision(
     if not scope.steps & set(started_steps):
         return f"it ran none of pipeline {scope.pipeline.name!r}'s steps"
     failed = set(failures)
+    if "BadInputFile" in failed and failed <= CONFIG_ERRORS:
+        return (f"a bad input file failed its checks before any upload (on_bad_file=\"fail\"): a recovery would fail "
+                f"the same way. Land a fixed copy, skip the file with the {scope.name('skip_file')} job, or set "
+                "on_bad_file=\"skip\"")
     if failed and failed <= CONFIG_ERRORS:
         return f"it failed on its configuration or input ({', '.join(sorted(failed))}) before any upload: fix it " \
                "and rerun"
@@ -240,6 +248,12 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
         busy = scope.runs_in_flight(context.instance)
         if busy:
             return skip(f"{decision.reason}; {scope.waiting_for(busy)}")
+        try:  # the batch's checks from its footers: a run would fail on a bad file (on_bad_file="fail")
+            driver.check_batch(pending[: driver.config.files_per_checkpoint])
+        except BadInputFile as e:
+            return skip(f"not launching a run for {name}: {e}")
+        except SparkpointError as e:
+            return skip(f"input not readable: {e}")
         tags = dict(decision.tags)
         if cursor.inject_failure:  # armed for this run only: the cursor forgets it with this request
             tags[INJECT_TAG] = cursor.inject_failure

@@ -44,9 +44,9 @@ from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.spark.classcache import ClassArchive
 from sparkpoint.spark.faults import arm_crash_points
 from sparkpoint.spark.properties import spark_defaults
+from sparkpoint.spark.warm import IN_PROCESS_MASTER, QUIET_LOG4J, default_spark
 
 log = logging.getLogger(__name__)
-QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 # What the JVM prints before log4j is configured, or outside it.
 _CHATTER = re.compile(
     r"^(WARNING: Using incubator modules|Using Spark's default log4j profile|Setting default log level to"
@@ -59,14 +59,17 @@ def verbose_from_env() -> bool:
 
 
 def spark_session(
-    master: str = "local[*]", *, app_name: str = "sparkpoint", ui: bool = False, verbose: bool | None = None,
+    master: str | None = None, *, app_name: str = "sparkpoint", ui: bool = False, verbose: bool | None = None,
     remote: str | None = None, share: str | None = None,
 ) -> SparkSession:
     """A classic session on `master` (the JVM in this process's tree), or, with `remote` (or a
     master `sc://host:port`), a Spark Connect client of a Spark that is already up: no JVM starts
     here, and the server's executors run the pipeline's tasks; with `share` (a `session_key`) in
-    the server session every run with that key attaches to."""
+    the server session every run with that key attaches to. With neither: the warm local Spark
+    (`sparkpoint.spark.warm`), or `local[2]` here when it is off."""
     verbose = verbose_from_env() if verbose is None else verbose
+    master, remote = default_spark(master, remote)
+    master = master or IN_PROCESS_MASTER
     if remote or master.startswith("sc://"):
         connected: SparkSession = connect_session(remote or master, app_name=app_name, verbose=verbose, share=share)
         return connected  # the Connect client's SparkSession has the classic one's DataFrame API

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import storage_url
+from sparkpoint.state.record import arrow_type_name
 
 OFFSETS_VERSION = 1
 SAMPLE_COLUMNS = ["event_id", "user_id", "item_id", "amount", "ts"]
@@ -33,6 +34,42 @@ class SourceError(SparkpointError):
 
 class SourceSchemaError(SourceError):
     """A batch's files lack columns an operator reads."""
+
+
+class BadInputFile(SourceError):
+    """An input file failed a check made before any Spark work (not Parquet, a column missing or
+    of the wrong type, null keys or event times). Under `on_bad_file="fail"` nothing was uploaded;
+    the message names the file, the check and the ways on."""
+
+    def __init__(self, message: str, *, file: str = "", check: str = "", reason: str = ""):
+        super().__init__(message)
+        self.file, self.check, self.reason = file, check, reason
+
+
+@dataclass(frozen=True)
+class InputNeeds:
+    """What every input file must give the operators: the columns each reads (by operator name,
+    key first), each one's key column and declared key type (`KeyedOperator.key_type`, None:
+    any), and the pipeline's event-time column."""
+
+    columns: dict[str, tuple[str, ...]]
+    keys: dict[str, tuple[str, str | None]]
+    event_time: str | None = None
+
+
+@dataclass(frozen=True)
+class FileVerdict:
+    """One input file's checks: `check` and `reason` name the first that failed (None: none did);
+    `max_event_time` is its highest event time in µs (None: no event time, or no rows)."""
+
+    name: str
+    check: str | None = None
+    reason: str | None = None
+    max_event_time: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.check is None
 
 
 @dataclass(frozen=True)
@@ -78,10 +115,9 @@ class BatchSource(Protocol):
     accepted: str  # the names it takes as batches, said in messages (e.g. "*.parquet, ...")
 
     def listing(self) -> tuple[list[str], list[str]]: ...  # (batches, other names skipped), name order
-    def max_event_time(self, names: list[str], column: str) -> int | None: ...
     def pending(self, offsets: SourceOffsets) -> list[str]: ...
     def nothing_to_read(self) -> str | None: ...
-    def check_columns(self, names: list[str], required: dict[str, list[str]]) -> None: ...
+    def check_files(self, names: list[str], needs: InputNeeds) -> list[FileVerdict]: ...
     def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame: ...
     def url_of(self, name: str) -> str: ...  # the batch's full URL, for messages and the tasks
     def stat(self, name: str) -> BatchStat: ...  # size and modification time (is it still being written?)
@@ -122,39 +158,20 @@ class ParquetDirectorySource:
         shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
         return f"input directory {self.url} holds no batch file ({ACCEPTED}); skipped: {shown}"
 
-    def check_columns(self, names: list[str], required: dict[str, list[str]]) -> None:
-        """Every file of a batch must have the columns each operator reads (`required`: operator
-        -> columns), checked from the Parquet footers before any Spark work."""
+    def check_files(self, names: list[str], needs: InputNeeds) -> list[FileVerdict]:
+        """Every check of batch files `names` before any Spark work, from one read of each
+        footer (`check_parquet`): a verdict per file, in order. A file that cannot be reached
+        (a timeout, a 503, a permission) raises SourceError: that is no verdict on the file."""
+        verdicts = []
         for name in names:
+            url = self.url_of(name)
             try:
                 with self.fs.open(posixpath.join(self.root, name), "rb") as f:
-                    have = set(pq.read_schema(f).names)
-            except (OSError, ValueError, pa.ArrowException) as e:
-                raise SourceError(f"cannot read the schema of input file {self.url_of(name)}: {e}") from e
-            for operator, columns in required.items():
-                missing = [c for c in columns if c not in have]
-                if missing:
-                    raise SourceSchemaError(
-                        f"input file {self.url_of(name)} lacks column{'s' if len(missing) > 1 else ''} "
-                        f"{', '.join(missing)}, which operator {operator!r} reads; it has: {', '.join(sorted(have))}. "
-                        "Give an input with those columns, or an operator written for these"
-                    )
-
-    def max_event_time(self, names: list[str], column: str) -> int | None:
-        """The highest value of timestamp column `column` over batch files `names`, as int
-        microseconds since the epoch, UTC (None for no rows), from the Parquet footers' statistics
-        where every row group has them, else from the column. A column that is not a timestamp or
-        holds a null is refused before any Spark work."""
-        highest: int | None = None
-        for name in names:
-            try:
-                with self.fs.open(posixpath.join(self.root, name), "rb") as f:
-                    found = _max_timestamp(pq.ParquetFile(f), column, self.url_of(name))
-            except (OSError, pa.ArrowException) as e:
-                raise SourceError(f"cannot read the event times of input file {self.url_of(name)}: {e}") from e
-            if found is not None:
-                highest = found if highest is None else max(highest, found)
-        return highest
+                    verdicts.append(check_parquet(f, name, url, needs))
+            except OSError as e:
+                raise SourceError(f"cannot read input file {url}: {e}; nothing was skipped, run again once it "
+                                  "can be read") from e
+        return verdicts
 
     def pending(self, offsets: SourceOffsets) -> list[str]:
         done = set(offsets.consumed)
@@ -200,35 +217,114 @@ def read_parquet(url: str, storage_options: dict[str, Any], columns: list[str] |
         raise SourceError(f"cannot read input file {url}: {e}") from e
 
 
-def _max_timestamp(parquet: pq.ParquetFile, column: str, url: str) -> int | None:
-    schema = parquet.schema_arrow
-    if column not in schema.names:
-        raise SourceSchemaError(f"input file {url} has no event-time column {column!r}; it has: "
-                                + ", ".join(sorted(schema.names)))
-    kind = schema.field(column).type
-    if not pa.types.is_timestamp(kind):
-        raise SourceSchemaError(f"input file {url}: event-time column {column!r} is {kind}, not a timestamp")
+class _Bad(Exception):
+    """A check failed: (check, reason)."""
+
+    def __init__(self, check: str, reason: str):
+        super().__init__(reason)
+        self.check, self.reason = check, reason
+
+
+def check_parquet(f: Any, name: str, url: str, needs: InputNeeds) -> FileVerdict:
+    """The checks of one input file, open as `f`: a Parquet file (its footer parses), with every
+    column an operator reads, each key column of its declared type and without nulls, and the
+    event-time column a timestamp without nulls. Nulls and the highest event time come from the
+    footer's row-group statistics where every row group has them, else from reading those columns
+    only. An I/O error (OSError) is raised, never taken as a verdict."""
+    try:
+        parquet = pq.ParquetFile(f)
+        schema = parquet.schema_arrow
+        highest = _check_schema_and_values(parquet, schema, url, needs)
+    except _Bad as bad:
+        return FileVerdict(name, bad.check, bad.reason)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:  # not Parquet, or damaged
+        return FileVerdict(name, "parquet", f"input file {url} is not a readable Parquet file: {_first_line(e)}")
+    return FileVerdict(name, max_event_time=highest)
+
+
+def _check_schema_and_values(parquet: pq.ParquetFile, schema: pa.Schema, url: str, needs: InputNeeds) -> int | None:
+    have = set(schema.names)
+    shown = ", ".join(sorted(have))
+    for operator, columns in needs.columns.items():
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise _Bad("columns", f"input file {url} lacks column{'s' if len(missing) > 1 else ''} "
+                                  f"{', '.join(missing)}, which operator {operator!r} reads; it has: {shown}")
+    column = needs.event_time
+    if column is not None and column not in have:
+        raise _Bad("columns", f"input file {url} has no event-time column {column!r}; it has: {shown}")
+    for operator, (key, declared) in needs.keys.items():
+        found = arrow_type_name(schema.field(key).type)
+        if declared is not None and _comparable(found) != _comparable(declared):
+            raise _Bad("types", f"input file {url}: key column {key!r} is {found}, operator {operator!r} keys by "
+                                f"{declared} (its key_type)")
+    if column is not None and not pa.types.is_timestamp(schema.field(column).type):
+        raise _Bad("types", f"input file {url}: event-time column {column!r} is "
+                            f"{arrow_type_name(schema.field(column).type)}, not a timestamp")
+    keys = list(dict.fromkeys(key for key, _ in needs.keys.values()))
+    nulls, highest = _footer_facts(parquet, schema, [*keys, *([column] if column else [])], column)
+    unknown = [c for c in nulls if nulls[c] is None] + ([column] if column and highest is _UNKNOWN else [])
+    if unknown:  # some row group lacks statistics: read those columns (only those)
+        table = parquet.read(columns=list(dict.fromkeys(unknown)))
+        for c in table.column_names:
+            nulls[c] = table.column(c).null_count
+        if column in table.column_names:
+            top = pc.max(table.column(column))
+            highest = _micros(top) if top.is_valid else None
+    for key in keys:
+        if nulls[key]:
+            users = ", ".join(repr(op) for op, (k, _) in needs.keys.items() if k == key)
+            raise _Bad("null_keys", f"input file {url}: key column {key!r} has {nulls[key]} null value(s); "
+                                    f"operator {users} cannot key them")
+    if column is not None and nulls[column]:
+        raise _Bad("null_event_times", f"input file {url}: event-time column {column!r} has {nulls[column]} "
+                                       "null value(s); every row needs an event time")
+    return None if highest is _UNKNOWN else highest
+
+
+_UNKNOWN: Any = object()  # a highest event time the statistics do not tell
+
+
+def _footer_facts(parquet: pq.ParquetFile, schema: pa.Schema, columns: list[str], event_time: str | None
+                  ) -> tuple[dict[str, int | None], Any]:
+    """Per column its null count from the row-group statistics (None: some row group does not
+    say), and the highest value of `event_time` (_UNKNOWN: some row group does not say)."""
     meta = parquet.metadata
-    index = schema.get_field_index(column)
-    highest, nulls, complete = None, 0, True
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(index).statistics
-        if stats is None or not stats.has_min_max or stats.null_count is None:
-            complete = False
-            break
-        nulls += stats.null_count
-        if meta.row_group(g).num_rows > stats.null_count:
-            value = _micros(pa.scalar(stats.max, type=kind) if not isinstance(stats.max, pa.Scalar) else stats.max)
-            highest = value if highest is None else max(highest, value)
-    if not complete:
-        values = parquet.read(columns=[column]).column(0)
-        nulls = values.null_count
-        top = pc.max(values)
-        highest = _micros(top) if top.is_valid else None
-    if nulls:
-        raise SourceError(f"input file {url}: event-time column {column!r} has {nulls} null value(s); every row "
-                          "needs an event time")
-    return highest
+    leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    nulls: dict[str, int | None] = {}
+    highest: Any = None if event_time is not None else _UNKNOWN
+    for column in dict.fromkeys(columns):
+        index = leaves.index(column) if column in leaves else None  # a nested column: no flat statistics
+        count: int | None = 0
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(index).statistics if index is not None else None
+            if stats is None or not stats.has_null_count:
+                count = None
+                break
+            count += stats.null_count
+            if column == event_time and highest is not _UNKNOWN:
+                if not stats.has_min_max:
+                    if meta.row_group(g).num_rows > stats.null_count:
+                        highest = _UNKNOWN
+                    continue
+                kind = schema.field(column).type
+                value = _micros(stats.max if isinstance(stats.max, pa.Scalar) else pa.scalar(stats.max, type=kind))
+                highest = value if highest is None else max(highest, value)
+        nulls[column] = count
+        if column == event_time and count is None:
+            highest = _UNKNOWN
+    return nulls, highest
+
+
+def _comparable(type_name: str) -> str:
+    """Arrow type names that hold the same keys: large_string is a string, large_binary a binary."""
+    name = type_name.removesuffix(" not null")
+    return {"large_string": "string", "large_utf8": "string", "large_binary": "binary"}.get(name, name)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 def _micros(value: pa.Scalar) -> int:

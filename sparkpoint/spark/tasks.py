@@ -89,7 +89,7 @@ def run_slots(spec: TaskSpec, urls: list[str], ids: Iterator[pd.DataFrame]) -> I
             files = read_batch(spec, urls)
             for op_index, op in enumerate(spec.operators):
                 parts = [rows_of_subtask(spec, op, subtask, url, data) for url, data in files]
-                rows = pd.concat([p.kept for p in parts], ignore_index=True) if parts else _no_rows(op)
+                rows = pd.concat([p.kept for p in parts], ignore_index=True) if parts else no_rows(op)
                 yield run_subtask(spec, op_index, subtask, rows, late=sum(p.late for p in parts))
 
 
@@ -113,7 +113,8 @@ def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, d
     return LateSplit(split.kept[op.input_columns()], split.late)
 
 
-def _no_rows(op: KeyedOperator) -> pd.DataFrame:
+def no_rows(op: KeyedOperator) -> pd.DataFrame:
+    """An empty batch with `op`'s input columns."""
     return pd.DataFrame({c: pd.Series(dtype=object) for c in op.input_columns()})
 
 

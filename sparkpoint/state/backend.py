@@ -35,5 +35,19 @@ __all__ = ["RestoreResult", "RocksDBStateBackend", "handle_digest", "restore_wit
 
 
 class RocksDBStateBackend(Restoring, Snapshotting):
-    """One subtask's keyed state in RocksDB: value and map states over its key-group range,
-    restored from a checkpoint (`restore`) and snapshotted into the next one (`snapshot`)."""
+    """One subtask's keyed state in RocksDB: the `state` an operator's functions receive.
+
+    sparkpoint makes one per (operator, subtask) and hands it to `process(batch, state)`,
+    `export(state)`, `on_timer(fired, state)` and `bootstrap(table, state)`; it holds the states of
+    that subtask's key-group range, restores them from a checkpoint and snapshots them into the
+    next one. An operator opens its states by name: each name is one state of one kind, kept
+    across batches and checkpoints.
+
+    Example:
+        ```python
+        def process(batch, state):
+            counts = batch.groupby("user").size()
+            state.value_state("clicks", StructCodec("<q")).update_many(
+                counts.index.tolist(), lambda k, old: ((old[0] if old else 0) + int(counts[k]),))
+        ```
+    """

@@ -36,6 +36,7 @@ from sparkpoint.checkpoint.metadata import KeyGroupRange
 from sparkpoint.state.changelog import ChangeLog
 from sparkpoint.state.codecs import Codec
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_raw, key_groups_of_raw, raw_keys
+from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.ttl import STAMP, StateTtl
 
 V = TypeVar("V")
@@ -215,9 +216,12 @@ class _KeyedState(Generic[V]):
         return rewritten
 
     def declaration(self) -> dict[str, Any]:
-        """The state's kind and TTL as the operator declared them (what `inspect` shows)."""
+        """The state's kind and TTL as the operator declared them (what `inspect` shows), and a
+        RecordCodec's fields: a restore reads them to evolve a state the operator did not declare."""
         ttl = None if self.ttl is None else {"seconds": self.ttl.seconds, "update": self.ttl.update,
                                               "clock": self.ttl.clock}
+        if isinstance(self.codec, RecordCodec):
+            return {"kind": self.KIND, "ttl": ttl, "codec": self.codec.spec()}
         return {"kind": self.KIND, "ttl": ttl}
 
     # --- keys ------------------------------------------------------------------------------------
@@ -330,26 +334,92 @@ class _KeyedState(Generic[V]):
             self._log.delete_range(self.name, lower, upper)
 
     def clear(self) -> None:
-        """Delete every entry of this state in this subtask's key-group range."""
+        """Delete every entry of this state in this subtask's key-group range (one range delete).
+
+        Example:
+            ```python
+            state.value_state("totals", TOTALS).clear()   # this subtask's totals are gone
+            ```
+        """
         self._delete_range(*key_group_bounds(self._kg_range))
 
 
 class ValueState(_KeyedState[V]):
-    """One value per key."""
+    """One value per key (Flink's ValueState): what `state.value_state(name, codec)` returns.
+
+    Keys are `str` or `bytes` (a `str` is stored as its UTF-8 bytes); reads give keys back as `bytes`.
+    A value is whatever the codec encodes. With a TTL (`ttl=StateTtl(...)`), a value expires that
+    long after its last write (or read) and is never returned again.
+
+    Example:
+        ```python
+        totals = state.value_state("totals", StructCodec("<q"))
+        totals.put("ann", (3,))
+        totals.get("ann")           # (3,)
+        totals.get("bob")           # None: no value
+        ```
+    """
 
     KIND = "value"
 
     def get(self, key: bytes | str) -> V | None:
+        """The value of `key`, or None when it has none (or it expired).
+
+        Example:
+            ```python
+            clicks = totals.get("ann")          # (3,) or None
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+
+        Returns:
+            The decoded value, or None.
+        """
         (data,) = self._read([self._prefixed(key)])
         return None if data is None else self.codec.decode(data)
 
     def put(self, key: bytes | str, value: V) -> None:
+        """Set the value of `key` (replacing any value it had).
+
+        Example:
+            ```python
+            totals.put("ann", (4,))
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            value: what the codec encodes.
+        """
         self._put_values([self._prefixed(key)], [value])
 
     def delete(self, key: bytes | str) -> None:
+        """Delete the value of `key` (nothing happens when it has none).
+
+        Example:
+            ```python
+            totals.delete("ann")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+        """
         self._delete(self._prefixed(key))
 
     def get_many(self, keys: Sequence[bytes | str]) -> list[V | None]:
+        """The values of many keys at once, in the order given (one RocksDB multi-get).
+
+        Example:
+            ```python
+            old = totals.get_many(["ann", "bob"])     # [(3,), None]
+            ```
+
+        Args:
+            keys: the keys, `str` or `bytes`.
+
+        Returns:
+            One value per key, None where a key has none.
+        """
         if not keys:
             return []
         found = self._read(self._prefixed_many(keys))
@@ -357,6 +427,20 @@ class ValueState(_KeyedState[V]):
         return [None if d is None else decode(d) for d in found]
 
     def put_many(self, items: Iterable[tuple[bytes | str, V]]) -> int:
+        """Set the values of many keys in one write.
+
+        Example:
+            ```python
+            totals.put_many([("ann", (4,)), ("bob", (1,))])
+            totals.put_many(zip(batch["user"], batch["page"]))      # any iterable of pairs
+            ```
+
+        Args:
+            items: (key, value) pairs; a key given twice keeps its last value.
+
+        Returns:
+            The entries written.
+        """
         pairs = list(items)
         return self._put_values(self._prefixed_many(k for k, _ in pairs), [v for _, v in pairs])
 
@@ -365,14 +449,20 @@ class ValueState(_KeyedState[V]):
         value: a row of nulls), for a codec with a columnar form (`RecordCodec`). One multi-get;
         decoded without a Python loop over the rows.
 
+        Example:
+            ```python
             old = totals.get_many_table(batch["user"])           # pyarrow.Table
             clicks = pc.add(pc.fill_null(old["clicks"], 0), batch_clicks)
+            ```
 
         Args:
             keys: str or bytes keys (a list, a NumPy array, a pandas Series or an Arrow array).
 
         Returns:
             A `pyarrow.Table` with the codec's fields (`.to_pandas()` for a DataFrame).
+
+        Raises:
+            TypeError: the state's codec has no columnar form (it is not a `RecordCodec`).
         """
         decode_table = _columnar(self.codec, "decode_table")
         keys = _key_list(keys)
@@ -382,12 +472,21 @@ class ValueState(_KeyedState[V]):
         """Write row i of `table` as the value of `keys[i]`, all in one WriteBatch (a columnar
         codec: `RecordCodec`). A field the table lacks is its default, else null.
 
+        Example:
+            ```python
+            totals.put_many_table(["ann", "bob"], {"clicks": [4, 1], "spend": [2.5, 0.0]})
+            ```
+
         Args:
             keys: str or bytes keys, one per row.
             table: a `pyarrow.Table`, a pandas DataFrame or a dict of columns.
 
         Returns:
             The entries written.
+
+        Raises:
+            TypeError: the state's codec has no columnar form (it is not a `RecordCodec`).
+            ValueError: the table has another number of rows than there are keys.
         """
         encode_table = _columnar(self.codec, "encode_table")
         keys = _key_list(keys)
@@ -399,9 +498,36 @@ class ValueState(_KeyedState[V]):
     def update_many_encoded(
         self, keys: Sequence[bytes | str], fn: Callable[[list[bytes | None]], Sequence[bytes | None]]
     ) -> int:
-        """Read-modify-write of many keys in one call of `fn`, over encoded values: `fn` gets the old
-        values as stored (None: absent), in key order, and returns the new ones (None: delete).
-        For operators that decode and encode whole batches at once (`StructCodec.decode_many`)."""
+        """Read-modify-write of many keys in one call of `fn`, over the values as stored (encoded).
+
+        `fn` gets the old values as stored (None: absent or expired), in key order, and returns the new
+        ones (None: delete the key). For operators that decode and encode whole batches at once, such as
+        with `StructCodec.decode_many` / `encode_many` (NumPy records): one multi-get, one write, no
+        Python call per key.
+
+        Example:
+            ```python
+            COUNT = StructCodec("<q")
+            counts = batch.groupby("user").size()
+
+            def add(stored):                          # the stored values, None where a key has none
+                old, present = COUNT.decode_many(stored)
+                old["f0"] += counts.to_numpy()        # absent keys decode as zeros
+                return COUNT.encode_many(old)
+
+            state.value_state("count", COUNT).update_many_encoded(counts.index.tolist(), add)
+            ```
+
+        Args:
+            keys: the keys, `str` or `bytes`.
+            fn: takes the list of stored values and returns a sequence of new ones, as long.
+
+        Returns:
+            The entries written or deleted.
+
+        Raises:
+            ValueError: `fn` returned another number of values than there are keys.
+        """
         prefixed = self._prefixed_many(keys)
         new = fn(self._live(self._multi_get(prefixed)))
         if len(new) != len(prefixed):
@@ -411,9 +537,22 @@ class ValueState(_KeyedState[V]):
         return self._write(puts, [pk for pk, v in zip(prefixed, new) if v is None])
 
     def update_many(self, keys: Sequence[bytes | str], fn: Callable[[bytes | str, V | None], V | None]) -> int:
-        """Read-modify-write of many keys: one multi-get, one WriteBatch.
+        """Read-modify-write of many keys: one multi-get, one WriteBatch, `fn` called once per key.
 
-        `fn(key, old)` returns the new value, or None to delete the key.
+        Example:
+            ```python
+            counts = batch.groupby("user").size()
+            totals.update_many(counts.index.tolist(),
+                               lambda key, old: ((old[0] if old else 0) + int(counts[key]),))
+            ```
+
+        Args:
+            keys: the keys, `str` or `bytes` (as given, they are what `fn` receives).
+            fn: `fn(key, old)` returns the new value, or None to delete the key; `old` is None for a key
+                without a value.
+
+        Returns:
+            The entries written or deleted.
         """
         prefixed = self._prefixed_many(keys)
         old = self._live(self._multi_get(prefixed))
@@ -429,14 +568,37 @@ class ValueState(_KeyedState[V]):
         return self._write(zip([k for k, _ in puts], self._stamp([v for _, v in puts])), deletes)
 
     def items(self) -> Iterator[tuple[bytes, V]]:
-        """Every (key, value) of this subtask, in key-group order."""
+        """Every (key, value) of this subtask, in key-group order (expired values left out).
+
+        Example:
+            ```python
+            def export(state):
+                return pd.DataFrame([(k.decode(), v[0]) for k, v in state.value_state("totals", TOTALS).items()],
+                                    columns=["user", "clicks"])
+            ```
+
+        Yields:
+            (key as `bytes`, value) pairs.
+        """
         decode = self.codec.decode
         for k, v in self._all():
             yield k[2:], decode(v)
 
 
 class MapState(_KeyedState[V]):
-    """Per key a map of user key -> value (Flink's MapState)."""
+    """Per key a map of user key -> value (Flink's MapState): what `state.map_state(name, codec)` returns.
+
+    Each (key, user key) entry is one RocksDB entry, so a read or a write touches one entry, however
+    large the key's map is. With a TTL each entry expires on its own.
+
+    Example:
+        ```python
+        pages = state.map_state("pages", JsonCodec())
+        pages.put("ann", "/cart", 2)
+        pages.get("ann", "/cart")          # 2
+        dict(pages.entries("ann"))         # {b"/cart": 2}
+        ```
+    """
 
     KIND = "map"
 
@@ -458,19 +620,84 @@ class MapState(_KeyedState[V]):
         return [prefixes[k] + u for k, u in zip(keys, raw_keys(u for _, u in pairs))]
 
     def get(self, key: bytes | str, user_key: bytes | str) -> V | None:
+        """The value of one entry of `key`'s map, or None when the map lacks `user_key`.
+
+        Example:
+            ```python
+            visits = pages.get("ann", "/cart")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            user_key: the entry's key in the map, `str` or `bytes`.
+
+        Returns:
+            The decoded value, or None.
+        """
         (data,) = self._read([self._entry_key(key, user_key)])
         return None if data is None else self.codec.decode(data)
 
     def contains(self, key: bytes | str, user_key: bytes | str) -> bool:
+        """Whether `key`'s map has `user_key` (an expired entry counts as absent).
+
+        Example:
+            ```python
+            if not pages.contains("ann", "/cart"):
+                ...
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            user_key: the entry's key in the map.
+
+        Returns:
+            True when the entry is there.
+        """
         return self._live([self._cf.get(self._entry_key(key, user_key))])[0] is not None
 
     def put(self, key: bytes | str, user_key: bytes | str, value: V) -> None:
+        """Set one entry of `key`'s map.
+
+        Example:
+            ```python
+            pages.put("ann", "/cart", 3)
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            user_key: the entry's key in the map.
+            value: what the codec encodes.
+        """
         self._put_values([self._entry_key(key, user_key)], [value])
 
     def delete(self, key: bytes | str, user_key: bytes | str) -> None:
+        """Delete one entry of `key`'s map (the rest of the map stays).
+
+        Example:
+            ```python
+            pages.delete("ann", "/cart")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            user_key: the entry's key in the map.
+        """
         self._delete(self._entry_key(key, user_key))
 
     def get_many(self, pairs: Sequence[tuple[bytes | str, bytes | str]]) -> list[V | None]:
+        """The values of many entries at once, in the order given (one multi-get).
+
+        Example:
+            ```python
+            pages.get_many([("ann", "/"), ("bob", "/cart")])      # [1, None]
+            ```
+
+        Args:
+            pairs: (key, user key) pairs.
+
+        Returns:
+            One value per pair, None where the map lacks the entry.
+        """
         if not pairs:
             return []
         found = self._read(self._entry_keys(pairs))
@@ -478,12 +705,41 @@ class MapState(_KeyedState[V]):
         return [None if d is None else decode(d) for d in found]
 
     def put_many(self, entries: Iterable[tuple[bytes | str, bytes | str, V]]) -> int:
+        """Set many entries in one write.
+
+        Example:
+            ```python
+            pages.put_many([("ann", "/", 1), ("ann", "/cart", 2)])
+            ```
+
+        Args:
+            entries: (key, user key, value) triples.
+
+        Returns:
+            The entries written.
+        """
         triples = list(entries)
         return self._put_values(self._entry_keys((k, u) for k, u, _ in triples), [v for _, _, v in triples])
 
     def put_absent(self, entries: Iterable[tuple[bytes | str, bytes | str, V]]) -> list[bool]:
-        """Put each (key, user key, value) whose user key the key's map lacks; True where it was
-        put (a pair given twice is put once, the first time). One multi-get and one write."""
+        """Put each (key, user key, value) whose user key the key's map lacks; one multi-get and one write.
+
+        A "seen before?" set in one pass: a pair given twice is put once, the first time.
+
+        Example:
+            ```python
+            SEEN = BytesCodec()
+            pairs = batch[["user", "page"]].drop_duplicates()
+            new = state.map_state("pages", SEEN).put_absent((u, p, b"") for u, p in zip(pairs["user"], pairs["page"]))
+            first_visits = pairs[new]
+            ```
+
+        Args:
+            entries: (key, user key, value) triples.
+
+        Returns:
+            One bool per triple: True where it was put (the entry was new).
+        """
         triples = list(entries)
         entry_keys = self._entry_keys((k, u) for k, u, _ in triples)
         added, keys, values, seen = [], [], [], set()
@@ -498,19 +754,49 @@ class MapState(_KeyedState[V]):
         return added
 
     def entries(self, key: bytes | str) -> Iterator[tuple[bytes, V]]:
-        """(user key, value) pairs of one key, in user-key order."""
+        """The (user key, value) pairs of one key's map, in user-key order.
+
+        Example:
+            ```python
+            visited = {page.decode(): n for page, n in pages.entries("ann")}
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+
+        Yields:
+            (user key as `bytes`, value) pairs; none for a key without a map.
+        """
         prefix = self._map_prefix(key)
         decode = self.codec.decode
         for k, v in self._live_entries(self._scan(prefix, _next_prefix(prefix))):
             yield k[len(prefix) :], decode(v)
 
     def remove_key(self, key: bytes | str) -> None:
-        """Delete the whole map of one key."""
+        """Delete the whole map of one key (one range delete, however many entries it has).
+
+        Example:
+            ```python
+            pages.remove_key("ann")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+        """
         prefix = self._map_prefix(key)
         self._delete_range(prefix, _next_prefix(prefix))
 
     def items(self) -> Iterator[tuple[bytes, bytes, V]]:
-        """Every (key, user key, value) of this subtask."""
+        """Every (key, user key, value) of this subtask, in key-group order.
+
+        Example:
+            ```python
+            rows = [(k.decode(), u.decode(), v) for k, u, v in pages.items()]
+            ```
+
+        Yields:
+            (key, user key, value) triples, keys as `bytes`.
+        """
         decode = self.codec.decode
         for k, v in self._all():
             (n,) = _LEN.unpack_from(k, 2)
@@ -521,8 +807,19 @@ _SEQ = struct.Struct(">Q")
 
 
 class ListState(_KeyedState[V]):
-    """Per key a list of values (Flink's ListState): appends in order, each one write; with a
-    TTL each element expires on its own."""
+    """Per key a list of values (Flink's ListState): what `state.list_state(name, codec)` returns.
+
+    An append is one write, whatever the list's length (each element is its own RocksDB entry under a
+    sequence number); with a TTL each element expires on its own.
+
+    Example:
+        ```python
+        clicks = state.list_state("clicks", JsonCodec())
+        clicks.add("ann", ["2026-01-01T10:00", "/"])
+        clicks.add_many([("ann", ["2026-01-01T10:05", "/cart"]), ("bob", ["2026-01-01T10:06", "/"])])
+        clicks.get("ann")          # both of ann's clicks, oldest first
+        ```
+    """
 
     KIND = "list"
 
@@ -558,15 +855,49 @@ class ListState(_KeyedState[V]):
         return list(zip(keys, self._stamp([encode(v) for _, v in pairs])))
 
     def add(self, key: bytes | str, value: V) -> None:
-        """Append `value` to the key's list."""
+        """Append `value` to the key's list (one write).
+
+        Example:
+            ```python
+            clicks.add("ann", ["2026-01-01T10:00", "/"])
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            value: what the codec encodes.
+        """
         self._write(self._appends([(key, value)]))
 
     def add_many(self, pairs: Iterable[tuple[bytes | str, V]]) -> int:
-        """Append every (key, value), in the order given; one write."""
+        """Append every (key, value), in the order given; one write.
+
+        Example:
+            ```python
+            clicks.add_many(zip(batch["user"], batch[["clicked_at", "page"]].astype(str).values.tolist()))
+            ```
+
+        Args:
+            pairs: (key, value) pairs; a key's values are appended in their order here.
+
+        Returns:
+            The elements written.
+        """
         return self._write(self._appends(list(pairs)))
 
     def get(self, key: bytes | str) -> list[V]:
-        """The key's list, oldest first ([] when it has none)."""
+        """The key's list, oldest first ([] when it has none).
+
+        Example:
+            ```python
+            history = clicks.get("ann")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+
+        Returns:
+            The decoded elements (expired ones left out).
+        """
         prefix = self._list_prefix(self._prefixed(key))
         entries = list(self._live_entries(self._scan(prefix, _next_prefix(prefix))))
         self._touch([k for k, _ in entries], [v for _, v in entries])
@@ -574,21 +905,63 @@ class ListState(_KeyedState[V]):
         return [decode(v) for _, v in entries]
 
     def get_many(self, keys: Sequence[bytes | str]) -> list[list[V]]:
+        """The lists of many keys, in the order given.
+
+        Example:
+            ```python
+            a, b = clicks.get_many(["ann", "bob"])
+            ```
+
+        Args:
+            keys: the keys, `str` or `bytes`.
+
+        Returns:
+            One list per key ([] for a key without one).
+        """
         return [self.get(k) for k in keys]
 
     def put(self, key: bytes | str, values: Iterable[V]) -> None:
-        """Replace the key's list with `values`."""
+        """Replace the key's list with `values` (an empty `values` leaves no list).
+
+        Example:
+            ```python
+            clicks.put("ann", [c for c in clicks.get("ann") if c[1] != "/"])
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            values: the new elements, in order.
+        """
         prefix = self._list_prefix(self._prefixed(key))
         self._delete_range(prefix, _next_prefix(prefix))
         values = list(values)
         self._put_values([prefix + _SEQ.pack(i) for i in range(len(values))], values)
 
     def delete(self, key: bytes | str) -> None:
+        """Delete the key's whole list (one range delete).
+
+        Example:
+            ```python
+            clicks.delete("ann")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+        """
         prefix = self._list_prefix(self._prefixed(key))
         self._delete_range(prefix, _next_prefix(prefix))
 
     def items(self) -> Iterator[tuple[bytes, list[V]]]:
-        """Every (key, list) of this subtask, in key-group order."""
+        """Every (key, list) of this subtask, in key-group order.
+
+        Example:
+            ```python
+            lengths = {k.decode(): len(v) for k, v in clicks.items()}
+            ```
+
+        Yields:
+            (key as `bytes`, list of elements) pairs.
+        """
         decode = self.codec.decode
         current: bytes | None = None
         values: list[V] = []
@@ -605,9 +978,20 @@ class ListState(_KeyedState[V]):
 
 
 class ReducingState(_KeyedState[V]):
-    """Per key one value that every `add` folds into with `reduce(old, new)` (Flink's
-    ReducingState): a batch's values of one key are reduced in memory first, then read, merged
-    and written with one multi-get and one write."""
+    """Per key one value that every `add` folds into (Flink's ReducingState).
+
+    What `state.reducing_state(name, codec, reduce)` returns. A batch's values of one key are
+    reduced in memory first (`reduce(old, new)`), then read, merged and written with one multi-get
+    and one write.
+
+    Example:
+        ```python
+        latest = state.reducing_state("latest", JsonCodec(), max)
+        latest.add("ann", "2026-01-01T10:00")
+        latest.add("ann", "2026-01-01T09:00")
+        latest.get("ann")             # "2026-01-01T10:00"
+        ```
+    """
 
     KIND = "reducing"
 
@@ -616,9 +1000,34 @@ class ReducingState(_KeyedState[V]):
         self.reduce = reduce
 
     def add(self, key: bytes | str, value: V) -> None:
+        """Fold `value` into the key's value (it becomes the value when the key has none).
+
+        Example:
+            ```python
+            latest.add("ann", "2026-01-01T10:00")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            value: what the codec encodes.
+        """
         self.add_many([(key, value)])
 
     def add_many(self, pairs: Iterable[tuple[bytes | str, V]]) -> int:
+        """Fold every (key, value) into the keys' values, in the order given; one multi-get, one write.
+
+        Example:
+            ```python
+            spend = state.reducing_state("spend", StructCodec("<d"), lambda a, b: (a[0] + b[0],))
+            spend.add_many((u, (a,)) for u, a in zip(batch["user"], batch["amount"]))
+            ```
+
+        Args:
+            pairs: (key, value) pairs.
+
+        Returns:
+            The entries written (one per distinct key).
+        """
         folded: dict[bytes, V] = {}
         pairs = list(pairs)
         for pk, (_, value) in zip(self._prefixed_many(k for k, _ in pairs), pairs):
@@ -630,19 +1039,65 @@ class ReducingState(_KeyedState[V]):
         return self._put_values(keys, merged)
 
     def get(self, key: bytes | str) -> V | None:
+        """The key's reduced value, or None when it has none (or it expired).
+
+        Example:
+            ```python
+            latest.get("ann")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+
+        Returns:
+            The decoded value, or None.
+        """
         (data,) = self._read([self._prefixed(key)])
         return None if data is None else self.codec.decode(data)
 
     def get_many(self, keys: Sequence[bytes | str]) -> list[V | None]:
+        """The reduced values of many keys, in the order given (one multi-get).
+
+        Example:
+            ```python
+            latest.get_many(["ann", "bob"])
+            ```
+
+        Args:
+            keys: the keys, `str` or `bytes`.
+
+        Returns:
+            One value per key, None where a key has none.
+        """
         if not keys:
             return []
         decode = self.codec.decode
         return [None if d is None else decode(d) for d in self._read(self._prefixed_many(keys))]
 
     def delete(self, key: bytes | str) -> None:
+        """Delete the key's value.
+
+        Example:
+            ```python
+            latest.delete("ann")
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+        """
         self._delete(self._prefixed(key))
 
     def items(self) -> Iterator[tuple[bytes, V]]:
+        """Every (key, value) of this subtask, in key-group order.
+
+        Example:
+            ```python
+            dict(latest.items())
+            ```
+
+        Yields:
+            (key as `bytes`, value) pairs.
+        """
         decode = self.codec.decode
         for k, v in self._all():
             yield k[2:], decode(v)

@@ -5,9 +5,10 @@ way). TTL stamps are kept as they were; the next checkpoint records the new fiel
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pyarrow as pa
+from rocksdict import Rdict
 
 from sparkpoint.checkpoint.metadata import KeyGroupRange
 from sparkpoint.state.codecs import BytesCodec
@@ -16,10 +17,21 @@ from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.ttl import STAMP
 
-if TYPE_CHECKING:
-    from sparkpoint.state.subtask import SubtaskState
-
 BATCH = 20_000
+
+
+class _Backend(Protocol):
+    """What a migration needs of a subtask's state (`SubtaskState`, which imports this module)."""
+
+    max_parallelism: int
+    key_group_range: KeyGroupRange
+    _log: Any
+
+    def _before_write(self) -> None: ...
+
+    def state_names(self) -> list[str]: ...
+
+    def _open_db(self) -> Rdict: ...
 
 
 def evolve_table(table: pa.Table, new: RecordCodec) -> pa.Table:
@@ -34,7 +46,7 @@ def evolve_table(table: pa.Table, new: RecordCodec) -> pa.Table:
     return pa.Table.from_arrays(columns, names=names)
 
 
-def migrate_records(backend: SubtaskState, name: str, old: RecordCodec, new: Any) -> int:
+def migrate_records(backend: _Backend, name: str, old: RecordCodec, new: Any) -> int:
     """Rewrite every entry of state `name` from `old`'s fields into `new`'s; returns how many."""
     if name not in backend.state_names():
         return 0

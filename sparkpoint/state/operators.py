@@ -40,34 +40,74 @@ BootstrapFn = Callable[[pd.DataFrame, RocksDBStateBackend], None]
 
 @dataclass(frozen=True)
 class KeyedOperator:
+    """A keyed operator: your function over one subtask's rows of a batch and its RocksDB state.
+
+    A pipeline runs `parallelism` subtasks of each operator; a key belongs to one key group and a key
+    group to one subtask, so `process` sees every row of its keys and only those. It is called once
+    per batch in each subtask that has rows of the batch (never with an empty batch); it reads and
+    writes `state` in batches, and returns the rows it changed when the operator `emits`. Guide:
+    [Writing operators](../writing-operators.md).
+
+    Example:
+        ```python
+        COUNT = StructCodec("<q")
+
+        def process(batch, state):                      # one subtask's rows (pandas) and its state
+            counts = batch.groupby("user").size()
+            state.value_state("count", COUNT).update_many(
+                counts.index.tolist(), lambda k, old: ((old[0] if old else 0) + int(counts[k]),))
+
+        def export(state):                              # the subtask's state as a table
+            return pd.DataFrame([(k.decode(), v[0]) for k, v in state.value_state("count", COUNT).items()],
+                                columns=["user", "count"])
+
+        clicks = KeyedOperator("clicks", key="user", process=process, export=export)
+        ```
+
+    Args:
+        name: the operator's name: Dagster asset keys, output file names, logs (letters, digits, `.`, `_`, `-`).
+        key: the input column the state is keyed by.
+        process: `process(batch, state)`: `batch` is a pandas DataFrame of the subtask's rows with the
+            columns `key` and `columns`; `state` a `RocksDBStateBackend`. Returns a DataFrame of the rows
+            it changed (when `emits`: they go to the exactly-once sink), or None.
+        export: `export(state)` returns the subtask's state as a DataFrame (what `read_state`,
+            `sparkpoint state` and the harness's `export` show, every subtask in one table).
+        columns: the other input columns `process` reads (only these are read from the input files).
+        emits: its changed rows (and what `on_timer` returns) go to the exactly-once sink, which adds a
+            `checkpoint_id` column.
+        schema: the columns `export` makes, as a mapping or (column, type) pairs: shown by Dagster as the
+            SSTable asset's column schema; nothing checks the export against it.
+        on_timer: `on_timer(fired, state)`, called after each batch's `process` with the timers the batch
+            made due (`fired`: columns `key` and `timestamp`, in timestamp order); what it returns goes
+            to the sink like `process`'s changed rows.
+        bootstrap: `bootstrap(table, state)` writes the initial state from one subtask's rows of a table
+            (keyed by `key`, every column) into an empty state: `sparkpoint bootstrap` makes a savepoint of it.
+        states: the states `process` uses, declared (Flink's state descriptors): name -> a codec (a value
+            state) or a `StateDescriptor`. Recorded in `_metadata`, so a restore and `check-upgrade`
+            know each state's schema without running the operator, `RecordCodec` fields evolve across
+            restores, and `sparkpoint state --raw` reads them once the code is gone. States not declared
+            work as before.
+        key_type: the key column's Arrow type (e.g. "string", "int64"), recorded with each declared
+            state: a restore by code whose key type differs is refused.
+        uid: what checkpoints key this operator's state by (`_metadata`, `shared/<uid>/`, the registry,
+            local directories); default: the name. Keep it when renaming the operator, and its state stays.
+
+    Raises:
+        ValueError: a name or uid that cannot name a directory.
+        RecordSchemaError: a `key_type` that is not an Arrow type name.
+    """
+
     name: str
-    key: str  # the input column the state is keyed by
+    key: str
     process: ProcessFn
     export: ExportFn
-    columns: tuple[str, ...] = ()  # other input columns `process` reads
-    emits: bool = False  # its changed rows go to the exactly-once sink
-    # The table `export` makes, as (column, type) pairs (a mapping is accepted): shown by the
-    # orchestrator (Dagster's column schema); nothing checks the export against it.
+    columns: tuple[str, ...] = ()
+    emits: bool = False
     schema: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
-    # Called after each batch's `process` with the timers the batch made due (`fired`: columns
-    # `key` and `timestamp`, in timestamp order); what it returns goes to the sink like
-    # `process`'s changed rows.
     on_timer: OnTimerFn | None = None
-    # Writes the initial state from one subtask's rows of an initial table (keyed by `key`, every
-    # column of the table) into an empty state: `sparkpoint bootstrap` turns it into a savepoint.
     bootstrap: BootstrapFn | None = None
-    # The states `process` uses, declared (Flink's state descriptors): name -> a codec (a value
-    # state) or a `StateDescriptor` (kind, codec, TTL). Recorded in `_metadata`, so a restore
-    # and the pre-flight know each state's schema without running the operator, RecordCodec
-    # fields evolve across restores, and `state --raw` reads them once the code is gone.
-    # States not declared work as before.
     states: Mapping[str, Any] | DeclaredStates = DeclaredStates()
-    # The key column's Arrow type (e.g. "string", "int64"), recorded with each declared state: a
-    # restore by code whose key type differs is refused (stored keys would not be found).
     key_type: str | None = None
-    # What checkpoints key this operator's state by (`_metadata`, `shared/<uid>/`, the registry,
-    # local directories); None: the name (a str once constructed). Keep it when renaming the
-    # operator, and its state stays with it.
     uid: str = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -82,10 +122,29 @@ class KeyedOperator:
         object.__setattr__(self, "schema", tuple((str(c), str(t)) for c, t in pairs))
 
     def input_columns(self) -> list[str]:
+        """The input columns the operator reads: its key, then `columns`.
+
+        Example:
+            ```python
+            KeyedOperator("pages", key="user", columns=("page",), ...).input_columns()   # ["user", "page"]
+            ```
+
+        Returns:
+            Column names, the key first.
+        """
         return [self.key, *[c for c in self.columns if c != self.key]]
 
     def declarations(self) -> dict[str, dict[str, Any]]:
-        """The declared states as `_metadata` records them (`sparkpoint.state.schema`)."""
+        """The declared states as `_metadata` records them (what `compare_states` takes as `new`).
+
+        Example:
+            ```python
+            compare_states(snapshot.metadata().operators["spend"].states, spend.declarations())
+            ```
+
+        Returns:
+            State name -> its declaration (kind, key type, TTL, codec).
+        """
         assert isinstance(self.states, DeclaredStates)
         return declarations(self.states, self.key_type)
 

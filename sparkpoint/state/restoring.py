@@ -413,8 +413,8 @@ def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:
 
 def declared_states(checkpoint: CheckpointMetadata | None, operator: str, kg_range: KeyGroupRange
                     ) -> dict[str, dict[str, Any]]:
-    """Each state's kind and TTL as the snapshots this subtask restores recorded them (the old
-    subtasks overlapping its key groups, on a rescale)."""
+    """Each state's kind and TTL (and a RecordCodec's fields) as the snapshots this subtask
+    restores recorded them (the old subtasks overlapping its key groups, on a rescale)."""
     if checkpoint is None or operator not in checkpoint.operators:
         return {}
     declared: dict[str, dict[str, Any]] = {}
@@ -422,7 +422,8 @@ def declared_states(checkpoint: CheckpointMetadata | None, operator: str, kg_ran
         if _overlap(handle.key_group_range, kg_range) and handle.facts is not None:
             for name, fact in handle.facts["states"].items():
                 if fact["kind"] != "unknown":
-                    declared.setdefault(name, {"kind": fact["kind"], "ttl": fact["ttl"]})
+                    declared.setdefault(name, {"kind": fact["kind"], "ttl": fact["ttl"],
+                                               **({"codec": fact["codec"]} if "codec" in fact else {})})
     return declared
 
 

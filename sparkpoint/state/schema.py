@@ -70,7 +70,20 @@ class StateDescriptor:
             raise ValueError("a reducing state needs reduce=, and only a reducing state takes it")
 
     def declaration(self, key_type: str | None = None) -> dict[str, Any]:
-        """What `_metadata` records of this state."""
+        """What `_metadata` records of this state: kind, key type, TTL and codec.
+
+        Example:
+            ```python
+            StateDescriptor("map", JsonCodec()).declaration("string")
+            # {"kind": "map", "key_type": "string", "ttl": None, "codec": {"type": "json"}}
+            ```
+
+        Args:
+            key_type: the operator's key type (`KeyedOperator(key_type=...)`), or None.
+
+        Returns:
+            A JSON-ready dict.
+        """
         ttl = None if self.ttl is None else {"seconds": self.ttl.seconds, "update": self.ttl.update,
                                               "clock": self.ttl.clock}
         return {"kind": self.kind, "key_type": key_type, "ttl": ttl, "codec": codec_spec(self.codec)}
@@ -150,9 +163,22 @@ def codec_of_spec(spec: Mapping[str, Any]) -> Codec[Any] | None:
 
 @dataclass(frozen=True)
 class StateChange:
-    """What a restore does to one state: `status` kept | new | dropped; `verdict` unchanged |
-    compatible | incompatible; `rules` the compatible changes ("added field tier (null)");
-    `problems` why it is incompatible, each naming the field and both types."""
+    """What a restore of a checkpoint's state by new code does to one state (`compare_states`).
+
+    Example:
+        ```python
+        (change,) = compare_states(old_declarations, operator.declarations())
+        if change.verdict == "incompatible":
+            print(change.problems)        # each names the field and both types
+        ```
+
+    Args:
+        state: the state's name.
+        status: "kept" (in both), "new" (only in the code: starts empty) or "dropped" (only in the checkpoint).
+        verdict: "unchanged", "compatible" (the restore rewrites the entries in the new shape) or "incompatible".
+        rules: the compatible changes, e.g. "added field tier (default 'free')", "widened orders int32→int64".
+        problems: why it is incompatible, each naming the field and both types.
+    """
 
     state: str
     status: str
@@ -161,13 +187,41 @@ class StateChange:
     problems: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        """The change as a JSON-ready dict (what `check-upgrade --json` prints per state).
+
+        Example:
+            ```python
+            change.to_json()     # {"state": "totals", "status": "kept", "verdict": "compatible", "rules": [...], ...}
+            ```
+
+        Returns:
+            `state`, `status`, `verdict`, `rules` and `problems`.
+        """
         return {"state": self.state, "status": self.status, "verdict": self.verdict, "rules": list(self.rules),
                 "problems": list(self.problems)}
 
 
 def compare_states(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mapping[str, Any]]) -> list[StateChange]:
-    """Each state of `old` (a checkpoint's declarations) and `new` (the code's), by name: kept,
-    new or dropped, and whether `new` reads what `old` stored. Pure; sorted by state name."""
+    """What a restore by new code does to each state: kept, new or dropped, and whether the code reads
+    what the checkpoint stored.
+
+    Pure: it compares recorded declarations (no state file is read), so it runs before Spark starts;
+    `sparkpoint check-upgrade` and every restore use it.
+
+    Example:
+        ```python
+        old = snapshot.metadata().operators["spend"].states     # what a checkpoint recorded
+        for change in compare_states(old, new_operator.declarations()):
+            print(change.state, change.status, change.verdict, change.rules, change.problems)
+        ```
+
+    Args:
+        old: a checkpoint's declarations, state name -> declaration (`_metadata`'s `operators[uid].states`).
+        new: the code's, as `KeyedOperator.declarations()` gives them.
+
+    Returns:
+        One `StateChange` per state name of either, sorted by name.
+    """
     changes = []
     for name in sorted(set(old) | set(new)):
         if name not in old:

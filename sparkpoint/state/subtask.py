@@ -31,6 +31,8 @@ from sparkpoint.state.codecs import BytesCodec, Codec
 from sparkpoint.state.handles import SWEEP_LIMIT, ListState, MapState, ReducingState, ValueState, _KeyedState
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.localfiles import write_replacing
+from sparkpoint.state.migration import migrate_records
+from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.rocksdb import (
     EXACT_UP_TO,
     RocksDBOptions,
@@ -41,7 +43,13 @@ from sparkpoint.state.rocksdb import (
     list_states,
     open_db,
 )
-from sparkpoint.state.schema import DeclaredStates, StateDescriptor, declarations
+from sparkpoint.state.schema import (
+    DeclaredStates,
+    StateDescriptor,
+    StateSchemaIncompatible,
+    compare_records,
+    declarations,
+)
 from sparkpoint.state.timers import TIMERS, TimerService
 from sparkpoint.state.ttl import StateTtl
 
@@ -141,30 +149,113 @@ class SubtaskState:
         return self._base_id
 
     def value_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ValueState[V]:
-        """One value per key (`ttl`: entries expire, see `sparkpoint.StateTtl`)."""
+        """One value per key: a `ValueState` of this subtask's key-group range.
+
+        Calls with the same name in one batch return the same handle. A state asked for with another
+        kind, codec or TTL than its declaration (`KeyedOperator(states=...)`), or with another kind or
+        TTL than an earlier call, is refused.
+
+        Example:
+            ```python
+            totals = state.value_state("totals", StructCodec("<q"), ttl=StateTtl(30 * 86400))
+            ```
+
+        Args:
+            name: the state's name (a RocksDB column family of its own); not `"default"` or `"__timers__"`.
+            codec: how its values are stored (`RecordCodec`, `JsonCodec`, `StructCodec`, `BytesCodec`).
+            ttl: entries expire that long after their last write (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         return self._state(ValueState, name, codec, ttl)
 
     def map_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> MapState[V]:
-        """Per key a map of user key -> value; with `ttl` each entry expires on its own."""
+        """Per key a map of user key -> value: a `MapState`; with `ttl` each entry expires on its own.
+
+        Example:
+            ```python
+            pages = state.map_state("pages", JsonCodec())
+            ```
+
+        Args:
+            name: the state's name; not `"default"` or `"__timers__"`.
+            codec: how its values are stored.
+            ttl: each entry expires that long after its last write (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         return self._state(MapState, name, codec, ttl)
 
     def list_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ListState[V]:
-        """Per key a list of values; an append is one write, whatever the list's length; with
-        `ttl` each element expires on its own."""
+        """Per key a list of values: a `ListState`; an append is one write, whatever the list's length.
+
+        Example:
+            ```python
+            clicks = state.list_state("clicks", JsonCodec(), ttl=StateTtl(3600, clock="event"))
+            ```
+
+        Args:
+            name: the state's name; not `"default"` or `"__timers__"`.
+            codec: how its elements are stored.
+            ttl: each element expires that long after it was written (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         return self._state(ListState, name, codec, ttl)
 
     def reducing_state(
         self, name: str, codec: Codec[V], reduce: Callable[[V, V], V], ttl: StateTtl | None = None
     ) -> ReducingState[V]:
-        """Per key one value that each `add` folds into with `reduce(old, new)`."""
+        """Per key one value that each `add` folds into with `reduce(old, new)`: a `ReducingState`.
+
+        Example:
+            ```python
+            spend = state.reducing_state("spend", StructCodec("<d"), lambda a, b: (a[0] + b[0],))
+            ```
+
+        Args:
+            name: the state's name; not `"default"` or `"__timers__"`.
+            codec: how its values are stored.
+            reduce: `reduce(old, new)` returns the folded value.
+            ttl: a value expires that long after its last write (`StateTtl`); None: never.
+
+        Returns:
+            The state's handle.
+
+        Raises:
+            StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
+            ValueError: the name is empty, `"default"` or `"__timers__"`.
+        """
         state = self._state(ReducingState, name, codec, ttl, reduce=reduce)
         state.reduce = reduce
         return state
 
     @property
     def timers(self) -> TimerService:
-        """This subtask's timers (`register`, `register_many`, `delete`, `list`): they fire after the
-        batch that makes them due, into the operator's `on_timer`."""
+        """This subtask's timers (`register`, `register_many`, `delete`, `list`): a `TimerService`.
+
+        They fire after the batch that makes them due, into the operator's `on_timer`.
+
+        Example:
+            ```python
+            state.timers.register(user, last_click + pd.Timedelta(minutes=30))
+            ```
+        """
         service = self._states.get(TIMERS) or self._add_state(TimerService, TIMERS, _RAW)
         assert isinstance(service, TimerService)
         service.default_clock = self.default_clock
@@ -180,7 +271,16 @@ class SubtaskState:
         """The handle of a state the operator declares (`KeyedOperator(states=...)`), of its
         declared kind, codec and TTL.
 
+        Example:
+            ```python
             totals = state.declared("totals")   # a ValueState of the declared RecordCodec
+            ```
+
+        Args:
+            name: the declared state's name.
+
+        Returns:
+            A `ValueState`, `MapState`, `ListState` or `ReducingState`, as declared.
 
         Raises:
             KeyError: the operator declares no state `name`.
@@ -220,6 +320,8 @@ class SubtaskState:
             raise ValueError(f"invalid state name {name!r}")
         db = self._open_db()
         ensure_column_families(db, str(self.db_path), [name], self.options)
+        if name not in self.descriptors:  # declared states were evolved by the restore, before any open
+            self._evolve_undeclared(name, codec)
         state: _KeyedState[Any] = kind(
             db, name, codec, self.max_parallelism, self.key_group_range, on_write=self._before_write, log=self._log,
             ttl=ttl, clock=self.clock, **extra,
@@ -228,6 +330,26 @@ class SubtaskState:
         self._declared[name] = state.declaration()
         self._states[name] = state
         return state
+
+    def _evolve_undeclared(self, name: str, codec: Codec[Any]) -> None:
+        """A state the operator does not declare, opened with a RecordCodec whose fields differ from
+        those the restored snapshot recorded: its entries are rewritten in the new fields (added,
+        removed, widened, reordered, made nullable) before the handle reads any, or the change is
+        refused. Without this, `int64 -> float64` in a record of numbers only decoded the old
+        bytes as other numbers, without an error."""
+        old = self._declared.get(name, {}).get("codec")
+        if not isinstance(codec, RecordCodec) or old is None or old["fields"] == codec.spec()["fields"]:
+            return
+        _, problems = compare_records(old, codec.spec())
+        if problems:
+            raise StateSchemaIncompatible(
+                f"state {name!r} of {self.operator} was checkpointed with RecordCodec fields {old['fields']} and "
+                f"is opened with {codec.spec()['fields']}: " + "; ".join(problems)
+                + ". Keep the old fields, or start the changed state under a new name")
+        started = time.monotonic()
+        rewritten = migrate_records(self, name, RecordCodec.from_spec(old), codec)
+        log.info("%s/%s: %d entries of state %s rewritten in its new fields in %.2fs", self.operator, self.subtask,
+                 rewritten, name, time.monotonic() - started)
 
     # --- time: what TTL expires against -----------------------------------------------------------
 

@@ -49,9 +49,25 @@ def micros(timestamp: Any) -> int:
 
 
 class TimerService(_KeyedState[bytes]):
-    """A subtask's timers: `register(key, timestamp)`, `register_many(pairs)`, `delete(key,
-    timestamp)`, `list(key)`; each takes `clock="event" | "processing"` (default: event time when
-    the pipeline has an `event_time`, processing time otherwise)."""
+    """A subtask's timers (Flink's timer service on RocksDB): what `state.timers` gives.
+
+    A timer is a (key, time) pair on a clock: "event" (it fires once the watermark reaches its time) or
+    "processing" (once the batch's processing time does); by default event time when the pipeline has
+    an `event_time`, processing time otherwise. After each batch's `process`, every timer the batch
+    makes due fires once, in timestamp order, into the operator's `on_timer(fired, state)`. Timers live
+    in RocksDB under their key's key group: they are checkpointed, restored and follow their key on a
+    rescale. Registering the same (key, time) twice leaves one timer.
+
+    Example:
+        ```python
+        def process(batch, state):
+            last = batch.groupby("user")["clicked_at"].max()
+            state.timers.register_many((u, t + pd.Timedelta(minutes=30)) for u, t in last.items())
+
+        def on_timer(fired, state):            # columns key, timestamp; in timestamp order
+            return fired.rename(columns={"key": "user", "timestamp": "idle_since"})
+        ```
+    """
 
     KIND = "timers"
     default_clock = "processing"
@@ -80,9 +96,41 @@ class TimerService(_KeyedState[bytes]):
         return kg + b"t" + clock + when + raw, kg + b"k" + _LEN.pack(len(raw)) + raw + clock + when
 
     def register(self, key: bytes | str, timestamp: Any, *, clock: str | None = None) -> None:
+        """Register a timer for `key` at `timestamp`.
+
+        Example:
+            ```python
+            state.timers.register("ann", pd.Timestamp("2026-01-01 10:30", tz="UTC"))
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`; `on_timer` gets it back as `str` (bytes that are not UTF-8 as `bytes`).
+            timestamp: a datetime (naive ones are UTC), a pandas or NumPy datetime, or int microseconds since the epoch.
+            clock: "event" or "processing"; default: event time when the pipeline has an `event_time`.
+
+        Raises:
+            StateBackendError: an event-time timer in a pipeline without `event_time` (it would never fire).
+        """
         self.register_many([(key, timestamp)], clock=clock)
 
     def register_many(self, pairs: Iterable[tuple[bytes | str, Any]], *, clock: str | None = None) -> int:
+        """Register a timer for each (key, timestamp) pair, in one write.
+
+        Example:
+            ```python
+            state.timers.register_many(zip(ends.index, ends.values), clock="event")
+            ```
+
+        Args:
+            pairs: (key, timestamp) pairs, as `register` takes them.
+            clock: "event" or "processing"; default as for `register`.
+
+        Returns:
+            The RocksDB entries written (two per timer: one by time, one by key).
+
+        Raises:
+            StateBackendError: an event-time timer in a pipeline without `event_time`.
+        """
         pairs = list(pairs)
         byte = self._register_clock(clock)
         puts = []
@@ -93,11 +141,37 @@ class TimerService(_KeyedState[bytes]):
         return self._write(puts)
 
     def delete(self, key: bytes | str, timestamp: Any, *, clock: str | None = None) -> None:
+        """Delete the timer of `key` at `timestamp` on that clock (nothing happens when there is none).
+
+        Example:
+            ```python
+            for at in state.timers.list("ann"):
+                state.timers.delete("ann", at)         # ann's timers are all gone
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            timestamp: the timer's time, as `register` took it.
+            clock: "event" or "processing"; default as for `register`.
+        """
         by_time, by_key = self._entries(self._prefixed(key), self._clock_byte(clock), micros(timestamp))
         self._write((), [by_time, by_key])
 
     def list(self, key: bytes | str, *, clock: str | None = None) -> list[int]:
-        """The key's pending timers on that clock, earliest first (microseconds since the epoch)."""
+        """The key's pending timers on that clock, earliest first.
+
+        Example:
+            ```python
+            pending = state.timers.list("ann")       # e.g. [1767261000000000]
+            ```
+
+        Args:
+            key: the key, `str` or `bytes`.
+            clock: "event" or "processing"; default as for `register`.
+
+        Returns:
+            Their times as int microseconds since the epoch, UTC.
+        """
         prefixed = self._prefixed(key)
         prefix = prefixed[:2] + b"k" + _LEN.pack(len(prefixed) - 2) + prefixed[2:] + self._clock_byte(clock)
         return [_TIME.unpack_from(k, len(prefix))[0] - _OFFSET for k, _ in self._scan(prefix, _next_prefix(prefix))]

@@ -54,4 +54,5 @@ class StateTtl:
 
     @property
     def micros(self) -> int:
+        """The time to live in whole microseconds (what entries' time stamps are compared in)."""
         return int(round(self.seconds * 1_000_000))

@@ -36,6 +36,7 @@ from typing import Any
 import fsspec
 
 FAULT_KINDS = ("error", "timeout", "short_write", "lost_response", "list_error", "read_error")
+"""The fault kinds a `FaultyFileSystem` injects (`kinds=` chooses among them), e.g. `kinds=("error", "timeout")`."""
 _BEFORE = ("error", "timeout")  # fail without doing anything
 
 
@@ -59,7 +60,30 @@ def _failing(op: str, kinds: tuple[str, ...]) -> Any:
 
 
 class FaultyFileSystem:
-    """Wraps an fsspec filesystem (or the one a URL names); see the module docstring."""
+    """Wraps an fsspec filesystem (or the one a URL names) and fails a random fraction of its operations.
+
+    The fault kinds are in `FAULT_KINDS` (see the module's docstring); every operation the wrapper
+    does not name is the target's own. Decisions come from one `random.Random(seed)`, so a
+    single-threaded run is reproducible.
+
+    Example:
+        ```python
+        fs = FaultyFileSystem("memory://", rate=0.05, seed=7)
+        storage = CheckpointStorage("memory://ckpt", "job", filesystem=fs)
+        ...
+        fs.injected                 # Counter: fault kind -> times
+        ```
+
+    Args:
+        target: an fsspec filesystem object, or a URL whose filesystem to wrap.
+        rate: the fraction of operations that fail, 0 to 1.
+        seed: the seed of the random draws.
+        kinds: the fault kinds to inject (default: all of `FAULT_KINDS`).
+        target_options: fsspec options when `target` is a URL.
+
+    Raises:
+        ValueError: an unknown fault kind, or a rate outside [0, 1].
+    """
 
     def __init__(
         self,
@@ -90,7 +114,17 @@ class FaultyFileSystem:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """No faults inside this block (set-up and final checks)."""
+        """A block without faults (set-up and final checks).
+
+        Example:
+            ```python
+            with fs.paused():
+                assert store.checkpoint_ids() == [7, 6]
+            ```
+
+        Yields:
+            Nothing; faults resume when the block ends.
+        """
         with self._lock:
             self._paused += 1
         try:
@@ -101,6 +135,7 @@ class FaultyFileSystem:
 
     @property
     def total_injected(self) -> int:
+        """Faults injected so far, all kinds together."""
         return sum(self.injected.values())
 
     def _draw(self, op: str, kinds: tuple[str, ...]) -> str | None:
@@ -233,7 +268,25 @@ def faulty_storage(
     kinds: Iterable[str] = FAULT_KINDS,
     **storage_kwargs: Any,
 ) -> tuple[Any, FaultyFileSystem]:
-    """A CheckpointStorage whose every operation goes through a FaultyFileSystem, and that wrapper."""
+    """A CheckpointStorage whose every operation goes through a FaultyFileSystem, and that wrapper.
+
+    Example:
+        ```python
+        storage, fs = faulty_storage("memory://ckpt", "job", rate=0.06, seed=3)
+        ```
+
+    Args:
+        checkpoints_dir: the checkpoints directory (any fsspec URL).
+        job_id: the job's directory under it.
+        storage_options: fsspec options of `checkpoints_dir`.
+        rate: the fraction of operations that fail.
+        seed: the seed of the random draws.
+        kinds: the fault kinds to inject (default: all).
+        **storage_kwargs: passed on to `CheckpointStorage`.
+
+    Returns:
+        (storage, the wrapper).
+    """
     from sparkpoint.checkpoint.storage import CheckpointStorage
 
     target = fsspec.core.url_to_fs(checkpoints_dir, **(storage_options or {}))[0]

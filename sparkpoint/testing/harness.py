@@ -67,6 +67,27 @@ class HarnessSnapshot:
 
     It names the checkpoint and carries what the harness's clocks were. The checkpoint's files
     live in a temporary directory that stays as long as this value (or the harness) is referenced.
+
+    Example:
+        ```python
+        snap = harness.snapshot()
+        snap.metadata().operators["last_page"].states       # what the checkpoint recorded
+        with OperatorHarness.restore(snap, parallelism=3) as h:
+            ...
+        ```
+
+    Args:
+        operator: the operator the harness ran.
+        checkpoints_url: the harness's checkpoint storage (a `file://` URL).
+        checkpoint_id: the checkpoint's id.
+        parallelism: the harness's parallelism when it took it.
+        max_parallelism: its key groups.
+        event_time: its event-time column, or None.
+        allowed_lateness: its allowed lateness (seconds).
+        late: "drop" or "process".
+        watermark: the watermark then (microseconds since the epoch, UTC), or None.
+        processing_time: the processing clock then (microseconds since the epoch, UTC).
+        late_rows: late rows counted until then.
     """
 
     operator: KeyedOperator
@@ -83,7 +104,16 @@ class HarnessSnapshot:
     _files: _Directory = field(repr=False, compare=False)
 
     def metadata(self) -> CheckpointMetadata:
-        """The checkpoint's `_metadata`, read from its storage."""
+        """The checkpoint's `_metadata`, read from its storage.
+
+        Example:
+            ```python
+            snap.metadata().operators["spend"].states
+            ```
+
+        Returns:
+            A `sparkpoint.checkpoint.metadata.CheckpointMetadata`.
+        """
         return CompletedCheckpointStore(self._storage()).load(self.checkpoint_id)
 
     def _storage(self) -> CheckpointStorage:
@@ -197,14 +227,24 @@ class OperatorHarness:
         TTL times follow their keys' key groups. The clocks, `late_rows`, max parallelism and
         event-time settings are the snapshot's.
 
+        Example:
+            ```python
+            with OperatorHarness.restore(snap, parallelism=3, operator=spend_v2) as h:   # rescaled, new code
+                h.export()
+            ```
+
         Args:
             snapshot: what `snapshot()` returned.
             parallelism: subtasks of the new harness (default: the snapshot's).
             operator: a new version of the operator (same uid; its name may differ) to run on the restored state.
 
+        Returns:
+            The new harness (close it, or use it in a `with` block).
+
         Raises:
             HarnessError: the snapshot's files are gone.
-            OperatorStateMismatch: `operator` has another uid than the snapshot's.
+            OperatorStateMismatch: `operator` has another uid than the snapshot's, or a declared state it
+                cannot read (`StateSchemaIncompatible`).
         """
         harness = cls.__new__(cls)
         harness._configure(
@@ -230,19 +270,27 @@ class OperatorHarness:
         """Run one batch: every subtask processes its rows and fires the timers the batch makes due.
 
         The operator sees its `key` and `columns` only, as in a pipeline (list the event-time
-        column in `columns` to read it).
+        column in `columns` to read it). Bad input is refused before any state is touched. An
+        exception of the operator itself leaves the subtasks that ran changed and the watermark and
+        `late_rows` as they were (a pipeline would restore its last checkpoint: restore a snapshot to do
+        the same).
+
+        Example:
+            ```python
+            out = h.process(pd.DataFrame({"user": ["ann", "bob"], "page": ["/", "/cart"]}))
+            ```
+
+        Args:
+            df: the batch, with the operator's key and columns (other columns are ignored).
 
         Returns:
             What every subtask emitted (`process`'s changed rows and what `on_timer` returned), in
-            subtask order; an empty DataFrame when nothing.
+            subtask order; an empty DataFrame when nothing. The pipeline's sink would add a
+            `checkpoint_id` column; the harness returns the rows as the operator made them.
 
         Raises:
             HarnessError: a column the operator reads is missing, or a key is null.
             EventTimeError: the event-time column is missing, not a timestamp, or has a null.
-
-        Bad input is refused before any state is touched. An exception of the operator itself
-        leaves the subtasks that ran changed and the watermark and `late_rows` as they were (a
-        pipeline would restore its last checkpoint: restore a snapshot to do the same).
         """
         backends = self._live()
         op = self.operator
@@ -275,7 +323,18 @@ class OperatorHarness:
 
     def advance_processing_time(self, ts: Any) -> pd.DataFrame:
         """Move the processing clock to `ts`: due processing-time timers fire, processing-time
-        TTL expires against it. Returns what `on_timer` emitted (empty DataFrame when nothing).
+        TTL expires against it.
+
+        Example:
+            ```python
+            fired = h.advance_processing_time(t0 + pd.Timedelta(minutes=31))
+            ```
+
+        Args:
+            ts: the new processing time: a datetime or int microseconds since the epoch, UTC.
+
+        Returns:
+            What `on_timer` emitted (an empty DataFrame when nothing).
 
         Raises:
             HarnessError: `ts` is before the processing time now.
@@ -289,7 +348,18 @@ class OperatorHarness:
 
     def advance_watermark(self, ts: Any) -> pd.DataFrame:
         """Move the watermark to `ts` (as if a batch had advanced it): due event-time timers fire,
-        event-time TTL expires against it. Returns what `on_timer` emitted.
+        event-time TTL expires against it.
+
+        Example:
+            ```python
+            closed = h.advance_watermark(pd.Timestamp("2026-01-01 11:00", tz="UTC"))
+            ```
+
+        Args:
+            ts: the new watermark: a datetime or int microseconds since the epoch, UTC.
+
+        Returns:
+            What `on_timer` emitted (an empty DataFrame when nothing).
 
         Raises:
             HarnessError: the harness has no `event_time`, or `ts` is below the watermark now.
@@ -322,18 +392,48 @@ class OperatorHarness:
 
     def export(self) -> pd.DataFrame:
         """The operator's `export` over every subtask as one table, sorted by the key column (if
-        the export has it). Entries whose TTL expired by the harness's clocks are not in it."""
+        the export has it). Entries whose TTL expired by the harness's clocks are not in it.
+
+        Example:
+            ```python
+            assert h.export().to_dict("records") == [{"user": "bob", "page": "/pay"}]
+            ```
+
+        Returns:
+            A DataFrame, as `read_state` gives a pipeline's.
+        """
         return export_table(self.operator, self._live())
 
     def state_of(self, key: bytes | str) -> RocksDBStateBackend:
-        """The state of the subtask that owns `key` (to look at its timers, for instance)."""
+        """The state of the subtask that owns `key` (to look at its timers, for instance).
+
+        Example:
+            ```python
+            h.state_of("ann").timers.list("ann")
+            ```
+
+        Args:
+            key: a key, `str` or `bytes`.
+
+        Returns:
+            That subtask's `RocksDBStateBackend`.
+        """
         return self._live()[subtask_for_key(key, self.max_parallelism, self.parallelism)]
 
     # --- checkpoints -------------------------------------------------------------------------------
 
     def snapshot(self) -> HarnessSnapshot:
         """Take a checkpoint of every subtask (incremental, with the changelog) and return what
-        `OperatorHarness.restore` needs, clocks and `late_rows` included."""
+        `OperatorHarness.restore` needs, clocks and `late_rows` included.
+
+        Example:
+            ```python
+            snap = h.snapshot()
+            ```
+
+        Returns:
+            A `HarnessSnapshot`.
+        """
         backends = self._live()
         assert self._coordinator is not None and self._files is not None
         offsets = {"watermark": self.watermark} if self.watermark is not None else None
@@ -349,13 +449,24 @@ class OperatorHarness:
 
     def close(self) -> None:
         """Close every RocksDB instance and delete the working files; the checkpoint files stay
-        while a snapshot of them is referenced. Calling it again does nothing."""
+        while a snapshot of them is referenced. Calling it again does nothing.
+
+        Example:
+            ```python
+            h = OperatorHarness(op)
+            try:
+                h.process(batch)
+            finally:
+                h.close()          # or: with OperatorHarness(op) as h: ...
+            ```
+        """
         self._closer()
         self._coordinator = None
         self._files = None  # deleted now, unless a snapshot still holds them
 
     @property
     def closed(self) -> bool:
+        """Whether the harness is closed (any use then raises `HarnessError`)."""
         return not self._closer.alive
 
     def __enter__(self) -> Self:

@@ -1,0 +1,40 @@
+"""`sparkpoint skip`: the explicit way out of `on_bad_file="fail"` for one input file."""
+
+from __future__ import annotations
+
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, skip_problem
+from sparkpoint.pipeline.attempt import complete_attempt, run_spark_half
+from sparkpoint.pipeline.badfiles import MANUAL, carried_skips
+from sparkpoint.pipeline.runtime import BatchReport, PipelineCore, PipelineError
+
+
+def skip_file(pipeline: PipelineCore, name: str, reason: str) -> tuple[BatchReport, CheckpointMetadata]:
+    """Commit one checkpoint that consumes input file `name` without processing it, recorded as
+    skipped with `reason`: the same protocol as a batch (trigger, every subtask snapshots its
+    unchanged state, exclusive `_metadata`, registry, retention, the sink's commit), over no
+    input. Without a Spark session the subtasks run in this process (no JVM).
+
+    Raises:
+        PipelineError: `name` is not an unconsumed batch file of the input, or `reason` is
+            empty, too long or more than one line (the message says which, and what is pending).
+    """
+    problem = skip_problem(name, MANUAL, reason)
+    if problem:
+        raise PipelineError(f"cannot skip {name!r}: {problem}")
+    start, coordinator = pipeline._begin()
+    if name in start.offsets.consumed:
+        previous = {s.file: s for s in carried_skips(start.metadata)}.get(name)
+        how = f"skipped by chk-{previous.checkpoint_id} ({previous.check}: {previous.reason})" if previous \
+            else "processed"
+        latest = f"chk-{start.metadata.checkpoint_id}" if start.metadata else "the checkpoint it starts from"
+        raise PipelineError(f"cannot skip {name!r}: {latest} has consumed it already ({how}); nothing to do")
+    batches, others = pipeline.source.listing()
+    if name not in batches:
+        pending = pipeline.source.pending(start.offsets)
+        what = (f"is not a batch file ({pipeline.source.accepted}): the pipeline never reads it" if name in others
+                else f"is not in the input {pipeline.source.url}")
+        raise PipelineError(f"cannot skip {name!r}: it {what}. Unconsumed batch files: "
+                            + (", ".join(pending[:10]) + (f" and {len(pending) - 10} more" if len(pending) > 10
+                                                          else "") if pending else "none"))
+    attempt = run_spark_half(pipeline, coordinator, start, [], skip=[(name, reason)])
+    return complete_attempt(pipeline, attempt, coordinator=coordinator)

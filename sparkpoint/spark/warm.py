@@ -1,0 +1,486 @@
+"""A warm local Spark: the Spark Connect server a run without `master` or `remote` attaches to.
+
+A Spark of the run's own costs a JVM and its Python workers at every start (10-35 s a landed file
+in Dagster, measured); attached to a Spark that is already up, a checkpoint costs 1.2-1.7 s. So a
+run that names no Spark attaches to a local Spark Connect server that sparkpoint starts on first
+use and keeps warm, one per machine user, virtual environment and sparkpoint version:
+
+* it listens on 127.0.0.1 only, on a free port, and asks a token of every client (read from a
+  file only its user can read), so neither another host nor another user reaches it;
+* its Python workers run this interpreter (`PYSPARK_PYTHON`): the venv that has sparkpoint;
+* a supervisor process (`python -m sparkpoint.spark.warm`) owns its JVM, records both in
+  `server.json`, and stops the JVM once no run has been attached for `idle` seconds (the JVM
+  dies with the supervisor);
+* task-local state stays where each run puts it (the pipeline's `local_dir`), so it outlives the
+  server's restarts.
+
+The directory (`SPARKPOINT_WARM_SPARK_DIR`, default `$XDG_CACHE_HOME/sparkpoint/warm-spark/<key>`,
+the key naming the venv, sparkpoint's and pyspark's versions; this user's, mode 0700) holds:
+
+    lock         held exclusively by whoever reads, starts or replaces the server, and by the
+                 supervisor while it stops it: two runs starting at once start one server
+    in-use       every attached run holds a shared lock on it for as long as its process lives
+    last-attach  its mtime: the last time a run attached
+    server.json  the address, the token's file, the supervisor's and the JVM's pids with their
+                 start times, versions; written by the supervisor once the server answers
+    server.log   what the supervisor and the JVM wrote
+
+No check-then-act between processes (DESIGN rule 9): a run decides under `lock` and takes its
+shared `in-use` lock before releasing `lock`; the supervisor stops the server only while it holds
+`lock` *and* an exclusive `in-use` lock, so it never stops a server a run is attached to or about
+to attach to. A server whose processes are gone, or whose JVM does not answer (a wedged or
+stopped JVM), is replaced by the next run that looks.
+
+`SPARKPOINT_WARM_SPARK=off` turns it off: a run without `master` then starts Spark in its own
+process (`local[2]`), as an explicit `master="local[2]"` always does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.processes import boot_id, process_start, same_process_lives
+
+log = logging.getLogger(__name__)
+
+WARM_ENV = "SPARKPOINT_WARM_SPARK"  # "off": no warm server, a run without master starts local[2]
+IDLE_ENV = "SPARKPOINT_WARM_SPARK_IDLE"  # seconds without an attached run before the server stops
+DIR_ENV = "SPARKPOINT_WARM_SPARK_DIR"
+IN_PROCESS_MASTER = "local[2]"  # the master of a run when the warm server is off
+DEFAULT_IDLE = 300.0
+START_TIMEOUT = 180.0
+ANSWER_TIMEOUT = 10.0  # a JVM that does not complete a gRPC handshake in this long is wedged ...
+WEDGED_AFTER = 60.0  # ... unless runs are attached to it: then in this long
+POLL = 1.0
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+FORMAT = 1
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+
+
+class WarmSparkError(SparkpointError):
+    """The warm local Spark could not be started or reached; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class WarmServer:
+    """`server.json`: where the server listens and which processes are it."""
+
+    port: int
+    token_file: str
+    supervisor_pid: int
+    supervisor_start: str | None
+    jvm_pid: int
+    jvm_start: str | None
+    boot: str | None
+    key: str
+    started_at: float
+    format: int = FORMAT
+
+    @property
+    def url(self) -> str:
+        """The client URL; the token is read from its file (only this user may)."""
+        token = Path(self.token_file).read_text().strip()
+        # `localhost` without TLS: PySpark sends the token over gRPC's local-channel credentials.
+        return f"sc://localhost:{self.port}/;token={token}"
+
+    def lives(self) -> bool:
+        return (self.boot == boot_id() and same_process_lives(self.supervisor_pid, self.supervisor_start)
+                and same_process_lives(self.jvm_pid, self.jvm_start))
+
+
+def enabled() -> bool:
+    return os.environ.get(WARM_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def default_spark(master: str | None, remote: str | None) -> tuple[str | None, str | None]:
+    """(master, remote) for a run that may name neither: the warm server's URL, or `local[2]` in
+    the run's own process when the warm server is off or a crash point is armed (a test's
+    SIGKILL must reach the Spark of the run it kills)."""
+    if remote or master:
+        return master, remote
+    from sparkpoint.checkpoint.crash import CRASH_AT
+
+    if not enabled() or os.environ.get(CRASH_AT):
+        return IN_PROCESS_MASTER, None
+    return None, attach()
+
+
+def idle_seconds() -> float:
+    raw = os.environ.get(IDLE_ENV, "")
+    try:
+        idle = float(raw) if raw.strip() else DEFAULT_IDLE
+    except ValueError:
+        raise WarmSparkError(f"{IDLE_ENV}={raw!r}: give the idle period in seconds, e.g. {int(DEFAULT_IDLE)}") from None
+    if not 0 < idle < float("inf"):
+        raise WarmSparkError(f"{IDLE_ENV}={raw!r}: the idle period must be a positive number of seconds")
+    return idle
+
+
+def server_key() -> str:
+    """One server per virtual environment and sparkpoint and pyspark version: a server of another
+    version or venv (whose workers would import other code) is never reused."""
+    import pyspark
+
+    from sparkpoint import __version__
+
+    text = json.dumps([os.path.realpath(sys.prefix), os.path.realpath(sys.executable), __version__,
+                       pyspark.__version__, str(_sparkpoint_root())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _sparkpoint_root() -> Path:
+    """The directory this sparkpoint package is imported from (an install or a checkout)."""
+    import sparkpoint
+
+    return Path(sparkpoint.__file__).resolve().parent.parent
+
+
+def server_dir() -> Path:
+    explicit = os.environ.get(DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "sparkpoint" / "warm-spark" / server_key()
+
+
+def _private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise WarmSparkError(f"{path} belongs to another user: set {DIR_ENV} to a directory of yours")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int, timeout: float | None = None) -> Iterator[IO[bytes] | None]:
+    """`path` locked with `mode` (LOCK_EX / LOCK_SH); with `timeout` 0, yields None when it is
+    taken elsewhere; otherwise waits up to `timeout` seconds (None: for ever)."""
+    f = open(path, "a+b")  # noqa: SIM115 - held across the yield
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    if timeout == 0:
+                        yield None
+                        return
+                    raise WarmSparkError(f"waited {timeout:.0f}s for {path}: another process holds it") from None
+                time.sleep(0.05)
+        yield f
+    finally:
+        f.close()  # releases the lock
+
+
+def read_server(directory: Path) -> WarmServer | None:
+    """`server.json`, or None when there is none or it is not one this code wrote."""
+    try:
+        raw = json.loads((directory / "server.json").read_text())
+        server = WarmServer(**raw)
+    except (OSError, ValueError, TypeError):
+        return None
+    return server if server.format == FORMAT else None
+
+
+def answers(port: int, timeout: float = ANSWER_TIMEOUT) -> bool:
+    """Whether a gRPC server on 127.0.0.1:`port` completes an HTTP/2 handshake in time: a JVM
+    that is stopped or wedged accepts the TCP connection (the kernel does) but never this."""
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
+
+
+# --- the client side ------------------------------------------------------------------------------
+
+_attached: dict[str, IO[bytes]] = {}  # directory -> this process's shared `in-use` lock
+
+
+def attach(*, idle: float | None = None, timeout: float = START_TIMEOUT) -> str:
+    """The URL of this user's warm local Spark Connect server, started if none is up (or the one
+    up is gone or wedged); this process stays attached (the server keeps running) until it exits.
+
+    Args:
+        idle: seconds without an attached run after which a server this call starts stops
+            (default `SPARKPOINT_WARM_SPARK_IDLE`, else 300: five minutes).
+        timeout: how long to wait for a new server to answer.
+
+    Returns:
+        An `sc://` URL with the server's token, for `spark_session(remote=...)`.
+
+    Raises:
+        WarmSparkError: the server could not be started (the message has its log's last lines).
+    """
+    directory = _private_dir(server_dir())
+    idle = idle_seconds() if idle is None else idle
+    with _flock(directory / "lock", fcntl.LOCK_EX, timeout=timeout + 60):
+        server = read_server(directory)
+        if server is not None and not (server.lives() and _answers_patiently(directory, server)):
+            log.warning("the warm local Spark (pid %d) is gone or does not answer: starting another", server.jvm_pid)
+            stop(server)
+            server = None
+        if server is None:
+            (directory / "server.json").unlink(missing_ok=True)
+            server = _start(directory, idle, timeout)
+        _hold(directory)
+        (directory / "last-attach").touch()
+    return server.url
+
+
+def _answers_patiently(directory: Path, server: WarmServer) -> bool:
+    """Whether the server answers; a busy one (other runs attached: a loaded machine, a long GC)
+    is given `WEDGED_AFTER` seconds before it is taken for wedged and its runs lose their Spark."""
+    if answers(server.port):
+        return True
+    with _flock(directory / "in-use", fcntl.LOCK_EX, timeout=0) as alone:
+        if alone is not None:
+            return False
+    return answers(server.port, timeout=WEDGED_AFTER - ANSWER_TIMEOUT)
+
+
+def _hold(directory: Path) -> None:
+    if str(directory) in _attached:
+        return
+    f = open(directory / "in-use", "a+b")  # noqa: SIM115 - held until this process exits
+    fcntl.flock(f, fcntl.LOCK_SH)  # never waits long: the supervisor takes it only while holding `lock`
+    _attached[str(directory)] = f
+
+
+def detach() -> None:
+    """This process no longer keeps the warm server up (it still does until its own exit
+    otherwise)."""
+    while _attached:
+        _, f = _attached.popitem()
+        f.close()
+
+
+def _start(directory: Path, idle: float, timeout: float) -> WarmServer:
+    """Spawn the supervisor (in a session of its own: a Ctrl-C of this run does not reach it) and
+    wait for its `server.json`."""
+    log_path = directory / "server.log"
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sparkpoint.spark.warm", str(directory), "--idle", str(idle)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=directory)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        server = read_server(directory)
+        if server is not None and server.supervisor_pid == proc.pid:
+            return server
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    raise WarmSparkError(
+        f"the warm local Spark did not start (see {log_path}); its last lines:\n{_tail(log_path)}\n"
+        f"Set {WARM_ENV}=off to run Spark in each run's own process instead")
+
+
+def stop(server: WarmServer | None = None, directory: Path | None = None) -> bool:
+    """Stop a warm server (by default this user's for this venv): its supervisor and JVM. True if
+    one was running. Callers hold `lock`, or accept that a run attached now loses its Spark."""
+    directory = directory or server_dir()
+    server = server or read_server(directory)
+    if server is None:
+        return False
+    stopped = False
+    for pid, started in ((server.supervisor_pid, server.supervisor_start), (server.jvm_pid, server.jvm_start)):
+        if same_process_lives(pid, started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # each leads a process group: its children go too
+            stopped = True
+    with contextlib.suppress(OSError):
+        if read_server(directory) == server:
+            (directory / "server.json").unlink()
+    return stopped
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# --- the supervisor -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the JVM's child before exec: SIGKILL when the supervisor dies, however it dies."""
+    import ctypes
+
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _jvm_command(port: int) -> list[str]:
+    from pyspark.find_spark_home import _find_spark_home
+
+    spark_home = _find_spark_home()
+    return [os.path.join(spark_home, "bin", "spark-submit"), "--class", SERVER_CLASS, "--master", "local[*]",
+            "--driver-java-options", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}",
+            "--conf", f"spark.connect.grpc.binding.port={port}",
+            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC",
+            "--conf", "spark.sql.execution.arrow.pyspark.enabled=true", "spark-internal"]
+
+
+def serve(directory: Path, idle: float) -> int:
+    """The supervisor: start the JVM, record it, stop it after `idle` seconds without a run."""
+    token_file = directory / "token"
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(secrets.token_hex(24))
+    from pyspark.find_spark_home import _find_spark_home
+
+    env = {**os.environ, "SPARK_HOME": _find_spark_home(), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "SPARK_CONNECT_AUTHENTICATE_TOKEN": token_file.read_text().strip(),
+           "PYTHONWARNINGS": "ignore::FutureWarning"}
+    env.pop("SPARKPOINT_LOCAL_DIR", None)  # task-local state goes where each run says
+    # Its Python workers import this sparkpoint and nothing else of the starting run's path: a
+    # user's modules reach them as each run's artifacts, in the version that run has.
+    env["PYTHONPATH"] = str(_sparkpoint_root())
+    for attempt in range(3):  # the free port may be taken between its pick and the JVM's bind
+        port = _free_port()
+        jvm = subprocess.Popen(_jvm_command(port), env=env, stdin=subprocess.DEVNULL, cwd=directory,
+                               start_new_session=True, preexec_fn=_die_with_parent)
+        if _wait_answering(jvm, port):
+            break
+        jvm.wait()
+        print(f"warm Spark: the JVM exited before answering on port {port} (attempt {attempt + 1})", flush=True)
+    else:
+        return 1
+    me = os.getpid()
+    server = WarmServer(port=port, token_file=str(token_file), supervisor_pid=me, supervisor_start=process_start(me),
+                        jvm_pid=jvm.pid, jvm_start=process_start(jvm.pid), boot=boot_id(), key=directory.name,
+                        started_at=time.time())
+    tmp = directory / f"server.json.{me}"
+    tmp.write_text(json.dumps(asdict(server)))
+    os.replace(tmp, directory / "server.json")
+    print(f"warm Spark: serving on 127.0.0.1:{port} (JVM pid {jvm.pid}), stopping after {idle:.0f}s idle", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        return _watch(directory, jvm, idle)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(jvm.pid, signal.SIGTERM)
+        try:
+            jvm.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(jvm.pid, signal.SIGKILL)
+        # Gone on its own (or SIGTERM): withdrawn under `lock`, so never a successor's record.
+        with contextlib.suppress(OSError, WarmSparkError), _flock(directory / "lock", fcntl.LOCK_EX, timeout=30):
+            current = read_server(directory)
+            if current is not None and current.supervisor_pid == me:
+                (directory / "server.json").unlink()
+
+
+def _wait_answering(jvm: subprocess.Popen[bytes], port: int) -> bool:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline and jvm.poll() is None:
+        if answers(port, timeout=1.0):
+            return True
+    return False
+
+
+def _watch(directory: Path, jvm: subprocess.Popen[bytes], idle: float) -> int:
+    busy_at = time.time()
+    while jvm.poll() is None:
+        time.sleep(POLL)
+        with _flock(directory / "in-use", fcntl.LOCK_EX, timeout=0) as free:
+            if free is None:  # a run is attached
+                busy_at = time.time()
+                continue
+        if time.time() - max(busy_at, _mtime(directory / "last-attach")) < idle:
+            continue
+        # Stop only while no run can be attaching (`lock`) or attached (`in-use`).
+        with _flock(directory / "lock", fcntl.LOCK_EX, timeout=0) as locked:
+            if locked is None:
+                continue
+            with _flock(directory / "in-use", fcntl.LOCK_EX, timeout=0) as free:
+                if free is None or time.time() - _mtime(directory / "last-attach") < idle:
+                    continue
+                (directory / "server.json").unlink(missing_ok=True)
+                print(f"warm Spark: no run for {idle:.0f}s, stopping", flush=True)
+                return 0
+    print(f"warm Spark: the JVM exited with {jvm.returncode}", flush=True)
+    return 1
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def describe() -> dict[str, Any]:
+    """What `sparkpoint spark` shows: the directory, and the server if one is up."""
+    directory = server_dir()
+    server = read_server(directory)
+    return {"directory": str(directory), "running": bool(server and server.lives()),
+            "port": server.port if server else None, "jvm_pid": server.jvm_pid if server else None,
+            "started_at": server.started_at if server else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sparkpoint.spark.warm DIR --idle S`: the supervisor (sparkpoint starts it);
+    `python -m sparkpoint.spark.warm --stop`: stop this venv's warm server (`make ui` on Ctrl-C)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m sparkpoint.spark.warm",
+                                     description="the warm local Spark's supervisor (started by sparkpoint)")
+    parser.add_argument("directory", type=Path, nargs="?")
+    parser.add_argument("--idle", type=float, default=DEFAULT_IDLE)
+    parser.add_argument("--stop", action="store_true", help="stop this venv's warm server, if one runs")
+    args = parser.parse_args(argv)
+    if args.stop or args.directory is None:
+        directory = server_dir()
+        if not directory.is_dir():
+            return 0
+        with _flock(_private_dir(directory) / "lock", fcntl.LOCK_EX, timeout=60):
+            if stop(directory=directory):
+                print("sparkpoint: stopped the warm local Spark")
+        return 0
+    return serve(args.directory, args.idle)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

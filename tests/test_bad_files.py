@@ -1,0 +1,282 @@
+"""Bad input files (issue 34, item 2), on a user's own pipeline (smart meters, `tests.meters_pipeline`):
+every check of a file (readable Parquet, columns, the declared key type, null keys, the event-time
+column) runs before any Spark work; `on_bad_file="fail"` stops before any upload naming the file,
+the check and the fix; `"skip"` consumes a bad file exactly once, recorded in `_metadata`, and the
+state equals a pandas recomputation over the good files only; `sparkpoint skip FILE --reason`
+commits a checkpoint of no input, without a JVM; a hostile `skipped_files` is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sparkpoint.checkpoint.errors import MetadataError
+from sparkpoint.checkpoint.metadata import content_checksum
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.attempt import AttemptError, PendingAttempt
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.runtime import PipelineError
+from sparkpoint.pipeline.skipping import skip_file
+from sparkpoint.spark.source import BadInputFile, SourceError
+from tests.meters_pipeline import BAD, bad, good, meters, state_of, totals
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def uploaded(tmp_path: Path) -> list[Path]:
+    return [p for p in (tmp_path / "ckpt").rglob("*") if p.is_file()] if (tmp_path / "ckpt").exists() else []
+
+
+# --- "fail": before Spark, before any upload ----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_a_bad_file_fails_its_batch_before_spark_and_before_any_upload(tmp_path: Path, kind: str):
+    pipeline = meters(tmp_path)
+    check = bad(tmp_path, "r-000.parquet", kind)
+    good(tmp_path, "r-001.parquet")
+    driver = StatefulPipeline(None, pipeline.config(), pipeline.operators)  # no Spark: reaching it would raise
+    with pytest.raises(BadInputFile) as raised:
+        driver.run()
+    error = raised.value
+    assert (error.file, error.check) == ("r-000.parquet", check)
+    message = str(error)
+    assert "\n" not in message
+    for said in ("r-000.parquet", f"check {check!r}", "nothing was uploaded",
+                 "sparkpoint skip --pipeline MODULE:ATTR r-000.parquet --reason", 'on_bad_file="skip"'):
+        assert said in message, (said, message)
+    assert uploaded(tmp_path) == [], "nothing was triggered or uploaded"
+    assert not (tmp_path / "local").exists(), "no subtask ran"
+    assert driver.pending_files() == ["r-000.parquet", "r-001.parquet"], "the bad file is still pending"
+
+
+@pytest.mark.parametrize("frame, check, said", [
+    (pd.DataFrame({"meter": ["m1", "m2"], "kwh": [1.0, 2.0], "read_at": [pd.Timestamp("2026-03-01", tz="UTC"), None]}),
+     "null_event_times", "event-time column 'read_at' has 1 null value(s)"),
+    (pd.DataFrame({"meter": ["m1"], "kwh": [1.0], "read_at": ["2026-03-01"]}),
+     "types", "event-time column 'read_at' is "),
+    (pd.DataFrame({"meter": ["m1"], "kwh": [1.0]}), "columns", "has no event-time column 'read_at'"),
+])
+def test_the_event_time_column_is_checked_with_the_others(tmp_path: Path, frame: pd.DataFrame, check: str, said: str):
+    pipeline = meters(tmp_path, event_time="read_at")
+    frame.to_parquet(tmp_path / "in" / "r-000.parquet")
+    with pytest.raises(BadInputFile, match=re.escape(said)) as raised:
+        StatefulPipeline(None, pipeline.config(), pipeline.operators).run()
+    assert raised.value.check == check
+    assert uploaded(tmp_path) == []
+
+
+def test_a_file_that_cannot_be_reached_is_no_verdict_and_is_never_skipped(tmp_path: Path, monkeypatch):
+    """A read error (a timeout, a 503) is not a bad file: under "skip" too the run fails and
+    the file stays pending, to be read once it can be (DESIGN rule 10)."""
+    pipeline = meters(tmp_path, on_bad_file="skip")
+    good(tmp_path, "r-000.parquet")
+    driver = StatefulPipeline(None, pipeline.config(), pipeline.operators)
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(driver.source.fs, "open", unreachable)
+    with pytest.raises(SourceError, match="nothing was skipped") as raised:
+        driver.run()
+    assert not isinstance(raised.value, BadInputFile)
+    assert uploaded(tmp_path) == [] and driver.pending_files() == ["r-000.parquet"]
+
+
+def test_on_bad_file_is_a_setting_with_flink_style_names_and_a_checked_value(tmp_path: Path):
+    pipeline = meters(tmp_path)
+    assert pipeline.on_bad_file == "fail" and pipeline.config().on_bad_file == "fail"
+    assert pipeline.with_settings({"on-bad-file": "SKIP"}).config().on_bad_file == "skip"
+    with pytest.raises(PipelineError, match="on_bad_file must be one of fail, skip, got 'ignore'"):
+        meters(tmp_path, on_bad_file="ignore")
+
+
+# --- "skip": consumed exactly once, recorded, never processed ---------------------------------------
+
+
+@pytest.mark.spark
+def test_skip_consumes_bad_files_once_and_the_state_and_output_hold_only_good_rows(tmp_path: Path, spark):
+    pipeline = meters(tmp_path, on_bad_file="skip", files_per_checkpoint=2)
+    goods = [good(tmp_path, "r-000.parquet", 0)]
+    checks = {"r-001.parquet": bad(tmp_path, "r-001.parquet", "null keys")}
+    goods.append(good(tmp_path, "r-002.parquet", 10))
+    checks["r-003.parquet"] = bad(tmp_path, "r-003.parquet", "not parquet")
+    checks["r-004.parquet"] = bad(tmp_path, "r-004.parquet", "wrong key type")  # a batch of bad files only
+    checks["r-005.parquet"] = bad(tmp_path, "r-005.parquet", "missing column")
+    goods.append(good(tmp_path, "r-006.parquet", 20))
+    checks["r-007.parquet"] = bad(tmp_path, "r-007.parquet", "null keys, no statistics")
+
+    reports = StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()
+    assert [r.checkpoint_id for r in reports] == [1, 2, 3, 4]
+    assert [r.files for r in reports] == [("r-000.parquet",), ("r-002.parquet",), (), ("r-006.parquet",)]
+    assert [[s.file for s in r.skipped] for r in reports] == [["r-001.parquet"], ["r-003.parquet"],
+                                                               ["r-004.parquet", "r-005.parquet"], ["r-007.parquet"]]
+    assert reports[2].rows == 0 and "batch=(none)" in reports[2].line() and "skipped=r-004.parquet" in reports[2].line()
+    assert state_of(pipeline) == pytest.approx(totals(goods))
+    assert "mX" not in state_of(pipeline), "no row of a bad file reached the state"
+    output = pd.read_parquet(tmp_path / "out")
+    assert "mX" not in set(output["meter"]) and sorted(output["checkpoint_id"].unique()) == [1, 2, 4]
+
+    latest = CompletedCheckpointStore(pipeline.storage()).latest()
+    assert latest is not None
+    assert {s.file: s.check for s in latest.skipped_files} == checks
+    assert [(s.file, s.checkpoint_id) for s in latest.skipped_files] == [
+        ("r-001.parquet", 1), ("r-003.parquet", 2), ("r-004.parquet", 3), ("r-005.parquet", 3), ("r-007.parquet", 4)]
+    reasons = {s.file: s.reason for s in latest.skipped_files}
+    assert "key column 'meter' has 1 null value(s)" in reasons["r-001.parquet"]
+    assert "not a readable Parquet file" in reasons["r-003.parquet"]
+    assert "key column 'meter' is int64, operator 'kwh_per_meter' keys by string" in reasons["r-004.parquet"]
+    assert "lacks column kwh" in reasons["r-005.parquet"]
+    assert json.loads((tmp_path / "ckpt" / "meters" / "chk-4" / "_metadata").read_text())["version"] == 5
+
+    # A rerun, and a restore from stable storage alone (the local state is gone), never offer them again.
+    assert StatefulPipeline(spark, pipeline.config(), pipeline.operators).run() == []
+    shutil.rmtree(tmp_path / "local")
+    goods.append(good(tmp_path, "r-008.parquet", 30))
+    again = StatefulPipeline(spark, pipeline.config(), pipeline.operators)
+    assert again.pending_files() == ["r-008.parquet"]
+    assert [r.files for r in again.run()] == [("r-008.parquet",)]
+    assert state_of(pipeline) == pytest.approx(totals(goods))
+    assert len(CompletedCheckpointStore(pipeline.storage()).latest().skipped_files) == 5, "carried forward"
+
+
+# --- `sparkpoint skip`, then a run ---------------------------------------------------------------
+
+
+MODULE = textwrap.dedent('''
+    """meters_app: a user's module naming the meters pipeline, importable where the command runs."""
+    from pathlib import Path
+
+    from tests.meters_pipeline import meters
+
+    pipeline = meters(Path(__file__).resolve().parent)
+''')
+
+
+def cli(tmp_path: Path, *args: str, java: bool = False) -> subprocess.CompletedProcess[str]:
+    """`sparkpoint ARGS` in `tmp_path`; without `java`, no JVM can start (JAVA_HOME points nowhere)."""
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    if not java:
+        env["JAVA_HOME"] = str(tmp_path / "no-java")
+    return subprocess.run([sys.executable, "-m", "sparkpoint.cli", *args], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env=env)
+
+
+@pytest.mark.spark
+def test_sparkpoint_skip_consumes_one_file_without_a_jvm_then_run_goes_on(tmp_path: Path):
+    (tmp_path / "meters_app.py").write_text(MODULE)
+    ref = ("--pipeline", "meters_app:pipeline")
+    pipeline = meters(tmp_path)
+    bad(tmp_path, "r-000 bad.parquet", "null keys")  # a name with a space, taken literally
+    goods = [good(tmp_path, "r-001.parquet"), good(tmp_path, "r-002.parquet", 5)]
+    (tmp_path / "in" / "notes.csv").write_text("not a batch\n")
+
+    failed = cli(tmp_path, "run", *ref)  # no JVM can start: the check comes first
+    assert failed.returncode == 2, failed.stderr
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in failed.stderr, failed.stderr
+    for said in ("r-000 bad.parquet", "check 'null_keys'",
+                 "sparkpoint skip --pipeline MODULE:ATTR 'r-000 bad.parquet'"):
+        assert said in lines[0], (said, lines[0])
+    assert uploaded(tmp_path) == [] and not (tmp_path / "local").exists()
+
+    refused = {
+        "not in the input": cli(tmp_path, "skip", *ref, "r-404.parquet", "--reason", "gone"),
+        "is not a batch file": cli(tmp_path, "skip", *ref, "notes.csv", "--reason", "not ours"),
+        "reason must be a non-empty string": cli(tmp_path, "skip", *ref, "r-000 bad.parquet", "--reason", " "),
+        "holds a control character": cli(tmp_path, "skip", *ref, "r-000 bad.parquet", "--reason", "a\x1b[31mb"),
+        "the following arguments are required: --reason": cli(tmp_path, "skip", *ref, "r-000 bad.parquet"),
+    }
+    for said, done in refused.items():
+        assert done.returncode == 2 and said in done.stderr, (said, done.stderr)
+    assert "Unconsumed batch files: r-000 bad.parquet, r-001.parquet, r-002.parquet" in \
+        refused["not in the input"].stderr
+    assert uploaded(tmp_path) == []
+
+    skipped = cli(tmp_path, "skip", *ref, "r-000 bad.parquet", "--reason", "gateway sent nulls; ticket OPS-12",
+                  "--json")
+    assert skipped.returncode == 0, skipped.stderr
+    report = json.loads(skipped.stdout)
+    assert report["checkpoint_id"] == 1 and report["batch"] == [] and report["rows"] == 0
+    assert report["skipped"] == [{"file": "r-000 bad.parquet", "check": "manual",
+                                  "reason": "gateway sent nulls; ticket OPS-12"}]
+    twice = cli(tmp_path, "skip", *ref, "r-000 bad.parquet", "--reason", "again")
+    assert twice.returncode == 2
+    assert "chk-1 has consumed it already (skipped by chk-1 (manual: gateway sent nulls; ticket OPS-12))" in \
+        twice.stderr
+
+    listed = json.loads(cli(tmp_path, "list", *ref, "--json").stdout)["checkpoints"]
+    assert listed[0]["skipped_files"] == [{"file": "r-000 bad.parquet", "check": "manual",
+                                           "reason": "gateway sent nulls; ticket OPS-12", "checkpoint_id": 1}]
+    table = cli(tmp_path, "list", *ref).stdout
+    assert "chk-1 skipped r-000 bad.parquet: manual: gateway sent nulls; ticket OPS-12" in table
+    chk = str(tmp_path / "ckpt" / "meters" / "chk-1")
+    assert json.loads(cli(tmp_path, "inspect", chk, "--json").stdout)["skipped_files"][0]["file"] == "r-000 bad.parquet"
+    assert "gateway sent nulls" in cli(tmp_path, "inspect", chk).stdout
+
+    ran = cli(tmp_path, "run", *ref, "--json", java=True)
+    assert ran.returncode == 0, ran.stderr
+    batches = [json.loads(line)["batch"] for line in ran.stdout.splitlines() if line.startswith("{")]
+    assert batches == [["r-001.parquet"], ["r-002.parquet"]], "the skipped file is never processed"
+    assert state_of(pipeline) == pytest.approx(totals(goods))
+
+
+# --- hostile `skipped_files` --------------------------------------------------------------------
+
+
+@pytest.fixture
+def skipped_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A real chk-1 whose `_metadata` lists one skipped file (made by `skip_file`, no Spark); its JSON."""
+    pipeline = meters(tmp_path)
+    bad(tmp_path, "r-000.parquet", "null keys")
+    skip_file(StatefulPipeline(None, pipeline.config(), pipeline.operators), "r-000.parquet", "bad gateway day")
+    path = tmp_path / "ckpt" / "meters" / "chk-1" / "_metadata"
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda m: m.update(skipped_files={"r-000.parquet": "x"}), "`skipped_files` must be an array"),
+    (lambda m: m["skipped_files"][0].update(file="../../etc/passwd"), "is not one name in the input directory"),
+    (lambda m: m["skipped_files"][0].update(file=""), "file must be a non-empty string"),
+    (lambda m: m["skipped_files"][0].update(file=7), "file must be a non-empty string"),
+    (lambda m: m["skipped_files"][0].update(reason="\x1b]0;owned\x07"), "holds a control character"),
+    (lambda m: m["skipped_files"][0].update(reason="x" * 5000), "more than 2000"),
+    (lambda m: m["skipped_files"][0].update(check="rm -rf"), "check must be one of parquet, columns, types"),
+    (lambda m: m["skipped_files"][0].update(checkpoint_id=0), "must be >= 1"),
+    (lambda m: m["skipped_files"][0].update(checkpoint_id="1"), "must be an integer"),
+    (lambda m: m["skipped_files"][0].update(extra=1), "has unknown fields ['extra']"),
+    (lambda m: m["skipped_files"][0].pop("reason"), "`skipped_files[0].reason` is missing"),
+    (lambda m: m["skipped_files"].append(dict(m["skipped_files"][0])), "a second time: a file is consumed once"),
+    (lambda m: m.update(version=4), "only version 5 has"),
+])
+def test_a_hostile_skipped_files_field_is_refused_naming_it(skipped_checkpoint, change, said):
+    path, body = skipped_checkpoint
+    assert body["version"] == 5 and body["skipped_files"][0]["file"] == "r-000.parquet"
+    change(body)
+    body.pop("checksum")
+    body["checksum"] = content_checksum(body)  # what still parses and checks out: the field alone is hostile
+    path.write_text(json.dumps(body))
+    with pytest.raises(MetadataError, match="skipped_files|version") as raised:
+        CompletedCheckpointStore(meters(path.parents[3]).storage()).load(1)
+    assert said in str(raised.value), str(raised.value)
+
+
+def test_a_pending_attempt_with_a_hostile_skipped_files_field_is_refused(skipped_checkpoint):
+    _, body = skipped_checkpoint
+    attempt = {"format": "sparkpoint-pending-attempt", "version": 1, "job_id": "meters", "checkpoint_id": 2,
+               "attempt_id": "a1", "expected": {}, "handles": [], "staged": [],
+               "source_offsets": {"version": 1, "consumed": []}, "files": [], "subtasks": [], "rows": 0,
+               "started_at": 0.0, "skipped_files": [{"file": "a/b.parquet", "check": "manual", "reason": "r",
+                                                     "checkpoint_id": 2}]}
+    with pytest.raises(AttemptError, match="is not one name in the input directory"):
+        PendingAttempt.from_json(attempt)

@@ -1,0 +1,239 @@
+"""The warm local Spark (`sparkpoint.spark.warm`): a Spark Connect server on 127.0.0.1 that the
+first run without `master`/`remote` starts and later runs attach to. Real servers, real kills."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkpoint.checkpoint.processes import same_process_lives
+from sparkpoint.spark.warm import WarmServer, read_server, server_key, stop
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.spark
+
+ATTACH = """
+import json, sys, time
+from sparkpoint.spark.warm import attach, read_server, server_dir
+from sparkpoint.spark.session import spark_session
+url = attach()
+spark = spark_session(remote=url)
+n = spark.range(int(sys.argv[1])).count()
+server = read_server(server_dir())
+print(json.dumps({"count": n, "port": server.port, "jvm_pid": server.jvm_pid, "url": url.split(";")[0]}), flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def warm_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    directory = tmp_path / "warm"
+    env = {**os.environ, "SPARKPOINT_WARM_SPARK": "on", "SPARKPOINT_WARM_SPARK_DIR": str(directory),
+           "SPARKPOINT_WARM_SPARK_IDLE": "600", "PYTHONPATH": str(ROOT)}
+    try:
+        yield env
+    finally:
+        stop(directory=directory)
+
+
+def _attach(env: dict[str, str], rows: int = 5, linger: float = 0.0) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", ATTACH, str(rows), str(linger)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, object]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _server(env: dict[str, str]) -> WarmServer:
+    server = read_server(Path(env["SPARKPOINT_WARM_SPARK_DIR"]))
+    assert server is not None
+    return server
+
+
+def _starts(env: dict[str, str]) -> int:
+    return (Path(env["SPARKPOINT_WARM_SPARK_DIR"]) / "server.log").read_text().count("warm Spark: serving on")
+
+
+def _any_lives(server: WarmServer) -> bool:
+    return any(same_process_lives(pid, started) and _state(pid) != "Z" for pid, started in
+               ((server.jvm_pid, server.jvm_start), (server.supervisor_pid, server.supervisor_start)))
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _non_loopback_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route's source address
+            address = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_two_runs_starting_at_once_start_one_server_which_later_runs_reuse(warm_env: dict[str, str]):
+    first, second = _attach(warm_env, 5), _attach(warm_env, 7)
+    a, b = _result(first), _result(second)
+    assert (a["count"], b["count"]) == (5, 7)
+    assert a["port"] == b["port"] and a["jvm_pid"] == b["jvm_pid"], "one server for both"
+    assert _starts(warm_env) == 1
+    started = time.monotonic()
+    c = _result(_attach(warm_env, 3))
+    assert c["jvm_pid"] == a["jvm_pid"] and _starts(warm_env) == 1, "reused, not started again"
+    assert time.monotonic() - started < 60  # a JVM start is 20 s here; an attach about one
+
+    server = _server(warm_env)
+    directory = Path(warm_env["SPARKPOINT_WARM_SPARK_DIR"])
+    assert oct(directory.stat().st_mode & 0o777) == "0o700"
+    assert oct(Path(server.token_file).stat().st_mode & 0o777) == "0o600"
+    # Never reached from another address: bound to loopback only.
+    other = _non_loopback_address()
+    if other is not None:
+        with pytest.raises(OSError), socket.create_connection((other, server.port), timeout=5):
+            pass
+    # Nor by a client without the token.
+    probe = ("from sparkpoint.spark.session import spark_session\n"
+             f"spark_session(remote='sc://localhost:{server.port}').range(1).count()")
+    refused = subprocess.run([sys.executable, "-c", probe], env=warm_env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+
+
+def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(warm_env: dict[str, str]):
+    first = _result(_attach(warm_env))
+    old = _server(warm_env)
+    os.kill(old.jvm_pid, signal.SIGKILL)  # kill -9 of the JVM: its supervisor withdraws it
+    second = _result(_attach(warm_env))
+    assert second["jvm_pid"] != first["jvm_pid"] and second["count"] == 5
+    assert not same_process_lives(old.supervisor_pid, old.supervisor_start)
+
+    old = _server(warm_env)
+    os.kill(old.supervisor_pid, signal.SIGKILL)  # kill -9 of the supervisor: its JVM dies with it
+    deadline = time.monotonic() + 30
+    while same_process_lives(old.jvm_pid, old.jvm_start) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not same_process_lives(old.jvm_pid, old.jvm_start), "no JVM is left behind"
+    third = _result(_attach(warm_env))
+    assert third["jvm_pid"] not in (first["jvm_pid"], second["jvm_pid"])
+
+    old = _server(warm_env)
+    os.kill(old.jvm_pid, signal.SIGSTOP)  # wedged: it accepts connections and never answers
+    try:
+        fourth = _result(_attach(warm_env))
+    finally:
+        if same_process_lives(old.jvm_pid, old.jvm_start):
+            os.kill(old.jvm_pid, signal.SIGCONT)
+    assert fourth["jvm_pid"] != third["jvm_pid"] and fourth["count"] == 5
+    assert not same_process_lives(old.supervisor_pid, old.supervisor_start)
+    assert _starts(warm_env) == 4
+
+
+def test_the_server_stops_once_idle_but_never_under_an_attached_run(warm_env: dict[str, str]):
+    env = {**warm_env, "SPARKPOINT_WARM_SPARK_IDLE": "4"}
+    holder = _attach(env, 5, linger=12)  # attached for 12 s, three idle periods
+    line = holder.stdout.readline() if holder.stdout else ""
+    assert json.loads(line)["count"] == 5
+    server = _server(env)
+    time.sleep(8)
+    assert same_process_lives(server.jvm_pid, server.jvm_start), "a run is attached: not idle"
+    holder.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while _any_lives(server) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _any_lives(server), "stopped after the idle period"
+    assert read_server(Path(env["SPARKPOINT_WARM_SPARK_DIR"])) is None
+
+
+def test_a_server_of_another_venv_or_version_is_never_reused(monkeypatch: pytest.MonkeyPatch):
+    mine = server_key()
+    monkeypatch.setattr(sys, "prefix", "/some/other/venv")
+    assert server_key() != mine
+    monkeypatch.undo()
+    import sparkpoint
+
+    monkeypatch.setattr(sparkpoint, "__version__", "0.0.0-other")
+    assert server_key() != mine
+
+
+def test_a_users_pipeline_run_without_a_master_attaches_to_the_warm_server(tmp_path: Path,
+                                                                          warm_env: dict[str, str]):
+    from tests.clickstream_project import clicks_state, copy_project
+
+    project, project_env = copy_project(tmp_path, landed=2)
+    env = {**project_env, **{k: v for k, v in warm_env.items() if k.startswith("SPARKPOINT_WARM")}}
+    command = [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "clickstream.pipelines:clicks",
+               "--input", "landing"]
+    first = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    subprocess.run([sys.executable, "-m", "clickstream.land", "--batches", "2", "--into", "landing"],
+                   cwd=project, env=env, check=True, capture_output=True)
+    second = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert [line.split()[0] for line in (first.stdout + second.stdout).splitlines() if line.startswith("chk-")] \
+        == ["chk-1", "chk-2", "chk-3", "chk-4"]
+    state, expected = clicks_state(project)
+    assert state == expected
+    assert _starts(warm_env) == 1, "the second run attached to the server the first started"
+    off = subprocess.run([*command, "--max-batches", "1"], cwd=project, capture_output=True, text=True, timeout=600,
+                         env={**env, "SPARKPOINT_WARM_SPARK": "off"})
+    assert off.returncode == 0 and _starts(warm_env) == 1, off.stderr[-2000:]
+
+
+def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
+    import pty
+    import select
+    import urllib.request
+
+    from tests.cluster import free_port
+
+    _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
+    server = _server(warm_env)
+    port = free_port()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: `make ui` at a terminal, as a user runs it
+        os.chdir(ROOT)
+        os.execvpe("make", ["make", "--no-print-directory", "ui", f"UI_PORT={port}",
+                            f"DAGSTER_HOME={tmp_path / 'dagster'}"], warm_env)
+    output = b""
+
+    def read(seconds: float) -> None:
+        nonlocal output
+        if select.select([fd], [], [], seconds)[0]:
+            with contextlib.suppress(OSError):
+                output += os.read(fd, 65536)
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        read(1)
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2).close()
+            break
+        except OSError:
+            continue
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError(output.decode(errors="replace")[-3000:])
+    os.write(fd, b"\x03")  # Ctrl-C
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+        read(1)
+    read(0.5)
+    assert not _any_lives(server), output.decode(errors="replace")[-3000:]
+    assert "stopped the warm local Spark" in output.decode(errors="replace")
