@@ -60,14 +60,3 @@ def materialize(tmp_path: Path, instance: dg.DagsterInstance, *, tags: dict[str,
         [*ASSETS, *ASSET_CHECKS], resources=resources(tmp_path, **registry), instance=instance, tags=tags,
         raise_on_error=raise_on_error, selection=selection, run_config=run_config,
     )
-
-
-def sensor_outcome(result: object) -> dg.RunRequest | dg.SkipReason:
-    """The one run request or skip reason of an input sensor's tick (it returns a `SensorResult`,
-    which carries its cursor and its observation of the input asset besides)."""
-    assert isinstance(result, dg.SensorResult), result
-    if result.skip_reason is not None:
-        assert not result.run_requests, result
-        return result.skip_reason
-    (request,) = result.run_requests or []
-    return request

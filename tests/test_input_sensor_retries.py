@@ -26,7 +26,6 @@ from sparkpoint.resources.scope import FAILED_RUN_TAG
 from sparkpoint.sensors import NOT_RECOVERED_TAG
 from sparkpoint.sensors.landing import FileSeen, LandedRun, landing_decision, retry_delay, settle
 from sparkpoint.spark.source import BatchStat, ParquetDirectorySource, _modified
-from tests.dagster_setup import sensor_outcome
 
 TOTAL = StructCodec[tuple[float]]("<d")
 RUN_KEY, SENSOR_NAME = "dagster/run_key", "dagster/sensor_name"
@@ -84,11 +83,9 @@ class Daemon:
         needed = {k: v for k, v in self.parts.resources.items() if k in self.sensor.required_resource_keys}
         with dg.build_sensor_context(instance=self.instance, resources=needed, cursor=self.cursor) as context:
             result = self.sensor(context)
-        for event in result.asset_events:  # what the daemon does with them
-            self.instance.report_runless_asset_event(event)
-        if result.cursor is not None:  # None: the cursor stays as it is
-            self.cursor = result.cursor
-        return sensor_outcome(result)
+            self.cursor = context.cursor
+        assert isinstance(result, (dg.RunRequest, dg.SkipReason)), result
+        return result
 
     def tags(self, request: dg.RunRequest) -> dict[str, str]:
         used = self.instance.get_runs(dg.RunsFilter(tags={RUN_KEY: request.run_key, SENSOR_NAME: self.sensor.name}))

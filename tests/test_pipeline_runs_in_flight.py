@@ -22,7 +22,6 @@ import pytest
 from sparkpoint.ops import instance as instance_config
 from sparkpoint.ops.instance import INSTANCE_YAML, POOL_YAML, pool_problem, warn_if_pool_unlimited
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG
-from tests.dagster_setup import sensor_outcome
 from tests.orders_pipeline import land, orders
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +56,7 @@ def test_the_input_sensor_waits_for_any_run_of_its_pipeline_in_flight(tmp_path: 
     def tick() -> object:
         needed = {k: v for k, v in parts.resources.items() if k in sensor.required_resource_keys}
         with dg.build_sensor_context(instance=instance, resources=needed) as context:
-            return sensor_outcome(sensor(context))
+            return sensor(context)
 
     # A Materialize click (the implicit asset job, no tag of ours) selecting the pipeline's checkpoint.
     click = in_flight(instance, assets={parts.scope.checkpoint_key}, status=dg.DagsterRunStatus.NOT_STARTED)

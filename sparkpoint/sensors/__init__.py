@@ -124,6 +124,18 @@ def _recovery_of(instance: dg.DagsterInstance, run_id: str, recover_job: str) ->
     return bool(instance.get_run_ids(dg.RunsFilter(tags={FAILED_RUN_TAG: run_id}, job_name=recover_job), limit=1))
 
 
+def report_observation(context: dg.SensorEvaluationContext, observation: dg.AssetObservation) -> None:
+    """Record a sensor's observation in the instance at once (what the daemon does with a
+    `SensorResult`'s asset events), so the sensor still returns a plain run request or skip
+    reason. A context built without an instance (`build_sensor_context()` in a test) has nowhere
+    to record it."""
+    try:
+        instance = context.instance
+    except dg.DagsterInvariantViolationError:
+        return
+    instance.report_runless_asset_event(observation)
+
+
 def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: bool = True,
                   orphan_grace_seconds: float = 3600.0, settle_seconds: float = landing.SETTLE_SECONDS,
                   retry_seconds: float = landing.RETRY_SECONDS) -> list[dg.SensorDefinition]:
@@ -208,25 +220,26 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
                default_status=dg.DefaultSensorStatus.RUNNING if landing_sensor else dg.DefaultSensorStatus.STOPPED,
                required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
                description=f"Materializes `{scope.pipeline.name}` when a batch file lands that no checkpoint consumed")
-    def input_sensor(context: dg.SensorEvaluationContext, **resources: Any) -> dg.SensorResult:
+    def input_sensor(context: dg.SensorEvaluationContext, **resources: Any) -> dg.RunRequest | dg.SkipReason:
         # (Dagster passes the required resources as keyword arguments too; context.resources has them.)
         # One run per batch file: while it runs, the same first file is pending and the sensor
         # waits for it; a file its run did not consume is offered again under a new run key.
         cursor = landing.InputCursor.from_cursor(context.cursor, scope.name("input_sensor"))
         if cursor.problem:  # a cursor a user set: it stays as it is until they fix or delete it
-            return dg.SensorResult(skip_reason=cursor.problem)
-        events: list[dg.AssetObservation] = []
+            return dg.SkipReason(cursor.problem)
 
-        def skip(reason: str) -> dg.SensorResult:
-            return dg.SensorResult(skip_reason=cursor.say(reason), cursor=cursor.to_cursor(), asset_events=events)
+        def skip(reason: str) -> dg.SkipReason:
+            context.update_cursor(cursor.to_cursor())
+            return dg.SkipReason(cursor.say(reason))
 
         try:
             driver = scope.resources(context).driver(scope.pipeline)
             pending = driver.pending_files()
             cursor, due = cursor.observe(pending, time.time())
             if due:
-                events.append(input_observation(scope.input_key, pending, driver.consumed_files,
-                                                driver.config.input_url, f"seen by {scope.name('input_sensor')}"))
+                report_observation(context, input_observation(scope.input_key, pending, driver.consumed_files,
+                                                              driver.config.input_url,
+                                                              f"seen by {scope.name('input_sensor')}"))
             if not pending:
                 return skip("no batch file waiting")
             name, now = pending[0], time.time()
@@ -261,7 +274,7 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
             cursor = replace(cursor, inject_failure=None)
         else:
             context.log.info(decision.reason)
-        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=decision.run_key, tags=tags)],
-                               cursor=cursor.to_cursor(), asset_events=events)
+        context.update_cursor(cursor.to_cursor())
+        return dg.RunRequest(run_key=decision.run_key, tags=tags)
 
     return [recovery_sensor, retention_sensor, input_sensor]
