@@ -15,13 +15,20 @@
 
 It builds what `build_pipeline_defs` builds, and is refused as it is when another pipeline of the
 process writes the same job directory; `dg check defs` and `dg dev` load it.
+
+`dg scaffold defs sparkpoint.PipelineComponent <name>` writes a `defs.yaml` that names every field
+a user fills in, each with a comment saying what it does: `pipeline` set to where a project keeps
+it (`<project>.pipelines:<name>`, or what `--pipeline MODULE:ATTR` says), every other field
+commented out with an example (`PipelineScaffolder`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
+from pydantic import BaseModel
 
 from sparkpoint.factory import build_pipeline_defs
 from sparkpoint.pipeline.runtime import PipelineError
@@ -31,6 +38,95 @@ from sparkpoint.sensors.landing import RETRY_SECONDS, SETTLE_SECONDS
 _LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id")
 
 
+class PipelineScaffoldParams(BaseModel):
+    pipeline: str | None = None  # MODULE:ATTR of a sparkpoint.Pipeline (default: <project>.pipelines:<name>)
+
+
+DEFS_YAML = """\
+type: {type_name}
+
+# A sparkpoint pipeline (keyed RocksDB state, incremental checkpoints) as Dagster assets, checks,
+# jobs and sensors. Name your pipeline one of the two ways below, uncomment what you need, then
+# run `dg check defs`.
+attributes:
+  # Either your sparkpoint.Pipeline defined in Python, as MODULE:ATTR ...
+  pipeline: {pipeline}
+  #
+  # ... or, instead of `pipeline`, the pipeline declared here: its name (the default job id and the prefix of every
+  # Dagster name it makes) and its operators (MODULE:ATTR of each sparkpoint.KeyedOperator).
+  # name: {name}
+  # operators:
+  #   - {module}.operators:{name}_per_user
+  #
+  # Where it reads, writes and keeps its local state (any fsspec URL; default: the pipeline's own).
+  # input_url: s3://landing/{name}
+  # checkpoints_url: s3://checkpoints
+  # output_url: s3://output/{name}
+  # local_dir: /var/lib/sparkpoint/{name}
+  # job_id: {name}
+  # storage_options: {{endpoint_url: "http://127.0.0.1:9000"}}
+  #
+  # Settings: sparkpoint's names or Flink's keys, as `sparkpoint run --conf`.
+  # settings:
+  #   state.checkpoints.num-retained: 3
+  #   parallelism.default: 2
+  #
+  # Its assets: key prefix and group (default: the pipeline's name), owners and tags.
+  # key_prefix: [{name}]
+  # group_name: {name}
+  # owners: ["team:data"]
+  # tags: {{domain: {name}}}
+  #
+  # When it runs. schedule: a cron for the checkpoint job. landing_sensor: the input sensor runs
+  # it when a batch file lands, once the file is unchanged for landing_settle_seconds; a file a
+  # run did not consume is offered again after landing_retry_seconds (doubling). tick: a
+  # scheduled run that finds no batch makes a checkpoint of no input (timers fire, TTL expires).
+  # schedule: "*/15 * * * *"
+  # landing_sensor: true
+  # landing_settle_seconds: {settle:g}
+  # landing_retry_seconds: {retry:g}
+  # tick: false
+"""
+
+
+def defs_yaml(type_name: str, name: str, module: str, pipeline: str | None = None) -> str:
+    """The `defs.yaml` `dg scaffold defs` writes for a pipeline named `name` in project `module`."""
+    return DEFS_YAML.format(type_name=type_name, name=name, module=module,
+                            pipeline=pipeline or f"{module}.pipelines:{name}",
+                            settle=SETTLE_SECONDS, retry=RETRY_SECONDS)
+
+
+def _project_module(request: dg.ScaffoldRequest[Any]) -> str:
+    """The project's root module, for the examples: the first folder of the target under the project."""
+    try:
+        parts = request.target_path.resolve().relative_to(Path(request.project_root or "").resolve()).parts
+    except ValueError:
+        return "my_project"
+    parts = parts[1:] if parts[:1] == ("src",) else parts
+    return parts[0] if len(parts) > 1 else "my_project"
+
+
+class PipelineScaffolder(dg.Scaffolder[PipelineScaffoldParams]):
+    """`dg scaffold defs sparkpoint.PipelineComponent NAME [--pipeline MODULE:ATTR]`."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[PipelineScaffoldParams]:
+        return PipelineScaffoldParams
+
+    def scaffold(self, request: dg.ScaffoldRequest[PipelineScaffoldParams]) -> None:
+        if request.scaffold_format != "yaml":  # a component.py: Dagster's own
+            dg.scaffold_component(request, {})
+            return
+        text = defs_yaml(request.type_name, request.target_path.name, _project_module(request),
+                         request.params.pipeline if request.params else None)
+        if request.append:
+            with open(request.target_path, "a") as f:
+                f.write("---\n" + text)
+        else:
+            (request.target_path / "defs.yaml").write_text(text)
+
+
+@dg.scaffold_with(PipelineScaffolder)
 class PipelineComponent(dg.Component, dg.Model, dg.Resolvable):
     """A sparkpoint pipeline declared in a `dg` project's `defs.yaml`: what `build_pipeline_defs` builds.
 

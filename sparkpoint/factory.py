@@ -165,7 +165,10 @@ def build_pipeline_defs(
         tags: tags of every asset.
         schedule: a cron for the checkpoint job's schedule; None: no schedule.
         schedule_status: whether that schedule starts running.
-        landing_sensor: the input sensor (a run per batch file that lands); False: none.
+        landing_sensor: the input sensor (a run per batch file that lands); False: none. It observes
+            `<name>/input` on its ticks (files pending, next and newest file), and a failure injection
+            armed in its cursor (`{"inject_failure": "after-upload"}`, set in the UI or with
+            `dagster sensor cursor`) goes to its next run only.
         resources: replaces resources by role (`storage`, `registry`, `spark`, `state_backend`,
             `source`), e.g. `{"spark": SparkResource(remote="sc://spark:15002")}` or with `EnvVar` fields.
         landing_settle_seconds: the input sensor offers a file once it has been unchanged this long (a

@@ -60,14 +60,24 @@ query Runs($filter: RunsFilter) { runsOrError(filter: $filter, limit: 50) { __ty
   ... on Runs { results { runId jobName status tags { key value } } } } }
 """
 
-MATERIALIZATIONS = """
-query Mats($key: AssetKeyInput!) { assetOrError(assetKey: $key) { __typename
-  ... on Asset { assetMaterializations(limit: 50) { runId timestamp metadataEntries { __typename label
+ENTRIES = """metadataEntries { __typename label
     ... on IntMetadataEntry { intValue intRepr }
     ... on FloatMetadataEntry { floatValue }
     ... on TextMetadataEntry { text }
     ... on JsonMetadataEntry { jsonString }
-    ... on PathMetadataEntry { path } } } } } }
+    ... on PathMetadataEntry { path } }"""
+
+MATERIALIZATIONS = """
+query Mats($key: AssetKeyInput!) { assetOrError(assetKey: $key) { __typename
+  ... on Asset { assetMaterializations(limit: 50) { runId timestamp """ + ENTRIES + " } } } }"
+
+OBSERVATIONS = """
+query Obs($key: AssetKeyInput!) { assetOrError(assetKey: $key) { __typename
+  ... on Asset { assetObservations(limit: 50) { runId timestamp """ + ENTRIES + " } } } }"
+
+TICKS = """
+query Ticks($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+  ... on Sensor { sensorState { ticks(limit: 5) { timestamp status skipReason } } } } }
 """
 
 SENSOR = """
@@ -79,6 +89,17 @@ REPOSITORIES = """
 { repositoriesOrError { __typename ... on RepositoryConnection { nodes { name location { name }
   assetNodes { assetKey { path } } sensors { name sensorState { status } } } } } }
 """
+
+
+def land_clicks(into: Path, batches: int) -> list[Path]:
+    """Land click batches as the example project's `clickstream.land` does (the test process does
+    not have the example on its path; `dagster dev` does)."""
+    sys.path.insert(0, str(REPO / "examples" / "clickstream"))
+    try:
+        from clickstream.land import land
+    finally:
+        sys.path.pop(0)
+    return land(into, batches)
 
 
 def free_port() -> int:
@@ -127,14 +148,10 @@ class DagsterServer:
     def start(self, timeout: float = 120.0) -> None:
         (self.root / "workspace.yaml").write_text(WORKSPACE.format(module=self.module, attribute=self.attribute,
                                                                    repo=REPO))
-        env = {**os.environ, "DAGSTER_HOME": str(self.home), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples" / "clickstream")]),
-               "SPARK_LOCAL_IP": "127.0.0.1", **self.extra_env}
-        env.pop("SPARKPOINT_CHECKPOINT_CRON", None)
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
-                cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.root, env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
@@ -154,6 +171,21 @@ class DagsterServer:
             if time.monotonic() > deadline:
                 raise AssertionError(f"dagster dev did not answer within {timeout:.0f}s\n{self.log_tail()}")
             time.sleep(1)
+
+    def env(self) -> dict[str, str]:
+        """The environment `dagster dev` runs in, and the `dagster` commands a user types beside it."""
+        env = {**os.environ, "DAGSTER_HOME": str(self.home), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples" / "clickstream")]),
+               "SPARK_LOCAL_IP": "127.0.0.1", **self.extra_env}
+        env.pop("SPARKPOINT_CHECKPOINT_CRON", None)
+        return env
+
+    def dagster(self, *args: str, timeout: float = 120.0) -> str:
+        """`dagster ARGS -w workspace.yaml` on this instance, as a user types it beside the UI; its output."""
+        done = subprocess.run([str(BIN / "dagster"), *args, "-w", "workspace.yaml"], cwd=self.root, env=self.env(),
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, f"dagster {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+        return done.stdout + done.stderr
 
     def stop(self) -> None:
         """SIGTERM to the whole process group; once `dagster dev` has shut its services down (or
@@ -241,6 +273,13 @@ class DagsterServer:
         assert sensor["__typename"] == "Sensor", sensor
         return dict(sensor)
 
+    def ticks(self, name: str) -> list[dict[str, Any]]:
+        """The sensor's latest ticks, newest first: {"timestamp", "status", "skipReason"}."""
+        selector = {"repositoryLocationName": self.location, "repositoryName": self.repository, "sensorName": name}
+        sensor = self.gql(TICKS, {"s": selector})["sensorOrError"]
+        assert sensor["__typename"] == "Sensor", sensor
+        return list(sensor["sensorState"]["ticks"])
+
     def wait_for(self, what: str, probe: Callable[[], Any], timeout: float,
                  last: Callable[[], Any] | None = None) -> Any:
         """Poll `probe` until it returns something truthy; fail with the last state and the log tail."""
@@ -266,12 +305,19 @@ class DagsterServer:
 
     def materializations(self, name: str, prefix: str = PREFIX) -> list[dict[str, Any]]:
         """Newest first: {"runId", "timestamp", "metadata": {label: value}}."""
-        asset = self.gql(MATERIALIZATIONS, {"key": {"path": [prefix, name]}})["assetOrError"]
+        return self._asset_events(MATERIALIZATIONS, "assetMaterializations", name, prefix)
+
+    def observations(self, name: str, prefix: str = PREFIX) -> list[dict[str, Any]]:
+        """Newest first, as `materializations` (a sensor's observations have no run: runId "")."""
+        return self._asset_events(OBSERVATIONS, "assetObservations", name, prefix)
+
+    def _asset_events(self, query: str, field: str, name: str, prefix: str) -> list[dict[str, Any]]:
+        asset = self.gql(query, {"key": {"path": [prefix, name]}})["assetOrError"]
         if asset["__typename"] != "Asset":
             return []
         return [{"runId": m["runId"], "timestamp": m["timestamp"],
                  "metadata": {e["label"]: entry_value(e) for e in m["metadataEntries"]}}
-                for m in asset["assetMaterializations"]]
+                for m in asset[field]]
 
     def checkpoint_ids(self, prefix: str = PREFIX) -> list[int]:
         return sorted(int(m["metadata"]["checkpoint_id"]) for m in self.materializations("checkpoint", prefix))

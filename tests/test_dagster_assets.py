@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 
 from sparkpoint.assets import registry_matches, verifies
+from sparkpoint.assets.metadata import readable_size
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from tests.dagster_setup import (
     CHECKPOINT_KEY,
@@ -22,6 +23,14 @@ from tests.dagster_setup import (
 )
 
 pytestmark = pytest.mark.spark
+
+
+@pytest.mark.parametrize(("size", "shown"), [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (12_345_678, "11.8 MiB"), (3 * 1024**3, "3.0 GiB"),
+    (5 * 1024**5, "5120.0 TiB"),
+])
+def test_a_size_reads_in_binary_units(size: int, shown: str):
+    assert readable_size(size) == shown
 
 
 def values(event: dg.AssetMaterialization) -> dict[str, object]:
@@ -47,6 +56,9 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     assert isinstance(by_key[CHECKPOINT_KEY].metadata["path"], dg.PathMetadataValue)
     assert got["state_size_bytes"] == meta.stats.state_size
     assert got["checkpointed_size_bytes"] == meta.stats.checkpointed_size
+    # beside each byte count, the same size as a person reads it
+    assert got["state_size"] == readable_size(meta.stats.state_size) and got["state_size"].endswith(" KiB")
+    assert got["checkpointed_size"] == readable_size(meta.stats.checkpointed_size)
     assert got["summary"].startswith("chk-2: uploaded ") and " KiB" in got["summary"]
     assert 0 < got["incremental_ratio"] < 1, "the second checkpoint reuses files of the first"
     assert got["incremental_ratio"] == round(meta.stats.checkpointed_size / meta.stats.state_size, 4)
@@ -68,6 +80,7 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     assert sst["sst_files_new"] == sum(1 for h in handles for f in h.shared if f.created_by == 2)
     assert sst["sst_files_reused"] == sum(1 for h in handles for f in h.shared if f.created_by != 2) > 0
     assert sst["uploaded_bytes"] == sum(f.size for h in handles for f in h.new_files())
+    assert sst["uploaded"] == readable_size(sst["uploaded_bytes"])
     assert sst["dagster/row_count"] > 0
     assert sst["restore"] == {"0": "working", "1": "working"}
     assert not list((tmp_path / "ckpt" / JOB).glob("_pending/*")), "completion forgets the attempt"
@@ -125,6 +138,7 @@ def test_the_savepoint_job_writes_a_self_contained_savepoint_the_pipeline_resume
     assert sp.kind == "savepoint" and got["from_checkpoint"] == 1 and got["savepoint_id"] == 2
     assert sp.paths() and all(p.startswith("chk-2/") for p in sp.paths()), "nothing referenced in shared/"
     assert got["path"] == f"{tmp_path}/ckpt/{JOB}/chk-2/_metadata"
+    assert got["state_size_bytes"] == sp.stats.state_size and got["state_size"] == readable_size(sp.stats.state_size)
     materialize(tmp_path, instance)  # the next batch resumes from the savepoint
     latest = CompletedCheckpointStore(storage_of(tmp_path)).load(3)
     assert latest.source_offsets != sp.source_offsets

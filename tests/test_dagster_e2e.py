@@ -16,12 +16,13 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.pipeline.maintenance import registry_counts
 from tests import oracle
-from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer
+from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 JOB = "demo"  # the resources' embedded default job id
-METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "checkpointed_size_bytes",
+METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "state_size", "checkpointed_size_bytes",
+                 "checkpointed_size",
                  "incremental_ratio", "files_new", "files_reused", "files_deleted", "registry_files", "retained",
                  "duration_seconds", "batch", "dagster/row_count", "prune_due"}
 
@@ -129,11 +130,7 @@ def test_a_second_pipeline_runs_on_landing_and_heals_on_its_own(dagster_server: 
     import sys
 
     server = dagster_server
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "clickstream"))
-    try:
-        from clickstream.land import land
-    finally:
-        sys.path.pop(0)
+    land = land_clicks
     assert server.sensor("clicks_input_sensor")["sensorState"]["status"] == "RUNNING"
     sample = CheckpointStorage(server.checkpoints_url, JOB)
     sample_before = sample.completed_checkpoint_ids()

@@ -9,6 +9,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from sparkpoint.assets.metadata import readable_size
 from sparkpoint.pipeline.attempt import list_attempts
 from sparkpoint.resources.scope import INJECT_TAG
 from tests.dagster_setup import (
@@ -54,7 +55,8 @@ def test_no_prune_after_ordinary_checkpoints_while_the_last_prune_is_recent(spar
     first, cursor = look(instance, None)
     assert isinstance(first, list) and len(first) == 1, "the orphan sweep never ran for this job: due"
     assert first[0].tags[BECAUSE] == "orphan sweep due"
-    prune(tmp_path, instance, first[0])
+    pruned = prune(tmp_path, instance, first[0])
+    assert pruned["orphan_size"] == readable_size(pruned["orphan_bytes"])
 
     got = checkpoint_meta(materialize(tmp_path, instance))  # chk-2, an ordinary one
     assert got["prune_due"] == [] and got["retained"] == [2, 1]

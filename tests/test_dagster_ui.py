@@ -1,6 +1,8 @@
 """The Dagster UI rendered by headless Chromium (Debian `chromium`): the asset graph shows the SSTable
 assets feeding the checkpoint asset, the checkpoint asset's page shows `checkpoint_id` and the size
-metadata, and its Plots view plots them. Screenshots go to `build/`."""
+metadata (each byte count beside a readable size), and its Plots view plots them; input assets are
+observed; a failure armed for the input sensor's next run fails that run, whose page links its
+recovery run. Screenshots go to `build/`."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.dagster_server import DagsterServer
+from sparkpoint.assets.metadata import readable_size
+from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
 
 pytestmark = pytest.mark.e2e
 
@@ -155,3 +158,108 @@ def test_asset_graph_and_checkpoint_page_render_in_headless_chromium(dagster_ser
         (BUILD / "dagster-checkpoint-plots.png").write_bytes(base64.b64decode(shot["data"]))
     finally:
         browser.close()
+
+
+def arm_failure(server: DagsterServer, sensor: str, point: str) -> None:
+    """The documented one step: set the input sensor's cursor with `dagster sensor cursor`. A tick
+    the daemon was running at that moment writes its own cursor over it (Dagster's cursor, whoever
+    sets it): the next tick says whether the sensor is armed, and the step is taken again if not."""
+    armed = f"(armed: the next run gets {INJECT_TAG}={point})"
+    for _ in range(3):
+        server.dagster("sensor", "cursor", sensor, "--set", json.dumps({"inject_failure": point}))
+        set_at = time.time()
+        tick = server.wait_for(
+            f"a tick of {sensor} after its cursor was set",
+            lambda since=set_at: next((t for t in server.ticks(sensor) if t["timestamp"] > since), None), timeout=60)
+        if armed in (tick["skipReason"] or ""):
+            return
+    raise AssertionError(f"{sensor} never said {armed!r}; its ticks: {server.ticks(sensor)}")
+
+
+def new_run(server: DagsterServer, known: set[str], job: str) -> dict[str, Any] | None:
+    return next((r for r in server.runs() if r["jobName"] == job and r["runId"] not in known), None)
+
+
+@pytest.mark.timeout(1200)  # three Spark runs and a recovery, one after another, on a loaded machine
+def test_input_observed_sizes_readable_and_a_failed_run_one_click_from_its_recovery(dagster_server: DagsterServer,
+                                                                                    tmp_path: Path) -> None:
+    """Issue 34, items 6-9, on the example's `clicks` pipeline (its own operator and columns): a
+    failure armed in one step for the input sensor's next run fails that run only; the failed run's
+    page links its recovery run, one click away; the input assets are observed; the checkpoint's
+    sizes read as sizes. Screenshots go to `build/`."""
+    chromium()
+    server = dagster_server
+    server.gql("mutation { setNuxSeen }")
+    server.ensure_checkpoint()  # the sample pipeline's, whose input sensor is stopped: its run observes the input
+    BUILD.mkdir(exist_ok=True)
+    into = server.root / ".sparkpoint" / "clicks" / "input"
+    into.mkdir(parents=True, exist_ok=True)
+
+    # 9. Arm a failure for the next run of the running input sensor, land a batch: that run fails.
+    arm_failure(server, "clicks_input_sensor", "after-upload")
+    known = {r["runId"] for r in server.runs()}
+    land_clicks(into, 1)
+    first = server.wait_for("the input sensor's run", lambda: new_run(server, known, "clicks_checkpoint"), timeout=120)
+    failed = server.wait_run(first["runId"])
+    assert failed["status"] == "FAILURE", f"{failed}\n{server.log_tail()}"
+    assert {"key": INJECT_TAG, "value": "after-upload"} in failed["tags"]
+    (recovery,) = server.wait_for(f"the recovery of {failed['runId']}",
+                                  lambda: server.runs({RECOVERS_TAG: failed["runId"]}), timeout=120)
+    assert server.wait_run(recovery["runId"])["status"] == "SUCCESS", server.log_tail()
+    known = {r["runId"] for r in server.runs()}
+    (landed,) = land_clicks(into, 1)
+    after = server.wait_run(server.wait_for("the next run", lambda: new_run(server, known, "clicks_checkpoint"),
+                                            timeout=120)["runId"])
+    assert after["status"] == "SUCCESS" and {"key": "sparkpoint/landed", "value": landed.name} in after["tags"]
+    assert INJECT_TAG not in {t["key"] for t in after["tags"]}, "the armed failure went to one run only"
+
+    browser = DevTools(tmp_path / "p5")
+    try:
+        browser.call("Page.enable")
+        # 8. The failed run's page links its recovery run; one click opens it.
+        browser.call("Page.navigate", url=f"{server.url}/runs/{failed['runId']}")
+        link = f"a[href='/runs/{recovery['runId']}']"
+        browser.wait(f"document.querySelector(\"{link}\") !== null", "the link to the recovery run")
+        assert "recovery_run" in browser.evaluate("document.body.innerText")
+        time.sleep(1)
+        shot = browser.call("Page.captureScreenshot", format="png")
+        (BUILD / "dagster-failed-run-recovery-link.png").write_bytes(base64.b64decode(shot["data"]))
+        browser.evaluate(f"document.querySelector(\"{link}\").click()")
+        browser.wait(f"location.pathname === '/runs/{recovery['runId']}' && "
+                     "document.body.innerText.includes('clicks_recover')", "the recovery run's page")
+
+        # 7. The checkpoint's byte counts stay numbers; beside each, the size as a person reads it.
+        (latest,) = [m for m in server.materializations("checkpoint", "clicks") if m["runId"] == after["runId"]]
+        sizes = latest["metadata"]
+        assert sizes["state_size"] == readable_size(sizes["state_size_bytes"]), sizes
+        assert sizes["checkpointed_size"] == readable_size(sizes["checkpointed_size_bytes"]), sizes
+        browser.call("Page.navigate", url=f"{server.url}/assets/clicks/checkpoint")
+        browser.wait("document.body.innerText.includes('checkpointed_size_bytes')", "the metadata table")
+        page = browser.evaluate("document.body.innerText")
+        for key in ("state_size", "checkpointed_size"):
+            shown = re.search(rf"^{key}\s+\S[^\n]*\s+(.+)$", page, flags=re.M)
+            assert shown and shown.group(1).strip() == sizes[key], f"{key}: {page[:3000]}"
+            assert re.search(rf"^{key}_bytes\s+\S[^\n]*\s+{sizes[key + '_bytes']}$", page, flags=re.M), page[:3000]
+        browser.evaluate("[...document.querySelectorAll('td')].find(td => td.innerText.trim() === 'state_size_bytes')"
+                         ".scrollIntoView({block: 'center'})")
+        time.sleep(1)
+        shot = browser.call("Page.captureScreenshot", format="png")
+        (BUILD / "dagster-readable-sizes.png").write_bytes(base64.b64decode(shot["data"]))
+    finally:
+        browser.close()
+
+    # 6. Neither pipeline's input asset is "Never observed": the sensor's ticks and the runs observe
+    # them. Once the sensor saw the last batch consumed, the state read all there is: in sync.
+    def seen_consumed() -> bool:  # the newest observation is the sensor's (no run), after the last run
+        newest = server.observations("input", "clicks")[0]
+        return newest["runId"] == "" and newest["metadata"]["files_pending"] == 0
+
+    server.wait_for("the input sensor's observation after the last run", seen_consumed, timeout=60)
+    for prefix in ("clicks", "sparkpoint"):
+        graph = text_of(render(f"{server.url}/assets/{prefix}/checkpoint?view=lineage&lineageScope=upstream"
+                               "&lineageDepth=2", tmp_path / f"p6{prefix}",
+                               screenshot=BUILD / f"dagster-{prefix}-input-observed.png"))
+        assert "input" in graph and "Observed" in graph, graph[:2000]
+        assert "Never observed" not in graph, graph[:2000]
+        if prefix == "clicks":
+            assert "Unsynced" not in graph, f"the state read what the observation saw: {graph[:2000]}"

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.ops import RECOVERY_RUN
 from sparkpoint.resources import SparkResource
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, RECOVERED_BY_TAG
 
@@ -128,6 +129,12 @@ def test_two_pipelines_materialize_fail_and_heal_apart(project: Path):
     assert all(c.passed for c in checks)
     assert healed.dagster_run.tags[FAILED_RUN_TAG] == failed.run_id
     assert instance.get_run_by_id(failed.run_id).tags[RECOVERED_BY_TAG] == healed.run_id
+    # the failed run's own log links its recovery run (a run link the UI opens in one click)
+    (link,) = [e.dagster_event.engine_event_data.metadata[RECOVERY_RUN]
+               for e in instance.all_logs(failed.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+               if e.dagster_event and RECOVERY_RUN in e.dagster_event.engine_event_data.metadata]
+    assert isinstance(link, dg.DagsterRunMetadataValue) and link.run_id == healed.run_id
+    assert instance.get_run_by_id(failed.run_id).status == dg.DagsterRunStatus.FAILURE, "still the failed run"
 
     for _ in range(2):
         assert clicks_job.execute_in_process(instance=instance).success

@@ -15,11 +15,13 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+import yaml
 
 from sparkpoint import BytesCodec, KeyedOperator, Pipeline, PipelineComponent, StructCodec, build_pipeline_defs
 from sparkpoint.factory import pipeline_defs
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.sample import pipeline as sample
+from sparkpoint.sensors.landing import SETTLE_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 CLICKS = StructCodec[tuple[int]]("<q")
@@ -193,6 +195,48 @@ def test_dg_lists_and_scaffolds_the_component(tmp_path: Path):
     assert done.returncode == 0, done.stdout + done.stderr
     scaffolded = (project / "clickstream" / "defs" / "sessions" / "defs.yaml").read_text()
     assert "type: sparkpoint.PipelineComponent" in scaffolded
+    assert "attributes: {}" not in scaffolded
+
+    # What the user fills in: the pipeline, where the project keeps it; every other field commented
+    # out with an example, each said once.
+    raw = yaml.safe_load(scaffolded)
+    assert raw["attributes"] == {"pipeline": "clickstream.pipelines:sessions"}
+    fields = set(PipelineComponent.model_fields)
+    commented = [line.strip()[2:] for line in scaffolded.splitlines() if line.strip().startswith("# ")]
+    named = [line.split(":", 1)[0] for line in commented if line.split(":", 1)[0] in fields]
+    assert sorted(named) == sorted(fields - {"pipeline"}), named
+    # Uncommented (the inline form instead of `pipeline`), it is a valid component: every example is.
+    def uncomment(line: str) -> str:
+        rest = line.removeprefix("  # ")
+        return "  " + rest if rest != line and (rest.split(":", 1)[0] in fields or rest.startswith("  ")) else line
+
+    uncommented = "\n".join(uncomment(line) for line in scaffolded.splitlines() if not line.startswith("  pipeline:"))
+    attributes = yaml.safe_load(uncommented)["attributes"]
+    assert set(attributes) == fields - {"pipeline"}, sorted(attributes)
+    PipelineComponent.model_validate(attributes)
+    assert attributes["landing_settle_seconds"] == SETTLE_SECONDS and attributes["tick"] is False
+
+    # Before the pipeline exists, the project's check names what is missing; once it does, it loads.
+    check = [str(bin_dir / "dg"), "check", "defs"]
+    home = {"DAGSTER_HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    missing = subprocess.run(check, cwd=project, env={**env, **home}, capture_output=True, text=True, timeout=300)
+    assert missing.returncode != 0
+    assert "'clickstream.pipelines:sessions': module 'clickstream.pipelines' has no 'sessions'" in (
+        missing.stdout + missing.stderr), missing.stdout + missing.stderr
+    with open(project / "clickstream" / "pipelines.py", "a") as f:
+        f.write("\nfrom clickstream.operators import pages_per_user\n\n"
+                "sessions = Pipeline('sessions', [pages_per_user])\n")
+    loaded = subprocess.run(check, cwd=project, env={**env, **home}, capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+
+    # `--pipeline` writes the given reference in.
+    done = subprocess.run([str(bin_dir / "dg"), "scaffold", "defs", "sparkpoint.PipelineComponent", "visits",
+                           "--pipeline", "clickstream.more:visits"], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    visits = yaml.safe_load((project / "clickstream" / "defs" / "visits" / "defs.yaml").read_text())
+    assert visits["attributes"] == {"pipeline": "clickstream.more:visits"}
 
 
 def test_the_code_version_is_stable_across_processes_and_follows_the_code():

@@ -23,7 +23,9 @@ import dagster as dg
 
 from sparkpoint.assets.metadata import (
     checkpoint_metadata,
-    location,
+    input_data_version,
+    input_metadata,
+    input_observation,
     output_metadata,
     sstable_metadata,
     state_schema,
@@ -63,12 +65,8 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
     def input_files(context: dg.AssetExecutionContext) -> dg.ObserveResult:
         driver = scope.resources(context).driver(pipeline)
         pending = driver.pending_files()
-        newest = pending[-1] if pending else None
-        return dg.ObserveResult(
-            data_version=dg.DataVersion(newest or "nothing pending"),
-            metadata={"files_pending": len(pending), "newest_file": newest or "",
-                      "location": location(driver.config.input_url)},
-        )
+        return dg.ObserveResult(data_version=input_data_version(pending, driver.consumed_files),
+                                metadata=input_metadata(pending, driver.config.input_url))
 
     with warnings.catch_warnings():  # observable source assets are "beta" in Dagster 1.13, and what we need
         warnings.simplefilter("ignore", dg.BetaWarning)
@@ -106,6 +104,11 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         if attempt is None and context.run.tags.get(TICK_TAG, "").lower() == "true":
             context.log.info("no unconsumed batch: a tick (a checkpoint of no input: due timers fire, TTL expires)")
             attempt = start_step(driver, context.run.run_id, inject_failure=inject, tick=True)
+        # The run that reads the input observes it too (the input sensor may be stopped), as the
+        # sensor does: outside the run's own events, which say what the run made.
+        context.instance.report_runless_asset_event(input_observation(
+            scope.input_key, driver.pending_files(), driver.consumed_files, driver.config.input_url,
+            f"seen by run {context.run.run_id}"))
         if attempt is None:
             context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
             empty = driver.source.nothing_to_read()

@@ -1,9 +1,12 @@
-"""Dagster metadata of the pipeline's assets: sizes in bytes with the unit in the key and in a
-readable line, locations as path or URL values, `dagster/row_count` where rows are counted, table
-schemas for exported state and the sink's output. Numbers stay numbers (the UI plots them)."""
+"""Dagster metadata of the pipeline's assets: every size twice, the byte count under a key ending
+in `_bytes` (a number: the UI plots it, scripts read it) and beside it the same size for a person
+under the key without `_bytes` (`state_size_bytes` 12345678, `state_size` "11.8 MiB"); locations
+as path or URL values, `dagster/row_count` where rows are counted, table schemas for exported state
+and the sink's output."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -16,12 +19,44 @@ from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
 
+DATA_VERSION_TAG = "dagster/data_version"
+
+
+def size_entries(name: str, size: int) -> dict[str, Any]:
+    """`<name>_bytes`: the byte count; `<name>`: the same size as a person reads it."""
+    return {f"{name}_bytes": size, name: readable_size(size)}
+
 
 def location(url: str) -> dg.MetadataValue:
     """A local file as a path value (the UI offers to copy it), anything else as a URL."""
     if url.startswith("file://"):
         return dg.MetadataValue.path(url.removeprefix("file://"))
     return dg.MetadataValue.url(url)
+
+
+def input_metadata(pending: Sequence[str], input_url: str) -> dict[str, Any]:
+    """What an observation of the input asset says: the batch files no checkpoint consumed yet."""
+    return {"files_pending": len(pending), "next_file": pending[0] if pending else "",
+            "newest_file": pending[-1] if pending else "", "location": location(input_url)}
+
+
+def input_data_version(pending: Sequence[str], consumed: Callable[[], Sequence[str]]) -> dg.DataVersion:
+    """The newest batch file that landed, consumed or not: it changes when a file lands, not when a
+    checkpoint consumes one, so the SSTable assets are in sync once they have read it. (`consumed`
+    is asked only when nothing is pending.)"""
+    newest = pending[-1] if pending else next(iter(reversed(consumed())), None)
+    return dg.DataVersion(newest or "nothing landed")
+
+
+def input_observation(key: dg.AssetKey, pending: Sequence[str], consumed: Callable[[], Sequence[str]],
+                      input_url: str, by: str) -> dg.AssetObservation:
+    """An observation of the input asset reported outside its own observe step (`by`: who looked)."""
+    files = f"{len(pending)} batch file{'' if len(pending) == 1 else 's'} pending"
+    return dg.AssetObservation(
+        asset_key=key, description=f"{files}{f', newest {pending[-1]}' if pending else ''} ({by})",
+        metadata=input_metadata(pending, input_url),
+        tags={DATA_VERSION_TAG: input_data_version(pending, consumed).value},
+    )
 
 
 def plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -52,8 +87,8 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
                     f"{facts['files_new']} new, {facts['files_reused']} reused, {facts['files_deleted']} deleted; "
                     f"{report.rows} rows in {facts['duration_s']:.2f} s"),
         "path": location(facts["path"]),
-        "state_size_bytes": facts["state_size"],
-        "checkpointed_size_bytes": facts["checkpointed_size"],
+        **size_entries("state_size", facts["state_size"]),
+        **size_entries("checkpointed_size", facts["checkpointed_size"]),
         "incremental_ratio": facts["incremental_ratio"],
         "files_new": facts["files_new"],
         "files_reused": facts["files_reused"],
@@ -88,8 +123,7 @@ def sstable_metadata(summary: dict[str, Any]) -> dict[str, Any]:
         "subtasks": summary["subtasks"],
         "sst_files_new": summary["sst_files_new"],
         "sst_files_reused": summary["sst_files_reused"],
-        "uploaded_bytes": summary["bytes_uploaded"],
-        "uploaded": readable_size(summary["bytes_uploaded"]),
+        **size_entries("uploaded", summary["bytes_uploaded"]),
     }
     if "restore" in summary:  # known to the step that restored (a recovery reports from `_metadata`)
         out["restore"] = summary["restore"]

@@ -22,14 +22,24 @@ from typing import Any
 import dagster as dg
 
 from sparkpoint.assets import registry_matches, run_lineage, skipped_files, verifies
-from sparkpoint.assets.metadata import checkpoint_metadata, location, plain, sstable_metadata
+from sparkpoint.assets.metadata import (
+    DATA_VERSION_TAG,
+    checkpoint_metadata,
+    location,
+    plain,
+    size_entries,
+    sstable_metadata,
+)
+from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import snapshot_summary
 from sparkpoint.pipeline.skipping import skip_file
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG, RECOVERED_BY_TAG, TICK_TAG, PipelineScope
 
-__all__ = ["FAILED_RUN_TAG", "PipelineJobs", "RecoverConfig", "SkipFileConfig", "build_jobs"]
+__all__ = ["FAILED_RUN_TAG", "RECOVERY_RUN", "PipelineJobs", "RecoverConfig", "SkipFileConfig", "build_jobs",
+           "link_to_recovery"]
+RECOVERY_RUN = "recovery_run"  # the metadata entry of the failed run's event that links its recovery
 
 
 class RecoverConfig(dg.Config):
@@ -63,6 +73,19 @@ class PipelineJobs:
                 self.skip_file]
 
 
+def link_to_recovery(instance: dg.DagsterInstance, failed: dg.DagsterRun, recovery_run_id: str) -> None:
+    """The failed run's way to its recovery: the tag `sparkpoint/recovered-by` (runs are filtered
+    by it) and, since the UI renders no tag as a link, an event in the failed run's own log whose
+    `recovery_run` opens the recovery run in one click."""
+    from dagster._core.events import EngineEventData  # Dagster exports no public way to write this event
+
+    instance.add_run_tags(failed.run_id, {RECOVERED_BY_TAG: recovery_run_id})
+    instance.report_engine_event(
+        f"sparkpoint: run {recovery_run_id} recovers this run", dagster_run=failed,
+        engine_event_data=EngineEventData(metadata={RECOVERY_RUN: dg.MetadataValue.dagster_run(recovery_run_id)}),
+    )
+
+
 def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
                tick: bool = False) -> PipelineJobs:
@@ -82,7 +105,7 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         failed_id = config.failed_run_id
         failed = context.instance.get_run_record_by_id(failed_id) if failed_id else None
         if failed is not None:  # the link back: the failed run names the run that heals it
-            context.instance.add_run_tags(failed_id, {RECOVERED_BY_TAG: context.run_id})
+            link_to_recovery(context.instance, failed.dagster_run, context.run_id)
         # The failed run's attempts (its own id and those of the runs it re-executed) are fenced
         # before the sweep that takes what it uploaded: a zombie of it can never commit then.
         report = maintenance.recover(
@@ -107,7 +130,7 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
             context.log_event(dg.AssetMaterialization(
                 asset_key=scope.checkpoint_key, description=why,
                 metadata=checkpoint_metadata(driver.storage, batch, meta, recovered_run=failed_id or None),
-                tags={"dagster/data_version": str(meta.checkpoint_id)},
+                tags={DATA_VERSION_TAG: str(meta.checkpoint_id)},
             ))
         storage = driver.storage
         for result in (verifies(scope, storage), registry_matches(scope, storage)):
@@ -132,7 +155,8 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                               orphan_grace_seconds=registry.orphan_grace_seconds)
         return dg.Output(None, metadata={"subsumed": dg.MetadataValue.json(list(r.subsumed)),
                                          "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
-                                         "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts})
+                                         "orphan_bytes": r.orphan_bytes, "orphan_size": readable_size(r.orphan_bytes),
+                                         "stale_attempts": r.stale_attempts})
 
     @dg.op(name=scope.name("verify_op"), pool=pool, required_resource_keys=scope.resource_keys("storage"))
     def verify_op(context: dg.OpExecutionContext) -> dg.Output[None]:
@@ -163,7 +187,8 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         storage = scope.storage(context).open()
         result = take_savepoint(storage)
         facts: dict[str, Any] = {
-            "savepoint_id": result.metadata.checkpoint_id, "state_size_bytes": result.metadata.stats.state_size,
+            "savepoint_id": result.metadata.checkpoint_id,
+            **size_entries("state_size", result.metadata.stats.state_size),
             "from_checkpoint": result.source_checkpoint, "files": result.files,
             "path": location(f"{result.url}/_metadata"),
         }

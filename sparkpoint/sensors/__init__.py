@@ -17,23 +17,25 @@ gives the pipeline's pool no limit. The recovery sensor keeps the failed runs it
 in its cursor (`sparkpoint.sensors.recovery`) and launches one recovery at a time.
 
 The input sensor's decisions (when a file has settled, when a file a run did not consume is
-offered again) are in `sparkpoint.sensors.landing`. Before it launches a run it checks the batch's
-files from their footers: under `on_bad_file="fail"` a bad file launches no run (its skip reason
-names the file, the check and the `<name>_skip_file` job); a file consumed as skipped is never
-pending again.
+offered again, when it observes the input asset, a failure injection armed in its cursor) are in
+`sparkpoint.sensors.landing`. Before it launches a run it checks the batch's files from their
+footers: under `on_bad_file="fail"` a bad file launches no run (its skip reason names the file, the
+check and the `<name>_skip_file` job); a file consumed as skipped is never pending again.
 """
 
 
 import json
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
 
+from sparkpoint.assets.metadata import input_observation
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.ops import PipelineJobs
-from sparkpoint.resources.scope import FAILED_RUN_TAG, PipelineScope
+from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, PipelineScope
 from sparkpoint.sensors import landing
 from sparkpoint.sensors.recovery import RecoveryCursor, new_failures
 from sparkpoint.spark.source import BadInputFile
@@ -120,6 +122,18 @@ def _why_not_recover(scope: PipelineScope, instance: dg.DagsterInstance, run_id:
 
 def _recovery_of(instance: dg.DagsterInstance, run_id: str, recover_job: str) -> bool:
     return bool(instance.get_run_ids(dg.RunsFilter(tags={FAILED_RUN_TAG: run_id}, job_name=recover_job), limit=1))
+
+
+def report_observation(context: dg.SensorEvaluationContext, observation: dg.AssetObservation) -> None:
+    """Record a sensor's observation in the instance at once (what the daemon does with a
+    `SensorResult`'s asset events), so the sensor still returns a plain run request or skip
+    reason. A context built without an instance (`build_sensor_context()` in a test) has nowhere
+    to record it."""
+    try:
+        instance = context.instance
+    except dg.DagsterInvariantViolationError:
+        return
+    instance.report_runless_asset_event(observation)
 
 
 def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: bool = True,
@@ -210,38 +224,57 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
         # (Dagster passes the required resources as keyword arguments too; context.resources has them.)
         # One run per batch file: while it runs, the same first file is pending and the sensor
         # waits for it; a file its run did not consume is offered again under a new run key.
+        cursor = landing.InputCursor.from_cursor(context.cursor, scope.name("input_sensor"))
+        if cursor.problem:  # a cursor a user set: it stays as it is until they fix or delete it
+            return dg.SkipReason(cursor.problem)
+
+        def skip(reason: str) -> dg.SkipReason:
+            context.update_cursor(cursor.to_cursor())
+            return dg.SkipReason(cursor.say(reason))
+
         try:
             driver = scope.resources(context).driver(scope.pipeline)
             pending = driver.pending_files()
+            cursor, due = cursor.observe(pending, time.time())
+            if due:
+                report_observation(context, input_observation(scope.input_key, pending, driver.consumed_files,
+                                                              driver.config.input_url,
+                                                              f"seen by {scope.name('input_sensor')}"))
             if not pending:
-                return dg.SkipReason("no batch file waiting")
+                return skip("no batch file waiting")
             name, now = pending[0], time.time()
             stat = driver.source.stat(name)
-            seen, unsettled = landing.settle(landing.FileSeen.from_cursor(context.cursor), name, stat, now,
-                                             settle_seconds)
-            context.update_cursor(seen.to_cursor())
+            seen, unsettled = landing.settle(cursor.seen, name, stat, now, settle_seconds)
+            cursor = replace(cursor, seen=seen)
             if unsettled:
-                return dg.SkipReason(unsettled)
+                return skip(unsettled)
             runs = landing.landed_runs(context.instance, scope.name("input_sensor"), name)
             decision = landing.landing_decision(name, stat, runs, landing.active_recoveries(context.instance, runs),
                                                 now, retry_seconds)
             # The runs ended after the listing above: had one consumed the file, a new listing shows it.
             if decision.again and name not in driver.pending_files():
-                return dg.SkipReason(f"{name} was consumed while the sensor looked")
+                return skip(f"{name} was consumed while the sensor looked")
         except SparkpointError as e:
-            return dg.SkipReason(f"input not readable: {e}")
+            return skip(f"input not readable: {e}")
         if decision.run_key is None:
-            return dg.SkipReason(decision.reason)
+            return skip(decision.reason)
         busy = scope.runs_in_flight(context.instance)
         if busy:
-            return dg.SkipReason(f"{decision.reason}; {scope.waiting_for(busy)}")
+            return skip(f"{decision.reason}; {scope.waiting_for(busy)}")
         try:  # the batch's checks from its footers: a run would fail on a bad file (on_bad_file="fail")
             driver.check_batch(pending[: driver.config.files_per_checkpoint])
         except BadInputFile as e:
-            return dg.SkipReason(f"not launching a run for {name}: {e}")
+            return skip(f"not launching a run for {name}: {e}")
         except SparkpointError as e:
-            return dg.SkipReason(f"input not readable: {e}")
-        context.log.info(decision.reason)
-        return dg.RunRequest(run_key=decision.run_key, tags=dict(decision.tags))
+            return skip(f"input not readable: {e}")
+        tags = dict(decision.tags)
+        if cursor.inject_failure:  # armed for this run only: the cursor forgets it with this request
+            tags[INJECT_TAG] = cursor.inject_failure
+            context.log.info(f"{decision.reason}; injecting failure {cursor.inject_failure} (armed in the cursor)")
+            cursor = replace(cursor, inject_failure=None)
+        else:
+            context.log.info(decision.reason)
+        context.update_cursor(cursor.to_cursor())
+        return dg.RunRequest(run_key=decision.run_key, tags=tags)
 
     return [recovery_sensor, retention_sensor, input_sensor]

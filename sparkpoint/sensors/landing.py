@@ -19,17 +19,28 @@ longer writes under a name starting with `_` or `.` and renames the file when it
 the source skips those names.
 
 Every skip says what the sensor waits for.
+
+The sensor's cursor (`InputCursor`) keeps, besides the first pending file as the last tick saw it,
+what its last observation of the input asset reported: each tick reports an observation of
+`<name>/input` (files pending, the next and the newest file) when that changed, and otherwise once
+every `OBSERVE_EVERY_SECONDS`, so the asset shows when the sensor last looked without an event
+every few seconds. And it carries a failure injection a user arms for the sensor's next run, in
+one step: set the cursor to `{"inject_failure": "after-upload"}` (the sensor page's "Set cursor
+value", or `dagster sensor cursor <name>_input_sensor --set ...`). The next run the sensor requests
+gets the tag `sparkpoint/inject-failure` and the cursor forgets it: exactly one run fails there.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import dagster as dg
 
-from sparkpoint.resources.scope import FAILED_RUN_TAG
+from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG
+from sparkpoint.spark.faults import INJECTION_POINTS
 from sparkpoint.spark.source import BatchStat
 
 LANDED_TAG = "sparkpoint/landed"
@@ -37,6 +48,7 @@ SIZE_TAG, MODIFIED_TAG = "sparkpoint/landed-size", "sparkpoint/landed-modified"
 SETTLE_SECONDS = 2.0  # a file unchanged this long is complete (a copy writes more often than that)
 RETRY_SECONDS = 30.0  # the first re-offer of an unchanged file; doubles with each run, up to:
 RETRY_MAX_SECONDS = 1800.0
+OBSERVE_EVERY_SECONDS = 300.0  # an unchanged input is observed again after this (the UI shows when)
 _FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
@@ -60,6 +72,67 @@ class FileSeen:
             return cls(str(raw["file"]), int(raw["size"]), raw["modified"], float(raw["since"]))
         except (ValueError, TypeError, KeyError):
             return None
+
+
+def arm_hint(sensor_name: str) -> str:
+    points = " | ".join(INJECTION_POINTS)
+    return (f"set the cursor of {sensor_name} to {{\"inject_failure\": \"{INJECTION_POINTS[1]}\"}} ({points}), "
+            f"or delete it (dagster sensor cursor {sensor_name} --delete)")
+
+
+@dataclass(frozen=True)
+class InputCursor:
+    """What the input sensor keeps between ticks: the first pending file as last seen, what its
+    last observation of the input reported and when, and a failure injection armed by a user for
+    the next run it requests (`problem`: why a cursor a user set cannot be followed)."""
+
+    seen: FileSeen | None = None
+    observed: str | None = None
+    observed_at: float = 0.0
+    inject_failure: str | None = None
+    problem: str | None = None
+
+    def to_cursor(self) -> str:
+        raw: dict[str, Any] = json.loads(self.seen.to_cursor()) if self.seen else {}
+        if self.observed is not None:
+            raw.update(observed=self.observed, observed_at=self.observed_at)
+        if self.inject_failure is not None:
+            raw["inject_failure"] = self.inject_failure
+        return json.dumps(raw)
+
+    @classmethod
+    def from_cursor(cls, cursor: str | None, sensor_name: str) -> InputCursor:
+        """The cursor the sensor wrote, or one a user set (earlier versions' cursors are read too)."""
+        if not cursor or not cursor.strip():
+            return cls()
+        try:
+            raw = json.loads(cursor)
+        except ValueError:
+            raw = None
+        if not isinstance(raw, dict):
+            return cls(problem=f"the cursor {cursor[:200]!r} is not a JSON object: {arm_hint(sensor_name)}")
+        observed, observed_at = raw.get("observed"), raw.get("observed_at")
+        inject = raw.get("inject_failure")
+        problem = None
+        if inject is not None and inject not in INJECTION_POINTS:
+            problem = f"the cursor arms an unknown failure injection point {inject!r}: {arm_hint(sensor_name)}"
+        return cls(FileSeen.from_cursor(cursor), observed if isinstance(observed, str) else None,
+                   float(observed_at) if isinstance(observed_at, (int, float)) else 0.0,
+                   inject if isinstance(inject, str) and inject else None, problem)
+
+    def observe(self, pending: Sequence[str], now: float,
+                every_seconds: float = OBSERVE_EVERY_SECONDS) -> tuple[InputCursor, bool]:
+        """(the cursor after this tick, whether this tick reports an observation of the input)."""
+        what = json.dumps([len(pending), pending[0] if pending else None, pending[-1] if pending else None])
+        if what == self.observed and now - self.observed_at < every_seconds:
+            return self, False
+        return replace(self, observed=what, observed_at=now), True
+
+    def say(self, reason: str) -> str:
+        """A skip reason, saying what is armed for the next run."""
+        if self.inject_failure is None:
+            return reason
+        return f"{reason} (armed: the next run gets {INJECT_TAG}={self.inject_failure})"
 
 
 def settle(before: FileSeen | None, name: str, stat: BatchStat, now: float,
