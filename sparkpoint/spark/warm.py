@@ -312,11 +312,15 @@ def stop(server: WarmServer | None = None, directory: Path | None = None) -> boo
     if server is None:
         return False
     stopped = False
-    for pid, started in ((server.supervisor_pid, server.supervisor_start), (server.jvm_pid, server.jvm_start)):
+    processes = ((server.supervisor_pid, server.supervisor_start), (server.jvm_pid, server.jvm_start))
+    for pid, started in processes:
         if same_process_lives(pid, started):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # each leads a process group: its children go too
             stopped = True
+    deadline = time.monotonic() + 10  # gone when this returns: SIGKILL takes effect a moment later
+    while any(same_process_lives(pid, started) for pid, started in processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
     with contextlib.suppress(OSError):
         if read_server(directory) == server:
             (directory / "server.json").unlink()
