@@ -24,7 +24,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, check_on_bad_file, input_needs
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
-from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
+from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, run_slots, run_subtask
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import check_event_time, iso_micros
@@ -218,6 +218,14 @@ class PipelineCore:
         under `on_bad_file="fail"` a bad file raises `BadInputFile`; under "skip" the bad ones
         are returned apart from the good ones."""
         return self._file_checks.batch(self.source, files)
+
+    def file_verdicts(self, files: list[str]) -> list[FileVerdict]:
+        """Each file's checks, whatever `on_bad_file` says (a footer is read once per process)."""
+        return self._file_checks.verdicts(self.source, files)
+
+    def forget_verdicts(self, files: list[str]) -> None:
+        """Check `files` again when next asked (they failed while they may still be landing)."""
+        self._file_checks.forget(files)
 
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
