@@ -268,15 +268,13 @@ class PipelineCore:
         def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
             return run_slots(spec, urls, ids)
 
-        # One stage, one task per subtask index running that subtask of every operator: `range`
-        # with `parallelism` slices puts exactly one index in each partition (sparkpoint.spark.tasks).
-        job = self.spark.range(0, spec.parallelism, 1, spec.parallelism).mapInPandas(run, RESULT_SCHEMA)
-        from sparkpoint.spark.session import job_group
+        # One stage, one task per subtask index running that subtask of every operator
+        # (sparkpoint.spark.tasks).
+        from sparkpoint.spark.session import job_group, one_task_per_index
 
         description = f"sparkpoint {spec.job_id}: checkpoint {spec.checkpoint_id}"
         with job_group(self.spark, spark_job_group(spec.job_id, spec.checkpoint_id), description):
-            results = job.collect()
-        rows = [r.asDict() for r in results]
+            rows = one_task_per_index(self.spark, spec.parallelism, run, RESULT_SCHEMA)
         if len(rows) != groups:
             raise PipelineError(f"expected {groups} subtask results, Spark returned {len(rows)}")
         return rows
