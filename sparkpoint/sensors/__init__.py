@@ -8,7 +8,13 @@ and launches the pipeline's recover job once per failed run (run key = the faile
 the failed run's own resource config, so a run launched for another job id, input or checkpoint
 location is healed there, not in the defaults, and another pipeline's failure is never touched.
 A failed recover run is not recovered again (it could fail the same way for ever): the sensor
-tags it `sparkpoint/not-recovered` with what to do, and says so in its skip reason.
+tags it `sparkpoint/not-recovered` with what to do, and says so in its skip reason. A failed run
+of the follow job is recovered the same way; once its recovery succeeded, the sensor launches the
+follow job again with the failed run's config (run key `follow-after-<failed run>`, tag
+`sparkpoint/follows-after`), unless a follow run was started since.
+
+While a follow run of the pipeline is in progress, the input sensor launches no batch run: the
+follow run checkpoints each file as it lands (its skip reason names the run).
 
 None of the pipeline's sensors (nor its schedule) starts a run while another run of the pipeline
 is queued or in progress (`PipelineScope.runs_in_flight`, asked of the instance): they skip,
