@@ -22,19 +22,34 @@ already up (Spark Connect), beside Spark Structured Streaming's own in the same 
   stream. That is a checkpoint's duration, not a landing-to-commit latency: Flink's file source
   discovers files on its own interval on top.
 
+And `sparkpoint run --follow` (`--only follow`, or as a third part of a full run), on local Spark:
+
+* ours: the follow loop (`sparkpoint.pipeline.follow`, what `run --follow` runs) in this process on
+  `local[2]`, one Spark session for its life, `user_totals` at parallelism 4, default poll (0.2 s);
+* Spark: the same Structured Streaming query (`maxFilesPerTrigger` 1), changelog off and on;
+* each in turn, on the same files: (1) one file per second (`--rate`) of `--follow-events` events
+  over 100k users: landing (`os.link`) to the commit (`chk-N/_metadata`'s mtime; Spark:
+  `commits/<batch>`'s), median, p95, max; (2) the same files landed at once: events/s from the
+  landing to the last commit, a checkpoint per file in both; (3) tiny files (20 events) at one
+  per second: landing to commit, and a checkpoint's own duration (ours: trigger to commit; Spark:
+  `durationMs.triggerExecution` of the micro-batch).
+
 Workloads: fixed-10pct (200k users created by a first batch, then update batches of 20k events
 touching 10% of them: `bench_startup`'s data) and growing (`generate()`'s skewed events, 40k per
 batch over 200k users). The first batch of each is processed before anything is timed (it warms
 the server's Python workers, as a running Spark's are).
 
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_latency [--updates 5] [--out DIR]
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_latency --only follow [--follow-files 40]
 
-It prints a table and writes benchmarks/results/latency.json (~8 minutes).
+It prints a table and writes benchmarks/results/latency.json (~8 minutes); `--only follow` writes
+benchmarks/results/latency_follow.json (~6 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -42,6 +57,7 @@ import random
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -188,6 +204,185 @@ def measure_spark(root: Path, loads: list[Workload]) -> dict[str, dict[str, list
     return rows
 
 
+# --- run --follow on local Spark, beside Structured Streaming ---------------------------------------
+
+FOLLOW_USERS = 100_000
+TINY_EVENTS = 20
+
+
+def follow_workloads(root: Path, files: int, events: int) -> dict[str, Workload]:
+    return {"steady": growing_workload(root, "steady", batches=files + 1, events=events, users=FOLLOW_USERS,
+                                       items=ITEMS, seed=11),
+            "tiny": growing_workload(root, "tiny", batches=max(files // 2, 8) + 1, events=TINY_EVENTS, users=1_000,
+                                     items=50, seed=12)}
+
+
+def landed_at_rate(files: list[Path], directory: Path, rate: float) -> list[float]:
+    """Land `files` one every 1/`rate` seconds (at once when `rate` is 0); their wall times."""
+    start, out = time.time(), []
+    for i, f in enumerate(files):
+        if rate:
+            time.sleep(max(0.0, start + i / rate - time.time()))
+        out.append(land(f, directory))
+    return out
+
+
+class CommitWatch:
+    """Records when each commit marker appears (its mtime), from a thread polling every 10 ms
+    while files land: retention deletes old markers (ours `num_retained`, Spark's commit log
+    `minBatchesToRetain`) before a wait after the landing would look."""
+
+    def __init__(self, marker: Callable[[int], Path], ids: list[int]):
+        self.marker, self.pending = marker, list(ids)
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self.pending and not self._stop.wait(0.01):
+            for i in list(self.pending):
+                try:
+                    self.seen[i] = self.marker(i).stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                self.pending.remove(i)
+
+    def times(self, timeout: float = 600) -> list[float]:
+        wait("every commit", lambda: not self.pending, timeout, 0.05)
+        self._stop.set()
+        return [self.seen[i] for i in sorted(self.seen)]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
+    return {"median": statistics.median(ordered), "p95": p95, "max": ordered[-1], "n": len(ordered)}
+
+
+def phases(label: str, run_dir: Callable[[str], Path], start: Callable[[Path], Callable[[], None]],
+           marker: Callable[[Path, int], Path], loads: dict[str, Workload], rate: float,
+           durations: Callable[[Path], list[float]]) -> dict[str, Any]:
+    """The three phases for one system: `start(dir)` starts it on `dir/in` and returns its stop;
+    `marker(dir, k)` is the commit marker of its k-th batch (0-based); `durations(dir)` the
+    duration of each of its checkpoints after the first."""
+    out: dict[str, Any] = {}
+    for phase, load, at in (("steady", loads["steady"], rate), ("backlog", loads["steady"], 0.0),
+                            ("tiny", loads["tiny"], rate)):
+        where = run_dir(f"{label}-{phase}")
+        (where / "in").mkdir(parents=True)
+        stop = start(where)
+        try:
+            land(load.files[0], where / "in")  # the first batch warms up (not timed)
+            CommitWatch(functools.partial(marker, where), [0]).times()
+            files = load.files[1:]
+            commits = CommitWatch(functools.partial(marker, where), list(range(1, len(files) + 1)))
+            landed = landed_at_rate(files, where / "in", at)
+            committed = commits.times()
+        finally:
+            stop()
+        latency = [c - t for c, t in zip(committed, landed)]
+        row: dict[str, Any] = {"latency_s": percentiles(latency)}
+        if phase == "backlog":
+            row["events_per_s"] = sum(load.events[1:]) / (committed[-1] - landed[0])
+        if phase == "tiny":
+            row["checkpoint_s"] = percentiles(durations(where))
+        out[phase] = row
+        log(f"  {label}/{phase}: landing to commit median {row['latency_s']['median']:.2f} s, p95 "
+            f"{row['latency_s']['p95']:.2f} s, max {row['latency_s']['max']:.2f} s"
+            + (f", {row['events_per_s']:,.0f} events/s" if "events_per_s" in row else "")
+            + (f", a checkpoint {row['checkpoint_s']['median']:.3f} s" if "checkpoint_s" in row else ""))
+    return out
+
+
+def measure_follow(root: Path, files: int, events: int, rate: float) -> dict[str, Any]:
+    from benchmarks.bench_vs_spark import OURS_VARIANTS, System, ours_pipeline
+    from sparkpoint.pipeline.follow import FollowOptions, follow
+
+    loads = follow_workloads(root / "data", files, events)
+    spark = make_session()
+    results: dict[str, Any] = {"files": files, "events_per_file": events, "rate_per_s": rate,
+                               "load_before": os.getloadavg()}
+    ours = System("ours/user_totals", "ours", OURS_VARIANTS[0][1], ("user_totals",))
+    seconds: dict[Path, list[float]] = {}
+    queries: dict[Path, Any] = {}
+
+    def start_ours(where: Path) -> Callable[[], None]:
+        pipeline = ours_pipeline(spark, ours, where)
+        stopping = threading.Event()
+        failed: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                for done in follow(pipeline, FollowOptions(), stop=stopping.is_set):
+                    seconds.setdefault(where, []).append(done.report.seconds)
+            except BaseException as e:  # noqa: BLE001  said by stop()
+                failed.append(e)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            stopping.set()
+            thread.join(60)
+            if failed:
+                raise failed[0]
+        return stop
+
+    def ours_marker(where: Path, k: int) -> Path:
+        return where / "checkpoints" / "bench" / f"chk-{k + 1}" / "_metadata"
+
+    try:
+        log("follow: ours (run --follow's loop, local[2] in this process)")
+        results["ours"] = phases("ours", lambda n: root / n, start_ours, ours_marker, loads, rate,
+                                 lambda where: seconds[where][1:])
+        for changelog in (False, True):
+            label = f"spark/changelog-{'on' if changelog else 'off'}"
+            log(f"follow: {label}")
+            spark.conf.set(SPARK_CHANGELOG, str(changelog).lower())
+
+            def start_spark(where: Path) -> Callable[[], None]:
+                query = queries[where] = spark_query(spark, where)
+                return query.stop
+
+            def spark_durations(where: Path) -> list[float]:
+                ran = [json.loads(p.json if not callable(p.json) else p.json()) for p in queries[where].recentProgress]
+                return [p["durationMs"]["triggerExecution"] / 1000 for p in ran  # idle reports have no rows
+                        if p["batchId"] > 0 and p.get("numInputRows", 0) > 0]
+
+            results[label] = phases(label.replace("/", "-"), lambda n: root / n, start_spark,
+                                    lambda where, k: where / "checkpoints" / "commits" / str(k), loads, rate,
+                                    spark_durations)
+    finally:
+        spark.stop()
+    results["load_after"] = os.getloadavg()
+    return results
+
+
+def follow_report(results: dict[str, Any]) -> str:
+    systems = [s for s in ("ours", "spark/changelog-off", "spark/changelog-on") if s in results]
+    lines = [f"run --follow on local[2] at {results['rate_per_s']:g} file/s, {results['events_per_file']:,} events "
+             f"per file, {results['files']} files (load {results['load_before'][0]:.1f} before, "
+             f"{results['load_after'][0]:.1f} after)",
+             f"{'':<28}" + "".join(f"{s:>22}" for s in systems)]
+
+    def row(name: str, value: Callable[[dict[str, Any]], str]) -> None:
+        lines.append(f"{name:<28}" + "".join(f"{value(results[s]):>22}" for s in systems))
+
+    for phase in ("steady", "tiny"):
+        for stat in ("median", "p95", "max"):
+            row(f"{phase}: landing->commit {stat}", lambda r, p=phase, s=stat: f"{r[p]['latency_s'][s]:.2f} s")
+    row("tiny: a checkpoint, median", lambda r: f"{r['tiny']['checkpoint_s']['median']:.3f} s")
+    row("backlog: events/s", lambda r: f"{r['backlog']['events_per_s']:,.0f}")
+    p95 = results["ours"]["steady"]["latency_s"]["p95"]
+    lines.append(f"goal: landing to commit <= {FOLLOW_GOAL_S:g} s at the 95th percentile: {p95:.2f} s "
+                 f"({'met' if p95 <= FOLLOW_GOAL_S else 'MISSED'})")
+    return "\n".join(lines)
+
+
+FOLLOW_GOAL_S = 2.0
+
+
 # --- report -----------------------------------------------------------------------------------------
 
 
@@ -225,23 +420,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=5, help="timed batches per workload")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--only", choices=["ours", "spark"], help="measure one side only")
+    parser.add_argument("--only", choices=["ours", "spark", "follow"],
+                        help="measure one side only (follow: run --follow beside Structured Streaming only)")
+    parser.add_argument("--follow-files", type=int, default=40, help="timed files of the follow part")
+    parser.add_argument("--follow-events", type=int, default=5_000, help="events per file of the follow part")
+    parser.add_argument("--rate", type=float, default=1.0, help="files landed per second in the follow part")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (Dagster's instance, logs)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sparkpoint-latency-"))
     log(f"work directory {root}")
     try:
+        if args.only == "follow":
+            follow = measure_follow(root / "follow", args.follow_files, args.follow_events, args.rate)
+            print(follow_report(follow))
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "latency_follow.json").write_text(json.dumps({
+                "when": datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),
+                "cpus": os.cpu_count(), "goal_s": FOLLOW_GOAL_S, **follow}, indent=2))
+            return
         loads = workloads(root / "data", args.updates)
         results: dict[str, Any] = {"ours": {}, "spark": {}}
         if args.only != "spark":
             results["ours"] = measure_ours(root, loads)
         if args.only != "ours":
             results["spark"] = measure_spark(root, loads)
+        if not args.only:
+            results["follow"] = measure_follow(root / "follow", args.follow_files, args.follow_events, args.rate)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     if not args.only:
         print(report(results))
+        print(follow_report(results["follow"]))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latency.json").write_text(json.dumps({
         "when": datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),

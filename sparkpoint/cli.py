@@ -32,6 +32,7 @@ EXIT_REFUSED = 1  # check-upgrade: the restore would be refused
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM: `run --follow` stopped by SIGTERM
 
 
 class UsageError(Exception):
@@ -206,6 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sparkpoint.spark.session import session_key, spark_session
     from sparkpoint.spark.source import SourceOffsets
 
+    follow = _follow_options(args)
     pipeline_spec, config, remote = _run_config(args)
     pipeline = StatefulPipeline(None, config, pipeline_spec.operators)  # checks input and storage before Spark
     plan = pipeline.restore_plan()  # from `_metadata` alone: a refused restore stops here, nothing written
@@ -216,11 +218,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"sparkpoint run: {plan.decision()}", file=said, flush=True)
         if plan.rescaling():  # a parallelism the user set that differs from the checkpoint's
             print(plan.rescaling(), file=said, flush=True)
-    pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
-    # Every check of the first batch's files, from their footers, before Spark (a bad file under
-    # on_bad_file="fail" stops here: nothing started, nothing uploaded); the batch reuses them.
-    pipeline.check_batch(pending[: config.files_per_checkpoint])
+    if follow is None:
+        pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
+        # Every check of the first batch's files, from their footers, before Spark (a bad file under
+        # on_bad_file="fail" stops here: nothing started, nothing uploaded); the batch reuses them.
+        # (Following, a file that fails may still be landing: the loop waits for it to settle.)
+        pipeline.check_batch(pending[: config.files_per_checkpoint])
     pipeline.check_start()  # the operators and their states' schemas against the checkpoint, before Spark
+    terminated = _stop_on_sigterm() if follow is not None else None
     # On Spark Connect (the warm local Spark by default) the runs of one job and code share a
     # server session, whose Python workers stay warm between runs.
     pipeline.spark = spark_session(args.master, verbose=args.verbose, remote=remote,
@@ -237,7 +242,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         with _progress(args, "checkpoints uploaded") as progress:
-            reports = pipeline.run(on_checkpoint=show, tick=args.tick)
+            if follow is not None:
+                from sparkpoint.pipeline.follow import follow as follow_input
+
+                reports = []
+                for done in follow_input(pipeline, follow):
+                    show(done.report)
+                    reports.append(done.report)
+            else:
+                reports = pipeline.run(on_checkpoint=show, tick=args.tick)
     except BaseException as e:
         from sparkpoint.spark.session import interrupted, stop_quietly
 
@@ -245,18 +258,78 @@ def cmd_run(args: argparse.Namespace) -> int:
             pipeline.spark.stop()
             raise
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not break the clean-up
+        if terminated is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop_quietly(pipeline.spark)
         from sparkpoint.pipeline.maintenance import interruption_summary
 
-        print(f"sparkpoint run: {interruption_summary(pipeline.storage)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        how = "terminated (SIGTERM)" if terminated is not None and terminated else "interrupted"
+        print(f"sparkpoint run: {interruption_summary(pipeline.storage).replace('interrupted', how, 1)}",
+              file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     pipeline.spark.stop()
+    if follow is not None:
+        if not args.json:
+            print(f"sparkpoint run: following stopped after {len(reports)} checkpoint{'s' * (len(reports) != 1)}",
+                  file=sys.stderr)
+        return 0
     if not reports and not args.json:
         print("no unconsumed batch: nothing to do")
     empty = pipeline.source.nothing_to_read()
     if empty:
         print(f"sparkpoint run: warning: {empty}", file=sys.stderr)
     return 0
+
+
+def _follow_options(args: argparse.Namespace) -> Any:
+    """The `--follow` settings (None without `--follow`), checked before anything starts."""
+    following = {"--checkpoint-interval": args.checkpoint_interval, "--poll-interval": args.poll_interval,
+                 "--idle-seconds": args.idle_seconds}
+    if not args.follow:
+        given = [flag for flag, value in following.items() if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply with --follow")
+        return None
+    if args.tick:
+        raise UsageError("--tick and --follow do not go together: --follow waits for input instead of making a "
+                         "checkpoint of no input")
+    from sparkpoint.pipeline.follow import POLL_SECONDS, FollowOptions, check_follow_options
+
+    options = FollowOptions(
+        checkpoint_interval=args.checkpoint_interval or 0.0,
+        poll_seconds=args.poll_interval if args.poll_interval is not None else POLL_SECONDS,
+        idle_seconds=args.idle_seconds,
+    )
+    problems = check_follow_options(options)
+    if problems:
+        raise UsageError("; ".join(problems))
+    return options
+
+
+class _Terminated:
+    """Whether SIGTERM stopped the run (truthy once it arrived)."""
+
+    def __init__(self) -> None:
+        self.arrived = False
+
+    def __bool__(self) -> bool:
+        return self.arrived
+
+
+def _stop_on_sigterm() -> _Terminated:
+    """SIGTERM (a service manager, `kill`, a container stopping) stops `run --follow` as a Ctrl-C
+    does: the batch in flight is abandoned, one line is said, the exit status is 143."""
+    from sparkpoint.spark.session import request_interrupt
+
+    terminated = _Terminated()
+
+    def on_term(signum: int, frame: object) -> None:
+        terminated.arrived = True
+        request_interrupt()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    return terminated
 
 
 def cmd_skip(args: argparse.Namespace) -> int:
@@ -731,6 +804,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tick", action="store_true",
                    help="with no unconsumed batch, one checkpoint of no input: processing time advances, due "
                         "timers fire, TTL state expires")
+    p.add_argument("--follow", action="store_true",
+                   help="keep one Spark session and watch the input: each landed batch is checkpointed as it "
+                        "arrives, until Ctrl-C or SIGTERM (or --max-batches, --idle-seconds)")
+    p.add_argument("--checkpoint-interval", type=_seconds, metavar="SECONDS",
+                   help="with --follow: start a checkpoint at most every SECONDS; files that land faster go into "
+                        "one checkpoint (at most --files-per-checkpoint of them when set above 1, else 1000)")
+    p.add_argument("--poll-interval", type=_seconds, metavar="SECONDS",
+                   help="with --follow: how often to look for new files while idle (default 0.2)")
+    p.add_argument("--idle-seconds", type=_seconds, metavar="SECONDS",
+                   help="with --follow: stop once no file has been pending for SECONDS (default: never)")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
     p.set_defaults(fn=cmd_run)
 

@@ -140,9 +140,11 @@ def build_pipeline_defs(
     """Dagster definitions for `pipeline`: its assets, checks, jobs, sensors, schedule and resources.
 
     SSTable assets (one per operator), the checkpoint asset and its checks, the input (observable)
-    and output assets; jobs `<name>_checkpoint`, `_recover`, `_prune`, `_verify`,
-    `_rebuild_registry`, `_savepoint`; sensors `<name>_recovery_sensor`, `_retention_sensor`,
-    `_input_sensor` (runs the checkpoint job when a batch lands); a schedule
+    and output assets; jobs `<name>_checkpoint`, `_follow` (one step that checkpoints each batch as it
+    lands, as `sparkpoint run --follow`), `_recover`, `_prune`, `_verify`, `_rebuild_registry`,
+    `_savepoint`, `_skip_file`; sensors `<name>_recovery_sensor` (after a failed follow run, the
+    follow job again once recovered), `_retention_sensor`, `_input_sensor` (runs the checkpoint job
+    when a batch lands, none while a follow run is in progress); a schedule
     `<name>_checkpoint_schedule` when `schedule` (cron) is given; resources `<name>_storage`,
     `_registry`, `_spark`, `_state_backend`, `_source`. Every name carries the pipeline's, so any
     number of pipelines share one code location. Guide: [Dagster](../dagster.md).

@@ -144,7 +144,7 @@ def test_resource_fields_come_from_environment_variables(tmp_path: Path, monkeyp
 def test_every_step_of_a_pipeline_is_in_its_pool_limited_to_one_run(tmp_path: Path):
     assert {a.op.pool for a in ASSETS if isinstance(a, dg.AssetsDefinition) and a.is_materializable} == {SCOPE.pool}
     ops = [node for job in JOBS.all() if isinstance(job, dg.JobDefinition) for node in job.graph.node_defs]
-    assert len(ops) == 6 and {op.pool for op in ops} == {SCOPE.pool} == {"sparkpoint"}
+    assert len(ops) == 7 and {op.pool for op in ops} == {SCOPE.pool} == {"sparkpoint"}
     home = prepare_dagster_home(tmp_path / "dagster")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         pools = instance.get_concurrency_config().pool_config
@@ -158,7 +158,8 @@ def test_every_job_of_a_pipeline_runs_its_steps_in_the_runs_own_process():
     """No new Python process per step (each would import Dagster, Spark's client and the user's
     code again): seconds off every checkpoint's latency."""
     repo = defs.get_repository_def()
-    names = {f"sparkpoint_{j}" for j in ("checkpoint", "recover", "prune", "verify", "rebuild_registry", "savepoint")}
+    names = {f"sparkpoint_{j}" for j in ("checkpoint", "follow", "recover", "prune", "verify", "rebuild_registry",
+                                         "savepoint")}
     assert {repo.get_job(name).executor_def.name for name in names} == {dg.in_process_executor.name}
 
 

@@ -67,7 +67,7 @@ def all_names(defs: dg.Definitions) -> tuple[set[str], set[str], set[str]]:
 def test_every_name_is_scoped_to_the_pipeline(tmp_path: Path):
     defs = build_pipeline_defs(clicks(tmp_path), schedule="*/5 * * * *", owners=["team:web"], tags={"domain": "web"})
     jobs, automations, resources = all_names(defs)
-    assert jobs == {f"clicks_{j}" for j in ("checkpoint", "recover", "prune", "verify", "rebuild_registry",
+    assert jobs == {f"clicks_{j}" for j in ("checkpoint", "follow", "recover", "prune", "verify", "rebuild_registry",
                                              "savepoint", "skip_file")}
     assert automations == {"clicks_recovery_sensor", "clicks_retention_sensor", "clicks_input_sensor",
                            "clicks_checkpoint_schedule"}

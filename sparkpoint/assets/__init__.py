@@ -37,13 +37,14 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import Overtaken, finish_step_or_overtaken, start_step
 from sparkpoint.pipeline.badfiles import bad_file_message
 from sparkpoint.pipeline.maintenance import key_changes, prune_due, recount, registry_counts, verify_latest
-from sparkpoint.pipeline.runtime import restore_plan
+from sparkpoint.pipeline.runtime import BatchReport, restore_plan
 from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.resources.scope import INJECT_TAG, OVERTAKEN_TAG, TICK_TAG, PipelineScope
 from sparkpoint.spark.sink import output_facts
 from sparkpoint.spark.source import BadInputFile, ParquetDirectorySource
 
-__all__ = ["INJECT_TAG", "SKIPPED_CHECK", "UPGRADE_CHECK", "build_assets", "build_checks", "preflight",
+__all__ = ["INJECT_TAG", "SKIPPED_CHECK", "UPGRADE_CHECK", "build_assets", "build_checks",
+           "committed_checkpoint_metadata", "committed_output_metadata", "has_output", "preflight",
            "registry_matches", "run_lineage", "skipped_files", "verifies"]
 UPGRADE_CHECK = "upgrade_preflight"
 SKIPPED_CHECK = "skipped_files"  # on the input: a WARN when the latest checkpoint skipped bad input files
@@ -127,7 +128,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         scope.output_key, group_name=scope.group_name, skippable=True, deps=[scope.checkpoint_key],
         kinds={"parquet"}, code_version=code_version, **common,
         description=f"What `{pipeline.name}`'s emitting operators changed, committed exactly once per checkpoint",
-    )] if pipeline.output_url and any(op.emits for op in pipeline.operators) else []
+    )] if has_output(scope) else []
 
     @dg.multi_asset(
         name=scope.name("complete"),
@@ -152,29 +153,45 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
             return
         report, meta = done
         context.log.info(report.line())
-        # The checkpoint is committed: what follows only reports, and must not fail the step (a
-        # failed step would send a recovery after a checkpoint that completed).
-        try:
-            due = prune_due(driver.storage, num_retained=driver.config.num_retained)
-        except (SparkpointError, OSError) as e:
-            context.log.warning(f"could not tell whether a prune is due ({e}); the retention sensor will prune")
-            due = [f"unknown: {e}"]
         if scope.checkpoint_key in context.selected_asset_keys:
-            previous, changes = changes_since_previous(context, driver, meta)
             yield dg.MaterializeResult(asset_key=scope.checkpoint_key,
-                                       metadata=checkpoint_metadata(driver.storage, report, meta, prune_due=due,
-                                                                    previous=previous, changes=changes),
+                                       metadata=committed_checkpoint_metadata(context, driver, report, meta),
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
         if output_specs and driver.sink is not None and scope.output_key in context.selected_asset_keys:
-            facts = output_facts(driver.sink, meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
-            yield dg.MaterializeResult(asset_key=scope.output_key, metadata=output_metadata(facts, meta.checkpoint_id),
+            yield dg.MaterializeResult(asset_key=scope.output_key, metadata=committed_output_metadata(driver, meta),
                                        data_version=dg.DataVersion(str(meta.checkpoint_id)))
 
     return [input_asset, sstables, complete]
 
 
+def has_output(scope: PipelineScope) -> bool:
+    """Whether the pipeline has the output asset (a sink, and an operator that emits)."""
+    pipeline = scope.pipeline
+    return bool(pipeline.output_url) and any(op.emits for op in pipeline.operators)
+
+
+def committed_checkpoint_metadata(context: Any, driver: Any, report: BatchReport, meta: CheckpointMetadata
+                                  ) -> dict[str, Any]:
+    """The checkpoint asset's metadata for a checkpoint just committed, as every step that commits
+    one reports it. The checkpoint is committed: this only reports, and never fails the step (a
+    failed step would send a recovery after a checkpoint that completed)."""
+    try:
+        due = prune_due(driver.storage, num_retained=driver.config.num_retained)
+    except (SparkpointError, OSError) as e:
+        context.log.warning(f"could not tell whether a prune is due ({e}); the retention sensor will prune")
+        due = [f"unknown: {e}"]
+    previous, changes = changes_since_previous(context, driver, meta)
+    return checkpoint_metadata(driver.storage, report, meta, prune_due=due, previous=previous, changes=changes)
+
+
+def committed_output_metadata(driver: Any, meta: CheckpointMetadata) -> dict[str, Any]:
+    """The output asset's metadata for the rows checkpoint `meta` committed."""
+    facts = output_facts(driver.sink, meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
+    return output_metadata(facts, meta.checkpoint_id)
+
+
 def changes_since_previous(
-    context: dg.AssetExecutionContext, driver: Any, meta: CheckpointMetadata
+    context: Any, driver: Any, meta: CheckpointMetadata
 ) -> tuple[CheckpointMetadata | None, dict[str, dict[str, int]] | None]:
     """The retained checkpoint before `meta` and, per operator, the keys that changed since it
     where a diff by changed files is cheap (reporting only: a failure here is a warning)."""

@@ -1,5 +1,11 @@
-"""One pipeline's jobs: checkpoint (its assets), recover, prune, verify, rebuild_registry,
+"""One pipeline's jobs: checkpoint (its assets), follow, recover, prune, verify, rebuild_registry,
 savepoint, skip_file, each named `<pipeline>_<job>`, and an optional schedule.
+
+The follow job is one step that runs `sparkpoint.pipeline.follow` (what `sparkpoint run --follow`
+runs) for as long as the run lasts, and reports every checkpoint it commits as the checkpoint job
+would: a materialization of each SSTable asset, of the checkpoint asset (and of the output), with
+the same metadata. Its attempts are persisted under the run's id, so the recovery of a failed
+follow run fences a zombie of it before its sweep.
 
 Each op is a few lines around `sparkpoint.pipeline.maintenance`. Every op sits in the pipeline's
 concurrency pool with its assets, so a recovery never overlaps a materialization of the same
@@ -16,12 +22,20 @@ of the checkpoint step alone, in another run, completes it the same way.
 
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dagster as dg
 
-from sparkpoint.assets import registry_matches, run_lineage, skipped_files, verifies
+from sparkpoint.assets import (
+    committed_checkpoint_metadata,
+    committed_output_metadata,
+    has_output,
+    registry_matches,
+    run_lineage,
+    skipped_files,
+    verifies,
+)
 from sparkpoint.assets.metadata import (
     DATA_VERSION_TAG,
     checkpoint_metadata,
@@ -34,12 +48,31 @@ from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import snapshot_summary
+from sparkpoint.pipeline.driver import Committed
+from sparkpoint.pipeline.follow import POLL_SECONDS, FollowOptions, check_follow_options, follow
+from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.skipping import skip_file
-from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG, RECOVERED_BY_TAG, TICK_TAG, PipelineScope
+from sparkpoint.resources.scope import (
+    FAILED_RUN_TAG,
+    FOLLOW_JOB,
+    PIPELINE_TAG,
+    RECOVERED_BY_TAG,
+    TICK_TAG,
+    PipelineScope,
+)
 
-__all__ = ["FAILED_RUN_TAG", "RECOVERY_RUN", "PipelineJobs", "RecoverConfig", "SkipFileConfig", "build_jobs",
-           "link_to_recovery"]
+__all__ = ["FAILED_RUN_TAG", "RECOVERY_RUN", "FollowConfig", "PipelineJobs", "RecoverConfig", "SkipFileConfig",
+           "build_jobs", "link_to_recovery"]
 RECOVERY_RUN = "recovery_run"  # the metadata entry of the failed run's event that links its recovery
+
+
+class FollowConfig(dg.Config):
+    """How the `<name>_follow` job follows the input (`sparkpoint run --follow`'s flags)."""
+
+    checkpoint_interval: float = 0.0  # seconds between checkpoint starts at most; 0: a checkpoint per landed file
+    poll_seconds: float = POLL_SECONDS  # how often an idle loop looks for new files
+    max_batches: int | None = None  # stop after this many checkpoints; None: never
+    idle_seconds: float | None = None  # stop once no file has been pending this long; None: never
 
 
 class RecoverConfig(dg.Config):
@@ -66,11 +99,12 @@ class PipelineJobs:
     rebuild_registry: dg.JobDefinition
     savepoint: dg.JobDefinition
     skip_file: dg.JobDefinition
+    follow: dg.JobDefinition
     schedule: dg.ScheduleDefinition | None
 
     def all(self) -> list[Any]:
-        return [self.checkpoint, self.recover, self.prune, self.verify, self.rebuild_registry, self.savepoint,
-                self.skip_file]
+        return [self.checkpoint, self.follow, self.recover, self.prune, self.verify, self.rebuild_registry,
+                self.savepoint, self.skip_file]
 
 
 def link_to_recovery(instance: dg.DagsterInstance, failed: dg.DagsterRun, recovery_run_id: str) -> None:
@@ -226,6 +260,43 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         yield dg.Output(None, metadata={"checkpoint_id": meta.checkpoint_id, "file": config.file,
                                         "reason": config.reason})
 
+    @dg.op(name=scope.name("follow_op"), pool=pool, out=dg.Out(dg.Nothing),
+           required_resource_keys=scope.resource_keys("storage", "registry", "spark", "state_backend", "source"))
+    def follow_op(context: dg.OpExecutionContext, config: FollowConfig) -> Iterator[Any]:
+        """Keep one Spark session and checkpoint each batch as it lands (`sparkpoint run --follow`),
+        until the run is terminated or a stop condition of its config; every checkpoint is reported
+        on the pipeline's assets as the checkpoint job reports it."""
+        options = FollowOptions(checkpoint_interval=config.checkpoint_interval, poll_seconds=config.poll_seconds,
+                                idle_seconds=config.idle_seconds)
+        problems = check_follow_options(options)
+        if problems:
+            raise PipelineError("; ".join(problems))
+        driver = scope.resources(context).driver(pipeline)
+        if config.max_batches is not None:
+            driver.config = replace(driver.config, max_batches=config.max_batches)
+        driver.spark = scope.spark(context).session_for(driver)
+        made = 0
+        for committed in follow(driver, options, attempt_id=context.run.run_id):
+            report_committed(context, driver, committed)
+            made += 1
+        yield dg.Output(None, metadata={"checkpoints": made})
+
+    def report_committed(context: dg.OpExecutionContext, driver: Any, committed: Committed) -> None:
+        """One committed checkpoint on the pipeline's assets: what the checkpoint job's two steps
+        materialize for it, with the same metadata."""
+        report, meta = committed.report, committed.metadata
+        context.log.info(report.line())
+        version = {"dagster/data_version": str(meta.checkpoint_id)}
+        for name, key in scope.sstable_keys.items():  # asset keys by display name, state by uid
+            summary = committed.attempt.operator_summary(pipeline.operator(name).uid)
+            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=sstable_metadata(summary)))
+        context.log_event(dg.AssetMaterialization(
+            asset_key=scope.checkpoint_key, metadata=committed_checkpoint_metadata(context, driver, report, meta),
+            tags=version))
+        if has_output(scope) and driver.sink is not None:
+            context.log_event(dg.AssetMaterialization(asset_key=scope.output_key,
+                                                      metadata=committed_output_metadata(driver, meta), tags=version))
+
     def job_of(op: dg.OpDefinition, role: str, **extra_tags: str) -> dg.JobDefinition:
         @dg.job(name=scope.name(role), tags={**tags, **extra_tags}, description=op.description,
                 executor_def=dg.in_process_executor)
@@ -263,5 +334,6 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         rebuild_registry=job_of(rebuild_registry_op, "rebuild_registry"),
         savepoint=job_of(savepoint_op, "savepoint"),
         skip_file=job_of(skip_file_op, "skip_file"),
+        follow=job_of(follow_op, FOLLOW_JOB),
         schedule=checkpoint_schedule,
     )

@@ -65,12 +65,22 @@ class FileChecks:
         self.needs, self.on_bad_file = needs, on_bad_file
         self._seen: dict[str, FileVerdict] = {}
 
-    def batch(self, source: BatchSource, files: list[str]) -> BatchCheck:
-        """The checks of `files` of `source`; under "fail" the first bad file raises `BadInputFile`."""
+    def verdicts(self, source: BatchSource, files: list[str]) -> list[FileVerdict]:
+        """The verdict of each of `files`, in order (a footer is read only the first time)."""
         new = [f for f in files if f not in self._seen]
         for verdict in source.check_files(new, self.needs) if new else []:
             self._seen[verdict.name] = verdict
-        verdicts = [self._seen[f] for f in files]
+        return [self._seen[f] for f in files]
+
+    def forget(self, files: Iterable[str]) -> None:
+        """Check `files` again next time: a file that failed while it may still have been landing
+        (a half-copied Parquet file has no footer yet)."""
+        for name in files:
+            self._seen.pop(name, None)
+
+    def batch(self, source: BatchSource, files: list[str]) -> BatchCheck:
+        """The checks of `files` of `source`; under "fail" the first bad file raises `BadInputFile`."""
+        verdicts = self.verdicts(source, files)
         bad = tuple(v for v in verdicts if not v.ok)
         if bad and self.on_bad_file == "fail":
             raise bad_file_error(bad[0])

@@ -13,15 +13,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointCorrupted, UnknownSharedState
 from sparkpoint.checkpoint.files import stored_size_problems
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
-from sparkpoint.pipeline.attempt import complete_attempt, run_spark_half
+from sparkpoint.pipeline.attempt import AttemptAborted, PendingAttempt, complete_attempt, run_spark_half, save_attempt
+from sparkpoint.pipeline.claims import fenced
 from sparkpoint.pipeline.runtime import BatchReport, PipelineCore, PipelineError, _Start
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A checkpoint the loop committed: its report, its `_metadata`, the attempt that made it,
+    and the batch's files as the loop took them (bad files skipped with them included)."""
+
+    report: BatchReport
+    metadata: CheckpointMetadata
+    attempt: PendingAttempt
+    files: tuple[str, ...]
 
 
 class StatefulPipeline(PipelineCore):
@@ -34,14 +47,34 @@ class StatefulPipeline(PipelineCore):
 
     def batches(self, on_checkpoint: Callable[[BatchReport], None] | None = None, *, tick: bool = False
                 ) -> Iterator[BatchReport]:
+        def next_files(start: _Start, done: int) -> list[str] | None:
+            files = self.source.pending(start.offsets)[: self.config.files_per_checkpoint]
+            return files if files or (tick and done == 0) else None
+
+        for committed in self.checkpoints(next_files):
+            if on_checkpoint:
+                on_checkpoint(committed.report)
+            yield committed.report
+            if not committed.files:
+                break  # the tick
+
+    def checkpoints(self, next_files: Callable[[_Start, int], list[str] | None], *,
+                    attempt_id: str | None = None) -> Iterator[Committed]:
+        """One checkpoint per batch that `next_files(start, done)` names (None: stop; []: a
+        checkpoint of no input), up to `max_batches`, resuming from the latest completed
+        checkpoint. `start` is where the next batch starts: after a fallback or a lost race it
+        is an older checkpoint than the last one yielded, and `next_files` must name files by
+        its offsets. With `attempt_id`, each batch's attempt is persisted under that id before
+        its commit (`sparkpoint.pipeline.attempt`): a recovery can then abort it, and fence the
+        id so that a zombie of this loop never commits again."""
         start, coordinator = self._begin()
         done, lost_races = 0, 0
         while self.config.max_batches is None or done < self.config.max_batches:
-            files = self.source.pending(start.offsets)[: self.config.files_per_checkpoint]
-            if not files and not (tick and done == 0):
+            files = next_files(start, done)
+            if files is None:
                 break
             try:
-                report, metadata = self._one_batch(coordinator, start, files)
+                report, metadata, attempt = self._one_batch(coordinator, start, files, attempt_id=attempt_id)
             except CheckpointCorrupted as e:
                 start = self._fall_back(start, e)
                 continue
@@ -61,19 +94,23 @@ class StatefulPipeline(PipelineCore):
                 start = checked
                 continue
             done += 1
-            if on_checkpoint:
-                on_checkpoint(report)
-            yield report
-            if not files:
-                break  # the tick
+            yield Committed(report, metadata, attempt, tuple(files))
 
     def _one_batch(
-        self, coordinator: CheckpointCoordinator, start: _Start, files: list[str]
-    ) -> tuple[BatchReport, CheckpointMetadata]:
-        """Both halves of the seam in this process, with one coordinator (see `attempt`)."""
-
-        attempt = run_spark_half(self, coordinator, start, files)
-        return complete_attempt(self, attempt, coordinator=coordinator)
+        self, coordinator: CheckpointCoordinator, start: _Start, files: list[str], *, attempt_id: str | None = None
+    ) -> tuple[BatchReport, CheckpointMetadata, PendingAttempt]:
+        """Both halves of the seam in this process, with one coordinator (see `attempt`); with
+        `attempt_id` the attempt is persisted between them, as an orchestrator's two steps do."""
+        if attempt_id is not None:
+            why = fenced(self.storage, attempt_id)
+            if why:
+                raise AttemptAborted(f"attempt {attempt_id} was {why}: it commits nothing more; the run "
+                                     "launched after that recovery goes on from its checkpoint")
+        attempt = run_spark_half(self, coordinator, start, files, attempt_id=attempt_id)
+        if attempt_id is not None:
+            save_attempt(self.storage, attempt)
+        report, metadata = complete_attempt(self, attempt, coordinator=coordinator, persisted=attempt_id is not None)
+        return report, metadata, attempt
 
     def _check_committed(self, start: _Start) -> _Start:
         """What the Dagster blocking check does for a materialization, for every checkpoint this

@@ -24,7 +24,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, check_on_bad_file, input_needs
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
-from sparkpoint.spark.source import BatchSource, ParquetDirectorySource, SourceOffsets
+from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, run_slots, run_subtask
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import check_event_time, iso_micros
@@ -219,6 +219,14 @@ class PipelineCore:
         are returned apart from the good ones."""
         return self._file_checks.batch(self.source, files)
 
+    def file_verdicts(self, files: list[str]) -> list[FileVerdict]:
+        """Each file's checks, whatever `on_bad_file` says (a footer is read once per process)."""
+        return self._file_checks.verdicts(self.source, files)
+
+    def forget_verdicts(self, files: list[str]) -> None:
+        """Check `files` again when next asked (they failed while they may still be landing)."""
+        self._file_checks.forget(files)
+
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
         self.config = replace(self.config, parallelism=resolve_parallelism(self.requested_parallelism, start.metadata))
@@ -260,15 +268,13 @@ class PipelineCore:
         def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
             return run_slots(spec, urls, ids)
 
-        # One stage, one task per subtask index running that subtask of every operator: `range`
-        # with `parallelism` slices puts exactly one index in each partition (sparkpoint.spark.tasks).
-        job = self.spark.range(0, spec.parallelism, 1, spec.parallelism).mapInPandas(run, RESULT_SCHEMA)
-        from sparkpoint.spark.session import job_group
+        # One stage, one task per subtask index running that subtask of every operator
+        # (sparkpoint.spark.tasks).
+        from sparkpoint.spark.session import job_group, one_task_per_index
 
         description = f"sparkpoint {spec.job_id}: checkpoint {spec.checkpoint_id}"
         with job_group(self.spark, spark_job_group(spec.job_id, spec.checkpoint_id), description):
-            results = job.collect()
-        rows = [r.asDict() for r in results]
+            rows = one_task_per_index(self.spark, spec.parallelism, run, RESULT_SCHEMA)
         if len(rows) != groups:
             raise PipelineError(f"expected {groups} subtask results, Spark returned {len(rows)}")
         return rows

@@ -30,6 +30,7 @@ FAILED_RUN_TAG = "sparkpoint/recovers"
 RECOVERED_BY_TAG = "sparkpoint/recovered-by"
 PIPELINE_TAG = "sparkpoint/pipeline"
 OVERTAKEN_TAG = "sparkpoint/overtaken"
+FOLLOW_JOB = "follow"  # `<name>_follow`: one step that checkpoints the input as it lands
 TICK_TAG = "sparkpoint/tick"  # "true": with no unconsumed batch, a checkpoint of no input (time passes)
 # A run in one of these may still start or finish a checkpoint of its pipeline.
 IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -92,8 +93,9 @@ class PipelineScope:
 
     @property
     def steps(self) -> frozenset[str]:
-        """The op names of its two pipeline steps (what a failed run must have started to need recovery)."""
-        return frozenset({self.name("sstables"), self.name("complete")})
+        """The op names of its pipeline steps: the checkpoint job's two and the follow job's one
+        (what a failed run must have started to need recovery)."""
+        return frozenset({self.name("sstables"), self.name("complete"), self.name("follow_op")})
 
     # --- its runs ----------------------------------------------------------------------------
 
@@ -113,6 +115,10 @@ class PipelineScope:
         instance, so it holds whatever the instance's concurrency config says."""
         runs = instance.get_runs(dg.RunsFilter(statuses=list(IN_FLIGHT)), limit=500)
         return [r for r in reversed(runs) if self.owns_run(r)]
+
+    def is_follow_run(self, run: dg.DagsterRun) -> bool:
+        """Whether `run` is a run of this pipeline's follow job."""
+        return run.job_name == self.name(FOLLOW_JOB)
 
     def waiting_for(self, runs: list[dg.DagsterRun]) -> str:
         """What a sensor or the schedule says while it waits for `runs` (`runs_in_flight`)."""

@@ -8,7 +8,13 @@ and launches the pipeline's recover job once per failed run (run key = the faile
 the failed run's own resource config, so a run launched for another job id, input or checkpoint
 location is healed there, not in the defaults, and another pipeline's failure is never touched.
 A failed recover run is not recovered again (it could fail the same way for ever): the sensor
-tags it `sparkpoint/not-recovered` with what to do, and says so in its skip reason.
+tags it `sparkpoint/not-recovered` with what to do, and says so in its skip reason. A failed run
+of the follow job is recovered the same way; once its recovery succeeded, the sensor launches the
+follow job again with the failed run's config (run key `follow-after-<failed run>`, tag
+`sparkpoint/follows-after`), unless a follow run was started since.
+
+While a follow run of the pipeline is in progress, the input sensor launches no batch run: the
+follow run checkpoints each file as it lands (its skip reason names the run).
 
 None of the pipeline's sensors (nor its schedule) starts a run while another run of the pipeline
 is queued or in progress (`PipelineScope.runs_in_flight`, asked of the instance): they skip,
@@ -37,10 +43,11 @@ from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.ops import PipelineJobs
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, PipelineScope
 from sparkpoint.sensors import landing
-from sparkpoint.sensors.recovery import RecoveryCursor, new_failures
+from sparkpoint.sensors.recovery import RecoveryCursor, follow_again, new_failures
 from sparkpoint.spark.source import BadInputFile
 
 WILL_RETRY_TAG = "dagster/will_retry"
+FOLLOWS_AFTER_TAG = "sparkpoint/follows-after"  # a follow run launched again after the recovery of this failed one
 NOT_RECOVERED_TAG = "sparkpoint/not-recovered"
 # Failures of the configuration or the input itself, before any upload: a recovery with the
 # same config would fail the same way.
@@ -141,41 +148,61 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
                   retry_seconds: float = landing.RETRY_SECONDS) -> list[dg.SensorDefinition]:
     """Recovery and retention (running), and the input-landing sensor (running when
     `landing_sensor`; `settle_seconds` and `retry_seconds` as in `sparkpoint.sensors.landing`)."""
-    recover_job, prune_job = jobs.recover, jobs.prune
+    recover_job, prune_job, follow_job = jobs.recover, jobs.prune, jobs.follow
 
-    @dg.sensor(name=scope.name("recovery_sensor"), target=recover_job, minimum_interval_seconds=10,
+    @dg.sensor(name=scope.name("recovery_sensor"), jobs=[recover_job, follow_job], minimum_interval_seconds=10,
                default_status=dg.DefaultSensorStatus.RUNNING,
                description=f"Launches `{recover_job.name}` for each failed run of `{scope.pipeline.name}`, once "
-                           "none of its runs is in flight")
+                           f"none of its runs is in flight; after the recovery of a failed `{follow_job.name}` run, "
+                           "launches that job again")
     def recovery_sensor(context: dg.SensorEvaluationContext) -> dg.RunRequest | dg.SkipReason:
         instance = context.instance
         cursor = RecoveryCursor.from_cursor(context.cursor)
         failed, after = new_failures(instance, cursor.after)
-        waiting, said = list(cursor.waiting), []
+        waiting, said, following = list(cursor.waiting), [], list(cursor.follow_again)
         for run_id in failed:
             why_not = _why_not_recover(scope, instance, run_id)
             if why_not:
                 said.append(f"run {run_id}: {why_not}")
             elif run_id not in waiting:
                 waiting.append(run_id)
+                run = instance.get_run_by_id(run_id)
+                if run is not None and scope.is_follow_run(run) and run_id not in following:
+                    following.append(run_id)
         # Each stays until a recovery run of it exists (launched by an earlier tick, or by hand).
         waiting = [r for r in waiting if not _recovery_of(instance, r, recover_job.name)]
-        context.update_cursor(RecoveryCursor(after, tuple(waiting)).to_cursor())
-        if not waiting:
+        again = follow_again(instance, tuple(following), recover_job.name, follow_job.name, FAILED_RUN_TAG)
+        said += again.notes
+        context.update_cursor(RecoveryCursor(after, tuple(waiting),
+                                             tuple(r for r in following if r == again.due or r in again.still)
+                                             ).to_cursor())
+        if not waiting and again.due is None:
             return dg.SkipReason("; ".join(said) or f"no failed run of pipeline {scope.pipeline.name!r} to recover")
         busy = scope.runs_in_flight(instance)
         if busy:
-            return dg.SkipReason(f"{scope.waiting_for(busy)}; then recovering failed run"
-                                 f"{'s' if len(waiting) > 1 else ''} {', '.join(waiting)}")
+            then = (f"recovering failed run{'s' if len(waiting) > 1 else ''} {', '.join(waiting)}" if waiting
+                    else f"launching {follow_job.name} again after the recovery of {again.due}")
+            return dg.SkipReason(f"{scope.waiting_for(busy)}; then {then}")
+        if not waiting and again.due is not None:
+            return follow_request(instance, again.due)
         run = instance.get_run_by_id(waiting[0])
         if run is None:  # deleted since: nothing left to recover it with
-            context.update_cursor(RecoveryCursor(after, tuple(waiting[1:])).to_cursor())
+            context.update_cursor(RecoveryCursor(after, tuple(waiting[1:]), tuple(following)).to_cursor())
             return dg.SkipReason(f"failed run {waiting[0]} was deleted: not recovered")
         return dg.RunRequest(  # one recovery at a time: the others wait for it in the next ticks
-            run_key=run.run_id, tags={FAILED_RUN_TAG: run.run_id},
+            run_key=run.run_id, tags={FAILED_RUN_TAG: run.run_id}, job_name=recover_job.name,
             run_config={"ops": {scope.name("recover_op"): {"config": {"failed_run_id": run.run_id}}},
                         "resources": resources_config(run, recover_job)},
         )
+
+    def follow_request(instance: dg.DagsterInstance, failed_id: str) -> dg.RunRequest | dg.SkipReason:
+        """The follow job again, with the failed follow run's own config (its interval, its stop
+        condition, its resources)."""
+        run = instance.get_run_by_id(failed_id)
+        if run is None:
+            return dg.SkipReason(f"failed follow run {failed_id} was deleted: {follow_job.name} is not launched again")
+        return dg.RunRequest(run_key=f"follow-after-{failed_id}", job_name=follow_job.name,
+                             tags={FOLLOWS_AFTER_TAG: failed_id}, run_config=dict(run.run_config or {}))
 
     @dg.sensor(name=scope.name("retention_sensor"), target=prune_job, minimum_interval_seconds=60,
                default_status=dg.DefaultSensorStatus.RUNNING)
@@ -242,6 +269,11 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
                                                               f"seen by {scope.name('input_sensor')}"))
             if not pending:
                 return skip("no batch file waiting")
+            following = [r for r in scope.runs_in_flight(context.instance) if scope.is_follow_run(r)]
+            if following:
+                return skip(f"follow run {following[0].run_id} ({following[0].status.value}) of pipeline "
+                            f"{scope.pipeline.name!r} checkpoints each file as it lands: no batch run is "
+                            "launched while it is in progress")
             name, now = pending[0], time.time()
             stat = driver.source.stat(name)
             seen, unsettled = landing.settle(cursor.seen, name, stat, now, settle_seconds)

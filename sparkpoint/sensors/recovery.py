@@ -1,5 +1,6 @@
-"""What the recovery sensor remembers between ticks: which run failures it has looked at, and
-the failed runs it decided to recover but has not launched a recovery for yet.
+"""What the recovery sensor remembers between ticks: which run failures it has looked at, the
+failed runs it decided to recover but has not launched a recovery for yet, and the failed runs of
+the follow job, whose job it launches again once their recovery succeeded.
 
 A recovery waits while a run of its pipeline is queued or in progress (one run of a pipeline at a
 time, whatever the instance's concurrency config), so a failure cannot always be acted on in the
@@ -27,9 +28,10 @@ FETCH_LIMIT = 100  # failure events read per tick; the rest on the next tick
 class RecoveryCursor:
     after: int | None  # storage id of the last run-failure event looked at (None: none yet)
     waiting: tuple[str, ...] = ()  # failed runs to recover, in the order they failed
+    follow_again: tuple[str, ...] = ()  # failed follow runs: the follow job is launched again once recovered
 
     def to_cursor(self) -> str:
-        return json.dumps({"after": self.after, "waiting": list(self.waiting)})
+        return json.dumps({"after": self.after, "waiting": list(self.waiting), "follow_again": list(self.follow_again)})
 
     @classmethod
     def from_cursor(cls, cursor: str | None) -> RecoveryCursor:
@@ -42,9 +44,11 @@ class RecoveryCursor:
         if "record_id" in raw:  # the cursor of this sensor as a Dagster run-failure sensor
             return cls(int(raw["record_id"]) if isinstance(raw["record_id"], int) else None)
         after = raw.get("after")
-        waiting = raw.get("waiting")
-        return cls(after if isinstance(after, int) else None,
-                   tuple(w for w in waiting if isinstance(w, str)) if isinstance(waiting, list) else ())
+        return cls(after if isinstance(after, int) else None, _ids(raw.get("waiting")), _ids(raw.get("follow_again")))
+
+
+def _ids(value: object) -> tuple[str, ...]:
+    return tuple(w for w in value if isinstance(w, str)) if isinstance(value, list) else ()
 
 
 def new_failures(instance: dg.DagsterInstance, after: int | None) -> tuple[list[str], int | None]:
@@ -61,3 +65,45 @@ def new_failures(instance: dg.DagsterInstance, after: int | None) -> tuple[list[
         newest = instance.fetch_run_status_changes(kind, limit=1).records
         return [], newest[0].storage_id if newest else 0
     return [], after
+
+
+@dataclass(frozen=True)
+class FollowAgain:
+    """What to do about the failed follow runs the sensor keeps: the one to launch the follow job
+    again for (its recovery succeeded), those still waiting for their recovery, and notes on
+    those it lets go."""
+
+    due: str | None
+    still: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def follow_again(instance: dg.DagsterInstance, failed_follow_runs: tuple[str, ...], recover_job: str,
+                 follow_job: str, failed_tag: str) -> FollowAgain:
+    """Per failed follow run: its recovery run (tagged `failed_tag`) still to come or in flight:
+    kept; succeeded: due, unless a follow run was started since it failed; failed or cancelled:
+    let go (a failed recovery is not recovered again, nor followed after)."""
+    due, still, notes = None, [], []
+    for run_id in failed_follow_runs:
+        records = instance.get_run_records(dg.RunsFilter(tags={failed_tag: run_id}, job_name=recover_job),
+                                           order_by="create_timestamp", ascending=True)
+        if not records or records[-1].dagster_run.status not in _ENDED:
+            still.append(run_id)
+            continue
+        recovery = records[-1].dagster_run
+        if recovery.status != dg.DagsterRunStatus.SUCCESS:
+            notes.append(f"recovery run {recovery.run_id} of follow run {run_id} {recovery.status.value.lower()}: "
+                         f"{follow_job} is not launched again; launch it once the cause is fixed")
+            continue
+        since = instance.get_run_records(dg.RunsFilter(job_name=follow_job, created_after=records[-1].create_timestamp),
+                                         limit=1)
+        if since:
+            notes.append(f"follow run {since[0].dagster_run.run_id} started after the recovery of {run_id}")
+        elif due is None:
+            due = run_id
+        else:
+            still.append(run_id)
+    return FollowAgain(due, tuple(still), tuple(notes))
+
+
+_ENDED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+import pandas as pd
 from pyspark.sql import SparkSession
 
 from sparkpoint.checkpoint.crash import kill_with_this_process
@@ -282,6 +283,29 @@ def job_group(spark: Any, group: str, description: str) -> Iterator[None]:
     finally:
         for key, value in previous.items():
             sc.setLocalProperty(key, value)  # None removes it
+
+
+def one_task_per_index(spark: Any, count: int, run: Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]],
+                       schema: str) -> list[dict[str, Any]]:
+    """A Spark job of `count` tasks, task i mapping a frame with the one row `id` = i through
+    `run`; the rows of every frame it yields, as dicts in `schema`'s columns.
+
+    On a classic session through the RDD API: a DataFrame's `mapInPandas` plans a query and
+    sends each frame through Arrow both ways, which cost about 70 ms of every job on `local[2]`
+    (0.16 against 0.09 s for a job of two tiny tasks, measured in one warm session): what a
+    checkpoint of a small batch costs in a long-running `run --follow`. On Spark Connect, which
+    has no RDDs, `range` with `count` slices (exactly one index in each partition) and
+    `mapInPandas`."""
+    if is_connect(spark):
+        job = spark.range(0, count, 1, count).mapInPandas(run, schema)
+        return [r.asDict() for r in job.collect()]
+
+    def task(ids: Iterator[int]) -> Iterator[dict[str, Any]]:
+        for frame in run(iter([pd.DataFrame({"id": list(ids)}, dtype="int64")])):
+            yield from frame.to_dict("records")
+
+    result: list[dict[str, Any]] = spark.sparkContext.parallelize(range(count), count).mapPartitions(task).collect()
+    return result
 
 
 def _interrupt_cleanly(spark: Any) -> None:

@@ -7,6 +7,7 @@ name that sorts early is still read exactly once.
 from __future__ import annotations
 
 import posixpath
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -26,6 +27,8 @@ SAMPLE_COLUMNS = ["event_id", "user_id", "item_id", "amount", "ts"]
 
 
 ACCEPTED = "*.parquet, names starting with _ or . skipped"
+FULL_LISTING_SECONDS = 60.0  # a watch lists the whole directory at least this often
+RECENT_SECONDS = 1.0  # a directory changed this recently is listed again (its mtime has a coarse clock)
 
 
 class SourceError(SparkpointError):
@@ -121,6 +124,7 @@ class BatchSource(Protocol):
     def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame: ...
     def url_of(self, name: str) -> str: ...  # the batch's full URL, for messages and the tasks
     def stat(self, name: str) -> BatchStat: ...  # size and modification time (is it still being written?)
+    def watch(self, full_listing_seconds: float = ...) -> DirectoryWatch: ...  # batches as they land, cheaply
 
 
 class ParquetDirectorySource:
@@ -147,8 +151,12 @@ class ParquetDirectorySource:
         """(batch files, other names skipped), each in name order."""
         self.fs.invalidate_cache(self.root)
         names = sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
-        accepted = [n for n in names if n.endswith(".parquet") and not n.startswith(("_", "."))]
+        accepted = [n for n in names if is_batch_name(n)]
         return accepted, [n for n in names if n not in set(accepted)]
+
+    def watch(self, full_listing_seconds: float = FULL_LISTING_SECONDS) -> DirectoryWatch:
+        """What a long-running reader polls for batch files as they land (`DirectoryWatch`)."""
+        return DirectoryWatch(self, full_listing_seconds)
 
     def nothing_to_read(self) -> str | None:
         """Why the directory holds no batch at all although it holds files (None otherwise)."""
@@ -190,6 +198,103 @@ class ParquetDirectorySource:
 
     def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
         return read_parquet(self.url_of(name), self.storage_options, columns)
+
+
+def is_batch_name(name: str) -> bool:
+    return name.endswith(".parquet") and not name.startswith(("_", "."))
+
+
+class DirectoryWatch:
+    """The batch files that land in a `ParquetDirectorySource`, poll after poll, without listing
+    the whole of a growing directory at every poll (what `sparkpoint run --follow` asks of it).
+
+    * On S3 (s3fs) a poll lists only the names after the newest one seen (`StartAfter`): its cost
+      follows what landed since, not what the directory holds.
+    * On a local disk a poll is one `stat` of the directory: it is listed again only when its
+      modification time moved, or moved less than `RECENT_SECONDS` ago (that clock is coarse: a
+      file created in the same tick as the last listing leaves it unchanged).
+    * Elsewhere (memory, GCS, Azure, HDFS...) a poll lists the directory.
+
+    Whatever the filesystem, the whole directory is listed at least every `full_listing_seconds`:
+    a file that lands late under a name sorting before the newest one seen (which `StartAfter`
+    cannot see) is found then. `poll` returns names never returned before, in name order; what
+    was consumed is the caller's to remember."""
+
+    def __init__(self, source: ParquetDirectorySource, full_listing_seconds: float = FULL_LISTING_SECONDS):
+        self.source = source
+        self.full_listing_seconds = full_listing_seconds
+        self.seen: set[str] = set()
+        self.newest: str | None = None
+        self.listings = {"full": 0, "after": 0, "stat": 0}  # what the polls cost, by kind
+        self._last_full: float | None = None
+        self._dir_mtime: float | None = None
+        self._s3 = _is_s3(source.fs)
+
+    def poll(self, now: float | None = None) -> list[str]:
+        """Batch names that appeared since the last poll (all of them at the first), in name order."""
+        now = time.time() if now is None else now
+        full_due = self._last_full is None or now - self._last_full >= self.full_listing_seconds
+        if full_due:
+            names = self._full(now)
+        elif self._s3 and self.newest is not None:
+            self.listings["after"] += 1
+            names = self._s3_names_after(self.newest)
+        elif self._local() and not self._directory_changed(now):
+            return []
+        else:
+            names = self._full(now)
+        new = sorted(n for n in names if n not in self.seen and is_batch_name(n))
+        self.seen.update(new)
+        if new and (self.newest is None or new[-1] > self.newest):
+            self.newest = new[-1]
+        return new
+
+    def _full(self, now: float) -> list[str]:
+        self.listings["full"] += 1
+        self._last_full = now
+        if self._local():
+            self._dir_mtime = self._directory_mtime()  # before the listing: a change during it is seen next time
+        return self.source.listing()[0]
+
+    def _local(self) -> bool:
+        return "file" in _protocols(self.source.fs)
+
+    def _directory_mtime(self) -> float | None:
+        try:
+            return _modified(self.source.fs.info(self.source.root))
+        except (OSError, ValueError) as e:
+            raise SourceError(f"cannot look at input directory {self.source.url}: {e}") from e
+
+    def _directory_changed(self, now: float) -> bool:
+        self.listings["stat"] += 1
+        mtime = self._directory_mtime()
+        return mtime is None or mtime != self._dir_mtime or now - mtime < RECENT_SECONDS
+
+    def _s3_names_after(self, after: str) -> list[str]:
+        """Names under the directory after `after` in S3's (UTF-8 binary = code point) order."""
+        fs = self.source.fs
+        bucket, key, _ = fs.split_path(self.source.root)
+        prefix = key.rstrip("/") + "/" if key else ""
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "StartAfter": prefix + after}
+        names: list[str] = []
+        try:
+            while True:
+                page = fs.call_s3("list_objects_v2", **kwargs)
+                names += [c["Key"][len(prefix):] for c in page.get("Contents", [])]
+                if not page.get("IsTruncated"):
+                    return names
+                kwargs = {**kwargs, "ContinuationToken": page["NextContinuationToken"]}
+        except OSError as e:
+            raise SourceError(f"cannot list input directory {self.source.url}: {e}") from e
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _is_s3(fs: Any) -> bool:
+    return bool({"s3", "s3a"} & set(_protocols(fs))) and hasattr(fs, "call_s3") and hasattr(fs, "split_path")
 
 
 def _modified(info: dict[str, Any]) -> float | None:

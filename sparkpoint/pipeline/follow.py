@@ -1,0 +1,197 @@
+"""Continuous mode: one Spark session for the loop's whole life, each landed batch checkpointed as
+it arrives. What `sparkpoint run --follow` and the Dagster `<name>_follow` job both run.
+
+The loop watches the input with `BatchSource.watch` (no full re-listing of a growing directory
+per poll: see `sparkpoint.spark.source.DirectoryWatch`) and keeps in memory which names are
+consumed, so a poll costs the same after a million files as after ten. Each batch goes through
+`StatefulPipeline.checkpoints`, the loop `sparkpoint run` drives: the same two halves, the same
+fallback and lost-race handling, the same exactly-once commit. Nothing the loop remembers is
+needed to resume: a restart (after Ctrl-C, a kill -9, a failed Dagster run) starts from the
+latest completed checkpoint's offsets, as `run` does.
+
+When files land:
+
+* `checkpoint_interval` 0 (the default): a checkpoint starts as soon as a file is pending and
+  takes up to `files_per_checkpoint` pending files (1 by default: a checkpoint per file).
+* `checkpoint_interval` S > 0: checkpoints start at most every S seconds; one takes every file
+  pending when it starts, at most `files_per_checkpoint` of them when that is set above 1, else at
+  most `MAX_FILES_PER_INTERVAL`. A file that lands while the previous checkpoint is more than S
+  seconds old is taken at once, as without an interval.
+
+A file that fails its checks is taken (to fail or be skipped, as `on_bad_file` says) only once it
+has not changed for `settle_seconds`: until then it may be a copy in progress, whose Parquet
+footer is not written yet. A writer that lands files whole (a rename, a hard link) is never
+delayed by this.
+
+The loop stops after `max_batches` checkpoints (the pipeline's setting), after `idle_seconds`
+with no file pending, when `stop()` says so, or on an interrupt (Ctrl-C, SIGTERM), which
+abandons the batch in flight as a crash would: a rerun resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sparkpoint.pipeline.driver import Committed, StatefulPipeline
+from sparkpoint.pipeline.runtime import PipelineError, _Start
+from sparkpoint.spark.source import FULL_LISTING_SECONDS, DirectoryWatch, SourceError
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2  # how often an idle loop looks for new files
+SETTLE_SECONDS = 2.0  # a file that fails its checks is taken once unchanged this long
+MAX_FILES_PER_INTERVAL = 1000  # the cap of a checkpoint under an interval when files_per_checkpoint is 1
+RETRY_SECONDS = 300.0  # how long polls that cannot read the input are retried before the loop fails
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """How the loop follows its input (see the module docstring). The stop after a number of
+    checkpoints is the pipeline's `max_batches`."""
+
+    checkpoint_interval: float = 0.0  # seconds between checkpoint starts at most; 0: one per landed batch
+    poll_seconds: float = POLL_SECONDS
+    idle_seconds: float | None = None  # stop after this long with no file pending; None: never
+    settle_seconds: float = SETTLE_SECONDS
+    full_listing_seconds: float = FULL_LISTING_SECONDS
+
+    def cap(self, files_per_checkpoint: int) -> int:
+        """The most files one checkpoint takes."""
+        if self.checkpoint_interval > 0 and files_per_checkpoint == 1:
+            return MAX_FILES_PER_INTERVAL
+        return files_per_checkpoint
+
+
+def check_follow_options(options: FollowOptions) -> list[str]:
+    """What is wrong with `options`, as messages naming the setting (none: nothing)."""
+    problems = []
+    for name, value, least in (("checkpoint interval", options.checkpoint_interval, 0.0),
+                               ("poll interval", options.poll_seconds, 0.01),
+                               ("settle seconds", options.settle_seconds, 0.0),
+                               ("full listing seconds", options.full_listing_seconds, 0.0)):
+        if not math.isfinite(value) or value < least:
+            problems.append(f"{name} must be a number of seconds >= {least:g}, got {value}")
+    if options.idle_seconds is not None and (not math.isfinite(options.idle_seconds) or options.idle_seconds < 0):
+        problems.append(f"idle seconds must be a number of seconds >= 0, got {options.idle_seconds}")
+    return problems
+
+
+class Inbox:
+    """The input files no checkpoint consumed, kept in name order: what the watch finds is added,
+    what a committed checkpoint took is removed. Only a restart from another checkpoint (a
+    fallback, a lost race) reads that checkpoint's whole offsets again."""
+
+    def __init__(self, watch: DirectoryWatch):
+        self.watch = watch
+        self.pending: list[str] = []
+        self._consumed: set[str] = set()
+        self._synced: int | None = -1  # the checkpoint id the consumed set is that of (-1: none yet)
+
+    def sync(self, start: _Start) -> None:
+        """Follow `start`: after our own last commit nothing to do; otherwise (the first batch,
+        a fallback, a lost race) the consumed set is `start`'s offsets."""
+        cid = start.metadata.checkpoint_id if start.metadata is not None else None
+        if cid == self._synced:
+            return
+        self._consumed = set(start.offsets.consumed)
+        self.pending = sorted(n for n in self.watch.seen if n not in self._consumed)
+        self._synced = cid
+
+    def poll(self) -> None:
+        for name in self.watch.poll():
+            if name not in self._consumed:
+                bisect.insort(self.pending, name)
+
+    def committed(self, done: Committed) -> None:
+        taken = set(done.files)
+        self._consumed |= taken
+        self.pending = [n for n in self.pending if n not in taken]
+        self._synced = done.metadata.checkpoint_id
+
+
+def follow(pipeline: StatefulPipeline, options: FollowOptions = FollowOptions(), *,
+           stop: Callable[[], bool] | None = None, attempt_id: str | None = None,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[Committed]:
+    """Checkpoint the pipeline's input as it lands, one `Committed` per checkpoint, until a stop
+    condition (see the module docstring). `attempt_id`: persist each batch's attempt under it
+    (an orchestrator's run id), so that its recovery can fence this loop."""
+    problems = check_follow_options(options)
+    if problems:
+        raise PipelineError("; ".join(problems))
+    inbox = Inbox(pipeline.source.watch(options.full_listing_seconds))
+    cap = options.cap(pipeline.config.files_per_checkpoint)
+    unsettled: dict[str, tuple[int, float | None, float]] = {}  # bad-looking file -> (size, mtime, since)
+    last_start: float | None = None
+    quiet_since = time.monotonic()
+    failing_since: float | None = None
+
+    def ready(now: float) -> list[str]:
+        """Up to `cap` pending files to take now: those that pass their checks, and those that
+        fail them once they have settled."""
+        taken: list[str] = []
+        for name, verdict in zip(inbox.pending, pipeline.file_verdicts(inbox.pending[: cap + len(unsettled)])):
+            if len(taken) == cap:
+                break
+            if verdict.ok or _settled(name, now):
+                unsettled.pop(name, None)
+                taken.append(name)
+            else:
+                pipeline.forget_verdicts([name])  # checked again at the next poll
+        return taken
+
+    def _settled(name: str, now: float) -> bool:
+        stat = pipeline.source.stat(name)
+        before = unsettled.get(name)
+        since = before[2] if before is not None and before[:2] == (stat.size, stat.modified) else now
+        unsettled[name] = (stat.size, stat.modified, since)
+        quiet = max(now - since, now - stat.modified if stat.modified is not None else 0.0)
+        if quiet < options.settle_seconds:
+            log.info("input file %s does not pass its checks yet; waiting for it to settle (%.1f of %g s)",
+                     name, quiet, options.settle_seconds)
+            return False
+        return True
+
+    def next_files(start: _Start, done: int) -> list[str] | None:
+        nonlocal last_start, quiet_since, failing_since
+        inbox.sync(start)
+        while True:
+            if stop is not None and stop():
+                return None
+            now = time.monotonic()
+            try:
+                inbox.poll()
+                files = ready(time.time()) if inbox.pending and _due(now) else []
+                failing_since = None
+            except SourceError as e:  # the input cannot be read right now (a 503, a timeout)
+                failing_since = failing_since if failing_since is not None else now
+                if now - failing_since > RETRY_SECONDS:
+                    raise
+                log.warning("%s; trying again", e)
+                files = []
+            if files:
+                last_start = now
+                return files
+            if inbox.pending:
+                quiet_since = now
+            elif options.idle_seconds is not None and now - quiet_since >= options.idle_seconds:
+                log.info("no input file pending for %g s: the loop stops", options.idle_seconds)
+                return None
+            sleep(_pause(now))
+
+    def _due(now: float) -> bool:
+        return last_start is None or now - last_start >= options.checkpoint_interval
+
+    def _pause(now: float) -> float:
+        if inbox.pending and not _due(now) and last_start is not None:
+            return max(0.0, min(options.poll_seconds, last_start + options.checkpoint_interval - now))
+        return options.poll_seconds
+
+    for committed in pipeline.checkpoints(next_files, attempt_id=attempt_id):
+        inbox.committed(committed)
+        quiet_since = time.monotonic()
+        yield committed
