@@ -20,7 +20,9 @@ from pathlib import Path
 import pyspark
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-MACHINE = "SPARKPOINT_TEST_MACHINE"  # every process of a "machine" carries it: killing one kills all
+# Every process of a "machine" carries it, as `<cluster root>:<name>`: killing one kills all of that
+# cluster's machine, never a machine of the same name in another test's cluster running beside it.
+MACHINE = "SPARKPOINT_TEST_MACHINE"
 
 
 @dataclass
@@ -28,6 +30,9 @@ class Cluster:
     root: Path
     master_url: str
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def machine(self, name: str) -> str:
+        return f"{self.root}:{name}"
 
     def local_dir(self, worker: str) -> Path:
         return self.root / worker / "sparkpoint-local"
@@ -52,7 +57,7 @@ class Cluster:
         JVM, Spark's Python daemon and workers, which run in groups of their own)."""
         with suppress(ProcessLookupError):
             os.killpg(self.procs[name].pid, signal.SIGKILL)
-        victims = machine_pids(name)
+        victims = machine_pids(self.machine(name))
         for pid in victims:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -106,7 +111,7 @@ def standalone_cluster(root: Path, workers: int = 2, *, timeout: float = 180) ->
     def start(name: str, args: list[str], extra: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(root / f"{name}.log", "wb")  # noqa: SIM115  (the process owns it)
         proc = subprocess.Popen([spark_class, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**base, **extra, MACHINE: name})
+                                env={**base, **extra, MACHINE: cluster.machine(name)})
         cluster.procs[name] = proc
         return proc
 

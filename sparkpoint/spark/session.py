@@ -294,9 +294,11 @@ def one_task_per_index(spark: Any, count: int, run: Callable[[Iterator[pd.DataFr
     sends each frame through Arrow both ways, which cost about 70 ms of every job on `local[2]`
     (0.16 against 0.09 s for a job of two tiny tasks, measured in one warm session): what a
     checkpoint of a small batch costs in a long-running `run --follow`. On Spark Connect, which
-    has no RDDs, `range` with `count` slices (exactly one index in each partition) and
-    `mapInPandas`."""
-    if is_connect(spark):
+    has no RDDs, and in a session with Spark's UDF profiler on (`spark.sql.pyspark.udf.profiler`,
+    which profiles SQL UDFs only): `range` with `count` slices (exactly one index in each
+    partition) and `mapInPandas`."""
+    if is_connect(spark) or spark.conf.get("spark.sql.pyspark.udf.profiler", None):
+        # Spark Connect, or a session whose UDF profiler is on (it sees SQL UDFs, not RDD functions).
         job = spark.range(0, count, 1, count).mapInPandas(run, schema)
         return [r.asDict() for r in job.collect()]
 
