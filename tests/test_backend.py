@@ -411,11 +411,15 @@ def test_every_database_a_process_opens_shares_one_block_cache_and_one_memtable_
             c[b"k%07d" % i] = rng.randbytes(30)
         if i % 1000 == 999:
             peak = max(peak, sum(c.property_int_value("rocksdb.cur-size-active-mem-table") for c in cfs))
-    # Alone, each state would fill its own 2 MB memtable (9.6 MB written in all, none switched);
-    # together the memtables being written stay within two write buffers. Memtables already
-    # switched and waiting for their flush are not counted: how many wait depends on how fast
-    # the background flushes run on a loaded machine (measured: 4.7-8.6 MB in all at the peak).
-    assert 1 << 20 < peak < 4 << 20, peak
+    # Alone, each state would keep all it was written in its own 2 MB memtable (9.6 MB in all,
+    # none switched). Together they share a budget of two write buffers: every state's memtable
+    # is switched for a flush before it is full. RocksDB picks the state with the oldest memtable
+    # and no flush pending, so each is picked in turn; how far the memtables being written
+    # overshoot the budget depends on how fast the background flushes run on a loaded machine
+    # (measured: 3.2 MB idle, 3.9 MB under 6 busy loops here, 5.0 MB on a CI machine).
+    written = [c.property_int_value("rocksdb.num-entries-active-mem-table") for c in cfs]
+    assert all(n < 40_000 for n in written), written
+    assert 1 << 20 < peak < 7 << 20, peak
     cf = cfs[0]
     assert cf.property_int_value("rocksdb.block-cache-capacity") == 21 << 20
     for c in cfs:
