@@ -568,7 +568,7 @@ def restart_child(spec: dict[str, Any]) -> None:
 WORKER_FUNCS = [
     ("tasks.py", "run_slots", "subtask tasks: all Python in the tasks"),
     ("tasks.py", "run_subtask", "  one operator's subtask: restore, process, snapshot"),
-    ("tasks.py", "read_batch", "  read Parquet (once per task)"),
+    ("tasks.py", "read_unit", "  read Parquet (once per task)"),
     ("tasks.py", "rows_of_subtask", "  keep each operator's keys of the subtask"),
     ("restoring.py", "restore", "  restore (working db reopened)"),
     ("sample.py", "_user_totals_process", "  user_totals process (pandas + RocksDB)"),
@@ -642,9 +642,9 @@ def profile_ours(spark: Any, system: System, workload: Workload, run_dir: Path, 
     spark_calls: list[dict[str, Any]] = []
     original = StatefulPipeline._run_spark
 
-    def timed_run_spark(self: Any, spec: Any, urls: list[str]) -> list[dict[str, Any]]:
+    def timed_run_spark(self: Any, spec: Any, urls: list[str], *route: Any) -> list[dict[str, Any]]:
         started = time.perf_counter()
-        rows = original(self, spec, urls)
+        rows = original(self, spec, urls, *route)
         spark_calls.append({"wall_s": time.perf_counter() - started, "task_seconds": [r["seconds"] for r in rows]})
         return rows
 

@@ -188,7 +188,7 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
             "restore_mode": "restore_mode", "from_checkpoint": "from_checkpoint",
             "allow_non_restored_state": "allow_non_restored_state", "allow_new_operators": "allow_new_operators",
             "event_time": "event_time", "allowed_lateness": "allowed_lateness", "late": "late",
-            "on_bad_file": "on_bad_file"}
+            "on_bad_file": "on_bad_file", "routing": "routing"}
     flags = {setting: getattr(args, name, None) for setting, name in flag.items()}
     if args.storage_options:
         options = _storage_options(args.storage_options)
@@ -579,6 +579,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{info['files_reused']} reused)")
     if info["watermark"] is not None:
         print(f"  watermark {info['watermark']}")
+    if info["read"] is not None:
+        read = info["read"]
+        times = f" ({read['bytes_read'] / read['batch_bytes']:.2f}x)" if read["batch_bytes"] else ""
+        print(f"  batch routed by {read['routing']}: read {_size(read['bytes_read'])} of "
+              f"{_size(read['batch_bytes'])}{times}")
     if info["skipped_files"]:
         _table(f"{len(info['skipped_files'])} input file(s) consumed without being processed (skipped)",
                ["file", "skipped by", "check", "reason"],
@@ -801,6 +806,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-bad-file", choices=["fail", "skip"],
                    help="an input file that is not Parquet, lacks a column, has a wrong type or null keys: fail "
                         "before any upload (default), or skip it (recorded in the checkpoint)")
+    p.add_argument("--routing", choices=["auto", "read-all", "shuffle"],
+                   help="how a batch reaches its subtasks: each subtask's task reads the whole batch (read-all), "
+                        "the batch is read once and routed through Spark's shuffle (shuffle), or auto (default: "
+                        "the shuffle once read-all would read 256 MB or more beyond the batch)")
     p.add_argument("--tick", action="store_true",
                    help="with no unconsumed batch, one checkpoint of no input: processing time advances, due "
                         "timers fire, TTL state expires")

@@ -92,9 +92,11 @@ BALANCES = KeyedOperator("balances", key="acct", columns=("amount",), process=ap
 
 class InProcessPipeline(StatefulPipeline):
     """The pipeline's driver with its Spark job run in the calling thread: the same subtasks
-    (`run_slots`: restore, process, stage, snapshot, upload) without a JVM."""
+    (`run_slots`: restore, process, stage, snapshot, upload) without a JVM, on the read-all route
+    whatever route the batch was given (the routes differ in how rows reach a subtask, not in
+    what the subtask does with storage)."""
 
-    def _run_spark(self, spec: Any, urls: list[str]) -> list[dict[str, Any]]:
+    def _run_spark(self, spec: Any, urls: list[str], *route: Any) -> list[dict[str, Any]]:
         ids = iter([pd.DataFrame({"id": list(range(spec.parallelism))})])
         return [row for frame in run_slots(spec, urls, ids) for row in frame.to_dict("records")]
 

@@ -140,6 +140,7 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
         "files_reused": meta.stats.files_reused,
         "source_offsets": meta.source_offsets,
         "watermark": _watermark(meta),
+        "read": meta.read(),  # the route its batch took to the subtasks, and the bytes that read
         "unowned": sorted(meta.unowned),
         "operators": operators,
         "skipped_files": [s.to_json() for s in meta.skipped_files],  # up to this checkpoint, oldest first

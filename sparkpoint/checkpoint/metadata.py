@@ -280,6 +280,22 @@ class CheckpointStats:
         }
 
 
+READ_KEY = "read"  # in a committed `_metadata`'s source offsets: how its batch was read
+
+
+def read_facts(raw: Any) -> dict[str, Any] | None:
+    """How a batch was read, as its record says (None: not recorded): its route ("read-all" or
+    "shuffle", sparkpoint.spark.routing), the bytes its tasks read, the batch's bytes on storage.
+    A malformed record raises ValueError."""
+    if raw is None:
+        return None
+    if (not isinstance(raw, dict) or raw.get("routing") not in ("read-all", "shuffle")
+            or not all(isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool) and raw[k] >= 0
+                       for k in ("bytes_read", "batch_bytes"))):
+        raise ValueError(f"read facts {str(raw)[:200]!r} are not a route with bytes_read and batch_bytes")
+    return {"routing": raw["routing"], "bytes_read": raw["bytes_read"], "batch_bytes": raw["batch_bytes"]}
+
+
 @dataclass(frozen=True)
 class CheckpointMetadata:
     """The content of `chk-<N>/_metadata`."""
@@ -310,6 +326,14 @@ class CheckpointMetadata:
     @property
     def is_savepoint(self) -> bool:
         return self.kind == "savepoint"
+
+    def read(self) -> dict[str, Any] | None:
+        """How this checkpoint's batch was read (`read_facts`; None: not recorded or malformed)."""
+        raw = self.source_offsets.get(READ_KEY) if isinstance(self.source_offsets, dict) else None
+        try:
+            return read_facts(raw)
+        except ValueError:
+            return None
 
     def operator_name(self, uid: str) -> str:
         """The display name operator `uid` had when this checkpoint was taken."""

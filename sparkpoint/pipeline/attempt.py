@@ -66,12 +66,14 @@ from sparkpoint.checkpoint.errors import (
     UnknownSharedState,
 )
 from sparkpoint.checkpoint.metadata import (
+    READ_KEY,
     CheckpointMetadata,
     FileHandle,
     SkippedFile,
     SubtaskStateHandle,
     load_skipped_files,
     metadata_path,
+    read_facts,
     state_facts,
 )
 from sparkpoint.checkpoint.paths import validate_name
@@ -94,6 +96,7 @@ from sparkpoint.pipeline.claims import (
 )
 from sparkpoint.pipeline.runtime import BatchReport, PipelineError, _Start
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
+from sparkpoint.spark.routing import FileLayout, batch_bytes, choose_route
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceOffsets
 from sparkpoint.spark.tasks import raised_in_task
@@ -159,6 +162,9 @@ class PendingAttempt:
     # Every input file consumed unprocessed up to this checkpoint (`_metadata`'s `skipped_files`):
     # those of the checkpoint it started from, then the ones this batch skipped. Absent in older records.
     skipped_files: tuple[SkippedFile, ...] = ()
+    # How the batch was read (`_metadata`'s `source_offsets.read`): its route ("read-all" or
+    # "shuffle"), the bytes its tasks read and the batch's bytes on storage. Absent in older records.
+    read: dict[str, Any] | None = None
 
     @property
     def path(self) -> str:
@@ -194,6 +200,7 @@ class PendingAttempt:
             "rows": self.rows, "started_at": self.started_at, "watermark": self.watermark,
             "late_rows": self.late_rows,
             **({"skipped_files": [f.to_json() for f in self.skipped_files]} if self.skipped_files else {}),
+            **({"read": self.read} if self.read is not None else {}),
         }
 
     def dumps(self) -> bytes:
@@ -221,6 +228,7 @@ class PendingAttempt:
                 watermark=None if raw.get("watermark") is None else _int(raw["watermark"]),
                 late_rows=_int(raw.get("late_rows", 0)),
                 skipped_files=load_skipped_files(raw.get("skipped_files", []), f"{where}: skipped_files"),
+                read=read_facts(raw.get("read")),
             )
             SourceOffsets.from_json(attempt.source_offsets)
             for h in attempt.state_handles():
@@ -275,7 +283,11 @@ def committed_offsets(attempt: PendingAttempt) -> dict[str, Any]:
                                ATTEMPT_KEY: attempt.attempt_id}
     if attempt.watermark is not None:
         offsets[WATERMARK_KEY] = attempt.watermark
+    if attempt.read is not None:
+        offsets[READ_KEY] = attempt.read
     return offsets
+
+
 
 
 def watermark_of(meta: CheckpointMetadata | None) -> int | None:
@@ -334,8 +346,11 @@ def run_spark_half(
     spec = replace(pipeline._spec(cid, start), watermark_start_us=watermarks[0], watermark_us=watermarks[1])
     if inject:
         spec = replace(spec, inject_failure=inject)
+    layouts = [FileLayout(pipeline.source.url_of(v.name), v.size, v.row_group_bytes)
+               for v in pipeline.file_verdicts(list(batch.good))]
+    route = choose_route(pipeline.config.routing, pipeline.parallelism, layouts)
     try:
-        results = pipeline._run_spark(spec, [pipeline.source.url_of(f) for f in batch.good])
+        results = pipeline._run_spark(spec, [f.url for f in layouts], layouts, route)
     except KeyboardInterrupt:
         raise  # stop at once: the uploads are the orphan sweep's (or recovery's), as after a kill
     except BaseException as e:
@@ -362,6 +377,8 @@ def run_spark_half(
         rows=sum(int(r["rows"]) for r in results) // len(uids), started_at=started_at,
         watermark=watermarks[1], late_rows=sum(int(r["late"]) for r in results if int(r["op"]) == 0),
         skipped_files=(*carried_skips(start.metadata), *skipped),
+        read={"routing": route, "bytes_read": sum(int(r.get("read_bytes") or 0) for r in results),
+              "batch_bytes": batch_bytes(layouts)},
     )
 
 
@@ -442,7 +459,7 @@ def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: in
         state_size=meta.stats.state_size, checkpointed_size=meta.stats.checkpointed_size,
         files_new=meta.stats.files_new, files_reused=meta.stats.files_reused, files_deleted=files_deleted,
         seconds=time.time() - attempt.started_at, restored=tuple(s.restore for s in attempt.subtasks),
-        watermark=attempt.watermark, late_rows=attempt.late_rows, skipped=meta.newly_skipped(),
+        watermark=attempt.watermark, late_rows=attempt.late_rows, skipped=meta.newly_skipped(), read=attempt.read,
     )
 
 

@@ -107,6 +107,9 @@ def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: Chec
         **({"watermark": iso_micros(report.watermark), "late_rows": report.late_rows}
            if report.watermark is not None else {}),  # pipelines with an event time
         **({"skipped_files": [s.to_json() for s in report.skipped]} if report.skipped else {}),  # consumed unprocessed
+        **({"routing": report.read["routing"], "input_bytes_read": report.read["bytes_read"],
+            "batch_bytes": report.read["batch_bytes"], "read_amplification": report.read_amplification or 0.0}
+           if report.read else {}),  # how the batch reached its subtasks, and what that read
     }
 
 

@@ -23,9 +23,10 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, check_on_bad_file, input_needs
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
+from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, check_routing, read_units, shuffle_job
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
-from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, run_slots, run_subtask
+from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, route_units, run_routed, run_slots, run_subtask
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import check_event_time, iso_micros
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
@@ -86,6 +87,7 @@ class PipelineConfig:
     allowed_lateness: float = 0.0  # seconds the watermark trails the highest event time seen
     late: str = "drop"  # rows below the watermark their batch starts with: "drop" or "process"
     on_bad_file: str = "fail"  # an input file that fails a check: "fail" the batch, or "skip" it (recorded)
+    routing: str = "auto"  # how a batch reaches its subtasks: "read-all", "shuffle" or "auto" (spark.routing)
 
 
 def validate_config(config: PipelineConfig) -> None:
@@ -109,6 +111,7 @@ def validate_config(config: PipelineConfig) -> None:
         problems.append(str(e))
     problems += check_event_time(config.event_time, config.allowed_lateness, config.late)
     problems += check_on_bad_file(config.on_bad_file)
+    problems += check_routing(config.routing)
     if problems:
         raise PipelineError("; ".join(problems))
 
@@ -130,6 +133,14 @@ class BatchReport:
     watermark: int | None = None  # after the batch, µs since the epoch, UTC (pipelines with an event time)
     late_rows: int = 0  # rows below the watermark the batch started with (dropped unless late="process")
     skipped: tuple[SkippedFile, ...] = ()  # input files this checkpoint consumed without processing them
+    read: dict[str, Any] | None = None  # how the batch was read: routing, bytes_read, batch_bytes
+
+    @property
+    def read_amplification(self) -> float | None:
+        """Bytes the batch's tasks read ÷ the batch's bytes (None: nothing read, or not recorded)."""
+        if not self.read or not self.read["batch_bytes"]:
+            return None
+        return round(int(self.read["bytes_read"]) / int(self.read["batch_bytes"]), 3)
 
     def line(self) -> str:
         batch = ",".join(self.files) or ("(none)" if self.skipped else "(tick)")
@@ -140,6 +151,8 @@ class BatchReport:
             f"deleted={self.files_deleted} {self.seconds:.2f}s"
             + (f" watermark={iso_micros(self.watermark)} late={self.late_rows}" if self.watermark is not None else "")
             + (" skipped=" + "; ".join(s.line() for s in self.skipped) if self.skipped else "")
+            + (f" route={self.read['routing']} read={self.read_amplification}x"
+               if self.read and self.read_amplification else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +165,9 @@ class BatchReport:
             "watermark": iso_micros(self.watermark) if self.watermark is not None else None,
             "late_rows": self.late_rows,
             "skipped": [{"file": s.file, "check": s.check, "reason": s.reason} for s in self.skipped],
+            "routing": self.read["routing"] if self.read else None,
+            "bytes_read": self.read["bytes_read"] if self.read else None,
+            "batch_bytes": self.read["batch_bytes"] if self.read else None,
         }
 
 
@@ -254,7 +270,10 @@ class PipelineCore:
             event_time=c.event_time, late=c.late,
         )
 
-    def _run_spark(self, spec: TaskSpec, urls: list[str]) -> list[dict[str, Any]]:
+    def _run_spark(self, spec: TaskSpec, urls: list[str], layouts: list[FileLayout] | None = None,
+                   route: str = READ_ALL) -> list[dict[str, Any]]:
+        """The checkpoint's Spark job over the batch `urls` by `route` (`sparkpoint.spark.routing`;
+        the shuffle cuts the batch by `layouts`): a result row per (operator, subtask)."""
         groups = len(self.operators) * spec.parallelism
         if self.spark is None and not urls:  # nothing to read (`sparkpoint skip`): no JVM for that
             return [run_subtask(spec, i, subtask, no_rows(op)).to_dict("records")[0]
@@ -264,19 +283,23 @@ class PipelineCore:
 
             ship_modules(self.spark, operator_functions(self.operators))
             self._shipped = True
-
-        def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
-            return run_slots(spec, urls, ids)
-
-        # One stage, one task per subtask index running that subtask of every operator
-        # (sparkpoint.spark.tasks).
         from sparkpoint.spark.session import job_group, one_task_per_index
 
-        description = f"sparkpoint {spec.job_id}: checkpoint {spec.checkpoint_id}"
+        description = f"sparkpoint {spec.job_id}: checkpoint {spec.checkpoint_id} ({route})"
         with job_group(self.spark, spark_job_group(spec.job_id, spec.checkpoint_id), description):
-            rows = one_task_per_index(self.spark, spec.parallelism, run, RESULT_SCHEMA)
-        if len(rows) != groups:
-            raise PipelineError(f"expected {groups} subtask results, Spark returned {len(rows)}")
+            if route == SHUFFLE:  # read once, routed by key group through Spark's shuffle
+                units = read_units(layouts if layouts is not None else [FileLayout(u) for u in urls])
+                rows = shuffle_job(self.spark, spec, units, RESULT_SCHEMA, route_units, run_routed)
+            else:  # one stage, task i reads the batch and runs subtask i of every operator
+
+                def run(ids):  # type: ignore[no-untyped-def]  # Spark infers UDF kinds from hints: keep none
+                    return run_slots(spec, urls, ids)
+
+                rows = one_task_per_index(self.spark, spec.parallelism, run, RESULT_SCHEMA)
+        ran = {(int(r["op"]), int(r["subtask"])) for r in rows}
+        if len(rows) != groups or len(ran) != groups:
+            raise PipelineError(f"expected {groups} subtask results, Spark returned {len(rows)} "
+                                f"for {len(ran)} (operator, subtask) pairs")
         return rows
 
     # --- start, fallback, sink ---------------------------------------------------------------------

@@ -71,6 +71,7 @@ _PARSERS: dict[str, Any] = {
     "allowed_lateness": float,
     "late": str,
     "on_bad_file": lambda v: str(v).strip().lower(),  # fail | skip: checked with the other settings
+    "routing": lambda v: str(v).strip().lower(),  # auto | read-all | shuffle: checked with the other settings
 }
 
 
@@ -108,6 +109,9 @@ SETTING_DOCS = {
     "on_bad_file": "a batch file that fails its checks before Spark (not Parquet, a missing column, a wrong key type, "
                    "null keys): `fail` stops before any upload, `skip` consumes it unprocessed and records it in "
                    "`_metadata`",
+    "routing": "how a batch's rows reach their subtasks: `read-all` (each subtask's task reads the whole batch; one "
+               "stage), `shuffle` (read once, routed by key group through Spark's shuffle) or `auto` (the shuffle once "
+               "read-all would read 256 MB or more beyond the batch); the route taken is in `_metadata`",
 }
 
 

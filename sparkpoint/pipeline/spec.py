@@ -90,6 +90,10 @@ class Pipeline:
         on_bad_file: a batch file that fails its checks before Spark (not Parquet, a missing column,
             a wrong key type, null keys): "fail" stops the batch before any upload, "skip" consumes
             it unprocessed and records it in `_metadata` (`skipped_files`).
+        routing: how a batch's rows reach their subtasks: "read-all" (each subtask's task reads
+            the whole batch: one stage, no shuffle), "shuffle" (the batch is read once and routed
+            by key group through Spark's shuffle) or "auto" (the shuffle once read-all would read
+            256 MB or more beyond the batch). Either route gives the same state and output.
 
     Raises:
         PipelineError: a setting the CLI would refuse (each message says what to change).
@@ -128,6 +132,8 @@ class Pipeline:
     # the wrong type, null keys): "fail" the batch before any upload, or "skip" the file, recorded
     # in the checkpoint's `_metadata` (sparkpoint.pipeline.badfiles).
     on_bad_file: str = "fail"
+    # How a batch's rows reach their subtasks (sparkpoint.spark.routing): "read-all", "shuffle", "auto".
+    routing: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))

@@ -28,6 +28,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
 from sparkpoint.pipeline.runtime import PipelineConfig, validate_config
 from sparkpoint.pipeline.spec import Pipeline
+from sparkpoint.spark.routing import check_routing
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.rocksdb import RocksDBOptions
 
@@ -205,8 +206,11 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     # Mapping the restored checkpoint's state onto the operators (by uid), as `run` takes them:
     allow_non_restored_state: bool = False  # state of an operator the pipeline no longer runs is dropped
     allow_new_operators: bool = False  # an operator the checkpoint lacks starts empty
+    routing: str = "auto"  # how a batch reaches its subtasks: "read-all", "shuffle" or "auto" (spark.routing)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        for problem in check_routing(self.routing):
+            raise ResourceConfigError(f"state backend: {problem}")
         if not 1 <= self.max_parallelism <= MAX_KEY_GROUPS:
             raise ResourceConfigError(
                 f"state backend: max_parallelism must be between 1 and {MAX_KEY_GROUPS}, got {self.max_parallelism}"
@@ -298,7 +302,7 @@ class PipelineResources:
                 local_dir=str(Path(backend.local_dir).resolve()), incremental=backend.incremental,
                 local_recovery=backend.local_recovery, changelog=backend.changelog,
                 allow_non_restored_state=backend.allow_non_restored_state,
-                allow_new_operators=backend.allow_new_operators,
+                allow_new_operators=backend.allow_new_operators, routing=backend.routing,
                 rocksdb=dataclasses.replace(pipeline.rocksdb, block_cache_mb=backend.rocksdb_options().block_cache_mb),
             )
             validate_config(config)
@@ -330,7 +334,7 @@ def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[st
                               parallelism=pipeline.parallelism, max_parallelism=pipeline.max_parallelism,
                               rocksdb_block_cache_mb=pipeline.rocksdb.block_cache_mb,
                               allow_non_restored_state=pipeline.allow_non_restored_state,
-                              allow_new_operators=pipeline.allow_new_operators),
+                              allow_new_operators=pipeline.allow_new_operators, routing=pipeline.routing),
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
                        output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,

@@ -69,6 +69,8 @@ class FileVerdict:
     check: str | None = None
     reason: str | None = None
     max_event_time: int | None = None
+    size: int = 0  # the file's bytes
+    row_group_bytes: tuple[int, ...] = ()  # each row group's compressed bytes, from the footer
 
     @property
     def ok(self) -> bool:
@@ -314,12 +316,52 @@ def _modified(info: dict[str, Any]) -> float | None:
     return None
 
 
+WHOLE_FILE_BYTES = 4 << 20  # input files up to this size are read in one request
+
+
 def read_parquet(url: str, storage_options: dict[str, Any], columns: list[str] | None = None) -> pd.DataFrame:
+    """Input file `url` (the `columns` given, all when None) as pandas."""
+    return read_parquet_counted(url, storage_options, columns)[0]
+
+
+def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: list[str] | None = None,
+                         row_groups: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, int]:
+    """Input file `url` (its `row_groups` only, when given) as pandas, and the bytes read from
+    storage to get it: what a checkpoint's read amplification is measured by. Both routes of a
+    batch read through here, so a row reaches its subtask with the same types either way."""
     try:
-        with fsspec.open(url, "rb", **storage_options) as f:
-            return pd.read_parquet(f, columns=columns)
+        with fsspec.open(url, "rb", **storage_options) as raw:
+            f = _CountingFile(raw)
+            size = getattr(raw, "size", None)
+            # A small file is read whole, in one request: pyarrow would read its last 64 KB for
+            # the footer and then the columns, most of such a file twice.
+            whole = row_groups is None and size is not None and size <= WHOLE_FILE_BYTES
+            parquet = pq.ParquetFile(pa.BufferReader(f.read()) if whole else f)
+            table = (parquet.read(columns=columns, use_pandas_metadata=True) if row_groups is None
+                     else parquet.read_row_groups(list(row_groups), columns=columns, use_pandas_metadata=True))
+            return table.to_pandas(), f.bytes_read
     except (OSError, ValueError) as e:
         raise SourceError(f"cannot read input file {url}: {e}") from e
+
+
+class _CountingFile:
+    """A binary file that counts the bytes read through it."""
+
+    def __init__(self, f: Any):
+        self._f, self.bytes_read = f, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._f.read(size)
+        self.bytes_read += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        n: int = self._f.readinto(buffer) or 0
+        self.bytes_read += n
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
 
 
 class _Bad(Exception):
@@ -344,7 +386,10 @@ def check_parquet(f: Any, name: str, url: str, needs: InputNeeds) -> FileVerdict
         return FileVerdict(name, bad.check, bad.reason)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:  # not Parquet, or damaged
         return FileVerdict(name, "parquet", f"input file {url} is not a readable Parquet file: {_first_line(e)}")
-    return FileVerdict(name, max_event_time=highest)
+    meta = parquet.metadata
+    groups = tuple(sum(meta.row_group(g).column(c).total_compressed_size for c in range(meta.num_columns))
+                   for g in range(meta.num_row_groups))
+    return FileVerdict(name, max_event_time=highest, size=int(getattr(f, "size", 0) or 0), row_group_bytes=groups)
 
 
 def _check_schema_and_values(parquet: pq.ParquetFile, schema: pa.Schema, url: str, needs: InputNeeds) -> int | None:
@@ -433,5 +478,6 @@ def _first_line(error: BaseException) -> str:
 
 
 def _micros(value: pa.Scalar) -> int:
-    """A timestamp scalar (any unit, any zone: Arrow stores UTC) as int microseconds."""
-    return int(pc.cast(value, pa.timestamp("us", tz=value.type.tz)).value)
+    """A timestamp scalar (any unit, any zone: Arrow stores UTC) as int microseconds (nanoseconds
+    cut off, as `event_micros` cuts them)."""
+    return int(pc.cast(value, pa.timestamp("us", tz=value.type.tz), safe=False).value)  # ns: truncated

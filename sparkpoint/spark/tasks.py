@@ -1,16 +1,15 @@
-"""What runs inside Spark tasks: one task per subtask index, in a single stage.
+"""What runs inside Spark tasks: task i runs subtask i of every operator, one after the other,
+as a Flink slot runs one subtask of each operator of a pipeline (slot sharing): restore, process
+its rows, stage its output, snapshot.
 
-A checkpoint's Spark job is `range(parallelism)` with one index per partition, mapped by
-`run_slots`. Task i runs subtask i of every operator, one after the other, as a Flink slot runs
-one subtask of each operator of a pipeline (slot sharing). It reads the batch's input files once
-(the columns the operators need), keeps for each operator the rows whose keys fall in that
-subtask's key groups, and runs the subtask: restore, process, stage, snapshot.
+How the rows get there is the batch's route (`sparkpoint.spark.routing`):
 
-There is no routing stage and no shuffle. Measured on `local[2]`, a routing task that read each
-file once and shuffled Arrow blobs to the subtasks cost more than every subtask reading the file:
-the routing ran on one core for a whole input file, and its stage, its shuffle and one task per
-(operator, subtask) added a fixed cost to every batch (benchmarks/README.md). The price is that
-each input file is read once per subtask index, column-projected.
+* read-all (`run_slots`): one stage over `range(parallelism)`; task i reads every input file of
+  the batch (the columns the operators need) and keeps, per operator, the rows whose keys fall
+  in subtask i's key groups. Each file is read once per subtask index.
+* shuffle (`route_units`, then `run_routed`): reading tasks read the batch once, a piece each,
+  and tag each operator's rows with their subtask; Spark's shuffle brings them to task i, which
+  puts them back in batch order and runs subtask i of every operator.
 
 Everything receives a `TaskSpec` (plain picklable data) and imports nothing from the driver.
 """
@@ -21,19 +20,23 @@ import fcntl
 import gc
 import logging
 import os
+import pickle
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import pandas as pd
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark.faults import fail_at
+from sparkpoint.spark.routing import ReadUnit
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
-from sparkpoint.spark.source import SourceError, read_parquet
+from sparkpoint.spark.source import SourceError, read_parquet_counted
 from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import LateSplit, event_micros, split_late
@@ -45,7 +48,8 @@ from sparkpoint.state.rocksdb import RocksDBOptions, is_corruption
 log = logging.getLogger(__name__)
 
 RESULT_SCHEMA = (
-    "op int, subtask int, handle string, staged string, rows long, late long, restore string, seconds double"
+    "op int, subtask int, handle string, staged string, rows long, late long, restore string, seconds double, "
+    "read_bytes long"
 )
 
 
@@ -78,39 +82,125 @@ class TaskSpec:
 
 
 def run_slots(spec: TaskSpec, urls: list[str], ids: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """mapInPandas over `range(parallelism)`: for each subtask index this task was given (one, by
-    design), run that subtask of every operator. Every subtask runs, with rows or without, so
-    every subtask acknowledges."""
+    """The read-all route, mapInPandas over `range(parallelism)`: for each subtask index this
+    task was given (one, by design), read the whole batch and run that subtask of every operator.
+    Every subtask runs, with rows or without, so every subtask acknowledges."""
     _freeze_imports_once()
     for frame in ids:
         for subtask in frame["id"].tolist():
-            if not 0 <= subtask < spec.parallelism:
-                raise ValueError(f"subtask {subtask} is outside 0..{spec.parallelism - 1}")
-            files = read_batch(spec, urls)
+            _check_subtask(spec, subtask)
+            files = [(url, *read_unit(spec, ReadUnit(url))) for url in urls]
             for op_index, op in enumerate(spec.operators):
-                parts = [rows_of_subtask(spec, op, subtask, url, data) for url, data in files]
-                rows = pd.concat([p.kept for p in parts], ignore_index=True) if parts else no_rows(op)
-                yield run_subtask(spec, op_index, subtask, rows, late=sum(p.late for p in parts))
+                parts = [rows_of_subtask(spec, op, subtask, url, data) for url, data, _ in files]
+                yield run_subtask(spec, op_index, subtask, concat_rows(op, [p.kept for p in parts]),
+                                  late=sum(p.late for p in parts),
+                                  read_bytes=sum(n for _, _, n in files) if op_index == 0 else 0)
 
 
-def read_batch(spec: TaskSpec, urls: list[str]) -> list[tuple[str, pd.DataFrame]]:
-    """Each input file of the batch, with the columns some operator reads."""
+def route_units(spec: TaskSpec, units: list[ReadUnit], routes: list[int],
+                ids: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The shuffle route's reading stage, mapInPandas over the indexes of `units`: read each unit
+    this task was given once and yield, per operator and subtask, that subtask's rows of it
+    (pickled: a frame comes out as it went in) with its late count, under the route that sends
+    it to the subtask's partition (`routes`). Then one marker row per subtask, so that every
+    subtask's partition exists and runs with rows or without; subtask 0's carries the bytes this
+    task read."""
+    _freeze_imports_once()
+    read = 0
+    for frame in ids:
+        for index in frame["id"].tolist():
+            unit = units[index]
+            data, n = read_unit(spec, unit)
+            read += n
+            out = [(routes[subtask], subtask, op_index, index, part.late, 0,
+                    pickle.dumps(part.kept.reset_index(drop=True), protocol=5))
+                   for op_index, op in enumerate(spec.operators)
+                   for subtask, part in split_by_subtask(spec, op, unit.url, data).items()]
+            if out:
+                yield pd.DataFrame(out, columns=_ROUTED_COLUMNS)
+    yield pd.DataFrame([(routes[s], s, -1, -1, 0, read if s == 0 else 0, None) for s in range(spec.parallelism)],
+                       columns=_ROUTED_COLUMNS)
+
+
+_ROUTED_COLUMNS = ["route", "subtask", "op", "unit", "late", "read_bytes", "rows"]
+
+
+def run_routed(spec: TaskSpec, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The shuffle route's processing stage, mapInPandas over the repartitioned rows: each subtask
+    whose marker is in this partition (one, by design) runs every operator over its rows, put
+    back in batch order."""
+    _freeze_imports_once()
+    parts: dict[tuple[int, int], list[tuple[int, int, bytes]]] = defaultdict(list)
+    read: dict[int, int] = defaultdict(int)
+    for frame in frames:
+        for _, subtask, op_index, unit, late, nbytes, blob in frame.itertuples(index=False, name=None):
+            if op_index < 0:
+                read[int(subtask)] += int(nbytes)
+            else:
+                parts[(int(subtask), int(op_index))].append((int(unit), int(late), blob))
+    for subtask in sorted(read):
+        _check_subtask(spec, subtask)
+        for op_index, op in enumerate(spec.operators):
+            got = sorted(parts.pop((subtask, op_index), []), key=lambda part: part[0])
+            rows = concat_rows(op, [pickle.loads(blob) for _, _, blob in got])  # noqa: S301  our own tasks'
+            yield run_subtask(spec, op_index, subtask, rows, late=sum(late for _, late, _ in got),
+                              read_bytes=read[subtask] if op_index == 0 else 0)
+    if parts:  # rows whose subtask's marker did not come: a route that lost its way
+        raise ValueError(f"rows for subtasks {sorted({s for s, _ in parts})} reached a partition without them")
+
+
+def _check_subtask(spec: TaskSpec, subtask: int) -> None:
+    if not 0 <= subtask < spec.parallelism:
+        raise ValueError(f"subtask {subtask} is outside 0..{spec.parallelism - 1}")
+
+
+def read_unit(spec: TaskSpec, unit: ReadUnit) -> tuple[pd.DataFrame, int]:
+    """A piece of the batch, with the columns some operator reads, and the bytes read for it."""
     columns = list(dict.fromkeys([*(c for op in spec.operators for c in op.input_columns()),
                                   *([spec.event_time] if spec.event_time else [])]))
-    return [(url, read_parquet(url, spec.input_options, columns)) for url in urls]
+    return read_parquet_counted(unit.url, spec.input_options, columns, unit.row_groups)
 
 
 def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, data: pd.DataFrame) -> LateSplit:
     """The rows of one input file that `op` keys into `subtask`'s key groups, with `op`'s columns,
     less the late ones when the pipeline has an event time (and how many were late)."""
-    keys = data[op.key]
-    if keys.isna().any():
-        raise SourceError(f"{url}: column {op.key!r} has null keys; {op.name} cannot key them")
-    mine = data.loc[subtasks_of(arrow_keys(keys), spec.max_parallelism, spec.parallelism) == subtask]
+    mine = data.loc[_subtasks(spec, op, url, data) == subtask]
     if spec.event_time is None:
         return LateSplit(mine[op.input_columns()], 0)
     split = split_late(mine, event_micros(mine, spec.event_time, url), spec.watermark_start_us, spec.late)
     return LateSplit(split.kept[op.input_columns()], split.late)
+
+
+def split_by_subtask(spec: TaskSpec, op: KeyedOperator, url: str, data: pd.DataFrame) -> dict[int, LateSplit]:
+    """`rows_of_subtask` for every subtask at once, in one pass: the subtasks with rows (kept or
+    late), each with its rows in the order they came."""
+    subtasks = _subtasks(spec, op, url, data)
+    columns = data[op.input_columns()]
+    late = (event_micros(data, spec.event_time, url) < spec.watermark_start_us
+            if spec.event_time is not None and spec.watermark_start_us is not None and len(data)
+            else np.zeros(len(data), dtype=bool))
+    order = np.argsort(subtasks, kind="stable")
+    bounds = np.flatnonzero(np.diff(subtasks[order])) + 1
+    out = {}
+    for rows in np.split(order, bounds) if len(order) else []:
+        is_late = late[rows]
+        kept = rows[~is_late] if spec.late == "drop" else rows
+        out[int(subtasks[rows[0]])] = LateSplit(columns.iloc[kept], int(is_late.sum()))
+    return out
+
+
+def _subtasks(spec: TaskSpec, op: KeyedOperator, url: str, data: pd.DataFrame) -> np.ndarray:
+    keys = data[op.key]
+    if keys.isna().any():
+        raise SourceError(f"{url}: column {op.key!r} has null keys; {op.name} cannot key them")
+    return np.asarray(subtasks_of(arrow_keys(keys), spec.max_parallelism, spec.parallelism))
+
+
+def concat_rows(op: KeyedOperator, parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """A subtask's rows of `op` from its parts in batch order (empty parts left out, so that
+    which parts a route hands over does not change a column's type)."""
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else no_rows(op)
 
 
 def no_rows(op: KeyedOperator) -> pd.DataFrame:
@@ -118,7 +208,8 @@ def no_rows(op: KeyedOperator) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in op.input_columns()})
 
 
-def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame, *, late: int = 0) -> pd.DataFrame:
+def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame, *, late: int = 0,
+                read_bytes: int = 0) -> pd.DataFrame:
     """One operator's subtask for checkpoint N: restore, process its rows, stage, snapshot.
 
     When RocksDB reports corrupt data on the way (its block checksums, checked on every read),
@@ -152,6 +243,7 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
         [{
             "op": op_index, "subtask": subtask, "handle": handle.dumps(), "staged": staged, "rows": len(batch),
             "late": late, "restore": restored.source, "seconds": time.monotonic() - started,
+            "read_bytes": read_bytes,
         }]
     )
 
