@@ -76,6 +76,19 @@ def test_the_event_time_column_is_checked_with_the_others(tmp_path: Path, frame:
     assert uploaded(tmp_path) == []
 
 
+def test_event_times_in_nanoseconds_pass_the_checks_with_their_highest_time_cut_to_microseconds(tmp_path: Path):
+    # pandas writes nanoseconds; the footer's highest event time does not fit microseconds exactly.
+    pipeline = meters(tmp_path, event_time="read_at")
+    at = pd.Timestamp("2026-03-01T00:00:00.123456789Z")
+    pd.DataFrame({"meter": ["m1", "m2"], "kwh": [1.0, 2.0], "read_at": [at - pd.Timedelta(1, "s"), at]}).to_parquet(
+        tmp_path / "in" / "r-000.parquet")
+    driver = StatefulPipeline(None, pipeline.config(), pipeline.operators)
+    (verdict,) = driver.file_verdicts(["r-000.parquet"])
+    assert verdict.ok, verdict.reason
+    assert verdict.max_event_time == at.value // 1000
+    assert verdict.size == (tmp_path / "in" / "r-000.parquet").stat().st_size
+
+
 def test_a_file_that_cannot_be_reached_is_no_verdict_and_is_never_skipped(tmp_path: Path, monkeypatch):
     """A read error (a timeout, a 503) is not a bad file: under "skip" too the run fails and
     the file stays pending, to be read once it can be (DESIGN rule 10)."""

@@ -58,7 +58,7 @@ def test_a_run_on_spark_connect_gives_the_same_exactly_once_result(tmp_path: Pat
 
 def test_a_driver_killed_mid_run_is_resumed_by_a_new_client(tmp_path: Path, server: ConnectServer):
     """SIGKILL of the client after its second checkpoint (the server and its tasks go on): a new
-    client resumes from the latest checkpoint to the uninterrupted result."""
+    client, on the other route, resumes from the latest checkpoint to the uninterrupted result."""
     generate(str(tmp_path / "in"), batches=6, events_per_batch=2000, users=300, items=40, seed=6)
     proc = subprocess.Popen(remote_run(tmp_path, server), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env(), start_new_session=True)
@@ -73,8 +73,12 @@ def test_a_driver_killed_mid_run_is_resumed_by_a_new_client(tmp_path: Path, serv
     assert seen == 2, proc.stderr.read() if proc.stderr else ""
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     assert max(storage.completed_checkpoint_ids()) < 6
-    done = subprocess.run(remote_run(tmp_path, server), capture_output=True, text=True, env=env(), timeout=600)
+    # The new client takes the shuffle route (the killed one read-all): the route changes with the client.
+    done = subprocess.run(remote_run(tmp_path, server, "--routing", "shuffle"), capture_output=True, text=True,
+                          env=env(), timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("chk-")]
+    assert lines and all(" route=shuffle read=" in line for line in lines), lines
     assert max(storage.completed_checkpoint_ids()) == 6
     assert_pipeline_result(str(tmp_path / "in"), f"file://{tmp_path}/ckpt", f"file://{tmp_path}/out", tmp_path)
     time.sleep(1)  # the killed client's last tasks may still be finishing on the server

@@ -73,6 +73,11 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     assert got["batch"] == ["batch-000001.parquet"]
     assert got["prune_due"] == []
     assert by_key[CHECKPOINT_KEY].tags["dagster/data_version"] == "2"
+    # how the batch reached its subtasks (a small batch: read-all, each of the 2 subtasks read it whole)
+    assert got["routing"] == "read-all" == meta.source_offsets["read"]["routing"]
+    assert got["batch_size_bytes"] == (tmp_path / "in" / "batch-000001.parquet").stat().st_size
+    assert got["input_read_bytes"] == meta.source_offsets["read"]["bytes_read"] == 2 * got["batch_size_bytes"]
+    assert got["read_amplification"] == 2.0 and got["input_read"] == readable_size(got["input_read_bytes"])
 
     sst = values(by_key[SSTABLE_KEYS["user_totals"]])
     handles = meta.operators["user_totals"].subtasks

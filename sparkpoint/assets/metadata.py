@@ -105,6 +105,11 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
         out["late_rows"] = facts["late_rows"]
     if "skipped_files" in facts:  # input files it consumed without processing them (on_bad_file, skip_file)
         out["skipped_files"] = dg.MetadataValue.json(facts["skipped_files"])
+    if "routing" in facts:  # how the batch reached its subtasks (read-all or shuffle), and what that read
+        out["routing"] = facts["routing"]
+        out.update(size_entries("input_read", facts["input_bytes_read"]))
+        out.update(size_entries("batch_size", facts["batch_bytes"]))
+        out["read_amplification"] = facts["read_amplification"]
     if recovered_run:
         out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
     if previous is not None:  # the checkpoint before it, to open beside it (and to diff against)
