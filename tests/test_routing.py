@@ -210,3 +210,21 @@ def test_auto_takes_the_shuffle_once_read_all_would_read_much_more_than_the_batc
     assert choose_route("shuffle", 8, []) == "read-all"  # nothing to read: one stage, every subtask runs
     with pytest.raises(PipelineError, match="routing must be one of auto, read-all, shuffle, got 'both'"):
         validate_config(PipelineConfig(input_url="in", checkpoints_url="file:///c", job_id="j", routing="both"))
+
+
+def test_routing_is_a_setting_of_every_front_end_and_a_bad_value_is_refused_naming_the_choices(tmp_path: Path):
+    from sparkpoint import Pipeline
+    from sparkpoint.pipeline.settings import resolve_settings
+    from sparkpoint.resources import StateBackendResource
+
+    assert resolve_settings({"routing": " Shuffle "}) == {"routing": "shuffle"}
+    clicks = Pipeline("clicks", OPERATORS, input_url=str(tmp_path / "in"), routing="read-all")
+    assert clicks.config().routing == "read-all" and clicks.with_(routing="shuffle").config().routing == "shuffle"
+    with pytest.raises(PipelineError, match="routing must be one of auto, read-all, shuffle, got 'fast'"):
+        clicks.with_(routing="fast")
+    import dagster as dg
+
+    from sparkpoint.resources import ResourceConfigError
+
+    with pytest.raises(ResourceConfigError, match="state backend: routing must be one of"):
+        StateBackendResource(routing="fast").setup_for_execution(dg.build_init_resource_context())
