@@ -89,6 +89,17 @@ def test_event_times_in_nanoseconds_pass_the_checks_with_their_highest_time_cut_
     assert verdict.size == (tmp_path / "in" / "r-000.parquet").stat().st_size
 
 
+def test_a_footers_nanoseconds_are_floored_as_the_tasks_floor_them_before_1970_too():
+    import pyarrow as pa
+
+    from sparkpoint.spark.source import _micros
+    from sparkpoint.state.eventtime import event_micros
+
+    for ns in (-1_500, -1_000_000_001, 1_500, 0):
+        frame = pd.DataFrame({"t": pd.to_datetime([ns], unit="ns", utc=True)})
+        assert _micros(pa.scalar(ns, pa.timestamp("ns", tz="UTC"))) == event_micros(frame, "t", "x")[0]
+
+
 def test_a_file_that_cannot_be_reached_is_no_verdict_and_is_never_skipped(tmp_path: Path, monkeypatch):
     """A read error (a timeout, a 503) is not a bad file: under "skip" too the run fails and
     the file stays pending, to be read once it can be (DESIGN rule 10)."""

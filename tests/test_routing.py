@@ -5,6 +5,7 @@ shuffle reads each batch once."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -49,17 +50,22 @@ def shop_process(batch: pd.DataFrame, state) -> None:  # type: ignore[no-untyped
     counts = state.value_state("visits", COUNT, ttl=StateTtl(3600 * 24 * 365, clock="event"))
     old = counts.get_many(sizes.index.tolist())
     counts.put_many((s, (int(n) + (o[0] if o else 0),)) for s, n, o in zip(sizes.index, sizes, old))
+    # The last quantity as pandas typed it: 3 from an int64 column, 3.0 from a float64 one (an int
+    # column with a null anywhere in its file is float64 when the whole file is read).
+    last = batch.groupby("shop")["qty"].last().fillna(-1)
+    state.value_state("last_qty", JsonCodec()).put_many(zip(last.index, last.tolist()))
 
 
 def shop_export(state) -> pd.DataFrame:  # type: ignore[no-untyped-def]
-    rows = [(k.decode(), v[0]) for k, v in state.value_state("visits", COUNT).items()]
-    return pd.DataFrame(rows, columns=["shop", "visits"])
+    qty = {k: json.dumps(v) for k, v in state.value_state("last_qty", JsonCodec()).items()}
+    rows = [(k.decode(), v[0], qty.get(k)) for k, v in state.value_state("visits", COUNT).items()]
+    return pd.DataFrame(rows, columns=["shop", "visits", "last_qty"])
 
 
 OPERATORS = (
     KeyedOperator("ledger", key="acct", columns=("amount",), process=ledger_process, export=ledger_export,
                   emits=True),
-    KeyedOperator("shops", key="shop", process=shop_process, export=shop_export),
+    KeyedOperator("shops", key="shop", columns=("qty",), process=shop_process, export=shop_export),
 )
 
 
@@ -70,7 +76,7 @@ def write_batches(root: Path, seed: int, batches: int = 4) -> None:
     root.mkdir(parents=True)
     clock = 0.0
     for b in range(batches):
-        n = rng.randint(900, 1600)
+        n = rng.randint(9, 16) * 100  # whole row groups of 100 in the files that end with nulls
         times = [clock + rng.uniform(-40, 60) for _ in range(n)]
         clock = max(times)
         frame = pd.DataFrame({
@@ -78,9 +84,12 @@ def write_batches(root: Path, seed: int, batches: int = 4) -> None:
             "shop": [f"s{rng.randint(0, 12)}" for _ in range(n)],
             "amount": np.round([rng.uniform(-50, 200) for _ in range(n)], 2),
             "at": [T0 + pd.Timedelta(seconds=t) for t in times],
+            "qty": pd.array([rng.randint(1, 9) for _ in range(n)], dtype="Int64"),
         })
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), root / f"part-{b:03d}.parquet",
-                       row_group_size=rng.choice([150, 250, 400]))
+        if b % 2:  # the file ends with row groups of one shop whose quantities are missing (nulls nowhere else)
+            frame.loc[n - 200:, ["shop", "qty"]] = ["s0", None]
+        table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)  # not pandas'
+        pq.write_table(table, root / f"part-{b:03d}.parquet", row_group_size=100 if b % 2 else rng.choice([150, 400]))
 
 
 def run(spark, tmp_path: Path, name: str, plan: list[tuple[str, int]]) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -191,11 +200,14 @@ def test_spark_hash_of_each_route_puts_subtask_s_in_partition_s(spark):
 
 
 def test_read_units_cut_a_file_between_row_groups_in_order():
-    files = [FileLayout("f1", 100, (40, 40, 20)), FileLayout("f2", 500, (100, 300, 50, 60)), FileLayout("f3", 9)]
+    files = [FileLayout("f1", 100, (40, 40, 20), True), FileLayout("f2", 500, (100, 300, 50, 60), True),
+             FileLayout("f3", 9)]
     assert read_units(files, unit_bytes=200) == [
         ReadUnit("f1"), ReadUnit("f2", (0,)), ReadUnit("f2", (1,)), ReadUnit("f2", (2, 3)), ReadUnit("f3"),
     ]
     assert read_units(files, unit_bytes=10**9) == [ReadUnit("f1"), ReadUnit("f2"), ReadUnit("f3")]
+    # a file whose row groups read apart would come out with other types is read whole
+    assert read_units([FileLayout("f2", 500, (100, 300, 50, 60))], unit_bytes=200) == [ReadUnit("f2")]
 
 
 def test_auto_takes_the_shuffle_once_read_all_would_read_much_more_than_the_batch():

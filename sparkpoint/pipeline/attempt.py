@@ -346,7 +346,7 @@ def run_spark_half(
     spec = replace(pipeline._spec(cid, start), watermark_start_us=watermarks[0], watermark_us=watermarks[1])
     if inject:
         spec = replace(spec, inject_failure=inject)
-    layouts = [FileLayout(pipeline.source.url_of(v.name), v.size, v.row_group_bytes)
+    layouts = [FileLayout(pipeline.source.url_of(v.name), v.size, v.row_group_bytes, v.splittable)
                for v in pipeline.file_verdicts(list(batch.good))]
     route = choose_route(pipeline.config.routing, pipeline.parallelism, layouts)
     try:

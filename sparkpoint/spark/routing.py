@@ -10,10 +10,13 @@
   it (`repartition` into `parallelism` partitions on a column whose Spark hash puts subtask s in
   partition s). The subtask then restores, processes and snapshots exactly as on the other route.
 
-A subtask gets the same rows in the same order on either route: the parts it receives are put
-back in batch order (file, then row group), and both routes read through the same reader
-(`read_parquet_counted`). So state, output and `_metadata` do not depend on the route, and a job
-may change route from one checkpoint to the next (or rescale while it does).
+A subtask gets the same rows in the same order, with the same types, on either route: the parts
+it receives are put back in batch order (file, then row group); both routes read through the same
+reader (`read_parquet_counted`); and a file is cut between row groups only where pyarrow gives
+its columns the same pandas types from some row groups as from the whole file
+(`row_groups_read_alike`). So state, output and `_metadata` (but for its record of the route
+itself) do not depend on the route, and a job may change route from one checkpoint to the next
+(or rescale while it does).
 
 `routing="auto"` (`choose_route`) takes the shuffle when what read-all would read beyond the
 batch itself, (parallelism - 1) x the batch's bytes, reaches `SHUFFLE_ABOVE_BYTES`: below it a
@@ -59,6 +62,7 @@ class FileLayout:
     url: str
     size: int = 0
     row_group_bytes: tuple[int, ...] = ()
+    splittable: bool = False  # its row groups read apart give the types the whole file gives
 
 
 def batch_bytes(layouts: Sequence[FileLayout]) -> int:
@@ -80,12 +84,12 @@ def choose_route(routing: str, parallelism: int, layouts: Sequence[FileLayout]) 
 def read_units(layouts: Sequence[FileLayout], unit_bytes: int | None = None) -> list[ReadUnit]:
     """The batch cut into pieces for the reading tasks, in batch order: a file whose row groups
     add up to more than `unit_bytes` (default `UNIT_BYTES`) is cut between row groups (never
-    inside one)."""
+    inside one), when it is `splittable`."""
     unit_bytes = unit_bytes or UNIT_BYTES
     units = []
     for f in layouts:
         groups = f.row_group_bytes
-        if len(groups) <= 1 or sum(groups) <= unit_bytes:
+        if len(groups) <= 1 or sum(groups) <= unit_bytes or not f.splittable:
             units.append(ReadUnit(f.url))
             continue
         piece: list[int] = []

@@ -71,6 +71,9 @@ class FileVerdict:
     max_event_time: int | None = None
     size: int = 0  # the file's bytes
     row_group_bytes: tuple[int, ...] = ()  # each row group's compressed bytes, from the footer
+    # Its row groups read apart give the operators' columns the pandas types the whole file gives
+    # (`row_groups_read_alike`): the shuffle route may cut it between row groups.
+    splittable: bool = False
 
     @property
     def ok(self) -> bool:
@@ -330,7 +333,9 @@ def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: lis
     storage to get it: what a checkpoint's read amplification is measured by. Both routes of a
     batch read through here, so a row reaches its subtask with the same types either way."""
     try:
-        with fsspec.open(url, "rb", **storage_options) as raw:
+        # No read-ahead cache: what the tasks fetch from storage is what pyarrow reads (an object
+        # store's default block cache fetches megabytes around each read, uncounted).
+        with fsspec.open(url, "rb", **{"cache_type": "none", **storage_options}) as raw:
             f = _CountingFile(raw)
             size = getattr(raw, "size", None)
             # A small file is read whole, in one request: pyarrow would read its last 64 KB for
@@ -345,7 +350,8 @@ def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: lis
 
 
 class _CountingFile:
-    """A binary file that counts the bytes read through it."""
+    """A binary file that counts the bytes read through it. Only these methods: pyarrow must not
+    reach the file behind it (a `read_buffer` or a path of its own would read uncounted)."""
 
     def __init__(self, f: Any):
         self._f, self.bytes_read = f, 0
@@ -360,8 +366,28 @@ class _CountingFile:
         self.bytes_read += n
         return n
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._f, name)
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self._f.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._f.tell())
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._f.closed)
+
+    def close(self) -> None:
+        self._f.close()
+
+    @property
+    def size(self) -> int | None:
+        return getattr(self._f, "size", None)
 
 
 class _Bad(Exception):
@@ -389,7 +415,33 @@ def check_parquet(f: Any, name: str, url: str, needs: InputNeeds) -> FileVerdict
     meta = parquet.metadata
     groups = tuple(sum(meta.row_group(g).column(c).total_compressed_size for c in range(meta.num_columns))
                    for g in range(meta.num_row_groups))
-    return FileVerdict(name, max_event_time=highest, size=int(getattr(f, "size", 0) or 0), row_group_bytes=groups)
+    read = [*{c for columns in needs.columns.values() for c in columns},
+            *([needs.event_time] if needs.event_time else [])]
+    return FileVerdict(name, max_event_time=highest, size=int(getattr(f, "size", 0) or 0), row_group_bytes=groups,
+                       splittable=row_groups_read_alike(parquet, read))
+
+
+def row_groups_read_alike(parquet: pq.ParquetFile, columns: list[str]) -> bool:
+    """Whether `columns` read from some row groups of `parquet` come out of pyarrow with the
+    pandas types the whole file gives them. pyarrow chooses a type by the rows it converts: an
+    integer column with a null becomes float64, a boolean one object, and a categorical's
+    categories are those it saw. So: no dictionary or categorical column, and integer and
+    boolean columns only where the footer says no row group has a null."""
+    schema = parquet.schema_arrow
+    meta = parquet.metadata
+    leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    pandas_types = {c.get("name"): c.get("pandas_type") for c in (schema.pandas_metadata or {}).get("columns", [])}
+    for column in dict.fromkeys(columns):
+        kind = schema.field(column).type
+        if pa.types.is_dictionary(kind) or pandas_types.get(column) == "categorical" or pa.types.is_nested(kind):
+            return False
+        if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+            index = leaves.index(column) if column in leaves else None
+            for g in range(meta.num_row_groups):
+                stats = meta.row_group(g).column(index).statistics if index is not None else None
+                if stats is None or not stats.has_null_count or stats.null_count:
+                    return False
+    return True
 
 
 def _check_schema_and_values(parquet: pq.ParquetFile, schema: pa.Schema, url: str, needs: InputNeeds) -> int | None:
@@ -478,6 +530,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _micros(value: pa.Scalar) -> int:
-    """A timestamp scalar (any unit, any zone: Arrow stores UTC) as int microseconds (nanoseconds
-    cut off, as `event_micros` cuts them)."""
-    return int(pc.cast(value, pa.timestamp("us", tz=value.type.tz), safe=False).value)  # ns: truncated
+    """A timestamp scalar (any unit, any zone: Arrow stores UTC) as int microseconds, nanoseconds
+    floored, as `event_micros` floors them (before 1970 too)."""
+    raw = int(value.value)
+    return {"s": raw * 1_000_000, "ms": raw * 1_000, "us": raw, "ns": raw // 1_000}[value.type.unit]

@@ -33,6 +33,7 @@ import pandas as pd
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.spark import routing
 from sparkpoint.spark.faults import fail_at
 from sparkpoint.spark.routing import ReadUnit
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
@@ -99,27 +100,46 @@ def run_slots(spec: TaskSpec, urls: list[str], ids: Iterator[pd.DataFrame]) -> I
 
 def route_units(spec: TaskSpec, units: list[ReadUnit], routes: list[int],
                 ids: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """The shuffle route's reading stage, mapInPandas over the indexes of `units`: read each unit
-    this task was given once and yield, per operator and subtask, that subtask's rows of it
-    (pickled: a frame comes out as it went in) with its late count, under the route that sends
-    it to the subtask's partition (`routes`). Then one marker row per subtask, so that every
-    subtask's partition exists and runs with rows or without; subtask 0's carries the bytes this
-    task read."""
+    """The shuffle route's reading stage, mapInPandas over the indexes of `units` (each task a
+    run of consecutive ones): read each unit this task was given once and yield, per operator
+    and subtask, that subtask's rows (pickled: a frame comes out as it went in) with its late
+    count, under the route that sends it to the subtask's partition (`routes`). Consecutive
+    units are sent together up to `UNIT_BYTES` read (a batch of many small files makes few
+    parts), keyed by the first unit's index, which keeps batch order. Then one marker row per
+    subtask, so that every subtask's partition exists and runs with rows or without; subtask
+    0's carries the bytes this task read."""
     _freeze_imports_once()
     read = 0
+    held: dict[tuple[int, int], list[LateSplit]] = defaultdict(list)
+    first, held_bytes = -1, 0
     for frame in ids:
         for index in frame["id"].tolist():
             unit = units[index]
             data, n = read_unit(spec, unit)
             read += n
-            out = [(routes[subtask], subtask, op_index, index, part.late, 0,
-                    pickle.dumps(part.kept.reset_index(drop=True), protocol=5))
-                   for op_index, op in enumerate(spec.operators)
-                   for subtask, part in split_by_subtask(spec, op, unit.url, data).items()]
-            if out:
-                yield pd.DataFrame(out, columns=_ROUTED_COLUMNS)
+            first = index if first < 0 else first
+            held_bytes += n
+            for op_index, op in enumerate(spec.operators):
+                for subtask, part in split_by_subtask(spec, op, unit.url, data).items():
+                    held[(op_index, subtask)].append(part)
+            if held_bytes >= routing.UNIT_BYTES:
+                yield _routed_parts(held, first, routes)
+                held, first, held_bytes = defaultdict(list), -1, 0
+    if held:
+        yield _routed_parts(held, first, routes)
     yield pd.DataFrame([(routes[s], s, -1, -1, 0, read if s == 0 else 0, None) for s in range(spec.parallelism)],
                        columns=_ROUTED_COLUMNS)
+
+
+def _routed_parts(held: dict[tuple[int, int], list[LateSplit]], first: int, routes: list[int]) -> pd.DataFrame:
+    out = []
+    for (op_index, subtask), parts in held.items():
+        rows = [p.kept for p in parts if len(p.kept)]
+        kept = pd.concat(rows, ignore_index=True) if len(rows) > 1 else rows[0].reset_index(drop=True) if rows \
+            else parts[0].kept.iloc[0:0]
+        out.append((routes[subtask], subtask, op_index, first, sum(p.late for p in parts), 0,
+                    pickle.dumps(kept, protocol=5)))
+    return pd.DataFrame(out, columns=_ROUTED_COLUMNS)
 
 
 _ROUTED_COLUMNS = ["route", "subtask", "op", "unit", "late", "read_bytes", "rows"]
@@ -142,8 +162,12 @@ def run_routed(spec: TaskSpec, frames: Iterator[pd.DataFrame]) -> Iterator[pd.Da
         _check_subtask(spec, subtask)
         for op_index, op in enumerate(spec.operators):
             got = sorted(parts.pop((subtask, op_index), []), key=lambda part: part[0])
-            rows = concat_rows(op, [pickle.loads(blob) for _, _, blob in got])  # noqa: S301  our own tasks'
-            yield run_subtask(spec, op_index, subtask, rows, late=sum(late for _, late, _ in got),
+            late = sum(late for _, late, _ in got)
+            frames_ = [pickle.loads(blob) for _, _, blob in got]  # noqa: S301  our own tasks' frames
+            del got  # the pickles go before the subtask runs: its rows are held once
+            rows = concat_rows(op, frames_)
+            del frames_
+            yield run_subtask(spec, op_index, subtask, rows, late=late,
                               read_bytes=read[subtask] if op_index == 0 else 0)
     if parts:  # rows whose subtask's marker did not come: a route that lost its way
         raise ValueError(f"rows for subtasks {sorted({s for s, _ in parts})} reached a partition without them")
