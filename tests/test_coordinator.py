@@ -115,6 +115,27 @@ def test_declined_checkpoint_keeps_reused_file_until_next_completes(storage: Che
     assert sub.confirmed["base"].path == base_path
 
 
+def test_a_metadata_no_reader_would_open_is_never_committed(storage: CheckpointStorage, tmp_path: Path,
+                                                             monkeypatch):
+    from sparkpoint.checkpoint import store
+
+    coord = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("base")
+    run_checkpoint(coord, sub, ["base"])
+    for name in ("a", "b", "c"):
+        sub.write(name)
+    monkeypatch.setattr(store, "MAX_METADATA_BYTES", len(storage.read_bytes(metadata_path(1))) + 50)
+    pending = coord.trigger(expected={"op": 1})
+    handle = sub.snapshot(pending.checkpoint_id, ["base", "a", "b", "c"])
+    coord.acknowledge(pending.checkpoint_id, handle)
+    with pytest.raises(CheckpointDeclined, match=r"checkpoint 2 is not committed: its _metadata would be \d+ bytes"):
+        coord.complete(pending.checkpoint_id)
+    assert storage.completed_checkpoint_ids() == [1], "nothing committed: checkpoint 1 stays the latest"
+    assert not any(storage.exists(f.path) for f in handle.shared if f.local_name != "base"), "its uploads deleted"
+    assert CompletedCheckpointStore(storage).load(1).checkpoint_id == 1
+
+
 def test_same_local_sst_in_two_pending_checkpoints_is_two_files(storage: CheckpointStorage, tmp_path: Path):
     coord = CheckpointCoordinator(storage, num_retained=2)
     sub = FakeSubtask(storage, tmp_path / "db")

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sparkpoint.checkpoint import store
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import CheckpointDeclined, CheckpointSuperseded, DeletionBlocked, UnknownSharedState
 from sparkpoint.checkpoint.files import stored_size_problems
@@ -227,6 +228,11 @@ class CheckpointCoordinator:
         make us delete files our own committed `_metadata` references.
         """
         cid, data = meta.checkpoint_id, meta.dumps()
+        if len(data) > store.MAX_METADATA_BYTES:  # no reader would open it, and it would block every deletion
+            reason = (f"its _metadata would be {len(data)} bytes, more than the {store.MAX_METADATA_BYTES} a reader "
+                      f"opens ({len(meta.paths())} files); lower the parallelism or changelog_max_chain")
+            self.abort(cid, reason=reason)
+            raise CheckpointDeclined(f"checkpoint {cid} is not committed: {reason}")
         try:
             self.storage.commit_exclusive(meta.metadata_path, data)
             return
