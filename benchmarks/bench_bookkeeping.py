@@ -24,10 +24,20 @@ c. orphan sweep over 100,000 files on `file://`: the retained checkpoints refere
    them, the rest are orphans of failed attempts (older than the grace) that get deleted.
    Target < 10 s.
 
+d. `--ladder N,N,...` (instead of a-c): a job directory of N shared files per point (10 retained
+   checkpoints of 32 subtasks, half of the files replaced per checkpoint, N/10 orphans), built
+   through the real coordinator on `file://`; a registry rebuild (a new coordinator) and an
+   orphan sweep, each in a new process, timed with their peak RSS. `--s3-ladder N,...` builds the
+   same on S3 (moto on 127.0.0.1) and counts the S3 requests of each. The points are fitted with
+   a power law (exponent 1 = linear). Results in bookkeeping_ladder.json (or --out).
+
 Every figure is the median of `--repeat` runs. Run:
 
     .venv/bin/python -m benchmarks.bench_bookkeeping            # full scale, ~2 min
     .venv/bin/python -m benchmarks.bench_bookkeeping --quick    # 1/10 scale, seconds
+    .venv/bin/python -m benchmarks.bench_bookkeeping --ladder 10000,100000,1000000 --repeat 3   # ~20 min
+    .venv/bin/python -m benchmarks.bench_bookkeeping --ladder 1000 --s3-ladder 1000,10000 --repeat 1 \
+        --out benchmarks/results/bookkeeping_ladder_s3.json                                      # ~5 min
 
 It prints tables and writes JSON to benchmarks/results/bookkeeping.json
 (bookkeeping_quick.json with --quick). `--profile` prints the top functions of each measurement.
@@ -37,15 +47,19 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
+import gc
 import io
 import json
 import logging
+import math
 import os
 import platform
 import pstats
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -60,6 +74,7 @@ from unittest import mock
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from benchmarks.bench_state_backend import RequestCounter, moto_s3
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import private_dir, shared_dir
@@ -69,6 +84,7 @@ from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.state.keygroups import key_group_range
 
 RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).resolve().parents[1]
 OPERATOR = "bench"
 MAX_PARALLELISM = 128
 PRIVATE = ("CURRENT", "MANIFEST-000005", "OPTIONS-000007")
@@ -410,6 +426,168 @@ def write_orphans(storage: CheckpointStorage, job: SyntheticJob, count: int) -> 
     return len(files)
 
 
+# --- d. the ladder: 10^4, 10^5, 10^6 shared files ----------------------------------------------
+#
+# One synthetic job directory per size N (distinct shared files): `retained` checkpoints of
+# `subtasks` subtasks, each checkpoint replacing `churn` of the files, so that the checkpoints list
+# F = N / (1 + (retained - 1) x churn) files each, plus N x `orphans` files of failed attempts.
+# Each measurement runs in a process of its own (`--measure`), as a start does: its peak RSS
+# (VmHWM, reset after the imports) is the rebuild's or the sweep's, and what the process still
+# holds after it (the coordinator's registry) is "retained".
+
+
+def per_checkpoint_files(files: int, retained: int, churn: float) -> int:
+    return round(files / (1 + (retained - 1) * churn))
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+
+
+def rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def build_ladder_job(args: argparse.Namespace, url: str, options: dict[str, Any], files: int) -> dict[str, Any]:
+    """The job directory of one ladder point, built through the real coordinator."""
+    storage = CheckpointStorage(url, f"ladder-{files}-{uuid.uuid4().hex[:6]}", options)
+    per_checkpoint = per_checkpoint_files(files, args.ladder_retained, args.ladder_churn)
+    job = SyntheticJob(storage, subtasks=args.ladder_subtasks, files=max(1, per_checkpoint // args.ladder_subtasks),
+                       churn=args.ladder_churn, num_retained=args.ladder_retained)
+    started = time.perf_counter()
+    metadata_bytes = []
+    for _ in range(args.ladder_retained):
+        done = job.checkpoint()
+        metadata_bytes.append(storage.info(done.metadata.metadata_path).size)
+    shared = len([p for p in job.coordinator.registry.paths() if p.startswith("shared/")])
+    references = sum(len(job.coordinator.registry.paths_of(c)) for c in job.coordinator.registry.checkpoint_ids())
+    built = time.perf_counter() - started
+    log(f"ladder {files:,} ({url.split(':')[0]}): {args.ladder_retained} checkpoints of "
+        f"{job.files * job.subtasks:,} shared files, {shared:,} distinct, in {built:.0f} s")
+    return {"job_id": storage.job_id, "storage": storage, "job": job, "shared_files": shared,
+            "files_per_checkpoint": job.files * job.subtasks, "references": references,
+            "metadata_bytes_max": max(metadata_bytes), "metadata_bytes_total": sum(metadata_bytes), "build_s": built}
+
+
+def measure_in_child(args: argparse.Namespace, what: str, url: str, job_id: str,
+                     endpoint: str | None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.bench_bookkeeping", "--measure", what, "--url", url, "--job", job_id,
+           "--ladder-retained", str(args.ladder_retained)] + (["--endpoint", endpoint] if endpoint else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"--measure {what} failed ({done.returncode}): {done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One rebuild or one sweep of an existing job directory, in this (fresh) process."""
+    options = s3_options(args.endpoint) if args.endpoint else {}
+    storage = CheckpointStorage(args.url, args.job, options)
+    counter = RequestCounter(storage.fs) if args.endpoint else None
+    gc.collect()
+    baseline = rss_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current RSS
+    started, cpu = time.perf_counter(), time.process_time()
+    if args.measure == "rebuild":
+        coordinator = CheckpointCoordinator(storage, num_retained=args.ladder_retained)
+        facts = {"registry_entries": len(coordinator.registry.paths()),
+                 "checkpoints": len(coordinator.registry.checkpoint_ids())}
+    else:
+        report = sweep_orphans(storage, grace_seconds=3600, now=time.time() + 7200)
+        facts = {"orphans": len(report.orphans), "referenced": report.referenced}
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    peak = rss_kib("VmHWM")
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the process holds, not the heap it grew to
+    return {"wall_s": wall, "cpu_s": cpu, "baseline_mb": baseline / 1024, "peak_mb": peak / 1024,
+            "peak_over_baseline_mb": (peak - baseline) / 1024, "retained_mb": (rss_kib("VmRSS") - baseline) / 1024,
+            "requests": counter.take() if counter else None, **facts}
+
+
+def ladder_point(args: argparse.Namespace, work: Path, files: int, kind: str, endpoint: str | None) -> dict[str, Any]:
+    url = f"s3://{args.bucket}/checkpoints" if kind == "s3" else f"file://{work}/checkpoints"
+    options = s3_options(endpoint) if endpoint else {}
+    built = build_ladder_job(args, url, options, files)
+    storage, job = built.pop("storage"), built.pop("job")
+    repeat = 1 if kind == "s3" else args.repeat
+    rebuilds = [measure_in_child(args, "rebuild", url, storage.job_id, endpoint) for _ in range(repeat)]
+    sweeps = []
+    for _ in range(repeat):
+        orphans = write_orphans(storage, job, round(files * args.ladder_orphans))
+        sweeps.append(measure_in_child(args, "sweep", url, storage.job_id, endpoint))
+        assert sweeps[-1]["orphans"] == orphans, (sweeps[-1]["orphans"], orphans)
+    row = {"files": files, "storage": kind, **built, "orphans": sweeps[0]["orphans"],
+           "rebuild": median_row(rebuilds), "sweep": median_row(sweeps)}
+    log(f"ladder {files:,} ({kind}): rebuild {row['rebuild']['wall_s']:.2f} s, "
+        f"peak +{row['rebuild']['peak_over_baseline_mb']:.0f} MB"
+        f" (retained {row['rebuild']['retained_mb']:.0f} MB); sweep of {row['orphans']:,} orphans "
+        f"{row['sweep']['wall_s']:.2f} s, peak +{row['sweep']['peak_over_baseline_mb']:.0f} MB"
+        + (f"; requests {row['rebuild']['requests']} / {row['sweep']['requests']}" if kind == "s3" else ""))
+    if kind == "file":
+        shutil.rmtree(storage.root, ignore_errors=True)
+    return row
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out = dict(rows[0])
+    for k, v in rows[0].items():
+        if isinstance(v, float):
+            out[k] = median([r[k] for r in rows])
+    out["runs_s"] = [r["wall_s"] for r in rows]
+    return out
+
+
+def fit(xs: list[float], ys: list[float]) -> dict[str, float]:
+    """Power law y = a x^b through the points (least squares in log-log), and the linear
+    y = c x + d: b near 1 is linear, n log n shows as b ~ 1.1 over two decades."""
+    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-9)) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    b = sum((x - mx) * (y - my) for x, y in zip(lx, ly)) / sum((x - mx) ** 2 for x in lx)
+    slope, intercept = statistics.linear_regression(xs, ys) if len(xs) > 1 else (ys[0] / xs[0], 0.0)
+    return {"exponent": b, "per_million": slope * 1e6, "intercept": intercept}
+
+
+def run_ladder(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    rows = [ladder_point(args, work, n, "file", None) for n in args.ladder]
+    if args.s3_ladder:
+        with moto_s3(work) as (s3_url, options):
+            args.bucket = s3_url.split("/")[2]
+            rows += [ladder_point(args, work, n, "s3", options["client_kwargs"]["endpoint_url"])
+                     for n in args.s3_ladder]
+    fits: dict[str, Any] = {}
+    file_rows = [r for r in rows if r["storage"] == "file"]
+    if len(file_rows) > 1:
+        xs = [float(r["shared_files"]) for r in file_rows]
+        for what in ("rebuild", "sweep"):
+            for metric in ("wall_s", "peak_over_baseline_mb", "retained_mb"):
+                fits[f"{what}.{metric}"] = fit(xs, [max(r[what][metric], 1e-3) for r in file_rows])
+    return {"rows": rows, "fits": fits}
+
+
+def ladder_report(r: dict[str, Any]) -> str:
+    rows = r["rows"]
+    out = [table(
+        "d. The ladder: rebuild and sweep of a job directory of N shared files, each in a new process (median)",
+        ["storage", "shared files", "files/ckpt", "references", "_metadata MB (max)", "rebuild s", "peak +MB",
+         "retained MB", "orphans", "sweep s", "peak +MB", "requests rebuild / sweep"],
+        [[x["storage"], f"{x['shared_files']:,}", f"{x['files_per_checkpoint']:,}", f"{x['references']:,}",
+          f"{x['metadata_bytes_max'] / 2**20:.1f}", f"{x['rebuild']['wall_s']:.2f}",
+          f"{x['rebuild']['peak_over_baseline_mb']:.0f}", f"{x['rebuild']['retained_mb']:.0f}", f"{x['orphans']:,}",
+          f"{x['sweep']['wall_s']:.2f}", f"{x['sweep']['peak_over_baseline_mb']:.0f}",
+          f"{sum((x['rebuild']['requests'] or {}).values())} / {sum((x['sweep']['requests'] or {}).values())}"]
+         for x in rows],
+    )]
+    if r["fits"]:
+        out.append(table("Fits over the file:// points: y = a N^b (b = 1: linear) and the slope per 10^6 files",
+                         ["measure", "exponent b", "per 10^6 files"],
+                         [[k, f"{v['exponent']:.2f}", f"{v['per_million']:,.2f}"] for k, v in r["fits"].items()]))
+    return "\n".join(out)
+
+
 # --- report ----------------------------------------------------------------------------------
 
 
@@ -483,6 +661,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-retained", type=int, default=3)
     p.add_argument("--sweep-churn", type=float, default=0.125)
     p.add_argument("--only", choices=["rebuild", "complete", "sweep"], help="run one measurement (no JSON written)")
+    p.add_argument("--ladder", type=sizes, metavar="N,N,...",
+                   help="d. only: rebuild and sweep of job directories of N shared files on file:// (e.g. "
+                        "10000,100000,1000000); writes bookkeeping_ladder.json")
+    p.add_argument("--s3-ladder", type=sizes, default=[], metavar="N,N,...",
+                   help="with --ladder: the same on S3 (moto on 127.0.0.1), once each, with request counts")
+    p.add_argument("--ladder-retained", type=int, default=10, help="retained checkpoints (default 10)")
+    p.add_argument("--ladder-churn", type=float, default=0.5, help="files replaced per checkpoint (default 0.5)")
+    p.add_argument("--ladder-subtasks", type=int, default=32)
+    p.add_argument("--ladder-orphans", type=float, default=0.1, help="orphans, as a fraction of N (default 0.1)")
+    p.add_argument("--measure", choices=["rebuild", "sweep"], help=argparse.SUPPRESS)  # the ladder's child process
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--job", help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help="print a cProfile summary of each measurement")
     p.add_argument("--out", type=Path, help="JSON output (default benchmarks/results/bookkeeping[_quick].json)")
     args = p.parse_args(argv)
@@ -494,16 +685,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.sweep_files_per_subtask //= 10
     if args.repeat < 1 or args.rebuild_checkpoints < 1 or not 0 < args.churn <= 1:
         p.error("--repeat and --rebuild-checkpoints must be positive, --churn in (0, 1]")
-    args.out = args.out or RESULTS / ("bookkeeping_quick.json" if args.quick else "bookkeeping.json")
+    default = "bookkeeping_ladder" if args.ladder else "bookkeeping"
+    args.out = args.out or RESULTS / (f"{default}_quick.json" if args.quick else f"{default}.json")
     return args
+
+
+def sizes(text: str) -> list[int]:
+    return [int(float(n)) for n in text.split(",") if n]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    if args.measure:
+        print(json.dumps(measure(args)))
+        return
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="sparkpoint-bookkeeping-"))
     try:
+        if args.ladder:
+            ladder = run_ladder(args, work)
+            ladder["runtime_s"] = time.perf_counter() - started
+            ladder["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                                if k.startswith(("ladder", "s3_ladder", "repeat"))}
+            ladder["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                                 "fsspec": fsspec.__version__}
+            print(ladder_report(ladder))
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(ladder, indent=2) + "\n")
+            print(f"wrote {args.out}")
+            return
         if args.only:
             one = {"rebuild": lambda: bench_rebuild(args, work, "file"),
                    "complete": lambda: bench_complete(args, work, "memory"), "sweep": lambda: bench_sweep(args, work)}

@@ -278,7 +278,9 @@ def restores(
 def restores_from_s3(storage: CheckpointStorage, meta: Any, s3_url: str, options: dict[str, Any], work: Path,
                      probe: list[int], repeat: int) -> dict[str, Any]:
     """Primary restore when the primary copy is on S3 (moto on 127.0.0.1), as it is in production:
-    a verified copy of `meta` (a savepoint) goes to S3, and fresh backends restore from it."""
+    a verified copy of `meta` (a savepoint) goes to S3, and fresh backends restore from it. Also
+    counts the S3 requests of each restore, and probes what the restore model needs: the latency
+    of one small GET and the throughput of one GET stream."""
     from sparkpoint.checkpoint.savepoint import take_savepoint
 
     # The savepoint goes to its target with the source's storage options: give the local storage
@@ -286,17 +288,45 @@ def restores_from_s3(storage: CheckpointStorage, meta: Any, s3_url: str, options
     source = CheckpointStorage(storage.url, storage.job_id, options)
     saved = take_savepoint(source, checkpoint_id=meta.checkpoint_id, target=f"{s3_url}/primary-copy")
     on_s3 = CheckpointStorage(s3_url, "primary-copy", options)
-    runs = []
+    counter = RequestCounter(on_s3.fs)
+    runs, requests = [], []
     for n in range(repeat):
         fresh = RocksDBStateBackend(
             storage, OPERATOR, 0, parallelism=1, max_parallelism=meta.operators[OPERATOR].max_parallelism,
             local_dir=work / f"fresh-s3-{n}",
         )
         try:
+            counter.take()
             runs.append(timed_restore(fresh, saved.metadata, "primary", probe, source=on_s3))
+            requests.append(counter.take())
         finally:
             fresh.dispose()
-    return median_of(runs)
+    return {**median_of(runs), "requests": requests[0], "probe": s3_probe(on_s3, saved.metadata, work, repeat)}
+
+
+def s3_probe(on_s3: CheckpointStorage, meta: Any, work: Path, repeat: int) -> dict[str, Any]:
+    """One small GET's latency (median of 50, one after the other) and one large file's GET on a
+    single stream (median of `repeat`): the per-request and per-stream terms of the restore model."""
+    files = sorted(meta.files(), key=lambda f: f.size)
+    small, large = files[0], files[-1]
+    latencies = []
+    for _ in range(50):
+        started = time.perf_counter()
+        on_s3.read_bytes(small.path)
+        latencies.append(time.perf_counter() - started)
+    streams = []
+    for n in range(repeat):
+        target = work / f"probe-{n}"
+        started = time.perf_counter()
+        on_s3.fs.get_file(on_s3.abspath(large.path), str(target))
+        streams.append(time.perf_counter() - started)
+        target.unlink()
+    out = {"small_get_bytes": small.size, "small_get_s": statistics.median(latencies), "large_get_bytes": large.size,
+           "large_get_s": statistics.median(streams),
+           "stream_mb_per_s": large.size / MB / statistics.median(streams)}
+    log(f"s3 probe: a {small.size}-byte GET {out['small_get_s'] * 1000:.1f} ms, one stream "
+        f"{out['stream_mb_per_s']:.0f} MB/s ({large.size / MB:.0f} MB)")
+    return out
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,6 +436,24 @@ def moto_s3(work: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         server.wait(timeout=30)
 
 
+class RequestCounter:
+    """Counts the S3 API calls of an s3fs filesystem, by operation (retries are not counted)."""
+
+    def __init__(self, fs: Any):
+        self.counts: dict[str, int] = {}
+        fs.connect()
+        fs.s3.meta.events.register("before-call.s3", self._count)
+
+    def _count(self, event_name: str, **_: Any) -> None:
+        op = event_name.rsplit(".", 1)[-1]
+        self.counts[op] = self.counts.get(op, 0) + 1
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last `take`."""
+        counts, self.counts = dict(sorted(self.counts.items())), {}
+        return counts
+
+
 def storage_bytes(storage: CheckpointStorage) -> int:
     return sum(f.size for f in storage.walk("shared")) + sum(
         f.size for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")
@@ -476,6 +524,10 @@ def report(r: dict[str, Any]) -> str:
               ["source", "wall s", "runs s", "files", "downloaded MB", "state MB/s", "1,000 reads s",
                "restore + reads s"], rows)
     )
+    if (s3 := r["restore"].get("primary on s3 (moto)")) and "requests" in s3:
+        probe = s3["probe"]
+        out.append(f"restore from S3 (moto): requests {s3['requests']}; one {probe['small_get_bytes']}-byte GET "
+                   f"{probe['small_get_s'] * 1000:.1f} ms, one GET stream {probe['stream_mb_per_s']:.0f} MB/s\n")
     local = r["restore"]["local"]
     out.append(
         f"task-local restore: {local['wall_s']:.3f} s, of which {local['verify_s']:.3f} s checks the files (sizes and "

@@ -97,6 +97,22 @@ def test_bookkeeping_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
     assert set(r["targets"]) == {"rebuild_s", "complete_own_s", "sweep_s"}
 
 
+def test_bookkeeping_ladder_measures_rebuild_and_sweep_in_processes_of_their_own(tmp_path: Path):
+    out = tmp_path / "ladder.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_bookkeeping", "--ladder", "1000,3000", "--repeat",
+                           "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert [x["files"] for x in r["rows"]] == [1000, 3000]
+    for x in r["rows"]:
+        assert 0.7 * x["files"] <= x["shared_files"] <= x["files"] and x["references"] > x["shared_files"]
+        assert x["rebuild"]["registry_entries"] > x["shared_files"] and x["rebuild"]["checkpoints"] == 10
+        assert x["sweep"]["orphans"] == x["orphans"] == round(0.1 * x["files"])
+        assert x["rebuild"]["peak_mb"] >= x["rebuild"]["baseline_mb"] > 0
+    assert set(r["fits"]) >= {"rebuild.wall_s", "sweep.peak_over_baseline_mb"}
+
+
 @pytest.mark.s3
 def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
     r = run_benchmark("benchmarks.bench_state_backend", tmp_path / "state_backend.json", "--repeat", "2")
@@ -110,6 +126,8 @@ def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
     assert len(r["restore"]["primary"]["runs_s"]) == 2
     assert r["restore"]["local"]["verify_s"] > 0 and r["restore"]["local"]["verify_deep_s"] > 0
     assert all(x["first_reads_s"] > 0 for x in r["restore"].values())
+    s3 = r["restore"]["primary on s3 (moto)"]
+    assert s3["requests"]["GetObject"] >= s3["files"] and s3["probe"]["stream_mb_per_s"] > 0
     assert set(r["transfer"]) == {"file", "s3 (moto)"}
     for x in r["transfer"].values():
         assert x["bytes"] == r["restore"]["primary"]["downloaded_bytes"] and len(x["runs_s"]["get"]) == 2

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sparkpoint.checkpoint.errors import DeletionBlocked, UnknownSharedState
 
 
-@dataclass
+@dataclass(slots=True)  # one per shared file: 10^6 of them at the sizes benchmarks/README.md measures
 class RegistryEntry:
     path: str
     count: int
@@ -33,7 +33,9 @@ class RegistryEntry:
 class SharedStateRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, RegistryEntry] = {}
-        self._checkpoints: dict[int, frozenset[str]] = {}
+        # Per checkpoint its distinct paths, as the entries' own strings: a tuple costs 8 bytes a
+        # reference where a frozenset costs ~100, and a parsed `_metadata`'s strings are not kept.
+        self._checkpoints: dict[int, tuple[str, ...]] = {}
         self._unowned: set[str] = set()
         self._blocked: list[str] = []
 
@@ -59,7 +61,7 @@ class SharedStateRegistry:
         return sorted(self._checkpoints)
 
     def paths_of(self, checkpoint_id: int) -> frozenset[str]:
-        return self._checkpoints.get(checkpoint_id, frozenset())
+        return frozenset(self._checkpoints.get(checkpoint_id, ()))
 
     @property
     def deletion_blocked(self) -> bool:
@@ -92,20 +94,23 @@ class SharedStateRegistry:
         """
         if checkpoint_id in self._checkpoints:
             raise ValueError(f"checkpoint {checkpoint_id} is registered already")
-        unique = frozenset(files)
-        self._checkpoints[checkpoint_id] = unique
-        if not owned:
-            self._unowned.update(unique)
+        # Every checkpoint's `_metadata` is parsed into strings of its own: keep the entry's, so a
+        # file shared by many retained checkpoints is one string in memory, not one per checkpoint.
+        paths = []
         for path, created_by in files.items():
             entry = self._entries.get(path)
             if entry is None:
-                self._entries[path] = RegistryEntry(path, 1, created_by, checkpoint_id, owned)
+                entry = self._entries[path] = RegistryEntry(path, 1, created_by, checkpoint_id, owned)
             else:
                 entry.count += 1
                 entry.last_used = max(entry.last_used, checkpoint_id)
                 entry.created_by = min(entry.created_by, created_by)
             if not owned:
-                self._entries[path].owned = False
+                entry.owned = False
+            paths.append(entry.path)
+        self._checkpoints[checkpoint_id] = tuple(paths)  # distinct: they are a mapping's keys
+        if not owned:
+            self._unowned.update(paths)
 
     def mark_unowned(self, paths: Iterable[str]) -> None:
         """Never return these paths for deletion, whatever their count."""

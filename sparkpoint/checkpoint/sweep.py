@@ -84,6 +84,8 @@ def sweep_orphans(
         referenced.add(meta.metadata_path)
     for cid in listing.unreadable:  # dry run: show what would go, never the unreadable ones
         referenced.add(f"chk-{cid}/_metadata")
+    unreadable = sorted(listing.unreadable)
+    del listing  # only the paths are needed from here: the parsed `_metadata` go before the listing comes
     files = storage.walk("shared") + [f for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")]
     links = tuple(sorted((f for f in files if f.symlink), key=lambda f: f.path))
     for link in links:
@@ -91,8 +93,8 @@ def sweep_orphans(
     now = time.time() if now is None else now
     orphans = select_orphans(files, referenced, grace_seconds, now)
     unreferenced = select_orphans(files, referenced, 0.0, now + 1.0)  # any age
-    if listing.unreadable:
-        blocked_dirs = tuple(f"chk-{cid}/" for cid in listing.unreadable)
+    if unreadable:
+        blocked_dirs = tuple(f"chk-{cid}/" for cid in unreadable)
         orphans = [f for f in orphans if not f.path.startswith(blocked_dirs)]
         unreferenced = [f for f in unreferenced if not f.path.startswith(blocked_dirs)]
     old = {f.path for f in orphans}
