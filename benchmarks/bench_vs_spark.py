@@ -330,11 +330,12 @@ class System:
     changelog: bool = False
 
 
-def systems(ours_variants: list[tuple[str, dict[str, str]]]) -> list[System]:
+def systems(ours_variants: list[tuple[str, dict[str, str]]],
+            operator_sets: list[str] | None = None) -> list[System]:
     out = [
         System(f"{label}/{ops}", "ours", settings, tuple(op.name for op in OPERATOR_SETS[ops]))
         for label, settings in ours_variants
-        for ops in OPERATOR_SETS
+        for ops in (operator_sets or list(OPERATOR_SETS))
     ]
     return out + [System(label, "spark", changelog=on) for label, on in SPARK_VARIANTS]
 
@@ -925,7 +926,7 @@ def run_dir_of(work: Path, workload: Workload, system: System) -> Path:
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     workloads = make_workloads(work / "data", args)
-    chosen = systems(args.ours_variants)
+    chosen = systems(args.ours_variants, args.operator_sets)
     spark = make_session()
     results: dict[str, Any] = {"workloads": {}, "profile": []}
     background: list[tuple[System, subprocess.Popen[str]]] = []
@@ -966,7 +967,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             entry["systems"] = {s.label: entry["systems"][s.label] for s in chosen}
         if args.profile:
             target = next((w for w in workloads if w.name == "fixed-10pct"), workloads[0])
-            for system in [s for s in chosen if s.kind == "ours"][: 1 if args.quick else len(OPERATOR_SETS)]:
+            for system in [s for s in chosen if s.kind == "ours"][: 1 if args.quick else len(args.operator_sets)]:
                 log(f"profile: {system.label} on {target.name}")
                 results["profile"].append(profile_ours(
                     spark, system, target, work / "profile" / system.label.replace("/", "_"), args.profile_updates))
@@ -1007,6 +1008,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="directory for the JSON and PNG (default benchmarks/results)")
     p.add_argument("--workloads", default="fixed-1pct,fixed-10pct,growing",
                    help="comma-separated subset of fixed-1pct, fixed-10pct, growing")
+    p.add_argument("--operator-sets", default=",".join(OPERATOR_SETS),
+                   help=f"comma-separated operator sets of ours (default {','.join(OPERATOR_SETS)}); "
+                        "user_totals alone is the one that does what Spark's query does")
     p.add_argument("--ours-setting", action="append", default=[], metavar="LABEL:KEY=VALUE",
                    help="add a variant of ours (repeatable; same LABEL = same variant), e.g. "
                         "changelog:state.backend.changelog.enabled=true")
@@ -1031,6 +1035,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.workloads) - {"fixed-1pct", "fixed-10pct", "growing"}
     if unknown or not args.workloads:
         p.error(f"--workloads: unknown {sorted(unknown)}; choose from fixed-1pct, fixed-10pct, growing")
+    args.operator_sets = [o.strip() for o in args.operator_sets.split(",") if o.strip()]
+    if set(args.operator_sets) - set(OPERATOR_SETS) or not args.operator_sets:
+        p.error(f"--operator-sets: choose from {', '.join(OPERATOR_SETS)}")
     try:
         args.ours_variants = parse_ours_settings(args.ours_setting)
     except ValueError as e:
@@ -1077,7 +1084,7 @@ def main(argv: list[str] | None = None) -> None:
     results["config"] = {
         "quick": args.quick, "master": "local[2]", "parallelism": PARALLELISM, "num_retained": RETAINED,
         "ours_variants": [{"label": label, "settings": s} for label, s in args.ours_variants],
-        "operator_sets": {k: [op.name for op in v] for k, v in OPERATOR_SETS.items()},
+        "operator_sets": {k: [op.name for op in OPERATOR_SETS[k]] for k in args.operator_sets},
         "spark_conf": SPARK_CONF, "spark_variants": {label: {SPARK_CHANGELOG: on} for label, on in SPARK_VARIANTS},
         "fixed": {"users": args.users, "items": args.items, "updates": args.updates},
         "growing": args.growing, "seed": args.seed, "warmup": args.warmup,
