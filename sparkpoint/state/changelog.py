@@ -32,6 +32,7 @@ import json
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ class _StateChanges:
     def surviving(self) -> list[tuple[bytes, bytes | None]]:
         """The entries, sorted, without those a later range delete covers: one sweep over the
         sorted keys with a heap of the ranges open at each key, newest on top."""
-        items = sorted(self.entries.items())
+        items = sorted(self.entries.items(), key=itemgetter(0))  # keys are distinct: never a value compared
         if not self.ranges:
             return items
         ranges = sorted(self.ranges)
@@ -191,16 +192,18 @@ class ChangeLog:
         for name in names:
             changes = self._states.get(name, _StateChanges())
             items = changes.surviving()
-            keys = [k for k, _ in items]
-            values = [v for _, v in items]
+            keys, values = (list(c) for c in zip(*items)) if items else ([], [])
             for lower, upper, _ in changes.ranges:
                 parts += [_U32.pack(len(lower)), lower, _U32.pack(len(upper)), upper]
             parts.append(np.fromiter(map(len, keys), dtype="<u4", count=len(keys)).tobytes())
-            parts.append(
-                np.fromiter((-1 if v is None else len(v) for v in values), dtype="<i4", count=len(values)).tobytes()
-            )
+            if None in values:  # deletes: length -1, no bytes
+                parts.append(np.fromiter((-1 if v is None else len(v) for v in values), dtype="<i4",
+                                         count=len(values)).tobytes())
+                values = [v for v in values if v is not None]
+            else:
+                parts.append(np.fromiter(map(len, values), dtype="<i4", count=len(values)).tobytes())
             parts.append(b"".join(keys))
-            parts.append(b"".join(v for v in values if v is not None))
+            parts.append(b"".join(values))
             header["states"].append({"name": name, "ranges": len(changes.ranges), "entries": len(items)})
         raw = b"".join(parts)
         frames = [_CODEC.compress(raw[i : i + _FRAME], asbytes=True) for i in range(0, len(raw), _FRAME)]
