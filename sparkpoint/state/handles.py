@@ -559,9 +559,12 @@ class ValueState(_KeyedState[V]):
         if len(new) != len(prefixed):
             raise ValueError(f"update_many_encoded: {len(prefixed)} keys, but fn returned {len(new)} values")
         values = [new[i] for i in order]
-        if None not in values:
-            present = cast(list[bytes], values)
-            return self._write(zip(prefixed, self._stamp([v if type(v) is bytes else bytes(v) for v in present])))
+        try:
+            encoded = [v if type(v) is bytes else bytes(cast(Any, v)) for v in values]
+        except TypeError:  # deletes (None) among them
+            pass
+        else:
+            return self._write(zip(prefixed, self._stamp(encoded)))
         kept = [(pk, bytes(v)) for pk, v in zip(prefixed, values) if v is not None]
         puts = list(zip([pk for pk, _ in kept], self._stamp([v for _, v in kept])))
         return self._write(puts, [pk for pk, v in zip(prefixed, values) if v is None])
