@@ -4,19 +4,23 @@ cluster beside Spark's own groupBy, S3 requests per checkpoint, and the crossove
 Data: `generate()`'s skewed events (event_id, user_id, item_id, amount, ts) over `--users` users,
 FILES_PER_BATCH files per batch. Ours runs the sample operator `user_totals` alone (it reads
 user_id, amount and ts: the projected share of a file's bytes) with the exactly-once Parquet sink,
-`files_per_checkpoint` = FILES_PER_BATCH, one job per (route, parallelism), every input file in
-place before the job starts. A batch's time runs from the previous batch's commit (ours: the
-pipeline yields its report) to its own; events/s = the events of every batch but the first ÷
-their time (the first restores nothing, starts the Python workers and the query).
+`files_per_checkpoint` = FILES_PER_BATCH, one job per (route, parallelism), its input files in
+place before it starts. The systems compared at one parallelism run side by side in one Spark
+session, interleaved batch by batch (batch i of each, the first rotating, before batch i+1 of
+any), so that what other processes do to the machine meanwhile falls on each alike. A batch's
+time is that step's: ours from resuming the pipeline to its report; Spark from its batch's files
+landing to its commit. Events/s = the events of every batch but the first ÷ their time (the
+first restores nothing and starts the Python workers and the query).
 
 Sections (each in a process of its own with a Spark of its own; `--only` picks some):
 
 * cluster: a Spark standalone cluster on 127.0.0.1 (`tests/cluster.py`: a master and `--workers`
   workers of 1 core each, executors of 512 MB). For each parallelism in PARALLELISMS: ours on
   read-all, ours on the shuffle, and Spark Structured Streaming on the same files: readStream
-  parquet (maxFilesPerTrigger = FILES_PER_BATCH, so that a Spark batch is one of ours),
-  groupBy(user_id) with user_totals' aggregates, RocksDB state store with changelog checkpointing
-  (its faster mode in bench_vs_spark), update mode, foreachBatch to Parquet,
+  parquet over a glob of batch directories, each renamed into place whole (so that a trigger
+  sees a batch's files together; maxFilesPerTrigger = FILES_PER_BATCH: a Spark batch is one of
+  ours), groupBy(user_id) with user_totals' aggregates, RocksDB state store with changelog
+  checkpointing (its faster mode in bench_vs_spark), update mode, foreachBatch to Parquet,
   spark.sql.shuffle.partitions = the parallelism. A Spark batch ends when `commits/<id>` appears.
   Read amplification per checkpoint = bytes_read ÷ batch_bytes from its `_metadata`
   (`source_offsets.read`: what the tasks read through `read_parquet_counted`).
@@ -25,13 +29,14 @@ Sections (each in a process of its own with a Spark of its own; `--only` picks s
   bucket and kind (GET object, LIST, HEAD, PUT object or part, POST multipart create/complete,
   DELETE object or DeleteObjects), with the body bytes in and out. The counters are read after
   each checkpoint's report, so a checkpoint's requests are everything from the previous report
-  to its own (the driver's listing and footer checks included). On `local[2]`.
-* crossover: `local[2]`, one job per (route, parallelism) whose batches grow through `--sizes`
-  (events per batch), `--repeat` times over after a first, unmeasured batch. Per (parallelism, size): the
-  shuffle's time per batch minus read-all's (median of the repeats). SHUFFLE_ABOVE_BYTES is fitted
-  as the threshold on (parallelism - 1) x batch bytes (what `choose_route` compares) that loses
-  the least time against always taking the faster route; a linear model of the difference is
-  fitted beside it.
+  to its own (the driver's listing and footer checks included). On `local[2]`, one run after
+  the other (the counts, not the times, are the point).
+* crossover: `local[2]`, the two routes at each parallelism over batches that grow through
+  `--sizes` (events per batch), `--repeat` times over after a first, unmeasured batch. Per
+  (parallelism, size): the shuffle's time per batch minus read-all's (medians of the repeats).
+  SHUFFLE_ABOVE_BYTES is fitted as the threshold on (parallelism - 1) x batch bytes (what
+  `choose_route` compares) that loses the least time against always taking the faster route;
+  a linear model of the difference is fitted beside it.
 
 Load: the machine is shared. A sampler reads /proc every 2 s and records the CPU (in cores) used by
 processes outside this benchmark's process tree; each section records it with the load average.
@@ -259,24 +264,32 @@ def spark_batches(spark: Any, data: Batches, run_dir: Path, parallelism: int) ->
     query = (totals.writeStream.outputMode("update").foreachBatch(write)
              .option("checkpointLocation", str(ckpt)).start())
     try:
+        expected = 0
         for index in range(len(data.events)):
             if index:
                 started = time.perf_counter()
                 land(index)
-            while not (ckpt / "commits" / str(index)).exists():
+            # done once Spark's progress reports count every row landed so far: a batch id can
+            # commit without rows (it happened here, once), so the commit of id `index` is no sign
+            expected += data.events[index]
+            while (seen := spark_rows(query)) < expected:
                 if query.exception() is not None or not query.isActive:
                     raise RuntimeError(f"Spark's query stopped: {query.exception()}")
-                time.sleep(0.005)
+                time.sleep(0.01)
             wall = time.perf_counter() - started
-            progress = {int(p["batchId"]): p for p in (json.loads(x.json() if callable(x.json) else x.json)
-                                                       for x in query.recentProgress)}
-            rows = progress.get(index, {}).get("numInputRows")
-            if rows is not None and rows != data.events[index]:
-                raise RuntimeError(f"Spark's batch {index} had {rows} rows, expected {data.events[index]}")
-            yield {"batch": index, "events": data.events[index], "wall_s": wall, "load1": os.getloadavg()[0]}
+            if seen != expected:
+                raise RuntimeError(f"Spark read {seen} rows, {expected} landed")
+            yield {"batch": index, "events": data.events[index], "wall_s": wall, "load1": os.getloadavg()[0],
+                   "spark_batches": len(query.recentProgress)}
             log(f"  spark p={parallelism} #{index}: {wall:.2f} s")
     finally:
         query.stop()
+
+
+def spark_rows(query: Any) -> int:
+    """The rows a streaming query has read so far, by its progress reports (it keeps the last 100)."""
+    return sum(int(json.loads(p.json() if callable(p.json) else p.json)["numInputRows"])
+               for p in query.recentProgress)
 
 
 def interleaved(steps: dict[str, Iterator[dict[str, Any]]], batches: int) -> dict[str, list[dict[str, Any]]]:
@@ -716,22 +729,33 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / f"{stem}.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"sections": {}}
     passed = argv if argv is not None else sys.argv[1:]
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    failed = []
     for name in args.only:
         log(f"section {name}")
         with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-            subprocess.run([sys.executable, "-m", "benchmarks.bench_routing", *passed, "--section", name,
-                            "--section-out", tmp.name], cwd=REPO, check=True,
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                                                          os.environ.get("PYTHONPATH")]))})
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_routing", *passed, "--section", name,
+                                   "--section-out", tmp.name], cwd=REPO, env={**os.environ, "PYTHONPATH": pythonpath})
+            if proc.returncode != 0:
+                log(f"section {name} failed ({proc.returncode}); the others go on")
+                failed.append(name)
+                continue
             results["sections"][name] = json.loads(Path(tmp.name).read_text())
+        save(results, path)  # after each section: a later one failing loses nothing
+    save(results, path)
+    print(report(results))
+    print(f"wrote {path}")
+    if failed:
+        raise SystemExit(f"sections failed: {', '.join(failed)}")
+
+
+def save(results: dict[str, Any], path: Path) -> None:
     import pyspark
 
     results["sections"] = {k: results["sections"][k] for k in SECTIONS if k in results["sections"]}
     results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "pyspark": pyspark.__version__}
-    print(report(results))
-    args.out.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1, default=float) + "\n")
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
