@@ -43,9 +43,10 @@ processes outside this benchmark's process tree; each section records it with th
 
 Run (the machine has 2 cores: the cluster shows bytes and relative cost, not scale-out):
 
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_routing                  # ~30 min, all
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_routing --only cluster   # ~15 min
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_routing --quick --out /tmp/r  # ~3 min
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_routing                  # ~25 min on a busy machine
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_routing --only cluster   # ~11 min
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_routing --only crossover # ~8 min (s3: ~4)
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_routing --quick --out /tmp/r  # ~5 min
 
 It prints tables and writes benchmarks/results/routing.json (routing_quick.json with --quick). With
 `--only`, the sections not run are kept from the existing file (each section records its commit
@@ -224,12 +225,12 @@ def ours_batches(spark: Any, data: Batches, run_dir: Path, route: str, paralleli
             raise RuntimeError(f"ours/{route} p={parallelism} batch {index}: {report}, expected "
                                f"{data.events[index]} rows")
         read = report.read or {}
+        log(f"  {route} p={parallelism} #{index}: {wall:.2f} s, {report.rows:,} events, "
+            f"read {report.read_amplification}x of {read.get('batch_bytes', 0) / MB:.1f} MB")
         yield {"batch": index, "events": report.rows, "wall_s": wall, "routing": read.get("routing"),
                "bytes_read": read.get("bytes_read"), "batch_bytes": read.get("batch_bytes"),
                "read_amplification": report.read_amplification, "load1": os.getloadavg()[0],
                **(on_batch(index) if on_batch else {})}
-        log(f"  {route} p={parallelism} #{index}: {wall:.2f} s, {report.rows:,} events, "
-            f"read {report.read_amplification}x of {read.get('batch_bytes', 0) / MB:.1f} MB")
 
 
 def spark_batches(spark: Any, data: Batches, run_dir: Path, parallelism: int) -> Iterator[dict[str, Any]]:
@@ -279,9 +280,9 @@ def spark_batches(spark: Any, data: Batches, run_dir: Path, parallelism: int) ->
             wall = time.perf_counter() - started
             if seen != expected:
                 raise RuntimeError(f"Spark read {seen} rows, {expected} landed")
+            log(f"  spark p={parallelism} #{index}: {wall:.2f} s")
             yield {"batch": index, "events": data.events[index], "wall_s": wall, "load1": os.getloadavg()[0],
                    "spark_batches": len(query.recentProgress)}
-            log(f"  spark p={parallelism} #{index}: {wall:.2f} s")
     finally:
         query.stop()
 
@@ -685,7 +686,7 @@ def run_section(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--quick", action="store_true", help="smoke test: small batches, p 2 and 4, ~3 min")
+    p.add_argument("--quick", action="store_true", help="smoke test: small batches, p 2 and 4, ~5 min")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
     p.add_argument("--out", type=Path, help="directory for the JSON (default benchmarks/results)")
     p.add_argument("--users", type=int, default=200_000)

@@ -809,7 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routing", choices=["auto", "read-all", "shuffle"],
                    help="how a batch reaches its subtasks: each subtask's task reads the whole batch (read-all), "
                         "the batch is read once and routed through Spark's shuffle (shuffle), or auto (default: "
-                        "the shuffle once read-all would read 256 MB or more beyond the batch)")
+                        "the shuffle once read-all would read 64 MB or more beyond the batch)")
     p.add_argument("--tick", action="store_true",
                    help="with no unconsumed batch, one checkpoint of no input: processing time advances, due "
                         "timers fire, TTL state expires")

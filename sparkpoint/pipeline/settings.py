@@ -111,7 +111,7 @@ SETTING_DOCS = {
                    "`_metadata`",
     "routing": "how a batch's rows reach their subtasks: `read-all` (each subtask's task reads the whole batch; one "
                "stage), `shuffle` (read once, routed by key group through Spark's shuffle) or `auto` (the shuffle once "
-               "read-all would read 256 MB or more beyond the batch); the route taken is in `_metadata`",
+               "read-all would read 64 MB or more beyond the batch); the route taken is in `_metadata`",
 }
 
 

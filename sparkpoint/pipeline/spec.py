@@ -93,7 +93,7 @@ class Pipeline:
         routing: how a batch's rows reach their subtasks: "read-all" (each subtask's task reads
             the whole batch: one stage, no shuffle), "shuffle" (the batch is read once and routed
             by key group through Spark's shuffle) or "auto" (the shuffle once read-all would read
-            256 MB or more beyond the batch). Either route gives the same state and output.
+            64 MB or more beyond the batch). Either route gives the same state and output.
 
     Raises:
         PipelineError: a setting the CLI would refuse (each message says what to change).

@@ -20,8 +20,10 @@ itself) do not depend on the route, and a job may change route from one checkpoi
 
 `routing="auto"` (`choose_route`) takes the shuffle when what read-all would read beyond the
 batch itself, (parallelism - 1) x the batch's bytes, reaches `SHUFFLE_ABOVE_BYTES`: below it a
-second stage and a shuffle cost more than reading the batch again (measured in
-`benchmarks/bench_routing.py`).
+second stage and a shuffle cost more than reading the batch again. Measured on `local[2]`
+(`benchmarks/bench_routing.py`, crossover): the shuffle's fixed cost is about a second a batch,
+and the threshold that routes every measured batch to its faster route lies between 57 and 78 MB
+in three runs of four (78-122 MB in the fourth).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import pandas as pd
 ROUTINGS = ("auto", "read-all", "shuffle")
 READ_ALL, SHUFFLE = "read-all", "shuffle"
 UNIT_BYTES = 64 << 20  # a reading task's share of the batch: row groups of a file up to this size
-SHUFFLE_ABOVE_BYTES = 256 << 20  # auto: the extra bytes read-all would read from which the shuffle pays
+SHUFFLE_ABOVE_BYTES = 64 << 20  # auto: the extra bytes read-all would read from which the shuffle pays (measured)
 
 ROUTE_SCHEMA = "route int, subtask int, op int, unit int, late long, read_bytes long, rows binary"
 
