@@ -78,6 +78,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_vs_spark --ours-setting ours-files:state.backend.changelog.enabled=false
 	$(BIN)/python -m benchmarks.bench_ttl_bounded
 	$(BIN)/python -m benchmarks.bench_timers_vs_spark
+	$(BIN)/python -m benchmarks.bench_routing
 
 clean:
 	rm -rf $(VENV) .sparkpoint

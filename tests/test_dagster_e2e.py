@@ -24,7 +24,8 @@ JOB = "demo"  # the resources' embedded default job id
 METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "state_size", "checkpointed_size_bytes",
                  "checkpointed_size",
                  "incremental_ratio", "files_new", "files_reused", "files_deleted", "registry_files", "retained",
-                 "duration_seconds", "batch", "dagster/row_count", "prune_due"}
+                 "duration_seconds", "batch", "dagster/row_count", "prune_due",
+                 "routing", "input_read", "input_read_bytes", "batch_size", "batch_size_bytes", "read_amplification"}
 
 
 def export(server: DagsterServer, tmp_path: Path, operator: str) -> pd.DataFrame:

@@ -335,7 +335,8 @@ def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: lis
     try:
         # No read-ahead cache: what the tasks fetch from storage is what pyarrow reads (an object
         # store's default block cache fetches megabytes around each read, uncounted).
-        with fsspec.open(url, "rb", **{"cache_type": "none", **storage_options}) as raw:
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        with fs.open(path, "rb", cache_type="none") as raw:
             f = _CountingFile(raw)
             size = getattr(raw, "size", None)
             # A small file is read whole, in one request: pyarrow would read its last 64 KB for
