@@ -270,15 +270,23 @@ def hidden_bytes(root: Path) -> int:
                if n.startswith("."))
 
 
-def tree_cpu_seconds() -> float | None:
-    """CPU seconds (user + system) used so far by this process and every process below it (the
-    JVM, Spark's Python daemon and workers, reaped ones included), from /proc; None without
-    /proc. Other sessions' load stretches wall time, far less the CPU a batch needs."""
+@dataclass(frozen=True)
+class TreeCpu:
+    """One look at this process's tree in /proc: per process (pid and start time, so a reused pid
+    is another process) its parent, its own CPU ticks and those of the children it reaped."""
+    parent: dict[tuple[int, int], int]
+    own: dict[tuple[int, int], int]
+    reaped: dict[tuple[int, int], int]
+
+
+def tree_cpu_seconds() -> TreeCpu | None:
+    """This process and every process below it (the JVM, Spark's Python daemon and workers), from
+    /proc; None without /proc. Other sessions' load stretches wall time, far less the CPU a batch
+    needs. `cpu_since` turns two looks into CPU seconds."""
     if not os.path.isdir("/proc/self"):
         return None
-    tick = os.sysconf("SC_CLK_TCK")
     parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
+    stats: dict[int, tuple[int, int, int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -290,14 +298,19 @@ def tree_cpu_seconds() -> float | None:
         fields = stat[stat.rindex(")") + 2:].split()
         pid = int(entry.name)
         parent[pid] = int(fields[1])
-        ticks[pid] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
-    mine, total = os.getpid(), 0
-    for pid, t in ticks.items():
+        # utime + stime, cutime + cstime, start time
+        stats[pid] = (int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]), int(fields[19]))
+    mine = os.getpid()
+    look = TreeCpu({}, {}, {})
+    for pid, (own, reaped, start) in stats.items():
         p = pid
         while p > 1 and p != mine:
             p = parent.get(p, 0)
-        total += t if p == mine else 0
-    return total / tick
+        if p == mine:
+            key = (pid, start)
+            look.own[key], look.reaped[key] = own, reaped
+            look.parent[key] = parent[pid]
+    return look
 
 
 def new_files(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -434,9 +447,25 @@ def run_ours(spark: Any, system: System, workload: Workload, run_dir: Path,
     return batches
 
 
-def cpu_since(before: float | None) -> float | None:
+def cpu_since(before: TreeCpu | None) -> float | None:
+    """CPU seconds the tree used since `before`: what each process used itself since then (all of it
+    for one born since), plus, for a process alive at both looks, what the children it reaped since
+    then had used after `before` (their totals less what `before` already counted of them). A
+    process that left the tree unreaped (reparented, or auto-reaped) takes only what it used after
+    `before` with it: the figure can miss a little, never go below zero. Summing each process's
+    cumulative figures instead went negative whenever such a process ended."""
     now = tree_cpu_seconds()
-    return None if now is None or before is None else now - before
+    if now is None or before is None:
+        return None
+    ticks = sum(own - before.own.get(key, 0) for key, own in now.own.items())
+    gone: dict[int, int] = {}
+    for key, own in before.own.items():
+        if key not in now.own:
+            gone[before.parent[key]] = gone.get(before.parent[key], 0) + own + before.reaped[key]
+    for key, reaped in now.reaped.items():
+        if key in before.reaped:
+            ticks += max(0, reaped - before.reaped[key] - gone.get(key[0], 0))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def batch_record(index: int, workload: Workload, wall: float, before: dict[str, int], after: dict[str, int],
@@ -1130,8 +1159,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def keep_orphans_in_tree() -> None:
+    """Make this process the reaper of its tree's orphans (Linux), so a process whose parent ended
+    stays below it and its CPU is still counted; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    keep_orphans_in_tree()
     if args.restart_child:
         restart_child(json.loads(args.restart_child))
         return
