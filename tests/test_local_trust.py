@@ -7,6 +7,7 @@ error discards its local state and runs again from stable storage."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -150,11 +151,13 @@ def test_is_corruption_reads_rocksdb_status_text_through_the_chain():
     assert not is_corruption(ValueError("Corruption: a user's own message"))
 
 
-def test_a_restore_reads_from_disk_not_from_blocks_an_earlier_open_of_the_same_files_cached(
+def test_blocks_cached_by_an_earlier_open_answer_with_the_checked_content_and_a_cold_read_catches_the_damage(
     local_storage: CheckpointStorage, tmp_path: Path
 ):
     # The block cache is the process's and outlives a database: a Spark worker that ran the last
-    # batch still holds its blocks. A restore empties it, so a file rewritten since is seen.
+    # batch still holds its blocks, and a restore keeps them (re-reading them cost a third of a
+    # batch's reads). What the cache answers passed its checksum when it was read: the damage
+    # done since never reaches an answer, and the first read that misses the cache catches it.
     model, meta = two_checkpoints(local_storage, tmp_path / "local")
     with backend(local_storage, tmp_path / "local") as b:
         assert b.restore(meta).source == "local"
@@ -163,9 +166,16 @@ def test_a_restore_reads_from_disk_not_from_blocks_an_earlier_open_of_the_same_f
         rewrite_in_place(sst)
     with backend(local_storage, tmp_path / "local") as b:
         assert b.restore(meta).source == "working", "db/ is checkpoint 2, and RocksDB opens its files"
+        assert read_all(b) == model, "the cached blocks are checkpoint 2's content, not the damaged bytes"
+    cold = RocksDBOptions(block_cache_mb=RocksDBOptions().block_cache_mb - 1)  # another worker: a cache of its own
+    with backend(local_storage, tmp_path / "local", options=cold) as b:
+        assert b.restore(meta).source == "working"
         with pytest.raises(Exception) as err:
             read_all(b)
         assert is_corruption(err.value), err.value
+        b.discard_local_state()
+        assert b.restore(meta).source == "primary"
+        assert read_all(b) == model
 
 
 @pytest.mark.spark
@@ -180,7 +190,10 @@ def test_pipeline_heals_a_task_local_copy_rewritten_behind_rocksdbs_back(spark, 
         rewrite_in_place(sst)  # db/ holds the same inodes: the working database too
 
     generate(str(tmp_path / "in"), batches=1, events_per_batch=2000, users=300, items=40, seed=12, first=2)
-    reports = StatefulPipeline(spark, cfg).run()
+    # Workers that hold none of the blocks (a cache of another size is another cache): a worker that
+    # still held them would answer right from them (the test above), and never read the damage.
+    cold = dataclasses.replace(cfg, rocksdb=RocksDBOptions(block_cache_mb=RocksDBOptions().block_cache_mb - 2))
+    reports = StatefulPipeline(spark, cold).run()
     assert [r.checkpoint_id for r in reports] == [3]
     assert sorted(reports[0].restored) == ["primary", "working", "working", "working"], reports[0].restored
     events = pd.concat(oracle.read_batches(str(tmp_path / "in")), ignore_index=True)

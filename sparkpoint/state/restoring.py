@@ -41,7 +41,6 @@ from sparkpoint.state.restore import (
 )
 from sparkpoint.state.rocksdb import (
     compact_all,
-    drop_cached_blocks,
     ensure_column_families,
     flush_all,
     is_corruption,
@@ -124,7 +123,6 @@ class Restoring(SubtaskState):
         self._source = source or self.storage
         foreign = self._source.job_url != self.storage.job_url
         self.close()
-        drop_cached_blocks()  # what it opens is read from disk: a file changed behind its back is seen
         self._states.clear()
         self._sweepers.clear()
         self._time = checkpoint_clock(checkpoint)

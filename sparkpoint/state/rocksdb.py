@@ -19,6 +19,15 @@ for their flush on top of that, without stalling writes). A task's RocksDB memor
 by those figures, whatever the state's size, its number of states, or how many databases a
 restore opens. Whole-state scans (staging slices, a rescaling restore, counting) bypass the cache
 (`scan_options`): they read every block once, and would only evict what the task's reads need.
+
+The cache outlives a database: a Spark worker that ran subtask s before holds its blocks when it
+runs subtask s again, and the reopened database is answered from them (RocksDB keys a cached block
+by its SST's unique id, which the MANIFEST vouches for at the open, and the block's offset). A
+cached block passed its checksum when it was read, so it is the content the checkpoint recorded;
+an SST damaged on disk since is caught at the first read that misses the cache, by this worker or
+any other, and that task runs again from stable storage. Emptying the cache at each restore, as
+was done before, only moved that moment earlier, and made every batch read its blocks from disk again
+(benchmarks/README.md, "Throughput at 10% churn").
 """
 
 from __future__ import annotations
@@ -122,17 +131,6 @@ def process_memory(options: RocksDBOptions) -> tuple[Cache, WriteBufferManager]:
             buffers = _buffers[options.write_buffer_mb] = WriteBufferManager(2 * options.write_buffer_mb << 20,
                                                                              False)
         return cache, buffers
-
-
-def drop_cached_blocks() -> None:
-    """Empty this process's block caches of every block no open iterator or pinned level-0 file
-    holds. A restore starts with it: the database it opens then reads its files from disk, so an
-    SST changed behind RocksDB's back is seen at its first read (its checksums fail), instead of
-    being answered from blocks cached while an earlier task had the same file open."""
-    with _memory_lock:
-        for megabytes, cache in _caches.items():
-            cache.set_capacity(0)
-            cache.set_capacity(megabytes << 20)
 
 
 def scan_options(upper: bytes | None = None) -> ReadOptions:
