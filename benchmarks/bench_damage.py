@@ -34,7 +34,7 @@ from pathlib import Path
 
 from rocksdict import ReadOptions
 
-from sparkpoint.state.rocksdb import RocksDBOptions, flush_all, open_db
+from sparkpoint.state.rocksdb import RocksDBOptions, drop_cached_blocks, flush_all, open_db
 
 RESULTS = Path(__file__).parent / "results"
 PAGE = 4096
@@ -64,6 +64,7 @@ def trial(source: Path, sst_name: str, damage: Callable[[Path], None], model: di
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(source, scratch)
     damage(scratch / sst_name)
+    drop_cached_blocks()  # each trial reads as a worker that never read the file: the copies share its unique id
     try:
         db = open_db(str(scratch), [], options, create=False, read_only=True)
     except Exception:  # noqa: BLE001  rocksdict raises bare Exception

@@ -133,6 +133,17 @@ def process_memory(options: RocksDBOptions) -> tuple[Cache, WriteBufferManager]:
         return cache, buffers
 
 
+def drop_cached_blocks() -> None:
+    """Empty this process's block caches of every block no open iterator or pinned level-0 file
+    holds, so that the next reads go to disk as in a worker that never read these files. A restore
+    does not need it (the module's docstring says why); a measure of what damage RocksDB's checks
+    catch does, when it opens copies of one file in one process (`benchmarks/bench_damage.py`)."""
+    with _memory_lock:
+        for megabytes, cache in _caches.items():
+            cache.set_capacity(0)
+            cache.set_capacity(megabytes << 20)
+
+
 def scan_options(upper: bytes | None = None) -> ReadOptions:
     """Read options for a scan of a whole state or key-group range: its blocks stay out of the
     block cache (RocksDB's advice for bulk scans), and the scan ends before `upper`.
