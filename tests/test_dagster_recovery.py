@@ -18,6 +18,7 @@ from tests import oracle
 from tests.dagster_setup import (
     CHECKPOINT_KEY,
     JOB,
+    OUTPUT_KEY,
     SSTABLE_KEYS,
     make_input,
     materialize,
@@ -57,8 +58,11 @@ def test_injected_failures_heal_to_the_uninterrupted_state_and_exactly_once_outp
         healed = heal(tmp_path, instance, failed)
         assert healed.success
         done = {e.materialization.asset_key: e.materialization for e in healed.get_asset_materialization_events()}
-        assert set(done) == {CHECKPOINT_KEY, *SSTABLE_KEYS.values()}, "the graph is current after healing"
+        assert set(done) == {CHECKPOINT_KEY, *SSTABLE_KEYS.values(), OUTPUT_KEY}, "the graph is current after healing"
         assert done[CHECKPOINT_KEY].metadata["checkpoint_id"].value == max(completed_before) + 1
+        # The output the failed run left failed is materialized by the rows recovery committed.
+        assert done[OUTPUT_KEY].metadata["checkpoint_id"].value == max(completed_before) + 1
+        assert done[OUTPUT_KEY].tags["dagster/data_version"] == str(max(completed_before) + 1)
         assert done[CHECKPOINT_KEY].metadata["recovered_run"].value == failed.run_id
         checks = [e.event_specific_data for e in healed.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
         assert sorted(c.check_name for c in checks) == ["checkpoint_verifies", "registry_matches_metadata"]

@@ -69,3 +69,26 @@ def test_settings_a_run_leaves_on_its_session_are_part_of_the_key(package: Path)
     assert session_key("clicks", [op], {}) == plain
     tuned = session_key("clicks", [op], {"spark.sql.shuffle.partitions": "8"})
     assert tuned != plain and session_key("clicks", [op], {"spark.sql.shuffle.partitions": 8}) == tuned
+
+
+@pytest.mark.spark
+def test_a_module_changed_since_a_classic_session_shipped_it_is_a_clear_error_not_sparks(spark, tmp_path: Path):
+    from sparkpoint.spark.session import ModuleChangedError, ship_modules
+
+    name = f"editedpkg_{tmp_path.name.replace('-', '_')}"  # a name no other test ships into the session
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "ops.py").write_text("def process(batch, state):\n    return batch\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        ops = importlib.import_module(f"{name}.ops")
+        assert ship_modules(spark, [ops.process])
+        assert ship_modules(spark, [ops.process]), "the same bytes again: Spark takes them"
+        (tmp_path / name / "ops.py").write_text("def process(batch, state):\n    return batch[:1]\n")
+        with pytest.raises(ModuleChangedError) as err:  # a notebook's edit, run again in the same session
+            ship_modules(spark, [ops.process])
+        assert name in str(err.value) and "spark.stop()" in str(err.value)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]

@@ -166,6 +166,11 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                 metadata=checkpoint_metadata(driver.storage, batch, meta, recovered_run=failed_id or None),
                 tags={DATA_VERSION_TAG: str(meta.checkpoint_id)},
             ))
+            if has_output(scope) and driver.sink is not None:  # the rows recovery committed: the output heals too
+                context.log_event(dg.AssetMaterialization(
+                    asset_key=scope.output_key, description=why,
+                    metadata=committed_output_metadata(driver, meta), tags={DATA_VERSION_TAG: str(meta.checkpoint_id)},
+                ))
         storage = driver.storage
         for result in (verifies(scope, storage), registry_matches(scope, storage)):
             context.log_event(dg.AssetCheckEvaluation(

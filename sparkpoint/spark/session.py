@@ -667,6 +667,20 @@ def ship_modules(spark: SparkSession, functions: Iterable[Callable[..., Any]]) -
         if is_connect(spark):
             spark.addArtifacts(str(path), pyfile=True)  # to the server's Python workers, for this session
         else:
-            spark.sparkContext.addPyFile(str(path))
+            try:
+                spark.sparkContext.addPyFile(str(path))
+            except Exception as e:  # py4j's error, whose text is Spark's
+                if "does not match contents" in str(e):
+                    raise ModuleChangedError(
+                        f"the code of {root!r} ({path.name}) changed since this Spark session was given it, and a "
+                        "running session keeps the first version (its Python workers have imported it): stop the "
+                        "session (spark.stop(), or restart the notebook's kernel) and run again, or run with a "
+                        "Spark Connect server, which gives changed code a session of its own"
+                    ) from e
+                raise
         shipped.append(str(path))
     return shipped
+
+
+class ModuleChangedError(SparkpointError):
+    """An operator's module changed since the running classic Spark session was given it."""
