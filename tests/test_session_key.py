@@ -5,6 +5,7 @@ file of the operators' package, never for what Python compiles beside it."""
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -71,24 +72,39 @@ def test_settings_a_run_leaves_on_its_session_are_part_of_the_key(package: Path)
     assert tuned != plain and session_key("clicks", [op], {"spark.sql.shuffle.partitions": 8}) == tuned
 
 
-@pytest.mark.spark
-def test_a_module_changed_since_a_classic_session_shipped_it_is_a_clear_error_not_sparks(spark, tmp_path: Path):
-    from sparkpoint.spark.session import ModuleChangedError, ship_modules
+SHIP_TWICE = """
+import sys
+from pathlib import Path
+from pyspark.sql import SparkSession
+from sparkpoint.spark.session import ModuleChangedError, ship_modules
 
-    name = f"editedpkg_{tmp_path.name.replace('-', '_')}"  # a name no other test ships into the session
-    (tmp_path / name).mkdir()
-    (tmp_path / name / "__init__.py").write_text("")
-    (tmp_path / name / "ops.py").write_text("def process(batch, state):\n    return batch\n")
-    sys.path.insert(0, str(tmp_path))
+root = Path(sys.argv[1])
+sys.path.insert(0, str(root))
+import editedpkg.ops as ops
+
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+try:
+    ship_modules(spark, [ops.process])
+    ship_modules(spark, [ops.process])  # the same bytes again: Spark takes them
+    (root / "editedpkg" / "ops.py").write_text("def process(batch, state):\\n    return batch[:1]\\n")
     try:
-        ops = importlib.import_module(f"{name}.ops")
-        assert ship_modules(spark, [ops.process])
-        assert ship_modules(spark, [ops.process]), "the same bytes again: Spark takes them"
-        (tmp_path / name / "ops.py").write_text("def process(batch, state):\n    return batch[:1]\n")
-        with pytest.raises(ModuleChangedError) as err:  # a notebook's edit, run again in the same session
-            ship_modules(spark, [ops.process])
-        assert name in str(err.value) and "spark.stop()" in str(err.value)
-    finally:
-        sys.path.remove(str(tmp_path))
-        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
-            del sys.modules[module]
+        ship_modules(spark, [ops.process])
+    except ModuleChangedError as e:
+        print("REFUSED:", e)
+finally:
+    spark.stop()
+"""
+
+
+@pytest.mark.spark
+def test_a_module_changed_since_a_classic_session_shipped_it_is_a_clear_error_not_sparks(tmp_path: Path):
+    # A session of its own, in a process of its own: after the refusal Spark's session is no
+    # good for any job (its executor cannot fetch the file), which is what the error says.
+    (tmp_path / "editedpkg").mkdir()
+    (tmp_path / "editedpkg" / "__init__.py").write_text("")
+    (tmp_path / "editedpkg" / "ops.py").write_text("def process(batch, state):\n    return batch\n")
+    done = subprocess.run([sys.executable, "-c", SHIP_TWICE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parent.parent)
+    refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED:")]
+    assert done.returncode == 0 and refused, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "'editedpkg'" in refused[0] and "spark.stop()" in refused[0], refused[0]
