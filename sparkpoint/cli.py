@@ -958,6 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    logging.getLogger("sparkpoint.spark.warm").setLevel(logging.INFO)  # which warm Spark a run attached to
     if args.verbose:
         os.environ["SPARKPOINT_VERBOSE"] = "1"  # also for the processes it starts
     try:

@@ -246,3 +246,131 @@ def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
     assert "stopped the warm local Spark" in output.decode(errors="replace")
+
+
+# --- whose server: the token goes only to the JVM we started (DESIGN rule 17) ---------------------
+
+
+class _Recorder:
+    """A foreign gRPC server on an address of the test's choosing: it answers HTTP/2 (as a
+    Spark Connect server would) and records every call that reaches it, with its metadata."""
+
+    def __init__(self, address: str) -> None:
+        from concurrent import futures
+
+        import grpc
+
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        recorder = self
+
+        class Everything(grpc.GenericRpcHandler):  # type: ignore[misc]
+            def service(self, details: object) -> None:
+                recorder.calls.append((str(getattr(details, "method", "")),
+                                       dict(getattr(details, "invocation_metadata", ()) or ())))
+                return None  # UNIMPLEMENTED
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        self.server.add_generic_rpc_handlers((Everything(),))
+        self.port = self.server.add_insecure_port(address)
+        assert self.port, f"could not listen on {address}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(grace=None)
+
+
+def test_a_foreign_listener_on_ipv6_loopback_at_the_servers_port_receives_nothing(warm_env: dict[str, str]):
+    first = _result(_attach(warm_env))
+    server = _server(warm_env)
+    try:
+        foreign = _Recorder(f"[::1]:{server.port}")  # what `localhost` resolves to first
+    except (AssertionError, RuntimeError) as e:
+        pytest.fail(f"this machine has no IPv6 loopback to listen on: {e}")
+    try:
+        second = _result(_attach(warm_env, 9))
+    finally:
+        foreign.stop()
+    assert second["count"] == 9 and second["jvm_pid"] == first["jvm_pid"], "the run went to the real server"
+    assert foreign.calls == [], f"the foreign listener received {foreign.calls[:2]}"
+
+
+def test_a_process_that_wins_the_race_for_the_port_gets_no_token(warm_env: dict[str, str]):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        taken = s.getsockname()[1]
+    foreign = _Recorder(f"127.0.0.1:{taken}")  # binds the port the supervisor will try first
+    try:
+        run = _result(_attach({**warm_env, "SPARKPOINT_WARM_SPARK_PORT": str(taken)}, 4))
+    finally:
+        foreign.stop()
+    assert run["count"] == 4
+    assert _server(warm_env).port != taken, "the server listens on a port of its own"
+    assert foreign.calls == [], f"the process on the port received {foreign.calls[:2]}"
+    log = (Path(warm_env["SPARKPOINT_WARM_SPARK_DIR"]) / "server.log").read_text()
+    assert f"did not come to listen on port {taken} itself" in log
+    # Neither the port nor the token is on the JVM's command line.
+    server = _server(warm_env)
+    command = Path(f"/proc/{server.jvm_pid}/cmdline").read_bytes().decode(errors="replace")
+    token = Path(server.token_file).read_text().strip()
+    assert str(server.port) not in command and token not in command
+
+
+# --- the run's environment: a warm server computes what a Spark of the run's own does (rule 16) ---
+
+WEIGHTS = """
+import os
+
+WEIGHT = int(os.environ["WEIGHT"])  # read once, at import, as real pipelines read settings
+
+
+def scale(batches):
+    for df in batches:
+        yield df * WEIGHT
+"""
+
+ENV_RUN = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import logging
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+import weights
+from sparkpoint.spark.session import is_connect, ship_modules, spark_session
+spark = spark_session()
+ship_modules(spark, [weights.scale])
+total = int(spark.range(1, 4).toDF("n").mapInPandas(weights.scale, "n long").toPandas()["n"].sum())
+print(json.dumps({"total": total, "connect": is_connect(spark)}), flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _env_run(env: dict[str, str], module_dir: Path, weight: int, linger: float = 0.0) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", ENV_RUN, str(module_dir), str(linger)],
+                            env={**env, "WEIGHT": str(weight)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
+    module_dir = tmp_path / "mods"
+    module_dir.mkdir()
+    (module_dir / "weights.py").write_text(WEIGHTS)
+    first = _env_run(warm_env, module_dir, 1)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == {"total": 6, "connect": True}
+    assert "attached to the warm local Spark on 127.0.0.1:" in err and "started at" in err
+
+    # Idle server, another environment: replaced by one that has this run's.
+    second = _env_run(warm_env, module_dir, 10, linger=25)
+    line = second.stdout.readline() if second.stdout else ""
+    assert json.loads(line) == {"total": 60, "connect": True}, line
+    assert _starts(warm_env) == 2
+
+    # Used by a run (the second lingers attached), another environment again: this run gets a
+    # Spark of its own and says why, in one line.
+    third = _env_run(warm_env, module_dir, 100)
+    out, err = third.communicate(timeout=300)
+    second.communicate(timeout=120)
+    assert third.returncode == 0, err[-3000:]
+    assert json.loads(out.splitlines()[-1]) == {"total": 600, "connect": False}
+    assert "runs with another environment (WEIGHT differ) and other runs use it" in err
+    assert _starts(warm_env) == 2, "the server the second run used was left alone"

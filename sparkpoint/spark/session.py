@@ -44,8 +44,9 @@ from sparkpoint.checkpoint.crash import kill_with_this_process
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.spark.classcache import ClassArchive
 from sparkpoint.spark.faults import arm_crash_points
+from sparkpoint.spark.loopback import verified_channel_builder
 from sparkpoint.spark.properties import spark_defaults
-from sparkpoint.spark.warm import IN_PROCESS_MASTER, QUIET_LOG4J, default_spark
+from sparkpoint.spark.warm import IN_PROCESS_MASTER, QUIET_LOG4J, WarmServer, default_spark, proven_server
 
 log = logging.getLogger(__name__)
 # What the JVM prints before log4j is configured, or outside it.
@@ -122,23 +123,63 @@ def connect_session(url: str, *, app_name: str = "sparkpoint", verbose: bool = F
     if not verbose:
         _quiet_python_loggers()
     check_reachable(url)
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-        if share and "session_id=" not in url:
-            spark = _shared_session(ConnectSession, url, share)
-        else:
-            spark = ConnectSession.builder.remote(url).appName(app_name).getOrCreate()
-            _first_call(spark)
-    except ImportError as e:
-        raise SparkConnectionError(
-            f"Spark Connect needs pyspark's connect extra ({e}): pip install 'pyspark[connect]'") from e
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SparkConnectionError(f"cannot reach the Spark Connect server at {_shown(url)}: {first}") from e
+    peer = proven_server(url)  # the warm local Spark: proven ours before its token is sent
+    deadline = time.monotonic() + (ATTACH_RETRY_SECONDS if peer is not None else 0.0)
+    pause = 0.5
+    while True:
+        try:
+            spark = _open_connect_session(url, app_name, share, peer)
+            break
+        except ImportError as e:
+            raise SparkConnectionError(
+                f"Spark Connect needs pyspark's connect extra ({e}): pip install 'pyspark[connect]'") from e
+        except Exception as e:
+            # A loaded machine makes a live server miss a call now and then: tried again while
+            # its JVM lives (and still holds its address), for up to a minute.
+            if peer is not None and _transient(e) and time.monotonic() < deadline and peer.proven():
+                log.info("the warm local Spark did not answer (%s); trying again", _first_line(e))
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+                continue
+            raise SparkConnectionError(
+                f"cannot reach the Spark Connect server at {_shown(url)}: {_first_line(e)}") from e
     _connect_sessions[:] = [spark]
     if not verbose:
         _interrupt_cleanly(spark)
+    return spark
+
+
+ATTACH_RETRY_SECONDS = 60.0
+_TRANSIENT = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "failed to connect", "Connection reset", "Socket closed",
+              "Connection refused", "keepalive")
+
+
+def _transient(e: BaseException) -> bool:
+    import grpc
+
+    code = getattr(e, "code", None)
+    if isinstance(e, grpc.RpcError) and callable(code):
+        return code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    text = str(e)
+    return any(marker in text for marker in _TRANSIENT)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _open_connect_session(url: str, app_name: str, share: str | None, peer: WarmServer | None) -> Any:
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    def builder(target: str) -> Any:
+        if peer is None:
+            return ConnectSession.builder.remote(target)
+        return ConnectSession.builder.channelBuilder(verified_channel_builder(target, peer.lives))
+
+    if share and "session_id=" not in url:
+        return _shared_session(builder, url, share)
+    spark = builder(url).appName(app_name).getOrCreate()
+    _first_call(spark)
     return spark
 
 
@@ -153,14 +194,14 @@ def _first_call(spark: Any) -> None:
         spark.conf.set(key, value)  # the first call: reaches the server or fails here
 
 
-def _shared_session(connect_session_class: Any, url: str, share: str) -> Any:
+def _shared_session(builder: Callable[[str], Any], url: str, share: str) -> Any:
     """The first session of the ids `share` gives that the server has not closed."""
     base = url if "/;" in url else url.rstrip("/") + "/"
     for generation in range(SHARED_SESSION_GENERATIONS):
         session_id = shared_session_id(share, generation)
         # No builder options: create() would send them at once, outside the try, and leave the
         # refused session the process's active one.
-        spark = connect_session_class.builder.remote(f"{base};session_id={session_id}").create()
+        spark = builder(f"{base};session_id={session_id}").create()
         spark.release_session_on_close = False  # stop() closes this client only
         try:
             _first_call(spark)
@@ -171,7 +212,7 @@ def _shared_session(connect_session_class: Any, url: str, share: str) -> Any:
                 raise
     log.warning("every shared Spark Connect session id of today is closed on %s; this run uses a session of "
                 "its own (its Python workers start cold)", _shown(url))
-    spark = connect_session_class.builder.remote(url).create()
+    spark = builder(url).create()
     _first_call(spark)
     return spark
 

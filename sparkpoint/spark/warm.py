@@ -7,6 +7,14 @@ use and keeps warm, one per machine user, virtual environment and sparkpoint ver
 
 * it listens on 127.0.0.1 only, on a free port, and asks a token of every client (read from a
   file only its user can read), so neither another host nor another user reaches it;
+* the token goes only to that server, proven (`sparkpoint.spark.loopback`): runs connect to the
+  exact address it bound, once the kernel shows that our JVM holds the listening socket there, and
+  each call checks the JVM still lives; the port and the token are on no command line (the port
+  is in a properties file in this user's private directory, the token in the JVM's environment);
+* it computes what a Spark of the run's own computes (DESIGN rule 16): its Python workers inherit
+  the environment of the run that started it, so a run whose environment differs (a variable a
+  module reads at import, credentials) replaces an idle server, or runs on a Spark of its own
+  while other runs use it, saying so in one line; every run says which server it attached to;
 * its Python workers run this interpreter (`PYSPARK_PYTHON`): the venv that has sparkpoint;
 * a supervisor process (`python -m sparkpoint.spark.warm`) owns its JVM, records both in
   `server.json`, and stops the JVM once no run has been attached for `idle` seconds (the JVM
@@ -22,7 +30,9 @@ the key naming the venv, sparkpoint's and pyspark's versions; this user's, mode 
     in-use       every attached run holds a shared lock on it for as long as its process lives
     last-attach  its mtime: the last time a run attached
     server.json  the address, the token's file, the supervisor's and the JVM's pids with their
-                 start times, versions; written by the supervisor once the server answers
+                 start times, versions, who started it and a digest of its environment; written
+                 by the supervisor once the server answers from a socket its JVM holds
+    spark.properties  the JVM's settings, its port among them (off every command line)
     server.log   what the supervisor and the JVM wrote
 
 No check-then-act between processes (DESIGN rule 9): a run decides under `lock` and takes its
@@ -56,12 +66,14 @@ from typing import IO, Any
 
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.processes import boot_id, process_start, same_process_lives
+from sparkpoint.spark.loopback import listens_on, proc_available
 
 log = logging.getLogger(__name__)
 
 WARM_ENV = "SPARKPOINT_WARM_SPARK"  # "off": no warm server, a run without master starts local[2]
 IDLE_ENV = "SPARKPOINT_WARM_SPARK_IDLE"  # seconds without an attached run before the server stops
 DIR_ENV = "SPARKPOINT_WARM_SPARK_DIR"
+PORT_ENV = "SPARKPOINT_WARM_SPARK_PORT"  # the port a new server tries first (default: a free one)
 IN_PROCESS_MASTER = "local[2]"  # the master of a run when the warm server is off
 DEFAULT_IDLE = 300.0
 START_TIMEOUT = 180.0
@@ -69,12 +81,31 @@ ANSWER_TIMEOUT = 10.0  # a JVM that does not complete a gRPC handshake in this l
 WEDGED_AFTER = 60.0  # ... unless runs are attached to it: then in this long
 POLL = 1.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-FORMAT = 1
+FORMAT = 2
+# Variables that differ between two shells or processes of one user without changing what a task
+# computes: not part of the environment a run must share with the server it attaches to.
+VOLATILE_ENV = frozenset({
+    "_", "OLDPWD", "PWD", "SHLVL", "TERM", "COLORTERM", "TERM_PROGRAM", "TERM_PROGRAM_VERSION", "TERM_SESSION_ID",
+    "COLUMNS", "LINES", "PS1", "PS2", "PS4", "PROMPT_COMMAND", "HISTFILE", "HISTSIZE", "HISTCONTROL", "LS_COLORS",
+    "TMUX", "TMUX_PANE", "STY", "WINDOW", "SSH_TTY", "SSH_CLIENT", "SSH_CONNECTION", "SSH_AUTH_SOCK",
+    "SSH_AGENT_PID", "DISPLAY", "WINDOWID", "XDG_SESSION_ID", "XDG_VTNR", "XDG_SESSION_TYPE", "GPG_TTY",
+    "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKE_TERMOUT", "MAKE_TERMERR", "INVOCATION_ID", "JOURNAL_STREAM",
+    "SPARKPOINT_LOCAL_DIR", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID",
+    "PYTEST_XDIST_WORKER_COUNT", "SPARKPOINT_VERBOSE", "DAGSTER_HOME",
+})
+# Airflow puts the task run's ids in its task's environment (AIRFLOW_CTX_DAG_RUN_ID, ...): each task
+# run would otherwise differ from the last.
+VOLATILE_PREFIXES = ("SPARKPOINT_WARM_SPARK", "COV_CORE_", "AIRFLOW_CTX_")
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 
 class WarmSparkError(SparkpointError):
     """The warm local Spark could not be started or reached; the message says why and what to do."""
+
+
+class WarmSparkElsewhere(WarmSparkError):
+    """The warm local Spark runs with another environment and other runs are attached to it: this
+    run cannot use it (it would compute with the other environment) and may not replace it."""
 
 
 @dataclass(frozen=True)
@@ -90,18 +121,43 @@ class WarmServer:
     boot: str | None
     key: str
     started_at: float
+    started_by: str  # the pid and command line of the run that started it
+    environment: dict[str, str]  # variable -> digest of its value, as its Python workers see them
     format: int = FORMAT
 
     @property
     def url(self) -> str:
-        """The client URL; the token is read from its file (only this user may)."""
+        """The client URL, at the exact address bound (never `localhost`: gRPC tries `::1` first,
+        where anyone may listen); the token is read from its file (only this user may)."""
         token = Path(self.token_file).read_text().strip()
-        # `localhost` without TLS: PySpark sends the token over gRPC's local-channel credentials.
-        return f"sc://localhost:{self.port}/;token={token}"
+        return f"sc://127.0.0.1:{self.port}/;token={token}"
 
     def lives(self) -> bool:
         return (self.boot == boot_id() and same_process_lives(self.supervisor_pid, self.supervisor_start)
                 and same_process_lives(self.jvm_pid, self.jvm_start))
+
+    def proven(self) -> bool:
+        """Whether the server lives and its JVM is what listens on 127.0.0.1:`port`."""
+        return self.lives() and listens_on(self.jvm_pid, self.port)
+
+    def environment_differs(self, environment: dict[str, str]) -> list[str]:
+        """The variables whose values differ between `environment` (digests) and the server's."""
+        return sorted(k for k in self.environment.keys() | environment.keys()
+                      if self.environment.get(k) != environment.get(k))
+
+    def describe(self) -> str:
+        started = time.strftime("%H:%M:%S", time.localtime(self.started_at))
+        return (f"the warm local Spark on 127.0.0.1:{self.port} (JVM pid {self.jvm_pid}), started at {started} "
+                f"by {self.started_by}")
+
+
+def environment_digest(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What of a process's environment a run must share with the server its tasks run on, as
+    digests (the values, credentials among them, are never written down)."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: hashlib.sha256(v.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+            for k, v in sorted(environ.items())
+            if k not in VOLATILE_ENV and not k.startswith(VOLATILE_PREFIXES)}
 
 
 def enabled() -> bool:
@@ -110,15 +166,25 @@ def enabled() -> bool:
 
 def default_spark(master: str | None, remote: str | None) -> tuple[str | None, str | None]:
     """(master, remote) for a run that may name neither: the warm server's URL, or `local[2]` in
-    the run's own process when the warm server is off or a crash point is armed (a test's
-    SIGKILL must reach the Spark of the run it kills)."""
+    the run's own process when the warm server is off, when a crash point is armed (a test's
+    SIGKILL must reach the Spark of the run it kills), when this system cannot prove whose server
+    answers (no /proc), or when the warm server runs with another environment and other runs use
+    it (said in one line)."""
     if remote or master:
         return master, remote
     from sparkpoint.checkpoint.crash import CRASH_AT
 
     if not enabled() or os.environ.get(CRASH_AT):
         return IN_PROCESS_MASTER, None
-    return None, attach()
+    if not proc_available():
+        log.warning("sparkpoint: the warm local Spark needs /proc to prove its server is ours; this run starts "
+                    "Spark in its own process (set %s=off to say so)", WARM_ENV)
+        return IN_PROCESS_MASTER, None
+    try:
+        return None, attach()
+    except WarmSparkElsewhere as e:
+        log.warning("sparkpoint: %s", e)
+        return IN_PROCESS_MASTER, None
 
 
 def idle_seconds() -> float:
@@ -220,11 +286,13 @@ def answers(port: int, timeout: float = ANSWER_TIMEOUT) -> bool:
 # --- the client side ------------------------------------------------------------------------------
 
 _attached: dict[str, IO[bytes]] = {}  # directory -> this process's shared `in-use` lock
+_proven: dict[str, WarmServer] = {}  # URL -> the server `attach` proved it names
 
 
 def attach(*, idle: float | None = None, timeout: float = START_TIMEOUT) -> str:
     """The URL of this user's warm local Spark Connect server, started if none is up (or the one
-    up is gone or wedged); this process stays attached (the server keeps running) until it exits.
+    up is gone, wedged, or runs with another environment and no run is attached to it); this
+    process stays attached (the server keeps running) until it exits.
 
     Args:
         idle: seconds without an attached run after which a server this call starts stops
@@ -232,25 +300,78 @@ def attach(*, idle: float | None = None, timeout: float = START_TIMEOUT) -> str:
         timeout: how long to wait for a new server to answer.
 
     Returns:
-        An `sc://` URL with the server's token, for `spark_session(remote=...)`.
+        An `sc://127.0.0.1:P` URL with the server's token, for `spark_session(remote=...)`.
 
     Raises:
+        WarmSparkElsewhere: the server runs with another environment and other runs use it.
         WarmSparkError: the server could not be started (the message has its log's last lines).
     """
     directory = _private_dir(server_dir())
     idle = idle_seconds() if idle is None else idle
+    environment = environment_digest()
     with _flock(directory / "lock", fcntl.LOCK_EX, timeout=timeout + 60):
         server = read_server(directory)
-        if server is not None and not (server.lives() and _answers_patiently(directory, server)):
+        if server is not None and not (server.proven() and _answers_patiently(directory, server)):
             log.warning("the warm local Spark (pid %d) is gone or does not answer: starting another", server.jvm_pid)
             stop(server)
+            server = None
+        if server is not None and (differs := server.environment_differs(environment)):
+            _replace_unless_used(directory, server, differs)
             server = None
         if server is None:
             (directory / "server.json").unlink(missing_ok=True)
             server = _start(directory, idle, timeout)
+        if not server.proven():
+            raise WarmSparkError(f"what listens on 127.0.0.1:{server.port} is not the warm local Spark's JVM "
+                                 f"(pid {server.jvm_pid}): its token was not sent; see {directory / 'server.log'}")
         _hold(directory)
         (directory / "last-attach").touch()
-    return server.url
+    log.info("sparkpoint: attached to %s", server.describe())
+    url = server.url
+    _proven[url] = server
+    return url
+
+
+def _replace_unless_used(directory: Path, server: WarmServer, differs: list[str]) -> None:
+    """Stop `server`, which runs with another environment, unless another run is attached to it
+    (then `WarmSparkElsewhere`). Called under `lock`: no run attaches meanwhile."""
+    shown = ", ".join(differs[:5]) + (f" and {len(differs) - 5} more" if len(differs) > 5 else "")
+    mine = _attached.pop(str(directory), None)
+    if mine is not None:
+        mine.close()  # this process's own attachment does not count as another run's
+    with _flock(directory / "in-use", fcntl.LOCK_EX, timeout=0) as alone:
+        used = alone is None
+    if used:
+        if mine is not None:
+            _hold(directory)
+        raise WarmSparkElsewhere(
+            f"{server.describe()} runs with another environment ({shown} differ) and other runs use it: this run "
+            f"starts a Spark of its own, which computes with this run's environment")
+    log.warning("sparkpoint: %s runs with another environment (%s differ): starting one with this run's",
+                server.describe(), shown)
+    stop(server)
+
+
+def proven_server(url: str) -> WarmServer | None:
+    """The warm server `url` (as `attach` gave it) names, proven to hold its address now; None for
+    a URL that is not a warm server's.
+
+    Raises:
+        WarmSparkError: it is a warm server's URL but that server is gone or another process
+            listens at its address: the token must not be sent.
+    """
+    server = _proven.get(url)
+    if server is None:
+        on_disk = read_server(server_dir()) if url.startswith("sc://127.0.0.1:") else None
+        with contextlib.suppress(OSError):
+            if on_disk is not None and on_disk.url == url:
+                server = on_disk
+    if server is None:
+        return None
+    if not server.proven():
+        raise WarmSparkError(f"the warm local Spark at 127.0.0.1:{server.port} is gone, or another process listens "
+                             "at its address: its token was not sent; run again to start another")
+    return server
 
 
 def _answers_patiently(directory: Path, server: WarmServer) -> bool:
@@ -343,6 +464,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _first_port() -> int:
+    raw = os.environ.get(PORT_ENV, "").strip()
+    if not raw:
+        return _free_port()
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        print(f"warm Spark: {PORT_ENV}={raw!r} is no port number; taking a free port", flush=True)
+        return _free_port()
+    return port
+
+
 def _die_with_parent() -> None:
     """In the JVM's child before exec: SIGKILL when the supervisor dies, however it dies."""
     import ctypes
@@ -352,21 +487,48 @@ def _die_with_parent() -> None:
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _jvm_command(port: int) -> list[str]:
+def _jvm_command(properties: Path) -> list[str]:
     from pyspark.find_spark_home import _find_spark_home
 
     spark_home = _find_spark_home()
     return [os.path.join(spark_home, "bin", "spark-submit"), "--class", SERVER_CLASS, "--master", "local[*]",
             "--driver-java-options", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}",
-            "--conf", f"spark.connect.grpc.binding.port={port}",
-            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC",
-            "--conf", "spark.sql.execution.arrow.pyspark.enabled=true", "spark-internal"]
+            "--properties-file", str(properties), "spark-internal"]
+
+
+def _write_properties(directory: Path, port: int) -> Path:
+    """The JVM's settings in a file only this user reads: the port stays off every command line.
+    No retry on another port (`spark.port.maxRetries` 0): a port taken between our pick and the
+    JVM's bind fails the JVM, and the supervisor picks again, instead of the JVM serving on P+1."""
+    settings = {
+        "spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.port.maxRetries": "0", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    path = directory / "spark.properties"
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.writelines(f"{key}={value}\n" for key, value in settings.items())
+    return path
+
+
+def _started_by() -> str:
+    """The run that spawned this supervisor: its pid and command line, as a shared server says
+    whose it is."""
+    parent = os.getppid()
+    try:
+        words = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+        command = " ".join(" ".join(w.decode(errors="replace").split()) for w in words if w)
+    except OSError:
+        command = ""
+    command = command if len(command) <= 120 else command[:117] + "..."
+    return f"pid {parent}" + (f" ({command})" if command else "")
 
 
 def serve(directory: Path, idle: float) -> int:
     """The supervisor: start the JVM, record it, stop it after `idle` seconds without a run."""
+    environment = environment_digest()  # the run's that spawned us: its workers inherit it
+    started_by = _started_by()
     token_file = directory / "token"
     with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(secrets.token_hex(24))
@@ -381,19 +543,22 @@ def serve(directory: Path, idle: float) -> int:
     # user's modules reach them as each run's artifacts, in the version that run has.
     env["PYTHONPATH"] = str(_sparkpoint_root())
     for attempt in range(3):  # the free port may be taken between its pick and the JVM's bind
-        port = _free_port()
-        jvm = subprocess.Popen(_jvm_command(port), env=env, stdin=subprocess.DEVNULL, cwd=directory,
-                               start_new_session=True, preexec_fn=_die_with_parent)
+        port = _first_port() if attempt == 0 else _free_port()
+        jvm = subprocess.Popen(_jvm_command(_write_properties(directory, port)), env=env, stdin=subprocess.DEVNULL,
+                               cwd=directory, start_new_session=True, preexec_fn=_die_with_parent)
         if _wait_answering(jvm, port):
             break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(jvm.pid, signal.SIGKILL)
         jvm.wait()
-        print(f"warm Spark: the JVM exited before answering on port {port} (attempt {attempt + 1})", flush=True)
+        print(f"warm Spark: the JVM did not come to listen on port {port} itself (attempt {attempt + 1}; "
+              "another process may have taken the port)", flush=True)
     else:
         return 1
     me = os.getpid()
     server = WarmServer(port=port, token_file=str(token_file), supervisor_pid=me, supervisor_start=process_start(me),
                         jvm_pid=jvm.pid, jvm_start=process_start(jvm.pid), boot=boot_id(), key=directory.name,
-                        started_at=time.time())
+                        started_at=time.time(), started_by=started_by, environment=environment)
     tmp = directory / f"server.json.{me}"
     tmp.write_text(json.dumps(asdict(server)))
     os.replace(tmp, directory / "server.json")
@@ -417,10 +582,15 @@ def serve(directory: Path, idle: float) -> int:
 
 
 def _wait_answering(jvm: subprocess.Popen[bytes], port: int) -> bool:
+    """Whether our JVM comes to answer on 127.0.0.1:`port` from a socket it holds itself: a
+    process that bound the port first and answers there is never taken for it."""
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline and jvm.poll() is None:
-        if answers(port, timeout=1.0):
-            return True
+        if listens_on(jvm.pid, port):
+            if answers(port, timeout=1.0):
+                return True
+        else:
+            time.sleep(0.25)
     return False
 
 
@@ -461,7 +631,8 @@ def describe() -> dict[str, Any]:
     server = read_server(directory)
     return {"directory": str(directory), "running": bool(server and server.lives()),
             "port": server.port if server else None, "jvm_pid": server.jvm_pid if server else None,
-            "started_at": server.started_at if server else None}
+            "started_at": server.started_at if server else None,
+            "started_by": server.started_by if server else None}
 
 
 def main(argv: list[str] | None = None) -> int:
