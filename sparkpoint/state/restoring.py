@@ -48,7 +48,7 @@ from sparkpoint.state.rocksdb import (
     open_db,
     scan_options,
 )
-from sparkpoint.state.schema import check_declarations, recorded_states
+from sparkpoint.state.schema import check_declarations, restored_declarations
 from sparkpoint.state.subtask import SubtaskState
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Restoring(SubtaskState):
         recorded first (StateSchemaIncompatible before anything is read), then opened: entries
         of a RecordCodec whose fields changed are rewritten in the new shape.
         """
-        recorded = recorded_states(checkpoint, self.operator)
+        recorded = restored_declarations(checkpoint, self.operator, self.descriptors, self.key_type)
         changes = check_declarations(self.operator, recorded, self.declarations, checkpoint)
         result = self._restore(checkpoint, claim_mode=claim_mode, source=source, allow_missing=allow_missing)
         return self._open_declarations(recorded, changes, result)
@@ -119,7 +119,7 @@ class Restoring(SubtaskState):
         Raises:
             StateSchemaIncompatible: the declared states cannot read what `checkpoint` recorded.
         """
-        recorded = recorded_states(checkpoint, self.operator)
+        recorded = restored_declarations(checkpoint, self.operator, self.descriptors, self.key_type)
         changes = check_declarations(self.operator, recorded, self.declarations, checkpoint)
         result = self._restore(None)
         self._time = checkpoint_clock(checkpoint)
