@@ -167,7 +167,7 @@ def diff_snapshots(
     except StateSchemaIncompatible as e:
         raise StateSchemaIncompatible(
             f"{e}. The diff reads both snapshots through {operator.name}'s code, each in the fields it recorded, "
-            "as a restore does: give the version that restores both (the newer version)") from e
+            "as a restore does: give code that restores both (across an upgrade, the newer version)") from e
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result.seconds = time.monotonic() - started
