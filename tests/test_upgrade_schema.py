@@ -174,11 +174,19 @@ def starts(snap: Any, tmp_path: Path, operator: KeyedOperator) -> None:
 def test_a_record_state_kept_undeclared_and_declared_now_is_checked_and_migrated_from_its_recorded_fields(
         tmp_path: Path, capsys, monkeypatch, declared_as: RecordCodec, rule: str, points: type):
     snap = kept_undeclared(KEPT_AS)
-    new = progress_operator(declared_as)
+    # Without previous=, nothing declared the state: the pre-flight cannot check it (exit 1),
+    # and names the fields the snapshot recorded so the user can confirm them.
+    unconfirmed = progress_operator(declared_as)
+    code, text = check_upgrade_text(snap, tmp_path, capsys, unconfirmed, monkeypatch)
+    assert code == 1 and "state progress: CANNOT CHECK, refused: kept undeclared until now" in text, text
+    assert "recorded no declaration" in text and "previous=RecordCodec(" in text and "'points': 'int64'" in text, text
+    with pytest.raises(StateSchemaIncompatible, match="previous="):
+        starts(snap, tmp_path, unconfirmed)
+    new = progress_operator(declared_as, previous=KEPT_AS)
     code, text = check_upgrade_text(snap, tmp_path, capsys, new, monkeypatch)
     assert code == 0, text
-    assert ("state progress: compatible: kept undeclared until now, read in the RecordCodec fields its snapshot "
-            f"recorded; {rule}") in text
+    assert ("state progress: compatible: kept undeclared until now, read with previous=RecordCodec, the fields its "
+            f"snapshot recorded; {rule}") in text
     starts(snap, tmp_path, new)
     with OperatorHarness.restore(snap, parallelism=3, operator=new) as h:
         h.process(games(3))
@@ -191,7 +199,7 @@ def test_a_record_state_kept_undeclared_and_declared_now_is_checked_and_migrated
     # previous= that contradicts the fields the checkpoint recorded is refused, both ways.
     wrong = progress_operator(declared_as, previous=RecordCodec({"points": "int32"}))
     code, text = check_upgrade_text(snap, tmp_path, capsys, wrong, monkeypatch)
-    assert code == 1 and "state progress: CANNOT CHECK, refused: " in text and "drop previous=" in text, text
+    assert code == 1 and "state progress: CANNOT CHECK, refused: " in text and "give previous= the recorded" in text, text
 
 
 def test_a_state_kept_undeclared_without_a_recorded_codec_is_refused_unless_its_previous_codec_is_given(

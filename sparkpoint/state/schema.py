@@ -455,11 +455,19 @@ def _kept_undeclared(handles: Iterable[Any], name: str, d: StateDescriptor, key_
                    + "; ".join(str(spec.get("fields")) for spec in specs.values()) + "): it cannot be restored")
     elif specs:
         (old["codec"],) = specs.values()
-        read = "in the RecordCodec fields its snapshot recorded"
-        if previous is not None and _spec_key(previous) != _spec_key(old["codec"]):
+        # The snapshot's facts name the fields its entries were written with, but no declaration
+        # does: the upgrade is checked only once the code confirms them as `previous=`.
+        if previous is None:
+            fields = {str(f[0]): str(f[1]) for f in old["codec"].get("fields") or ()}
+            problem = (f"kept undeclared until now ({said}), so the checkpoint recorded no declaration for it; its "
+                       f"entries were written with RecordCodec fields {fields}: confirm them with "
+                       f"StateDescriptor({d.kind!r}, ..., previous=RecordCodec({fields}))")
+        elif _spec_key(previous) != _spec_key(old["codec"]):
             problem = (f"kept undeclared with RecordCodec fields {old['codec'].get('fields')}, which the "
                        f"checkpoint recorded, and declared with previous={_codec_text(previous)}"
-                       f"{_fields_text(previous)}: drop previous= or give the recorded fields")
+                       f"{_fields_text(previous)}: give previous= the recorded fields")
+        else:
+            read = "with previous=RecordCodec, the fields its snapshot recorded"
     elif previous is not None:
         old["codec"] = previous
         read = f"with previous={_codec_text(previous)}"
