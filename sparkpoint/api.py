@@ -120,9 +120,12 @@ def diff_state(
 
     Each snapshot is a checkpoint id of the job, or the URL of a checkpoint or savepoint
     (`<checkpoints-dir>/<job-id>/chk-<N>`): a savepoint against today's checkpoint, across a
-    rescale. Two checkpoints of the job with the same key-group layout are compared by the files
-    one has and the other has not (their shared files are not scanned); anything else by
-    exporting both whole (`df.attrs["method"]` says which: "changed files" or "full").
+    rescale, an upgrade. Each snapshot is read as a restore by `operator`'s code reads it: declared
+    states as declared, each in the fields that snapshot recorded (a `RecordCodec` field added
+    since reads as its default in the older one). Two checkpoints of the job with the same
+    key-group layout are compared by the files one has and the other has not (their shared files
+    are not scanned); anything else by exporting both whole (`df.attrs["method"]` says which:
+    "changed files" or "full").
 
     Args:
         url: the checkpoint storage (fsspec URL) of the job named by `job_id`.
@@ -142,6 +145,8 @@ def diff_state(
     Raises:
         CheckpointNotFound: a checkpoint id or URL that names no completed checkpoint.
         OperatorStateMismatch: a snapshot without that operator.
+        StateSchemaIncompatible: `operator`'s declared states cannot read a snapshot (an older version
+            of the code given for a diff across an upgrade: give the newer one).
     """
     from sparkpoint.state.diff import diff_snapshots, locate
     from sparkpoint.state.extract import resolve_operator

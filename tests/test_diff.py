@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sparkpoint import api
+from sparkpoint import Pipeline, RecordCodec, StateDescriptor, api
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointNotFound, OperatorStateMismatch
 from sparkpoint.checkpoint.savepoint import take_savepoint
@@ -26,6 +26,7 @@ from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.diff import CHANGED_FILES, FULL, diff_snapshots, locate
 from sparkpoint.state.keygroups import subtasks_of
 from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.schema import StateSchemaIncompatible
 from sparkpoint.state.sstfile import read_sst_keys
 
 CODEC = JsonCodec()
@@ -259,3 +260,153 @@ def test_sst_reader_lists_puts_deletes_and_range_deletes(tmp_path: Path):
     assert found.column_family == "s"
     assert b"k00007" in found.keys and b"absent" in found.keys and b"k04999" in found.keys
     assert found.ranges == [(b"k01000", b"k01100")]
+
+
+# --- an operator that declares its states, diffed across an upgrade of their schema -------------------
+
+PAGE_VIEWS_V1 = RecordCodec({"views": "int32", "last_visitor": "string"})
+PAGE_VIEWS_V2 = RecordCodec({"views": "int64", "last_visitor": "string", "bounces": "int64"},
+                            defaults={"bounces": 0})  # version 2: a field added with its default, one widened
+
+
+def pages_operator(counts: RecordCodec, *, reads_declared: bool = True) -> KeyedOperator:
+    """A user's operator: per page its views (a RecordCodec value state) and per visitor of the page
+    their views (a map state), both declared; its export reads them with `state.declared`, or with
+    `value_state`/`map_state` as declared (`reads_declared=False`)."""
+    def states(state: RocksDBStateBackend) -> tuple:
+        if reads_declared:
+            return state.declared("counts"), state.declared("visitors")
+        return state.value_state("counts", counts), state.map_state("visitors", CODEC)
+
+    def process(batch: pd.DataFrame, state: RocksDBStateBackend) -> None:
+        totals, visitors = states(state)
+        for row in batch.itertuples(index=False):
+            old = totals.get(row.page) or {}
+            new = {"views": (old.get("views") or 0) + 1, "last_visitor": row.visitor}
+            if "bounces" in counts.names:
+                new["bounces"] = (old.get("bounces") or 0) + int(row.bounced)
+            totals.put(row.page, new)
+            visitors.put(row.page, row.visitor, (visitors.get(row.page, row.visitor) or 0) + 1)
+
+    def export(state: RocksDBStateBackend) -> pd.DataFrame:
+        totals, visitors = states(state)
+        per_page: dict[bytes, dict[str, int]] = {}
+        for page, visitor, n in visitors.items():
+            per_page.setdefault(page, {})[visitor.decode()] = n
+        rows = [{"page": page.decode(), **fields, "visitors": json.dumps(per_page.get(page, {}), sort_keys=True)}
+                for page, fields in totals.items()]
+        return pd.DataFrame(rows, columns=["page", *counts.names, "visitors"])
+
+    return KeyedOperator("pages", "page", process, export, columns=("visitor", "bounced"), key_type="string",
+                         states={"counts": counts, "visitors": StateDescriptor("map", CODEC)})
+
+
+PAGES_V1, PAGES_V2 = pages_operator(PAGE_VIEWS_V1), pages_operator(PAGE_VIEWS_V2)
+PAGES_PIPELINE = Pipeline("pages", [PAGES_V2])  # `sparkpoint diff --pipeline tests.test_diff:PAGES_PIPELINE`
+
+
+def page_views(rng: random.Random, n: int) -> pd.DataFrame:
+    return pd.DataFrame({"page": [f"/p{rng.randrange(60)}" for _ in range(n)],
+                         "visitor": [f"v{rng.randrange(12)}" for _ in range(n)],
+                         "bounced": [rng.random() < 0.3 for _ in range(n)]})
+
+
+class PagesJob:
+    """Two subtasks of a version of the pages operator, restored from a checkpoint of the job."""
+
+    def __init__(self, storage: CheckpointStorage, local: Path, op: KeyedOperator, restore_from: int | None = None):
+        self.storage, self.op = storage, op
+        self.coordinator = CheckpointCoordinator(storage, num_retained=100)
+        self.backends = [RocksDBStateBackend(storage, "pages", i, parallelism=2, max_parallelism=32, local_dir=local,
+                                             states=op.states, key_type=op.key_type) for i in range(2)]
+        meta = locate(restore_from, storage).meta if restore_from is not None else None
+        for b in self.backends:
+            b.restore(meta)
+
+    def batch(self, df: pd.DataFrame) -> int:
+        owner = subtasks_of(df["page"].tolist(), 32, 2)
+        for i, b in enumerate(self.backends):
+            self.op.process(df[owner == i], b)
+        return take_checkpoint(self.coordinator, self.backends).checkpoint_id
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+
+
+def pages_state(batches: list[pd.DataFrame], v2_from: int | None = None) -> pd.DataFrame:
+    """What the pages state holds after `batches`, in version 2's fields (pandas): bounces counted
+    from batch `v2_from` on, 0 (the default) before; None: the state holds version 1's fields."""
+    every = pd.concat([b.assign(batch=i) for i, b in enumerate(batches)], ignore_index=True)
+    rows = []
+    for page, g in every.groupby("page", sort=True):
+        row = {"page": page, "views": len(g), "last_visitor": g["visitor"].iloc[-1]}
+        if v2_from is not None:
+            row["bounces"] = int(g[g["batch"] >= v2_from]["bounced"].sum())
+        row["visitors"] = json.dumps({v: int(n) for v, n in g.groupby("visitor").size().items()}, sort_keys=True)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("page")
+
+
+def assert_pages_diff(table: pd.DataFrame, old: pd.DataFrame, new: pd.DataFrame) -> None:
+    """`table` is the diff of the two pandas states: every page added, removed or changed, with both values."""
+    fields = [c for c in new.columns]
+    want = {p: ("added" if p not in old.index else "changed") for p in new.index
+            if p not in old.index or old.loc[p].tolist() != new.loc[p].tolist()}
+    want.update({p: "removed" for p in old.index if p not in new.index})
+    assert dict(zip(table["page"], table["change"])) == want
+    for row in table.to_dict("records"):
+        assert [row[c] for c in fields] == new.loc[row["page"]].tolist()
+        if row["change"] == "changed":
+            assert [row[f"{c}_old"] for c in fields] == old.loc[row["page"]].tolist()
+
+
+def test_an_operator_whose_export_reads_its_declared_states_is_diffed(tmp_path: Path,
+                                                                       local_storage: CheckpointStorage):
+    rng = random.Random(11)
+    batches = [page_views(rng, 300), page_views(rng, 40)]
+    job = PagesJob(local_storage, tmp_path / "local", PAGES_V1)
+    a, b = (job.batch(df) for df in batches)
+    job.close()
+    old, new = pages_state(batches[:1]), pages_state(batches)
+    for method in (CHANGED_FILES, FULL):
+        result = diff_snapshots(locate(a, local_storage), locate(b, local_storage), PAGES_V1, method=method)
+        assert result.method == method
+        assert_pages_diff(result.table, old, new)
+
+
+@pytest.mark.parametrize("reads_declared", [True, False], ids=["declared", "as-declared"])
+def test_a_diff_across_a_record_codec_upgrade_reads_each_side_in_the_fields_it_recorded(
+        tmp_path: Path, local_storage: CheckpointStorage, capsys, reads_declared: bool):
+    rng = random.Random(12)
+    batches = [page_views(rng, 300), page_views(rng, 40), page_views(rng, 40), page_views(rng, 30)]
+    v1, v2 = (pages_operator(c, reads_declared=reads_declared) for c in (PAGE_VIEWS_V1, PAGE_VIEWS_V2))
+    job = PagesJob(local_storage, tmp_path / "local", v1)
+    before = [job.batch(df) for df in batches[:2]][-1]
+    job.close()
+    upgraded = PagesJob(local_storage, tmp_path / "local", v2, restore_from=before)
+    after = [upgraded.batch(df) for df in batches[2:]][-1]
+    upgraded.close()
+    fields = [locate(c, local_storage).meta.operators["pages"].states["counts"]["codec"]["fields"]
+              for c in (before, after)]
+    assert fields[0] != fields[1]  # the two sides recorded other fields for the same state
+
+    # Each side through the fields it recorded: version 1's entries read as version 2 reads them.
+    old, new = pages_state(batches[:2], v2_from=2), pages_state(batches, v2_from=2)
+    for method in (CHANGED_FILES, FULL):
+        result = diff_snapshots(locate(before, local_storage), locate(after, local_storage), v2, method=method)
+        assert result.method == method
+        assert_pages_diff(result.table, old, new)
+    table = api.diff_state(local_storage.url, "job", v2, before, after)
+    assert_pages_diff(table, old, new)
+    # The old code cannot read what the new one wrote (views int64 -> int32): said, naming the way out.
+    with pytest.raises(StateSchemaIncompatible, match=r"views changed from int64 to int32.*newer version"):
+        diff_snapshots(locate(before, local_storage), locate(after, local_storage), v1)
+
+    if reads_declared:  # the command, with the pipeline that holds version 2
+        assert main(["diff", "--pipeline", "tests.test_diff:PAGES_PIPELINE", "--checkpoints", local_storage.url,
+                     "--job-id", "job", "--operator", "pages", "--from", str(before), "--to", str(after),
+                     "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["method"] == CHANGED_FILES and out["from"]["checkpoint_id"] == before
+        assert_pages_diff(pd.DataFrame(out["rows"]), old, new)

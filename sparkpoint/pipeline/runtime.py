@@ -34,7 +34,14 @@ from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.repair import repair_checkpoints
 from sparkpoint.state.rocksdb import RocksDBOptions
 from sparkpoint.state.sample import SAMPLE_OPERATORS
-from sparkpoint.state.schema import StateSchemaIncompatible, compare_states, refusals
+from sparkpoint.state.schema import (
+    StateChange,
+    StateSchemaIncompatible,
+    compare_states,
+    refusals,
+    restored_declarations,
+    schema_fix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -367,16 +374,18 @@ class PipelineCore:
     def _check_states(self, meta: CheckpointMetadata) -> None:
         """Each operator's declared states must read what the checkpoint recorded of them (a
         RecordCodec may add, remove, widen, reorder fields and make them nullable)."""
-        problems = []
+        problems: list[str] = []
+        changes: list[StateChange] = []
         for op in self.operators:
-            recorded = meta.operators[op.uid].states if op.uid in meta.operators else None
+            recorded = restored_declarations(meta, op.uid, op.states, op.key_type)
             if recorded is not None and len(op.states):
-                problems += refusals(op.name, compare_states(recorded, op.declarations()))
+                found = compare_states(recorded, op.declarations())
+                problems += refusals(op.name, found)
+                changes += found
         if problems:
             raise StateSchemaIncompatible(
                 f"checkpoint {meta.checkpoint_id} cannot be restored by this job's code (refused before Spark "
-                "starts): " + "; ".join(problems)
-                + ". Keep the old schema, or start the changed state under a new name"
+                "starts): " + "; ".join(problems) + f". To go ahead: {schema_fix(changes)}"
             )
 
     def check_start(self) -> CheckpointMetadata | None:

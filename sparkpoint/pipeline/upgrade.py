@@ -12,8 +12,10 @@ would not line up. A changed parallelism is a rescale, which every restore can d
 
 Each operator's `states` lists a verdict per declared state (`sparkpoint.state.schema.
 compare_states`: kept, new or dropped; schema unchanged, compatible by which rule, incompatible
-and why, naming the field and both types), when the checkpoint recorded the operator's declared
-states and the code declares them; an incompatible state refuses the restore.
+and why, naming the field and both types, or unchecked: a state the checkpoint kept undeclared
+whose codec nothing records, see `restored_declarations`), when the code declares states; an
+incompatible or unchecked state refuses the restore. The text report (`RestorePlan.lines`) says
+each state's verdict under its operator, as `--json` does.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.state.schema import compare_states, refusals
+from sparkpoint.state.schema import compare_states, refusals, restored_declarations, schema_fix
 
 KEPT, RENAMED, NEW, DROPPED = "kept", "renamed", "new", "dropped"
 ALLOW_NEW = "--allow-new-operators"
@@ -69,6 +71,19 @@ class OperatorPlan:
                     f"{_change(self.old_max_parallelism, self.new_max_parallelism)}"
         verdict = f" -- REFUSED: {self.fix}" if self.fix else ""
         return f"{self.status:<8} {shown}{uid}: {what}{shape}{verdict}"
+
+    def state_lines(self) -> list[str]:
+        """For people: one line per declared state, its verdict and why (each rule of a compatible
+        change, each problem of a refused one, naming the field and both types)."""
+        out = []
+        for s in self.states:
+            reasons = "; ".join(s["problems"] or s["rules"])
+            label = {"unchanged": "unchanged", "compatible": "compatible", "incompatible": "REFUSED",
+                     "unchecked": "CANNOT CHECK, refused"}.get(s["verdict"], s["verdict"])
+            if s["status"] in (NEW, DROPPED):
+                label = s["status"]
+            out.append(f"state {s['state']}: {label}" + (f": {reasons}" if reasons else ""))
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,8 +146,10 @@ class RestorePlan:
         """For people: one line per operator, then the verdict."""
         verdict = "the restore would work" if self.ok else "the restore would be refused; to make it work: " \
             + "; ".join(self.fixes())
-        return [f"{self.kind} {self.checkpoint_id} of job {self.job_id} onto this job's operators:",
-                *(f"  {op.line()}" for op in self.operators), verdict]
+        lines = [f"{self.kind} {self.checkpoint_id} of job {self.job_id} onto this job's operators:"]
+        for op in self.operators:
+            lines += [f"  {op.line()}", *(f"      {line}" for line in op.state_lines())]
+        return [*lines, verdict]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -191,12 +208,12 @@ def plan_restore(
             problem = (f"{op.name} has max parallelism {old.max_parallelism} in the checkpoint, {max_parallelism} "
                        "in this job (key groups would not line up)")
             fix = f"run with --max-parallelism {old.max_parallelism}"
-        changes = compare_states(old.states, op.declarations()) if old.states is not None and len(op.states) else []
+        recorded = restored_declarations(meta, uid, op.states, op.key_type)
+        changes = compare_states(recorded, op.declarations()) if recorded is not None and len(op.states) else []
         incompatible = refusals(op.name, changes)
         if incompatible and problem is None:
             problem = "; ".join(incompatible)
-            fix = (f"keep the old schema of {op.name}'s state, or start the changed state under a new name "
-                   f"(RecordCodec fields may be added, removed, widened, reordered, made nullable)")
+            fix = schema_fix(changes, op.name)
         plans.append(OperatorPlan(
             uid, KEPT if old_name == op.name else RENAMED, old_name, op.name, old.parallelism, parallelism,
             old.max_parallelism, max_parallelism, problem=problem, fix=fix,

@@ -15,6 +15,12 @@ Two ways, the first whenever it is correct:
   snapshot without state declarations; an SST this reader does not know). Both snapshots are
   exported whole and compared. Always correct, it costs two exports.
 
+Each side is read through the operator's code as a restore by that code reads it: its declared
+states opened as declared (`state.declared(name)` works in `export`), each in the fields that
+side recorded (a `RecordCodec`'s entries rewritten in the code's fields, as the restore migrates
+them). A diff across an upgrade thus compares both snapshots in the newer version's shape; code
+that cannot restore a side (an older version that would narrow a field) is refused, saying so.
+
 The result has the export's columns and `change` (`added`, `removed`, `changed`). Each row is as
 the snapshot that has it shows it: `to` for added and changed rows, `from` for removed ones;
 changed rows also carry their `from` values in `<column>_old` (null on other rows). Rows are
@@ -53,8 +59,8 @@ from sparkpoint.state.extract import export_table, operator_state_of, operator_s
 from sparkpoint.state.handles import _next_prefix
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.restore import local_copy_matches, materialize
-from sparkpoint.state.restoring import checkpoint_clock
 from sparkpoint.state.rocksdb import RocksDBOptions, ensure_column_families, list_states, open_db, scan_options
+from sparkpoint.state.schema import StateSchemaIncompatible
 from sparkpoint.state.sstfile import SstFormatError, read_sst_keys
 from sparkpoint.state.timers import TIMERS
 
@@ -140,7 +146,8 @@ def diff_snapshots(
     """The rows of `operator`'s export that differ from `source` to `target` (see the module).
 
     `local_dir` is the job's local directory: its verified task-local copies stand in for
-    downloads. `method` forces FULL (or CHANGED_FILES, which raises when it cannot be used)."""
+    downloads. `method` forces FULL (or CHANGED_FILES, which raises when it cannot be used).
+    Raises StateSchemaIncompatible when `operator`'s declared states cannot read a side."""
     started = time.monotonic()
     operator_state_of(source.meta, operator.uid)  # an operator one side lacks is named, with what it has
     operator_state_of(target.meta, operator.uid)
@@ -157,6 +164,10 @@ def diff_snapshots(
             if method == CHANGED_FILES:
                 raise SparkpointError(f"the diff cannot go by changed files: {reason}")
             result = _full(source, target, operator, scratch, reason or "")
+    except StateSchemaIncompatible as e:
+        raise StateSchemaIncompatible(
+            f"{e}. The diff reads both snapshots through {operator.name}'s code, each in the fields it recorded, "
+            "as a restore does: give code that restores both (across an upgrade, the newer version)") from e
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result.seconds = time.monotonic() - started
@@ -198,7 +209,7 @@ def _full(source: Snapshot, target: Snapshot, op: KeyedOperator, scratch: Path, 
     for side in (source, target):
         handles = side.meta.operators[op.uid].subtasks
         read += sum(f.size for h in handles for f in h.files())
-        with operator_states(side.storage, side.meta, op.uid, work_dir=str(scratch)) as backends:
+        with operator_states(side.storage, side.meta, op.uid, work_dir=str(scratch), code=op) as backends:
             tables.append(export_table(op, backends))
     return StateDiff(compare_tables(tables[0], tables[1], _key_column(op, *tables)), op.name, source, target, FULL,
                      reason, bytes_read=read)
@@ -461,17 +472,16 @@ def _entries_of(cf: Rdict, kind: str, wanted: set[tuple[bytes, bytes]]) -> list[
 
 def _restricted_export(op: KeyedOperator, side: Snapshot, handle: SubtaskStateHandle, db: Rdict,
                        kinds: dict[str, str], wanted: set[tuple[bytes, bytes]], work: Path) -> pd.DataFrame:
-    """`op.export` of a scratch state holding only the `wanted` keys' entries of `db`."""
+    """`op.export` of a scratch state holding only the `wanted` keys' entries of `db`, opened as a
+    restore of `side` by `op`'s code opens it: its declared states, read in the fields `side`
+    recorded."""
     op_state = side.meta.operators[op.uid]
     backend = RocksDBStateBackend(side.storage, op.uid, handle.subtask, parallelism=op_state.parallelism,
-                                  max_parallelism=op_state.max_parallelism, local_dir=work, local_recovery=False)
-    try:
-        backend.restore(None)
-        clock = checkpoint_clock(side.meta)
-        backend.set_time(processing_us=clock.get("processing"), watermark_us=clock.get("event"))
+                                  max_parallelism=op_state.max_parallelism, local_dir=work, local_recovery=False,
+                                  states=op.states, key_type=op.key_type)
+
+    def fill(target: Rdict) -> None:
         names = _states_of(db)
-        target = backend.db
-        assert target is not None
         ensure_column_families(target, str(backend.db_path), names, backend.options)
         for name in names:
             entries = _entries_of(db.get_column_family(name), kinds.get(name, "value"), wanted)
@@ -481,6 +491,9 @@ def _restricted_export(op: KeyedOperator, side: Snapshot, handle: SubtaskStateHa
                 for k, v in entries[start : start + 10_000]:
                     batch.put(k, v, handle_cf)
                 target.write(batch)
+
+    try:
+        backend.restore_entries(side.meta, fill)
         return op.export(backend)
     finally:
         backend.discard_local_state()  # a scratch state: closed without flushing what it holds
@@ -488,7 +501,7 @@ def _restricted_export(op: KeyedOperator, side: Snapshot, handle: SubtaskStateHa
 
 def _empty_export(op: KeyedOperator, side: Snapshot, work: Path) -> pd.DataFrame:
     with RocksDBStateBackend(side.storage, op.uid, 0, parallelism=1, max_parallelism=1, local_dir=work,
-                             local_recovery=False) as backend:
+                             local_recovery=False, states=op.states, key_type=op.key_type) as backend:
         backend.restore(None)
         return op.export(backend)
 

@@ -9,7 +9,7 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -48,7 +48,7 @@ from sparkpoint.state.rocksdb import (
     open_db,
     scan_options,
 )
-from sparkpoint.state.schema import check_declarations, recorded_states
+from sparkpoint.state.schema import check_declarations, restored_declarations
 from sparkpoint.state.subtask import SubtaskState
 
 log = logging.getLogger(__name__)
@@ -95,9 +95,42 @@ class Restoring(SubtaskState):
         recorded first (StateSchemaIncompatible before anything is read), then opened: entries
         of a RecordCodec whose fields changed are rewritten in the new shape.
         """
-        recorded = recorded_states(checkpoint, self.operator)
+        recorded = restored_declarations(checkpoint, self.operator, self.descriptors, self.key_type)
         changes = check_declarations(self.operator, recorded, self.declarations, checkpoint)
         result = self._restore(checkpoint, claim_mode=claim_mode, source=source, allow_missing=allow_missing)
+        return self._open_declarations(recorded, changes, result)
+
+    def restore_entries(self, checkpoint: CheckpointMetadata, fill: Callable[[Rdict], None]) -> RestoreResult:
+        """A scratch state holding the entries of `checkpoint` that `fill` copies into its empty
+        database, opened as `restore` opens the whole checkpoint: its clocks, the declarations it
+        recorded, and each declared state read in the fields that checkpoint recorded (entries of
+        a RecordCodec whose fields changed since are rewritten in the new shape first).
+
+        What `sparkpoint diff` reads the keys that may differ with, without restoring every file.
+
+        Args:
+            checkpoint: the snapshot the entries come from (its `_metadata`).
+            fill: writes the raw entries (keys and values as stored, sidecar keys included) into the
+                database it is given; it may create column families.
+
+        Returns:
+            The `RestoreResult` (source "empty", `migrated` counting the entries rewritten).
+
+        Raises:
+            StateSchemaIncompatible: the declared states cannot read what `checkpoint` recorded.
+        """
+        recorded = restored_declarations(checkpoint, self.operator, self.descriptors, self.key_type)
+        changes = check_declarations(self.operator, recorded, self.declarations, checkpoint)
+        result = self._restore(None)
+        self._time = checkpoint_clock(checkpoint)
+        self._declared = declared_states(checkpoint, self.operator, self.key_group_range)
+        fill(self._open_db())
+        return self._open_declarations(recorded, changes, result)
+
+    def _open_declarations(self, recorded: Mapping[str, Any] | None, changes: set[str],
+                           result: RestoreResult) -> RestoreResult:
+        """Rewrite the entries of the `changes` states from the fields `recorded` into the declared
+        ones, then open every declared state."""
         started = time.monotonic()
         migrated = 0
         for name, descriptor in self.descriptors.items():

@@ -16,6 +16,7 @@ refuses an incompatible change); `sparkpoint check-upgrade` prints it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,11 +49,22 @@ class StateDescriptor:
         })
         # in process: state.value_state("totals", codec) or state.declared("totals")
 
+    A state the checkpoint kept without a declaration (the operator opened it with
+    `state.value_state(name, codec)` and declares it only now) has no recorded codec unless it was
+    a `RecordCodec` (its fields are recorded with each snapshot's facts). For any other codec give
+    the one it was kept with as `previous`: the restore and `check-upgrade` compare it with `codec`
+    as they compare a recorded declaration (a `RecordCodec`'s entries are rewritten in the new
+    fields), where without it they refuse the restore rather than read bytes another codec wrote:
+
+        states={"profile": StateDescriptor("value", JsonCodec(), previous=JsonCodec())}
+
     Args:
         kind: "value" (default), "map", "list" or "reducing".
         codec: how its values are stored; `RecordCodec` fields evolve across restores.
         ttl: entries expire (`StateTtl`), or None.
         reduce: the reduce function of a "reducing" state.
+        previous: the codec the state was kept with before it was declared; used only when the
+            checkpoint restored recorded no declaration of it (never recorded in `_metadata`).
 
     Raises:
         ValueError: an unknown kind, or a reducing state without `reduce`.
@@ -62,6 +74,7 @@ class StateDescriptor:
     codec: Codec[Any] = JsonCodec()
     ttl: StateTtl | None = None
     reduce: Callable[[Any, Any], Any] | None = None
+    previous: Codec[Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -175,7 +188,8 @@ class StateChange:
     Args:
         state: the state's name.
         status: "kept" (in both), "new" (only in the code: starts empty) or "dropped" (only in the checkpoint).
-        verdict: "unchanged", "compatible" (the restore rewrites the entries in the new shape) or "incompatible".
+        verdict: "unchanged", "compatible" (the restore rewrites the entries in the new shape), "incompatible",
+            or "unchecked" (kept undeclared, and nothing says which codec wrote its entries: refused).
         rules: the compatible changes, e.g. "added field tier (default 'free')", "widened orders int32→int64".
         problems: why it is incompatible, each naming the field and both types.
     """
@@ -206,7 +220,9 @@ def compare_states(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mappi
     what the checkpoint stored.
 
     Pure: it compares recorded declarations (no state file is read), so it runs before Spark starts;
-    `sparkpoint check-upgrade` and every restore use it.
+    `sparkpoint check-upgrade` and every restore use it, with `old` as `restored_declarations`
+    gives it (a state the checkpoint kept undeclared included, "unchecked" when nothing says which
+    codec wrote it).
 
     Example:
         ```python
@@ -229,8 +245,12 @@ def compare_states(old: Mapping[str, Mapping[str, Any]], new: Mapping[str, Mappi
         elif name not in new:
             changes.append(StateChange(name, "dropped", "compatible",
                                        ("no longer declared: its entries stay in the checkpoint unread",)))
+        elif (kept := old[name].get(UNDECLARED)) is not None and kept.get("problem"):
+            changes.append(StateChange(name, "kept", UNCHECKED, problems=(kept["problem"],)))
         else:
             rules, problems = _compare_one(old[name], new[name])
+            if kept is not None:
+                rules.insert(0, f"kept undeclared until now, read {kept['read']}")
             verdict = "incompatible" if problems else "compatible" if rules else "unchanged"
             changes.append(StateChange(name, "kept", verdict, tuple(rules), tuple(problems)))
     return changes
@@ -343,15 +363,132 @@ def _ttl_text(ttl: Mapping[str, Any] | None) -> str:
 
 
 def refusals(operator: str, changes: list[StateChange]) -> list[str]:
-    """One line per problem of the incompatible states, naming the operator and the state."""
+    """One line per problem of the incompatible or unchecked states, naming the operator and the state."""
     return [f"operator {operator}, state {c.state}: {p}" for c in changes for p in c.problems]
 
 
-def recorded_states(checkpoint: CheckpointMetadata | None, operator: str) -> Mapping[str, Any] | None:
-    """The declarations `checkpoint` recorded for `operator` (None: it recorded none)."""
+def schema_fix(changes: list[StateChange], operator: str | None = None) -> str:
+    """What makes a restore the `changes` refuse work, said once per kind of refusal."""
+    fixes = []
+    whose = f" of {operator}'s state" if operator else ""
+    if any(c.verdict == "incompatible" for c in changes):
+        fixes.append(f"keep the old schema{whose}, or start the changed state under a new name (RecordCodec fields "
+                     "may be added, removed, widened, reordered, made nullable)")
+    if any(c.verdict == UNCHECKED for c in changes):
+        fixes.append("declare each state kept undeclared with the codec it was kept with as previous= "
+                     "(StateDescriptor(kind, codec, previous=OldCodec()))")
+    return "; ".join(fixes)
+
+
+UNDECLARED = "undeclared"  # in a declaration `restored_declarations` made up for a state kept undeclared
+UNCHECKED = "unchecked"
+
+
+def restored_declarations(
+    checkpoint: CheckpointMetadata | None, operator: str, declared: Mapping[str, StateDescriptor],
+    key_type: str | None = None,
+) -> Mapping[str, Any] | None:
+    """What the code's declared states are compared with at a restore of `checkpoint`: the
+    declarations it recorded, and one for each state the code declares that the checkpoint kept
+    undeclared (an operator that opened it with `state.value_state(name, codec)` before).
+
+    Such a state's declaration holds what is known of how it was kept: its kind and TTL from the
+    snapshot's facts, and its codec from them when it was a `RecordCodec` (whose fields each
+    snapshot records), else the declaration's `previous=` codec, else, when every subtask holds no
+    entry of it, the declared codec (nothing to misread). Its `"undeclared"` key says which
+    (`read`), or why nothing can check it (`problem`: `compare_states` makes it "unchecked", and a
+    restore refuses it rather than read bytes another codec wrote).
+
+    Example:
+        ```python
+        old = restored_declarations(meta, "spend", spend.states, spend.key_type)
+        compare_states(old or {}, spend.declarations())
+        ```
+
+    Args:
+        checkpoint: the checkpoint restored (None: none).
+        operator: the operator's uid.
+        declared: the code's declared states (`KeyedOperator.states`).
+        key_type: the operator's key type.
+
+    Returns:
+        State name -> declaration, as `compare_states` takes `old`; None when the checkpoint holds no
+        such operator, or records no declaration and the code declares none.
+    """
     if checkpoint is None or operator not in checkpoint.operators:
         return None
-    return checkpoint.operators[operator].states
+    op_state = checkpoint.operators[operator]
+    if not declared:
+        return op_state.states
+    recorded: dict[str, Any] = dict(op_state.states or {})
+    for name, descriptor in declared.items():
+        if name not in recorded:
+            kept = _kept_undeclared(op_state.subtasks, name, descriptor, key_type)
+            if kept is not None:
+                recorded[name] = kept
+    return recorded
+
+
+def _kept_undeclared(handles: Iterable[Any], name: str, d: StateDescriptor, key_type: str | None
+                     ) -> dict[str, Any] | None:
+    """The declaration of state `name` as the snapshot's facts know it (None: no subtask holds it)."""
+    facts = [h.facts for h in handles]
+    kept = [f["states"][name] for f in facts if f is not None and name in (f.get("states") or {})]
+    unknown_subtasks = sum(1 for f in facts if f is None)  # written before sparkpoint recorded facts
+    if not kept and not unknown_subtasks:
+        return None  # a new state: it starts empty
+    new = d.declaration(key_type)
+    entries = None if unknown_subtasks else sum(int(k.get("entries") or 0) for k in kept)
+    kinds = sorted({k["kind"] for k in kept if k.get("kind") not in (None, "unknown")})
+    specs = {_spec_key(k["codec"]): k["codec"] for k in kept if k.get("codec")}
+    ttls = [k.get("ttl") for k in kept if k.get("kind") not in (None, "unknown")]
+    old = {"kind": kinds[0] if len(kinds) == 1 else d.kind, "key_type": None,
+           "ttl": ttls[0] if ttls else new["ttl"]}
+    said = (f"{unknown_subtasks} of {len(facts)} subtasks checkpointed before sparkpoint recorded their states"
+            if unknown_subtasks else f"{entries} entries in {len(kept)} of {len(facts)} subtasks")
+    previous = codec_spec(d.previous) if d.previous is not None else None
+    problem = read = None
+    if len(kinds) > 1:
+        problem = f"kept undeclared as a {' and a '.join(kinds)} state by different subtasks: it cannot be restored"
+    elif len(specs) > 1:
+        problem = ("kept undeclared with other RecordCodec fields by different subtasks ("
+                   + "; ".join(str(spec.get("fields")) for spec in specs.values()) + "): it cannot be restored")
+    elif specs:
+        (old["codec"],) = specs.values()
+        # The snapshot's facts name the fields its entries were written with, but no declaration
+        # does: the upgrade is checked only once the code confirms them as `previous=`.
+        if previous is None:
+            fields = {str(f[0]): str(f[1]) for f in old["codec"].get("fields") or ()}
+            problem = (f"kept undeclared until now ({said}), so the checkpoint recorded no declaration for it; its "
+                       f"entries were written with RecordCodec fields {fields}: confirm them with "
+                       f"StateDescriptor({d.kind!r}, ..., previous=RecordCodec({fields}))")
+        elif _spec_key(previous) != _spec_key(old["codec"]):
+            problem = (f"kept undeclared with RecordCodec fields {old['codec'].get('fields')}, which the "
+                       f"checkpoint recorded, and declared with previous={_codec_text(previous)}"
+                       f"{_fields_text(previous)}: give previous= the recorded fields")
+        else:
+            read = "with previous=RecordCodec, the fields its snapshot recorded"
+    elif previous is not None:
+        old["codec"] = previous
+        read = f"with previous={_codec_text(previous)}"
+    elif entries == 0:
+        old.update(kind=d.kind, ttl=new["ttl"], codec=new["codec"])
+        read = "(it holds no entry)"
+    else:
+        problem = (f"kept undeclared until now ({said}), and the checkpoint recorded no codec for it: sparkpoint "
+                   f"cannot check that {_codec_text(new['codec'])} reads its entries (another codec's bytes would "
+                   "be misread); declare it with the codec it was kept with: "
+                   f"StateDescriptor({d.kind!r}, {_codec_text(new['codec'])}(...), previous=<that codec>)")
+    old[UNDECLARED] = {"read": read, "problem": problem, "entries": entries}
+    return old
+
+
+def _spec_key(spec: Mapping[str, Any]) -> str:
+    return json.dumps(spec, sort_keys=True, default=str)
+
+
+def _fields_text(spec: Mapping[str, Any]) -> str:
+    return f" fields {spec.get('fields')}" if spec.get("type") == "record" else ""
 
 
 def check_declarations(
@@ -359,7 +496,8 @@ def check_declarations(
     checkpoint: CheckpointMetadata | None,
 ) -> set[str]:
     """The states whose RecordCodec fields a restore must rewrite; StateSchemaIncompatible when
-    the code cannot read what the checkpoint recorded (naming operator, state, field, types)."""
+    the code cannot read what the checkpoint recorded (naming operator, state, field, types), or
+    when nothing says which codec wrote a state it kept undeclared (`restored_declarations`)."""
     if recorded is None or not declared:
         return set()
     changes = compare_states(recorded, declared)
@@ -368,7 +506,7 @@ def check_declarations(
         where = f"checkpoint {checkpoint.checkpoint_id}" if checkpoint is not None else "the checkpoint"
         raise StateSchemaIncompatible(
             f"{where} cannot be restored by this version of {operator}: " + "; ".join(problems)
-            + ". Keep the old schema, or start the changed state under a new name"
+            + f". To go ahead: {schema_fix(changes)}"
         )
     return {c.state for c in changes if c.status == "kept" and c.verdict == "compatible"
             and (recorded[c.state].get("codec") or {}).get("type") == "record"

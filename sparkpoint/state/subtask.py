@@ -129,6 +129,7 @@ class SubtaskState:
         # The states the operator declares (`KeyedOperator.states`): opened by every restore,
         # recorded in each snapshot's handle, hence in `_metadata`.
         self.descriptors = DeclaredStates(states)
+        self.key_type = key_type
         self.declarations = declarations(self.descriptors, key_type)
 
     def __repr__(self) -> str:
