@@ -205,7 +205,6 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
 def cmd_run(args: argparse.Namespace) -> int:
     from sparkpoint.pipeline.driver import StatefulPipeline
     from sparkpoint.spark.session import session_key, spark_session
-    from sparkpoint.spark.source import SourceOffsets
 
     follow = _follow_options(args)
     pipeline_spec, config, remote = _run_config(args)
@@ -219,11 +218,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if plan.rescaling():  # a parallelism the user set that differs from the checkpoint's
             print(plan.rescaling(), file=said, flush=True)
     if follow is None:
-        pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
         # Every check of the first batch's files, from their footers, before Spark (a bad file under
         # on_bad_file="fail" stops here: nothing started, nothing uploaded); the batch reuses them.
-        # (Following, a file that fails may still be landing: the loop waits for it to settle.)
-        pipeline.check_batch(pending[: config.files_per_checkpoint])
+        # A failing file that may still be landing ends the batch before it (`next_batch`).
+        # (Following, the loop waits for such a file to settle.)
+        pipeline.check_batch(pipeline.next_batch())
     pipeline.check_start()  # the operators and their states' schemas against the checkpoint, before Spark
     terminated = _stop_on_sigterm() if follow is not None else None
     # On Spark Connect (the warm local Spark by default) the runs of one job and code share a
@@ -273,8 +272,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"sparkpoint run: following stopped after {len(reports)} checkpoint{'s' * (len(reports) != 1)}",
                   file=sys.stderr)
         return 0
-    if not reports and not args.json:
-        print("no unconsumed batch: nothing to do")
+    if not reports and not args.json:  # a file that may still be landing was warned of above
+        print("no batch taken: the next unconsumed file may still be being written" if pipeline.waiting_for
+              else "no unconsumed batch: nothing to do")
     empty = pipeline.source.nothing_to_read()
     if empty:
         print(f"sparkpoint run: warning: {empty}", file=sys.stderr)

@@ -293,7 +293,7 @@ class SparkpointBatchOperator(SparkpointOperator):
             # The first batch's checks from its files' footers, before Spark starts (each later
             # batch is checked before its own upload): a bad file under on_bad_file="fail" fails
             # the task, with no retry (the same file fails the same way).
-            driver.check_batch(driver.pending_files()[: driver.config.files_per_checkpoint])
+            driver.check_batch(driver.next_batch())
             spark = driver.spark = self.spark()
             try:
                 attempt = start_steps(driver, attempt_id_of(context), max_batches=self.max_batches_per_run,
@@ -305,10 +305,15 @@ class SparkpointBatchOperator(SparkpointOperator):
             raise AirflowFailException(f"sparkpoint: {e}") from e
         if driver.rescaling:
             self.log.info("sparkpoint: %s", driver.rescaling)
+        for line in driver.changed_skips:  # a skipped file that was still being written
+            self.log.warning("sparkpoint: %s", line)
         announce(context, driver.storage, committed, alias=True)
         out: dict[str, Any] = {COMMITTED_KEY: committed}
+        if attempt is None and driver.waiting_for:
+            self.log.warning("sparkpoint: %s", driver.waiting_for)
         if attempt is None and not committed:
-            raise AirflowSkipException(f"no unconsumed batch in {driver.config.input_url}: no new checkpoint")
+            raise AirflowSkipException(driver.waiting_for or f"no unconsumed batch in {driver.config.input_url}: "
+                                       "no new checkpoint")
         if attempt is not None:
             self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
                           attempt.attempt_id)

@@ -110,6 +110,11 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         context.instance.report_runless_asset_event(input_observation(
             scope.input_key, driver.pending_files(), driver.consumed_files, driver.config.input_url,
             f"seen by run {context.run.run_id}"))
+        for line in driver.changed_skips:  # a skipped file that was still being written
+            context.log.warning(line)
+        if attempt is None and driver.waiting_for:
+            context.log.warning(f"{driver.waiting_for}: no new checkpoint, nothing materialized")
+            return
         if attempt is None:
             context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
             empty = driver.source.nothing_to_read()

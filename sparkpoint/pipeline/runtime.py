@@ -21,7 +21,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, S
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
-from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, check_on_bad_file, input_needs
+from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, changed_skips, check_on_bad_file, input_needs
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
 from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, check_routing, read_units, shuffle_job
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
@@ -203,6 +203,7 @@ class PipelineCore:
         self.store = CompletedCheckpointStore(self.storage)
         self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
         self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file)
+        self.changed_skips: list[str] = []  # skipped files found changed by the last start (`changed_skips`)
         self.sink = (
             ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
             if config.output_url
@@ -243,8 +244,29 @@ class PipelineCore:
         """Check `files` again when next asked (they failed while they may still be landing)."""
         self._file_checks.forget(files)
 
+    def ready_files(self, files: list[str], settle_seconds: float | None = None) -> list[str]:
+        """`files` in order, up to the first that fails its checks while it may still be being
+        written (DESIGN rule 18): a batch takes those; that file stays unconsumed, and
+        `waiting_for` says why. `settle_seconds`: how long a failing file must be unchanged."""
+        return self._file_checks.take(self.source, files, settle_seconds)
+
+    def next_batch(self, offsets: SourceOffsets | None = None) -> list[str]:
+        """The files of the next batch after `offsets` (default: the latest checkpoint's): up to
+        `files_per_checkpoint` unconsumed files, ending before one still being written."""
+        if offsets is None:
+            offsets = SourceOffsets(self.consumed_files())
+        return self.ready_files(self.source.pending(offsets)[: self.config.files_per_checkpoint])
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Why the last batch picked (`next_batch`, `ready_files`) ended before a file (None: it did not)."""
+        return self._file_checks.waiting
+
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
+        self.changed_skips = changed_skips(self.source, start.metadata)
+        for line in self.changed_skips:
+            log.warning("%s", line)
         self.config = replace(self.config, parallelism=resolve_parallelism(self.requested_parallelism, start.metadata))
         if start.metadata is not None:
             self.rescaling = self._check_operators(start.metadata).rescaling() or self.rescaling

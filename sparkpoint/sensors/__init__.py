@@ -44,6 +44,7 @@ from sparkpoint.ops import PipelineJobs
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, PipelineScope
 from sparkpoint.sensors import landing
 from sparkpoint.sensors.recovery import RecoveryCursor, follow_again, new_failures
+from sparkpoint.spark.settling import SETTLE_SECONDS, settle
 from sparkpoint.spark.source import BadInputFile
 
 WILL_RETRY_TAG = "dagster/will_retry"
@@ -144,7 +145,7 @@ def report_observation(context: dg.SensorEvaluationContext, observation: dg.Asse
 
 
 def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: bool = True,
-                  orphan_grace_seconds: float = 3600.0, settle_seconds: float = landing.SETTLE_SECONDS,
+                  orphan_grace_seconds: float = 3600.0, settle_seconds: float = SETTLE_SECONDS,
                   retry_seconds: float = landing.RETRY_SECONDS) -> list[dg.SensorDefinition]:
     """Recovery and retention (running), and the input-landing sensor (running when
     `landing_sensor`; `settle_seconds` and `retry_seconds` as in `sparkpoint.sensors.landing`)."""
@@ -276,7 +277,7 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
                             "launched while it is in progress")
             name, now = pending[0], time.time()
             stat = driver.source.stat(name)
-            seen, unsettled = landing.settle(cursor.seen, name, stat, now, settle_seconds)
+            seen, unsettled = settle(cursor.seen, name, stat, now, settle_seconds)
             cursor = replace(cursor, seen=seen)
             if unsettled:
                 return skip(unsettled)
@@ -294,7 +295,7 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
         if busy:
             return skip(f"{decision.reason}; {scope.waiting_for(busy)}")
         try:  # the batch's checks from its footers: a run would fail on a bad file (on_bad_file="fail")
-            driver.check_batch(pending[: driver.config.files_per_checkpoint])
+            driver.check_batch(driver.ready_files(pending[: driver.config.files_per_checkpoint]))
         except BadInputFile as e:
             return skip(f"not launching a run for {name}: {e}")
         except SparkpointError as e:
