@@ -188,7 +188,7 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
             "restore_mode": "restore_mode", "from_checkpoint": "from_checkpoint",
             "allow_non_restored_state": "allow_non_restored_state", "allow_new_operators": "allow_new_operators",
             "event_time": "event_time", "allowed_lateness": "allowed_lateness", "late": "late",
-            "on_bad_file": "on_bad_file", "routing": "routing"}
+            "on_bad_file": "on_bad_file", "max_future_event_time": "max_future_event_time", "routing": "routing"}
     flags = {setting: getattr(args, name, None) for setting, name in flag.items()}
     if args.storage_options:
         options = _storage_options(args.storage_options)
@@ -806,6 +806,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-bad-file", choices=["fail", "skip"],
                    help="an input file that is not Parquet, lacks a column, has a wrong type or null keys: fail "
                         "before any upload (default), or skip it (recorded in the checkpoint)")
+    p.add_argument("--max-future-event-time", type=_seconds, metavar="SECONDS",
+                   help="an input file whose highest event time lies more than SECONDS beyond its batch's "
+                        "processing time is a bad file, as --on-bad-file says (default 86400: one day; "
+                        "--conf max_future_event_time=none: no bound)")
     p.add_argument("--routing", choices=["auto", "read-all", "shuffle"],
                    help="how a batch reaches its subtasks: each subtask's task reads the whole batch (read-all), "
                         "the batch is read once and routed through Spark's shuffle (shuffle), or auto (default: "

@@ -43,8 +43,8 @@ FORMAT_NAME = "sparkpoint-checkpoint"
 # carried from checkpoint to checkpoint. Written only when there are some.
 # Version 6: a skipped file may carry `size` and `modified`, the file as it was when a content
 # check skipped it (DESIGN rule 18): a later run that finds it changed says it was still being
-# written. Written only when some skipped file has them; older readers refuse unknown fields, so
-# they are told to upgrade instead.
+# written; and its check may be `future_event_times`. Written only when some skipped file has
+# them; older readers refuse unknown fields and checks, so they are told to upgrade instead.
 FORMAT_VERSION = 6
 SKIPPED_VERSION = 5
 STAGED_VERSION = 4
@@ -58,7 +58,8 @@ MAX_CRC32 = 0xFFFFFFFF
 MAX_FILE_SIZE = 1 << 53
 MAX_KEY_GROUPS = 1 << 15
 # Why an input file was skipped: the check it failed before any Spark work, or `manual` (`sparkpoint skip`).
-SKIP_CHECKS = ("parquet", "columns", "types", "null_keys", "null_event_times", "manual")
+SKIP_CHECKS = ("parquet", "columns", "types", "null_keys", "null_event_times", "manual", "future_event_times")
+NEW_SKIP_CHECKS = ("future_event_times",)  # checks format 5 does not know
 MAX_SKIPPED_FILES = 100_000
 MAX_SKIP_REASON = 2000
 MAX_INPUT_NAME = 1024
@@ -389,7 +390,7 @@ class CheckpointMetadata:
 
     def format_version(self) -> int:
         """The oldest version that can say everything this checkpoint lists."""
-        if any(s.size is not None for s in self.skipped_files):
+        if any(s.size is not None or s.check in NEW_SKIP_CHECKS for s in self.skipped_files):
             return FORMAT_VERSION
         if self.skipped_files:
             return SKIPPED_VERSION
@@ -930,6 +931,8 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         raise v.fail("version", f"is {version}, but the file lists skipped files, which only version 5 has")
     if version < FORMAT_VERSION and any(s.size is not None for s in meta.skipped_files):
         raise v.fail("version", f"is {version}, but a skipped file records its size, which only version 6 has")
+    if version < FORMAT_VERSION and any(s.check in NEW_SKIP_CHECKS for s in meta.skipped_files):
+        raise v.fail("version", f"is {version}, but a file was skipped by a check only version 6 has")
     if version == CHAIN_FREE_VERSION and meta.has_changelog():
         raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
     if version < STAGED_VERSION and meta.has_staged():

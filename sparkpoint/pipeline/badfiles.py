@@ -4,7 +4,8 @@ a file that fails one (`on_bad_file`), Databricks' `badRecordsPath` for whole fi
 The checks (`ParquetDirectorySource.check_files`, one read of each footer, shared with the
 event-time watermark): a readable Parquet file, with every column an operator reads, each key
 column of the operator's declared `key_type` and without nulls, and the event-time column a
-timestamp without nulls.
+timestamp without nulls, whose highest value is at most `max_future_event_time` beyond the
+batch's processing time (`future_event_times`).
 
 - `on_bad_file="fail"` (the default): the batch stops before anything is triggered or uploaded,
   with a `BadInputFile` naming the file, the check and the ways on. No recovery is launched for it
@@ -38,6 +39,7 @@ from dataclasses import dataclass, replace
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SkippedFile
 from sparkpoint.spark.settling import SETTLE_SECONDS, FileSeen, settle
 from sparkpoint.spark.source import BadInputFile, BatchSource, FileVerdict, InputNeeds, SourceError
+from sparkpoint.state.eventtime import MAX_FUTURE_EVENT_TIME, iso_micros, lateness_micros
 from sparkpoint.state.operators import KeyedOperator
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,10 @@ class FileChecks:
     landing, so its verdict counts only once it has settled (`take`)."""
 
     def __init__(self, needs: InputNeeds, on_bad_file: str, *, settle_seconds: float = SETTLE_SECONDS,
+                 max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
         self.needs, self.on_bad_file = needs, on_bad_file
+        self.max_future_event_time = max_future_event_time
         self.settle_seconds = settle_seconds
         self._clock, self._sleep = clock, sleep
         self._seen: dict[str, FileVerdict] = {}
@@ -95,8 +99,25 @@ class FileChecks:
         """The verdict of each of `files`, in order (a footer is read only the first time)."""
         new = [f for f in files if f not in self._seen]
         for verdict in source.check_files(new, self.needs) if new else []:
-            self._seen[verdict.name] = verdict
+            self._seen[verdict.name] = self._not_in_the_future(source, verdict)
         return [self._seen[f] for f in files]
+
+    def _not_in_the_future(self, source: BatchSource, verdict: FileVerdict) -> FileVerdict:
+        """`verdict`, or the `future_event_times` check's when the file's highest event time lies
+        more than `max_future_event_time` beyond now (the batch's processing time, within the
+        seconds before its Spark job starts): one such row would move the watermark for good, and
+        every later row would be late."""
+        if not verdict.ok or verdict.max_event_time is None or self.max_future_event_time is None:
+            return verdict
+        now = int(self._clock() * 1_000_000)
+        if verdict.max_event_time <= now + lateness_micros(self.max_future_event_time):
+            return verdict
+        ahead = (verdict.max_event_time - now) / 86_400_000_000
+        return replace(verdict, check="future_event_times", reason=(
+            f"input file {source.url_of(verdict.name)}: event-time column {self.needs.event_time!r} reaches "
+            f"{_iso(verdict.max_event_time)}, {ahead:,.1f} days beyond the batch's processing time "
+            f"{iso_micros(now)} (max_future_event_time {self.max_future_event_time:g} s): a unit mix-up in the "
+            "producer (milliseconds for microseconds)? It would move the watermark past every later row"))
 
     def forget(self, files: Iterable[str]) -> None:
         """Check `files` again next time: a file that failed while it may still have been landing
@@ -218,6 +239,14 @@ def changed_skips(source: BatchSource, meta: CheckpointMetadata | None) -> list[
             f"it skipped, move it out of the input. Every start says this until then"
         )
     return lines
+
+
+def _iso(micros: int) -> str:
+    """µs since the epoch as ISO 8601 UTC, or as a number beyond year 9999."""
+    try:
+        return iso_micros(micros)
+    except OverflowError:
+        return f"{micros} µs since the epoch"
 
 
 def _when(modified: float | None) -> str:

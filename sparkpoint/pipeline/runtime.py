@@ -28,7 +28,12 @@ from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, route_units, run_routed, run_slots, run_subtask
 from sparkpoint.state.changelog import ChangelogOptions
-from sparkpoint.state.eventtime import check_event_time, iso_micros
+from sparkpoint.state.eventtime import (
+    MAX_FUTURE_EVENT_TIME,
+    check_event_time,
+    check_max_future_event_time,
+    iso_micros,
+)
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.repair import repair_checkpoints
@@ -87,6 +92,8 @@ class PipelineConfig:
     allowed_lateness: float = 0.0  # seconds the watermark trails the highest event time seen
     late: str = "drop"  # rows below the watermark their batch starts with: "drop" or "process"
     on_bad_file: str = "fail"  # an input file that fails a check: "fail" the batch, or "skip" it (recorded)
+    # seconds a file's highest event time may lie beyond its batch's processing time (None: no bound)
+    max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME
     routing: str = "auto"  # how a batch reaches its subtasks: "read-all", "shuffle" or "auto" (spark.routing)
 
 
@@ -111,6 +118,7 @@ def validate_config(config: PipelineConfig) -> None:
         problems.append(str(e))
     problems += check_event_time(config.event_time, config.allowed_lateness, config.late)
     problems += check_on_bad_file(config.on_bad_file)
+    problems += check_max_future_event_time(config.max_future_event_time)
     problems += check_routing(config.routing)
     if problems:
         raise PipelineError("; ".join(problems))
@@ -202,7 +210,8 @@ class PipelineCore:
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
         self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
-        self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file)
+        self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file,
+                                       max_future_event_time=config.max_future_event_time)
         self.changed_skips: list[str] = []  # skipped files found changed by the last start (`changed_skips`)
         self.sink = (
             ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
