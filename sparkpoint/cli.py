@@ -203,6 +203,31 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from sparkpoint.spark.source import BadInputFile
+
+    try:
+        return _run(args)
+    except BadInputFile as e:  # the way on names this run's pipeline and the input it read
+        from sparkpoint.pipeline.badfiles import bad_file_message
+
+        raise bad_file_message(e.file, e.check, e.reason, skip_how=_skip_command(args, e.file)) from e
+
+
+def _skip_command(args: argparse.Namespace, file: str) -> str:
+    """The `sparkpoint skip` of `file` with the pipeline, locations and settings this run was
+    given (storage options by reference only: they may hold credentials)."""
+    from sparkpoint.pipeline.badfiles import skip_command
+
+    flags = [(flag, str(getattr(args, dest))) for flag, dest in (
+        ("--pipeline", "pipeline"), ("--input", "input"), ("--checkpoints", "checkpoints"), ("--job-id", "job_id"),
+        ("--output", "output"), ("--local-dir", "local_dir"), ("--parallelism", "parallelism"))
+        if getattr(args, dest, None) is not None]
+    flags += [("--conf", c) for c in args.conf if not c.startswith("spark.")]
+    said = skip_command(file, flags)
+    return said + (" with this run's --storage-options" if args.storage_options else "")
+
+
+def _run(args: argparse.Namespace) -> int:
     from sparkpoint.pipeline.driver import StatefulPipeline
     from sparkpoint.spark.session import session_key, spark_session
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -290,7 +291,7 @@ def test_sparkpoint_skip_consumes_one_file_without_a_jvm_then_run_goes_on(tmp_pa
     lines = [line for line in failed.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in failed.stderr, failed.stderr
     for said in ("r-000 bad.parquet", "check 'null_keys'",
-                 "sparkpoint skip --pipeline MODULE:ATTR 'r-000 bad.parquet'"):
+                 "`sparkpoint skip --pipeline meters_app:pipeline 'r-000 bad.parquet' --reason TEXT`"):
         assert said in lines[0], (said, lines[0])
     assert uploaded(tmp_path) == [] and not (tmp_path / "local").exists()
 
@@ -333,6 +334,32 @@ def test_sparkpoint_skip_consumes_one_file_without_a_jvm_then_run_goes_on(tmp_pa
     batches = [json.loads(line)["batch"] for line in ran.stdout.splitlines() if line.startswith("{")]
     assert batches == [["r-001.parquet"], ["r-002.parquet"]], "the skipped file is never processed"
     assert state_of(pipeline) == pytest.approx(totals(goods))
+
+
+def test_the_bad_file_error_names_the_skip_of_the_pipeline_and_input_the_run_read(tmp_path: Path):
+    """A run given another input than the pipeline's: its error names the command that skips the
+    file there (the actual pipeline, that input); a skip that looks elsewhere names where it
+    looked and the flag to pass."""
+    (tmp_path / "meters_app.py").write_text(MODULE)
+    meters(tmp_path)
+    landing = tmp_path / "landing zone"  # not the pipeline's input_url
+    landing.mkdir()
+    bad(tmp_path, "r-000.parquet", "missing column")
+    (tmp_path / "in" / "r-000.parquet").rename(landing / "r-000.parquet")
+    failed = cli(tmp_path, "run", "--pipeline", "meters_app:pipeline", "--input", str(landing))
+    assert failed.returncode == 2, failed.stderr
+    command = f"sparkpoint skip --pipeline meters_app:pipeline --input '{landing}' r-000.parquet --reason TEXT"
+    assert f"`{command}`" in failed.stderr, failed.stderr
+    assert "MODULE:ATTR" not in failed.stderr
+
+    elsewhere = cli(tmp_path, "skip", "--pipeline", "meters_app:pipeline", "r-000.parquet", "--reason", "OPS-12")
+    assert elsewhere.returncode == 2
+    for said in (f"is not in the input file://{tmp_path}/in, where this looked", "with --input"):
+        assert said in elsewhere.stderr, (said, elsewhere.stderr)
+
+    done = cli(tmp_path, *[w if w != "TEXT" else "OPS-12" for w in shlex.split(command)[1:]])  # as the error says
+    assert done.returncode == 0, done.stderr
+    assert "r-000.parquet is consumed as skipped" in done.stdout
 
 
 # --- hostile `skipped_files` --------------------------------------------------------------------

@@ -192,6 +192,14 @@ def bad_file_error(verdict: FileVerdict) -> BadInputFile:
     return bad_file_message(verdict.name, verdict.check or "", verdict.reason or "")
 
 
+def skip_command(file: str, flags: Iterable[tuple[str, str]]) -> str:
+    """`sparkpoint skip` of `file`, quoted for a shell, with `flags`: the pipeline reference and
+    the locations and settings the run that met the file was given, so that the command looks
+    for it where that run read it."""
+    words = ["sparkpoint", "skip", *(word for pair in flags for word in pair), file, "--reason", "TEXT"]
+    return f"`{shlex.join(words)}`"
+
+
 def bad_file_message(file: str, check: str, reason: str, skip_how: str | None = None) -> BadInputFile:
     """`BadInputFile` for `file`, saying how to skip it (`skip_how`; default: the command, and
     the Dagster job by its pattern)."""

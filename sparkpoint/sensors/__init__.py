@@ -38,9 +38,11 @@ from typing import Any
 
 import dagster as dg
 
+from sparkpoint.assets import skip_job_how
 from sparkpoint.assets.metadata import input_observation
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.ops import PipelineJobs
+from sparkpoint.pipeline.badfiles import bad_file_message
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, PipelineScope
 from sparkpoint.sensors import landing
 from sparkpoint.sensors.recovery import RecoveryCursor, follow_again, new_failures
@@ -297,7 +299,9 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
         try:  # the batch's checks from its footers: a run would fail on a bad file (on_bad_file="fail")
             driver.check_batch(driver.ready_files(pending[: driver.config.files_per_checkpoint]))
         except BadInputFile as e:
-            return skip(f"not launching a run for {name}: {e}")
+            said = bad_file_message(e.file, e.check, e.reason,
+                                    skip_how=skip_job_how(scope, e.file, driver.config.input_url))
+            return skip(f"not launching a run for {name}: {said}")
         except SparkpointError as e:
             return skip(f"input not readable: {e}")
         tags = dict(decision.tags)
