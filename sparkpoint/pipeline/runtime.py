@@ -151,14 +151,16 @@ class BatchReport:
         return round(int(self.read["bytes_read"]) / int(self.read["batch_bytes"]), 3)
 
     def line(self) -> str:
-        batch = ",".join(self.files) or ("(none)" if self.skipped else "(tick)")
+        """One line, however many files: a batch of more than `LINE_NAMES` files is said as its
+        count and its first and last names (`--json` lists every one)."""
+        batch = shown_names(self.files) or ("(none)" if self.skipped else "(tick)")
         return (
             f"chk-{self.checkpoint_id} batch={batch} rows={self.rows} "
             f"state={self.state_size}B "
             f"uploaded={self.checkpointed_size}B files new={self.files_new} reused={self.files_reused} "
             f"deleted={self.files_deleted} {self.seconds:.2f}s"
             + (f" watermark={iso_micros(self.watermark)} late={self.late_rows}" if self.watermark is not None else "")
-            + (" skipped=" + "; ".join(s.line() for s in self.skipped) if self.skipped else "")
+            + (" skipped=" + _skipped_line(self.skipped) if self.skipped else "")
             + (f" route={self.read['routing']} read={self.read_amplification}x"
                if self.read and self.read_amplification else "")
         )
@@ -177,6 +179,22 @@ class BatchReport:
             "bytes_read": self.read["bytes_read"] if self.read else None,
             "batch_bytes": self.read["batch_bytes"] if self.read else None,
         }
+
+
+LINE_NAMES = 3  # a run line names up to this many files of a batch; more are counted
+
+
+def shown_names(names: tuple[str, ...] | list[str]) -> str:
+    """`a,b,c`, or `1000 files r-0000.parquet … r-0999.parquet` beyond `LINE_NAMES` names."""
+    if len(names) <= LINE_NAMES:
+        return ",".join(names)
+    return f"{len(names)} files {names[0]} … {names[-1]}"
+
+
+def _skipped_line(skipped: tuple[SkippedFile, ...]) -> str:
+    shown = "; ".join(s.line() for s in skipped[:LINE_NAMES])
+    return shown + (f"; and {len(skipped) - LINE_NAMES} more (inspect lists them)" if len(skipped) > LINE_NAMES
+                    else "")
 
 
 @dataclass
