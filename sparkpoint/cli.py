@@ -188,7 +188,7 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
             "restore_mode": "restore_mode", "from_checkpoint": "from_checkpoint",
             "allow_non_restored_state": "allow_non_restored_state", "allow_new_operators": "allow_new_operators",
             "event_time": "event_time", "allowed_lateness": "allowed_lateness", "late": "late",
-            "on_bad_file": "on_bad_file", "routing": "routing"}
+            "on_bad_file": "on_bad_file", "max_future_event_time": "max_future_event_time", "routing": "routing"}
     flags = {setting: getattr(args, name, None) for setting, name in flag.items()}
     if args.storage_options:
         options = _storage_options(args.storage_options)
@@ -203,9 +203,33 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from sparkpoint.spark.source import BadInputFile
+
+    try:
+        return _run(args)
+    except BadInputFile as e:  # the way on names this run's pipeline and the input it read
+        from sparkpoint.pipeline.badfiles import bad_file_message
+
+        raise bad_file_message(e.file, e.check, e.reason, skip_how=_skip_command(args, e.file)) from e
+
+
+def _skip_command(args: argparse.Namespace, file: str) -> str:
+    """The `sparkpoint skip` of `file` with the pipeline, locations and settings this run was
+    given (storage options by reference only: they may hold credentials)."""
+    from sparkpoint.pipeline.badfiles import skip_command
+
+    flags = [(flag, str(getattr(args, dest))) for flag, dest in (
+        ("--pipeline", "pipeline"), ("--input", "input"), ("--checkpoints", "checkpoints"), ("--job-id", "job_id"),
+        ("--output", "output"), ("--local-dir", "local_dir"), ("--parallelism", "parallelism"))
+        if getattr(args, dest, None) is not None]
+    flags += [("--conf", c) for c in args.conf if not c.startswith("spark.")]
+    said = skip_command(file, flags)
+    return said + (" with this run's --storage-options" if args.storage_options else "")
+
+
+def _run(args: argparse.Namespace) -> int:
     from sparkpoint.pipeline.driver import StatefulPipeline
     from sparkpoint.spark.session import session_key, spark_session
-    from sparkpoint.spark.source import SourceOffsets
 
     follow = _follow_options(args)
     pipeline_spec, config, remote = _run_config(args)
@@ -219,11 +243,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if plan.rescaling():  # a parallelism the user set that differs from the checkpoint's
             print(plan.rescaling(), file=said, flush=True)
     if follow is None:
-        pending = pipeline.source.pending(SourceOffsets(pipeline.consumed_files()))
         # Every check of the first batch's files, from their footers, before Spark (a bad file under
         # on_bad_file="fail" stops here: nothing started, nothing uploaded); the batch reuses them.
-        # (Following, a file that fails may still be landing: the loop waits for it to settle.)
-        pipeline.check_batch(pending[: config.files_per_checkpoint])
+        # A failing file that may still be landing ends the batch before it (`next_batch`).
+        # (Following, the loop waits for such a file to settle.)
+        pipeline.check_batch(pipeline.next_batch())
     pipeline.check_start()  # the operators and their states' schemas against the checkpoint, before Spark
     terminated = _stop_on_sigterm() if follow is not None else None
     # On Spark Connect (the warm local Spark by default) the runs of one job and code share a
@@ -273,8 +297,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"sparkpoint run: following stopped after {len(reports)} checkpoint{'s' * (len(reports) != 1)}",
                   file=sys.stderr)
         return 0
-    if not reports and not args.json:
-        print("no unconsumed batch: nothing to do")
+    if not reports and not args.json:  # a file that may still be landing was warned of above
+        print("no batch taken: the next unconsumed file may still be being written" if pipeline.waiting_for
+              else "no unconsumed batch: nothing to do")
     empty = pipeline.source.nothing_to_read()
     if empty:
         print(f"sparkpoint run: warning: {empty}", file=sys.stderr)
@@ -806,6 +831,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-bad-file", choices=["fail", "skip"],
                    help="an input file that is not Parquet, lacks a column, has a wrong type or null keys: fail "
                         "before any upload (default), or skip it (recorded in the checkpoint)")
+    p.add_argument("--max-future-event-time", type=_seconds, metavar="SECONDS",
+                   help="an input file whose highest event time lies more than SECONDS beyond its batch's "
+                        "processing time is a bad file, as --on-bad-file says (default 86400: one day; "
+                        "--conf max_future_event_time=none: no bound)")
     p.add_argument("--routing", choices=["auto", "read-all", "shuffle"],
                    help="how a batch reaches its subtasks: each subtask's task reads the whole batch (read-all), "
                         "the batch is read once and routed through Spark's shuffle (shuffle), or auto (default: "

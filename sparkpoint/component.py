@@ -33,7 +33,8 @@ from pydantic import BaseModel
 from sparkpoint.factory import build_pipeline_defs
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.spec import Pipeline, load_operator, load_pipeline
-from sparkpoint.sensors.landing import RETRY_SECONDS, SETTLE_SECONDS
+from sparkpoint.sensors.landing import RETRY_SECONDS
+from sparkpoint.spark.settling import SETTLE_SECONDS
 
 _LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id")
 

@@ -38,7 +38,8 @@ from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.resources import resources_for
 from sparkpoint.resources.scope import ROLES, PipelineScope
 from sparkpoint.sensors import build_sensors
-from sparkpoint.sensors.landing import RETRY_SECONDS, SETTLE_SECONDS
+from sparkpoint.sensors.landing import RETRY_SECONDS
+from sparkpoint.spark.settling import SETTLE_SECONDS
 
 # (checkpoints URL, job id) -> the name of the pipeline whose definitions this process built for
 # it. For the process's life: how long definitions live says nothing (Dagster's own caches keep

@@ -5,6 +5,8 @@ kind the checks know, and the pandas recomputation the state must equal."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -85,10 +87,18 @@ BAD: dict[str, tuple[Callable[[Path], None], str]] = {
 
 
 def bad(tmp_path: Path, name: str, kind: str) -> str:
-    """A bad batch file of `kind` (a key of BAD); returns the check it fails."""
+    """A bad batch file of `kind` (a key of BAD), landed whole a while ago (settled: a check's
+    verdict on it counts); returns the check it fails."""
     write, check = BAD[kind]
     write(tmp_path / "in" / name)
+    settled(tmp_path / "in" / name)
     return check
+
+
+def settled(path: Path, seconds_ago: float = 3600.0) -> None:
+    """Date `path`'s modification `seconds_ago`: a file landed whole that long ago."""
+    when = time.time() - seconds_ago
+    os.utime(path, (when, when))
 
 
 def totals(frames: list[pd.DataFrame]) -> dict[str, float]:

@@ -252,11 +252,14 @@ def test_a_bad_file_fails_the_batch_before_spark_or_is_skipped_with_a_warning(tm
     pipeline = meters(tmp_path)
     bad(tmp_path, "r-000.parquet", "null keys")
     rows = good(tmp_path, "r-001.parquet")
+    caplog.set_level("WARNING")
     failing = meters_dag("meters_af_fail", tmp_path).test()
     assert states(failing)["batch"] == "failed" and states(failing)["recover"] == "skipped", states(failing)
     assert not (tmp_path / "local").exists() and not list((tmp_path / "ckpt").rglob("*.sst"))
-
-    caplog.set_level("WARNING")
+    said = caplog.text + "".join(capfd.readouterr())  # the way on: a skip where the task read the file
+    assert (f"`sparkpoint skip --pipeline MODULE:ATTR --input file://{tmp_path}/in --checkpoints file://{tmp_path}"
+            "/ckpt --job-id meters --output") in said and "(MODULE:ATTR: where pipeline 'meters' is defined)" in said
+    caplog.clear()
     run = meters_dag("meters_af_skip", tmp_path, on_bad_file="skip").test()  # takes both files: two checkpoints
     assert states(run)["checkpoint"] == "success", states(run)
     said = caplog.text + "".join(capfd.readouterr())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.skipping import skip_file
 from sparkpoint.spark.source import BadInputFile, SourceError
-from tests.meters_pipeline import BAD, bad, good, meters, state_of, totals
+from tests.meters_pipeline import BAD, bad, good, meters, settled, state_of, totals
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,6 +71,7 @@ def test_a_bad_file_fails_its_batch_before_spark_and_before_any_upload(tmp_path:
 def test_the_event_time_column_is_checked_with_the_others(tmp_path: Path, frame: pd.DataFrame, check: str, said: str):
     pipeline = meters(tmp_path, event_time="read_at")
     frame.to_parquet(tmp_path / "in" / "r-000.parquet")
+    settled(tmp_path / "in" / "r-000.parquet")
     with pytest.raises(BadInputFile, match=re.escape(said)) as raised:
         StatefulPipeline(None, pipeline.config(), pipeline.operators).run()
     assert raised.value.check == check
@@ -161,7 +163,11 @@ def test_skip_consumes_bad_files_once_and_the_state_and_output_hold_only_good_ro
     assert "not a readable Parquet file" in reasons["r-003.parquet"]
     assert "key column 'meter' is int64, operator 'kwh_per_meter' keys by string" in reasons["r-004.parquet"]
     assert "lacks column kwh" in reasons["r-005.parquet"]
-    assert json.loads((tmp_path / "ckpt" / "meters" / "chk-4" / "_metadata").read_text())["version"] == 5
+    written = json.loads((tmp_path / "ckpt" / "meters" / "chk-4" / "_metadata").read_text())
+    assert written["version"] == 6, "a skipped file's size and modification time came with format 6"
+    on_disk = (tmp_path / "in" / "r-007.parquet").stat()
+    assert written["skipped_files"][-1]["size"] == on_disk.st_size
+    assert written["skipped_files"][-1]["modified"] == pytest.approx(on_disk.st_mtime)
 
     # A rerun, and a restore from stable storage alone (the local state is gone), never offer them again.
     assert StatefulPipeline(spark, pipeline.config(), pipeline.operators).run() == []
@@ -172,6 +178,81 @@ def test_skip_consumes_bad_files_once_and_the_state_and_output_hold_only_good_ro
     assert [r.files for r in again.run()] == [("r-008.parquet",)]
     assert state_of(pipeline) == pytest.approx(totals(goods))
     assert len(CompletedCheckpointStore(pipeline.storage()).latest().skipped_files) == 5, "carried forward"
+
+
+# --- a file still being written: no verdict until it has settled (DESIGN rule 18) ----------------
+
+
+def half_copied(tmp_path: Path, name: str, first: int = 0) -> tuple[Path, bytes, pd.DataFrame]:
+    """A good batch file `name` of which only the first half is written yet (no Parquet footer):
+    (its path, the rest of its bytes, its rows)."""
+    rows = good(tmp_path, name, first)
+    path = tmp_path / "in" / name
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path, data[len(data) // 2:], rows
+
+
+@pytest.mark.parametrize("on_bad_file", ["skip", "fail"])
+def test_a_file_still_being_copied_is_neither_skipped_nor_refused_and_stays_pending(tmp_path: Path, on_bad_file: str,
+                                                                                     caplog):
+    pipeline = meters(tmp_path, on_bad_file=on_bad_file, files_per_checkpoint=2)
+    half_copied(tmp_path, "r-000.parquet")
+    good(tmp_path, "r-001.parquet")
+    driver = StatefulPipeline(None, pipeline.config(), pipeline.operators)  # no Spark: reaching it would raise
+    assert driver.run() == [], "no checkpoint: the batch ends before the file being copied"
+    assert uploaded(tmp_path) == []
+    assert driver.pending_files() == ["r-000.parquet", "r-001.parquet"]
+    assert driver.waiting_for is not None and "r-000.parquet fails its checks (parquet)" in driver.waiting_for
+    assert "may still be being written" in caplog.text and "it is not consumed" in caplog.text
+
+
+@pytest.mark.spark
+def test_a_batch_ends_before_a_file_being_copied_and_the_complete_file_is_processed_later(tmp_path: Path, spark):
+    pipeline = meters(tmp_path, on_bad_file="skip", files_per_checkpoint=3)
+    goods = [good(tmp_path, "r-000.parquet")]
+    copying, rest, rows = half_copied(tmp_path, "r-001.parquet", 10)
+    goods += [rows, good(tmp_path, "r-002.parquet", 20)]
+
+    first = StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()
+    assert [(r.files, r.skipped) for r in first] == [(("r-000.parquet",), ())], "the files before it, nothing skipped"
+
+    with open(copying, "ab") as f:  # the copy completes
+        f.write(rest)
+    settled(copying)
+    second = StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()
+    assert [(r.files, r.skipped) for r in second] == [(("r-001.parquet", "r-002.parquet"), ())]
+    assert state_of(pipeline) == pytest.approx(totals(goods)), "every row of the completed file was processed"
+    assert CompletedCheckpointStore(pipeline.storage()).latest().skipped_files == ()
+
+
+def test_a_skipped_file_that_changes_later_is_warned_of_at_every_start_until_it_is_moved(tmp_path: Path, caplog):
+    from sparkpoint.pipeline.badfiles import changed_skips
+
+    pipeline = meters(tmp_path, on_bad_file="skip")
+    path = tmp_path / "in" / "r-000.parquet"
+    path.write_bytes(b"PAR1 a copy that stopped for a while")
+    settled(path, 10.0)  # unchanged for 10 s: it looks complete, and is skipped
+    before = path.stat()
+    (report,) = StatefulPipeline(None, pipeline.config(), pipeline.operators).run()  # no rows to read: no JVM
+    assert [(s.file, s.size, s.modified) for s in report.skipped] == [
+        ("r-000.parquet", before.st_size, pytest.approx(before.st_mtime))]
+
+    good(tmp_path, "r-000.parquet")  # ... then the copy went on
+    caplog.clear()
+    later = StatefulPipeline(None, pipeline.config(), pipeline.operators)
+    assert later.run() == []
+    assert len(later.changed_skips) == 1
+    said = later.changed_skips[0]
+    for part in ("r-000.parquet was skipped by chk-1 (parquet)", f"at {before.st_size} bytes",
+                 f"now {path.stat().st_size} bytes", "it was still being written", "move it to a new name"):
+        assert part in said, (part, said)
+    assert said in caplog.text, "a warning, not a silent record"
+
+    path.rename(tmp_path / "in" / "r-000-complete.parquet")  # the way on the warning names
+    again = StatefulPipeline(None, pipeline.config(), pipeline.operators)
+    assert changed_skips(again.source, again.store.latest()) == []
+    assert again.pending_files() == ["r-000-complete.parquet"], "processed as a new batch by the next run"
 
 
 # --- `sparkpoint skip`, then a run ---------------------------------------------------------------
@@ -210,7 +291,7 @@ def test_sparkpoint_skip_consumes_one_file_without_a_jvm_then_run_goes_on(tmp_pa
     lines = [line for line in failed.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in failed.stderr, failed.stderr
     for said in ("r-000 bad.parquet", "check 'null_keys'",
-                 "sparkpoint skip --pipeline MODULE:ATTR 'r-000 bad.parquet'"):
+                 "`sparkpoint skip --pipeline meters_app:pipeline 'r-000 bad.parquet' --reason TEXT`"):
         assert said in lines[0], (said, lines[0])
     assert uploaded(tmp_path) == [] and not (tmp_path / "local").exists()
 
@@ -255,6 +336,32 @@ def test_sparkpoint_skip_consumes_one_file_without_a_jvm_then_run_goes_on(tmp_pa
     assert state_of(pipeline) == pytest.approx(totals(goods))
 
 
+def test_the_bad_file_error_names_the_skip_of_the_pipeline_and_input_the_run_read(tmp_path: Path):
+    """A run given another input than the pipeline's: its error names the command that skips the
+    file there (the actual pipeline, that input); a skip that looks elsewhere names where it
+    looked and the flag to pass."""
+    (tmp_path / "meters_app.py").write_text(MODULE)
+    meters(tmp_path)
+    landing = tmp_path / "landing zone"  # not the pipeline's input_url
+    landing.mkdir()
+    bad(tmp_path, "r-000.parquet", "missing column")
+    (tmp_path / "in" / "r-000.parquet").rename(landing / "r-000.parquet")
+    failed = cli(tmp_path, "run", "--pipeline", "meters_app:pipeline", "--input", str(landing))
+    assert failed.returncode == 2, failed.stderr
+    command = f"sparkpoint skip --pipeline meters_app:pipeline --input '{landing}' r-000.parquet --reason TEXT"
+    assert f"`{command}`" in failed.stderr, failed.stderr
+    assert "MODULE:ATTR" not in failed.stderr
+
+    elsewhere = cli(tmp_path, "skip", "--pipeline", "meters_app:pipeline", "r-000.parquet", "--reason", "OPS-12")
+    assert elsewhere.returncode == 2
+    for said in (f"is not in the input file://{tmp_path}/in, where this looked", "with --input"):
+        assert said in elsewhere.stderr, (said, elsewhere.stderr)
+
+    done = cli(tmp_path, *[w if w != "TEXT" else "OPS-12" for w in shlex.split(command)[1:]])  # as the error says
+    assert done.returncode == 0, done.stderr
+    assert "r-000.parquet is consumed as skipped" in done.stdout
+
+
 # --- hostile `skipped_files` --------------------------------------------------------------------
 
 
@@ -282,6 +389,11 @@ def skipped_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     (lambda m: m["skipped_files"][0].pop("reason"), "`skipped_files[0].reason` is missing"),
     (lambda m: m["skipped_files"].append(dict(m["skipped_files"][0])), "a second time: a file is consumed once"),
     (lambda m: m.update(version=4), "only version 5 has"),
+    (lambda m: m["skipped_files"][0].update(size=3, modified=1.0), "records its size, which only version 6 has"),
+    (lambda m: (m.update(version=6), m["skipped_files"][0].update(size=-1)), "must be between 0 and"),
+    (lambda m: (m.update(version=6), m["skipped_files"][0].update(size=3, modified="soon")),
+     "must be a number of seconds or null"),
+    (lambda m: (m.update(version=6), m["skipped_files"][0].update(modified=1.0)), "is given without `size`"),
 ])
 def test_a_hostile_skipped_files_field_is_refused_naming_it(skipped_checkpoint, change, said):
     path, body = skipped_checkpoint

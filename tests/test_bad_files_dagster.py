@@ -50,6 +50,8 @@ def test_a_bad_file_fails_its_run_unrecovered_until_the_skip_job_consumes_it_the
         if error.cls_name == "BadInputFile":
             assert "r-000.parquet" in error.message and "check 'null_keys'" in error.message
             assert "launch the meters_skip_file job with config file: 'r-000.parquet'" in error.message
+            assert f"its input resource reading file://{tmp_path}/in as this run's did" in error.message
+            assert "MODULE:ATTR naming pipeline 'meters'" in error.message
         error = error.cause
     assert "BadInputFile" in classes
     assert not (tmp_path / "ckpt" / "meters").exists() or not list((tmp_path / "ckpt" / "meters").rglob("*.sst"))

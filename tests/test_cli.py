@@ -113,3 +113,26 @@ def test_gc_dry_run_lists_and_gc_deletes_orphans(job: str, tmp_path: Path, capsy
     assert main(["gc", "--checkpoints", job, "--job-id", "job", "--grace", "0"]) == 0
     assert not storage.exists("shared/user_totals/0/dead.sst")
     assert main(["verify", "--checkpoints", job, "--job-id", "job"]) == 0
+
+
+def test_the_run_line_of_a_big_batch_counts_its_files_and_names_the_first_and_last(tmp_path: Path):
+    """`--files-per-checkpoint 1000` made a line of 1,000 names; `--json` keeps every name."""
+    from dataclasses import replace
+
+    from tests.interleavings import InProcessPipeline
+    from tests.meters_pipeline import bad, good, meters
+
+    pipeline = meters(tmp_path, files_per_checkpoint=1000, on_bad_file="skip")
+    names = [f"r-{i:04d}.parquet" for i in range(12)]
+    for name in names[:8]:
+        good(tmp_path, name)
+    for name in names[8:]:
+        bad(tmp_path, name, "not parquet")
+    (report,) = InProcessPipeline(None, pipeline.config(), pipeline.operators).run()
+    line = report.line()
+    assert " batch=8 files r-0000.parquet … r-0007.parquet rows=" in line, line
+    assert "r-0003.parquet" not in line and "r-0011.parquet" not in line
+    assert "skipped=r-0008.parquet (parquet: " in line and "; and 1 more (inspect lists them)" in line
+    assert report.to_json()["batch"] == names[:8] and len(report.to_json()["skipped"]) == 4
+    few = replace(report, files=tuple(names[:3]), skipped=())
+    assert " batch=r-0000.parquet,r-0001.parquet,r-0002.parquet rows=" in few.line()

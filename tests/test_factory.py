@@ -21,7 +21,7 @@ from sparkpoint import BytesCodec, KeyedOperator, Pipeline, PipelineComponent, S
 from sparkpoint.factory import pipeline_defs
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.sample import pipeline as sample
-from sparkpoint.sensors.landing import SETTLE_SECONDS
+from sparkpoint.spark.settling import SETTLE_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 CLICKS = StructCodec[tuple[int]]("<q")

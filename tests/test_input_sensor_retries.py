@@ -24,7 +24,8 @@ from sparkpoint.factory import PipelineDefs, pipeline_defs
 from sparkpoint.resources import SparkResource
 from sparkpoint.resources.scope import FAILED_RUN_TAG
 from sparkpoint.sensors import NOT_RECOVERED_TAG
-from sparkpoint.sensors.landing import FileSeen, LandedRun, landing_decision, retry_delay, settle
+from sparkpoint.sensors.landing import LandedRun, landing_decision, retry_delay
+from sparkpoint.spark.settling import FileSeen, settle
 from sparkpoint.spark.source import BatchStat, ParquetDirectorySource, _modified
 
 TOTAL = StructCodec[tuple[float]]("<d")

@@ -24,6 +24,7 @@ from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import finish_step, start_steps
+from sparkpoint.pipeline.badfiles import bad_file_message, skip_command
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import BatchReport, restore_plan
 from sparkpoint.pipeline.spec import Pipeline, load_pipeline
@@ -148,6 +149,20 @@ class PipelineRef:
     def driver(self, spark: Any = None) -> StatefulPipeline:
         pipeline = self.resolved()
         return StatefulPipeline(spark, pipeline.config(), pipeline.operators)
+
+    def skip_command(self, file: str, driver: StatefulPipeline) -> str:
+        """`sparkpoint skip` of `file` for this pipeline, with the locations and settings the task
+        used (storage credentials by reference only)."""
+        config, named = driver.config, isinstance(self.pipeline, str)
+        flags = [("--pipeline", str(self.pipeline) if named else "MODULE:ATTR"), ("--input", config.input_url),
+                 ("--checkpoints", config.checkpoints_url), ("--job-id", config.job_id)]
+        flags += [("--output", config.output_url)] if config.output_url else []
+        flags += [("--conf", f"{k}={v}") for k, v in self.overrides.items() if k not in LOCATIONS]
+        said = skip_command(file, flags)
+        if not named:
+            said += f" (MODULE:ATTR: where pipeline {self.resolved().name!r} is defined)"
+        return said + (f" with the storage options of connection {self.storage_conn_id!r}" if self.storage_conn_id
+                       else "")
 
 
 def resolve_pipeline(pipeline: Pipeline | str, overrides: Mapping[str, Any]) -> Pipeline:
@@ -293,7 +308,7 @@ class SparkpointBatchOperator(SparkpointOperator):
             # The first batch's checks from its files' footers, before Spark starts (each later
             # batch is checked before its own upload): a bad file under on_bad_file="fail" fails
             # the task, with no retry (the same file fails the same way).
-            driver.check_batch(driver.pending_files()[: driver.config.files_per_checkpoint])
+            driver.check_batch(driver.next_batch())
             spark = driver.spark = self.spark()
             try:
                 attempt = start_steps(driver, attempt_id_of(context), max_batches=self.max_batches_per_run,
@@ -302,13 +317,19 @@ class SparkpointBatchOperator(SparkpointOperator):
                 spark.stop()
         except BadInputFile as e:  # `recover` announces the batches committed before it
             context["ti"].xcom_push(key="bad_file", value={"file": e.file, "check": e.check, "reason": e.reason})
-            raise AirflowFailException(f"sparkpoint: {e}") from e
+            said = bad_file_message(e.file, e.check, e.reason, skip_how=self.ref.skip_command(e.file, driver))
+            raise AirflowFailException(f"sparkpoint: {said}") from e
         if driver.rescaling:
             self.log.info("sparkpoint: %s", driver.rescaling)
+        for line in driver.changed_skips:  # a skipped file that was still being written
+            self.log.warning("sparkpoint: %s", line)
         announce(context, driver.storage, committed, alias=True)
         out: dict[str, Any] = {COMMITTED_KEY: committed}
+        if attempt is None and driver.waiting_for:
+            self.log.warning("sparkpoint: %s", driver.waiting_for)
         if attempt is None and not committed:
-            raise AirflowSkipException(f"no unconsumed batch in {driver.config.input_url}: no new checkpoint")
+            raise AirflowSkipException(driver.waiting_for or f"no unconsumed batch in {driver.config.input_url}: "
+                                       "no new checkpoint")
         if attempt is not None:
             self.log.info("checkpoint %s uploaded by attempt %s, to be completed", attempt.checkpoint_id,
                           attempt.attempt_id)

@@ -45,10 +45,18 @@ from sparkpoint.spark.source import BadInputFile, ParquetDirectorySource
 
 __all__ = ["INJECT_TAG", "SKIPPED_CHECK", "UPGRADE_CHECK", "build_assets", "build_checks",
            "committed_checkpoint_metadata", "committed_output_metadata", "has_output", "preflight",
-           "registry_matches", "run_lineage", "skipped_files", "verifies"]
+           "registry_matches", "run_lineage", "skip_job_how", "skipped_files", "verifies"]
 UPGRADE_CHECK = "upgrade_preflight"
 SKIPPED_CHECK = "skipped_files"  # on the input: a WARN when the latest checkpoint skipped bad input files
 CODE_VERSION_TAG = "dagster/code_version"  # what Dagster tags a materialization of an asset with a code version
+
+
+def skip_job_how(scope: PipelineScope, file: str, input_url: str) -> str:
+    """How to skip bad file `file` in Dagster: the pipeline's own skip job, reading the input the
+    run that met it read."""
+    return (f"launch the {scope.name('skip_file')} job with config file: {file!r} and a reason, its input resource "
+            f"reading {input_url} as this run's did (or `sparkpoint skip --pipeline MODULE:ATTR --input {input_url} "
+            f"...`, MODULE:ATTR naming pipeline {scope.pipeline.name!r})")
 
 
 def run_lineage(run: dg.DagsterRun) -> list[str]:
@@ -97,9 +105,8 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         try:
             attempt = start_step(driver, context.run.run_id, inject_failure=inject)
         except BadInputFile as e:  # say the way on in this UI: the pipeline's own skip job
-            raise bad_file_message(e.file, e.check, e.reason, skip_how=(
-                f"launch the {scope.name('skip_file')} job with config file: {e.file!r} and a reason "
-                "(or `sparkpoint skip`)")) from None
+            raise bad_file_message(e.file, e.check, e.reason,
+                                   skip_how=skip_job_how(scope, e.file, driver.config.input_url)) from None
         if attempt is None and source.land_sample_batch(driver.consumed_files()):
             attempt = start_step(driver, context.run.run_id, inject_failure=inject)
         if attempt is None and context.run.tags.get(TICK_TAG, "").lower() == "true":
@@ -110,6 +117,11 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         context.instance.report_runless_asset_event(input_observation(
             scope.input_key, driver.pending_files(), driver.consumed_files, driver.config.input_url,
             f"seen by run {context.run.run_id}"))
+        for line in driver.changed_skips:  # a skipped file that was still being written
+            context.log.warning(line)
+        if attempt is None and driver.waiting_for:
+            context.log.warning(f"{driver.waiting_for}: no new checkpoint, nothing materialized")
+            return
         if attempt is None:
             context.log.info(f"no unconsumed batch in {source.input_url}: no new checkpoint, nothing materialized")
             empty = driver.source.nothing_to_read()

@@ -41,11 +41,16 @@ FORMAT_NAME = "sparkpoint-checkpoint"
 # Version 5: `skipped_files`, the input files the job consumed without processing them (a bad
 # file under `on_bad_file="skip"`, or `sparkpoint skip`), each with the check it failed and why;
 # carried from checkpoint to checkpoint. Written only when there are some.
-FORMAT_VERSION = 5
+# Version 6: a skipped file may carry `size` and `modified`, the file as it was when a content
+# check skipped it (DESIGN rule 18): a later run that finds it changed says it was still being
+# written; and its check may be `future_event_times`. Written only when some skipped file has
+# them; older readers refuse unknown fields and checks, so they are told to upgrade instead.
+FORMAT_VERSION = 6
+SKIPPED_VERSION = 5
 STAGED_VERSION = 4
 CHAIN_VERSION = 3
 CHAIN_FREE_VERSION = 2
-READABLE_VERSIONS = (CHAIN_FREE_VERSION, CHAIN_VERSION, STAGED_VERSION, FORMAT_VERSION)
+READABLE_VERSIONS = (CHAIN_FREE_VERSION, CHAIN_VERSION, STAGED_VERSION, SKIPPED_VERSION, FORMAT_VERSION)
 MAX_OFFSETS_DEPTH = 32  # source offsets deeper than this are refused, not recursed into
 KINDS = ("checkpoint", "savepoint")
 CLAIM_MODES = ("CLAIM", "NO_CLAIM")
@@ -53,7 +58,8 @@ MAX_CRC32 = 0xFFFFFFFF
 MAX_FILE_SIZE = 1 << 53
 MAX_KEY_GROUPS = 1 << 15
 # Why an input file was skipped: the check it failed before any Spark work, or `manual` (`sparkpoint skip`).
-SKIP_CHECKS = ("parquet", "columns", "types", "null_keys", "null_event_times", "manual")
+SKIP_CHECKS = ("parquet", "columns", "types", "null_keys", "null_event_times", "manual", "future_event_times")
+NEW_SKIP_CHECKS = ("future_event_times",)  # checks format 5 does not know
 MAX_SKIPPED_FILES = 100_000
 MAX_SKIP_REASON = 2000
 MAX_INPUT_NAME = 1024
@@ -62,15 +68,23 @@ MAX_INPUT_NAME = 1024
 @dataclass(frozen=True)
 class SkippedFile:
     """An input file a checkpoint consumed without processing it: its name in the input
-    directory, the check it failed (one of SKIP_CHECKS), why, and the checkpoint that skipped it."""
+    directory, the check it failed (one of SKIP_CHECKS), why, and the checkpoint that skipped it;
+    for a file a check skipped, its size and modification time then (seconds since the epoch;
+    None where the filesystem gives none, and in checkpoints of format 5)."""
 
     file: str
     check: str
     reason: str
     checkpoint_id: int
+    size: int | None = None
+    modified: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "check": self.check, "reason": self.reason, "checkpoint_id": self.checkpoint_id}
+        out: dict[str, Any] = {"file": self.file, "check": self.check, "reason": self.reason,
+                               "checkpoint_id": self.checkpoint_id}
+        if self.size is not None:
+            out.update(size=self.size, modified=self.modified)
+        return out
 
     def line(self) -> str:
         return f"{self.file} ({self.check}: {self.reason})"
@@ -376,8 +390,10 @@ class CheckpointMetadata:
 
     def format_version(self) -> int:
         """The oldest version that can say everything this checkpoint lists."""
-        if self.skipped_files:
+        if any(s.size is not None or s.check in NEW_SKIP_CHECKS for s in self.skipped_files):
             return FORMAT_VERSION
+        if self.skipped_files:
+            return SKIPPED_VERSION
         if self.has_staged():
             return STAGED_VERSION
         return CHAIN_VERSION if self.has_changelog() else CHAIN_FREE_VERSION
@@ -800,9 +816,17 @@ def skipped_files_from_json(v: _Validator, raw: Any, name: str) -> tuple[Skipped
     for i, entry in enumerate(raw):
         where = f"{name}[{i}]"
         obj = v.obj(entry, where)
-        unknown = set(obj) - {"file", "check", "reason", "checkpoint_id"}
+        unknown = set(obj) - {"file", "check", "reason", "checkpoint_id", "size", "modified"}
         if unknown:
             raise v.fail(where, f"has unknown fields {sorted(str(k)[:40] for k in unknown)}")
+        size, modified = None, obj.get("modified")
+        if "size" in obj:
+            size = v.integer(obj, "size", where, maximum=MAX_FILE_SIZE)
+            if modified is not None and (not isinstance(modified, (int, float)) or isinstance(modified, bool)
+                                         or not math.isfinite(modified)):
+                raise v.fail(f"{where}.modified", f"must be a number of seconds or null, got {str(modified)[:80]!r}")
+        elif "modified" in obj:
+            raise v.fail(f"{where}.modified", "is given without `size`")
         for key in ("file", "check", "reason"):
             v.get(obj, key, where)
         problem = skip_problem(obj["file"], obj["check"], obj["reason"])
@@ -812,7 +836,8 @@ def skipped_files_from_json(v: _Validator, raw: Any, name: str) -> tuple[Skipped
             raise v.fail(where, f"names {obj['file'][:80]!r} a second time: a file is consumed once")
         seen.add(obj["file"])
         out.append(SkippedFile(obj["file"], obj["check"], obj["reason"],
-                               v.integer(obj, "checkpoint_id", where, minimum=1)))
+                               v.integer(obj, "checkpoint_id", where, minimum=1), size,
+                               float(modified) if size is not None and modified is not None else None))
     return tuple(out)
 
 
@@ -902,8 +927,12 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         skipped_files=skipped_files_from_json(v, obj["skipped_files"], "skipped_files")
         if "skipped_files" in obj else (),
     )
-    if version < FORMAT_VERSION and meta.skipped_files:
+    if version < SKIPPED_VERSION and meta.skipped_files:
         raise v.fail("version", f"is {version}, but the file lists skipped files, which only version 5 has")
+    if version < FORMAT_VERSION and any(s.size is not None for s in meta.skipped_files):
+        raise v.fail("version", f"is {version}, but a skipped file records its size, which only version 6 has")
+    if version < FORMAT_VERSION and any(s.check in NEW_SKIP_CHECKS for s in meta.skipped_files):
+        raise v.fail("version", f"is {version}, but a file was skipped by a check only version 6 has")
     if version == CHAIN_FREE_VERSION and meta.has_changelog():
         raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
     if version < STAGED_VERSION and meta.has_staged():

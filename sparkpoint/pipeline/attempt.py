@@ -771,7 +771,8 @@ def _delete_unreferenced(storage: CheckpointStorage, attempt: PendingAttempt) ->
 
 
 def pending_files(pipeline: PipelineCore, start: _Start) -> list[str]:
-    return pipeline.source.pending(start.offsets)[: pipeline.config.files_per_checkpoint]
+    """The next batch after `start` (`PipelineCore.next_batch`: it ends before a file still being written)."""
+    return pipeline.next_batch(start.offsets)
 
 
 def spark_half_with_fallback(

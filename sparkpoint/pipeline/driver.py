@@ -48,7 +48,7 @@ class StatefulPipeline(PipelineCore):
     def batches(self, on_checkpoint: Callable[[BatchReport], None] | None = None, *, tick: bool = False
                 ) -> Iterator[BatchReport]:
         def next_files(start: _Start, done: int) -> list[str] | None:
-            files = self.source.pending(start.offsets)[: self.config.files_per_checkpoint]
+            files = self.next_batch(start.offsets)
             return files if files or (tick and done == 0) else None
 
         for committed in self.checkpoints(next_files):

@@ -19,8 +19,9 @@ When files land:
   seconds old is taken at once, as without an interval.
 
 A file that fails its checks is taken (to fail or be skipped, as `on_bad_file` says) only once it
-has not changed for `settle_seconds`: until then it may be a copy in progress, whose Parquet
-footer is not written yet. A writer that lands files whole (a rename, a hard link) is never
+has not changed for `settle_seconds` (the rule every batch applies, `sparkpoint.spark.settling`):
+until then it may be a copy in progress, whose Parquet footer is not written yet, and a checkpoint
+takes only the files before it. A writer that lands files whole (a rename, a hard link) is never
 delayed by this.
 
 The loop stops after `max_batches` checkpoints (the pipeline's setting), after `idle_seconds`
@@ -39,12 +40,12 @@ from dataclasses import dataclass
 
 from sparkpoint.pipeline.driver import Committed, StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError, _Start
+from sparkpoint.spark.settling import SETTLE_SECONDS
 from sparkpoint.spark.source import FULL_LISTING_SECONDS, DirectoryWatch, SourceError
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2  # how often an idle loop looks for new files
-SETTLE_SECONDS = 2.0  # a file that fails its checks is taken once unchanged this long
 MAX_FILES_PER_INTERVAL = 1000  # the cap of a checkpoint under an interval when files_per_checkpoint is 1
 RETRY_SECONDS = 300.0  # how long polls that cannot read the input are retried before the loop fails
 
@@ -125,36 +126,14 @@ def follow(pipeline: StatefulPipeline, options: FollowOptions = FollowOptions(),
         raise PipelineError("; ".join(problems))
     inbox = Inbox(pipeline.source.watch(options.full_listing_seconds))
     cap = options.cap(pipeline.config.files_per_checkpoint)
-    unsettled: dict[str, tuple[int, float | None, float]] = {}  # bad-looking file -> (size, mtime, since)
     last_start: float | None = None
     quiet_since = time.monotonic()
     failing_since: float | None = None
 
-    def ready(now: float) -> list[str]:
-        """Up to `cap` pending files to take now: those that pass their checks, and those that
-        fail them once they have settled."""
-        taken: list[str] = []
-        for name, verdict in zip(inbox.pending, pipeline.file_verdicts(inbox.pending[: cap + len(unsettled)])):
-            if len(taken) == cap:
-                break
-            if verdict.ok or _settled(name, now):
-                unsettled.pop(name, None)
-                taken.append(name)
-            else:
-                pipeline.forget_verdicts([name])  # checked again at the next poll
-        return taken
-
-    def _settled(name: str, now: float) -> bool:
-        stat = pipeline.source.stat(name)
-        before = unsettled.get(name)
-        since = before[2] if before is not None and before[:2] == (stat.size, stat.modified) else now
-        unsettled[name] = (stat.size, stat.modified, since)
-        quiet = max(now - since, now - stat.modified if stat.modified is not None else 0.0)
-        if quiet < options.settle_seconds:
-            log.info("input file %s does not pass its checks yet; waiting for it to settle (%.1f of %g s)",
-                     name, quiet, options.settle_seconds)
-            return False
-        return True
+    def ready() -> list[str]:
+        """Up to `cap` pending files to take now, in order, ending before one that fails its
+        checks while it may still be being written (`PipelineCore.ready_files`)."""
+        return pipeline.ready_files(inbox.pending[:cap], options.settle_seconds)
 
     def next_files(start: _Start, done: int) -> list[str] | None:
         nonlocal last_start, quiet_since, failing_since
@@ -165,7 +144,7 @@ def follow(pipeline: StatefulPipeline, options: FollowOptions = FollowOptions(),
             now = time.monotonic()
             try:
                 inbox.poll()
-                files = ready(time.time()) if inbox.pending and _due(now) else []
+                files = ready() if inbox.pending and _due(now) else []
                 failing_since = None
             except SourceError as e:  # the input cannot be read right now (a 503, a timeout)
                 failing_since = failing_since if failing_since is not None else now

@@ -21,14 +21,19 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, S
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
-from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, check_on_bad_file, input_needs
+from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, changed_skips, check_on_bad_file, input_needs
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
 from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, check_routing, read_units, shuffle_job
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, route_units, run_routed, run_slots, run_subtask
 from sparkpoint.state.changelog import ChangelogOptions
-from sparkpoint.state.eventtime import check_event_time, iso_micros
+from sparkpoint.state.eventtime import (
+    MAX_FUTURE_EVENT_TIME,
+    check_event_time,
+    check_max_future_event_time,
+    iso_micros,
+)
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.repair import repair_checkpoints
@@ -94,6 +99,8 @@ class PipelineConfig:
     allowed_lateness: float = 0.0  # seconds the watermark trails the highest event time seen
     late: str = "drop"  # rows below the watermark their batch starts with: "drop" or "process"
     on_bad_file: str = "fail"  # an input file that fails a check: "fail" the batch, or "skip" it (recorded)
+    # seconds a file's highest event time may lie beyond its batch's processing time (None: no bound)
+    max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME
     routing: str = "auto"  # how a batch reaches its subtasks: "read-all", "shuffle" or "auto" (spark.routing)
 
 
@@ -118,6 +125,7 @@ def validate_config(config: PipelineConfig) -> None:
         problems.append(str(e))
     problems += check_event_time(config.event_time, config.allowed_lateness, config.late)
     problems += check_on_bad_file(config.on_bad_file)
+    problems += check_max_future_event_time(config.max_future_event_time)
     problems += check_routing(config.routing)
     if problems:
         raise PipelineError("; ".join(problems))
@@ -150,14 +158,16 @@ class BatchReport:
         return round(int(self.read["bytes_read"]) / int(self.read["batch_bytes"]), 3)
 
     def line(self) -> str:
-        batch = ",".join(self.files) or ("(none)" if self.skipped else "(tick)")
+        """One line, however many files: a batch of more than `LINE_NAMES` files is said as its
+        count and its first and last names (`--json` lists every one)."""
+        batch = shown_names(self.files) or ("(none)" if self.skipped else "(tick)")
         return (
             f"chk-{self.checkpoint_id} batch={batch} rows={self.rows} "
             f"state={self.state_size}B "
             f"uploaded={self.checkpointed_size}B files new={self.files_new} reused={self.files_reused} "
             f"deleted={self.files_deleted} {self.seconds:.2f}s"
             + (f" watermark={iso_micros(self.watermark)} late={self.late_rows}" if self.watermark is not None else "")
-            + (" skipped=" + "; ".join(s.line() for s in self.skipped) if self.skipped else "")
+            + (" skipped=" + _skipped_line(self.skipped) if self.skipped else "")
             + (f" route={self.read['routing']} read={self.read_amplification}x"
                if self.read and self.read_amplification else "")
         )
@@ -176,6 +186,22 @@ class BatchReport:
             "bytes_read": self.read["bytes_read"] if self.read else None,
             "batch_bytes": self.read["batch_bytes"] if self.read else None,
         }
+
+
+LINE_NAMES = 3  # a run line names up to this many files of a batch; more are counted
+
+
+def shown_names(names: tuple[str, ...] | list[str]) -> str:
+    """`a,b,c`, or `1000 files r-0000.parquet … r-0999.parquet` beyond `LINE_NAMES` names."""
+    if len(names) <= LINE_NAMES:
+        return ",".join(names)
+    return f"{len(names)} files {names[0]} … {names[-1]}"
+
+
+def _skipped_line(skipped: tuple[SkippedFile, ...]) -> str:
+    shown = "; ".join(s.line() for s in skipped[:LINE_NAMES])
+    return shown + (f"; and {len(skipped) - LINE_NAMES} more (inspect lists them)" if len(skipped) > LINE_NAMES
+                    else "")
 
 
 @dataclass
@@ -209,7 +235,9 @@ class PipelineCore:
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
         self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
-        self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file)
+        self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file,
+                                       max_future_event_time=config.max_future_event_time)
+        self.changed_skips: list[str] = []  # skipped files found changed by the last start (`changed_skips`)
         self.sink = (
             ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
             if config.output_url
@@ -250,8 +278,29 @@ class PipelineCore:
         """Check `files` again when next asked (they failed while they may still be landing)."""
         self._file_checks.forget(files)
 
+    def ready_files(self, files: list[str], settle_seconds: float | None = None) -> list[str]:
+        """`files` in order, up to the first that fails its checks while it may still be being
+        written (DESIGN rule 18): a batch takes those; that file stays unconsumed, and
+        `waiting_for` says why. `settle_seconds`: how long a failing file must be unchanged."""
+        return self._file_checks.take(self.source, files, settle_seconds)
+
+    def next_batch(self, offsets: SourceOffsets | None = None) -> list[str]:
+        """The files of the next batch after `offsets` (default: the latest checkpoint's): up to
+        `files_per_checkpoint` unconsumed files, ending before one still being written."""
+        if offsets is None:
+            offsets = SourceOffsets(self.consumed_files())
+        return self.ready_files(self.source.pending(offsets)[: self.config.files_per_checkpoint])
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Why the last batch picked (`next_batch`, `ready_files`) ended before a file (None: it did not)."""
+        return self._file_checks.waiting
+
     def _begin(self) -> tuple[_Start, CheckpointCoordinator]:
         start, lineage, unowned = self._starting_point()
+        self.changed_skips = changed_skips(self.source, start.metadata)
+        for line in self.changed_skips:
+            log.warning("%s", line)
         self.config = replace(self.config, parallelism=resolve_parallelism(self.requested_parallelism, start.metadata))
         if start.metadata is not None:
             self.rescaling = self._check_operators(start.metadata).rescaling() or self.rescaling

@@ -71,6 +71,7 @@ _PARSERS: dict[str, Any] = {
     "allowed_lateness": float,
     "late": str,
     "on_bad_file": lambda v: str(v).strip().lower(),  # fail | skip: checked with the other settings
+    "max_future_event_time": lambda v: None if v is None or str(v).strip().lower() in ("none", "off") else float(v),
     "routing": lambda v: str(v).strip().lower(),  # auto | read-all | shuffle: checked with the other settings
 }
 
@@ -109,6 +110,10 @@ SETTING_DOCS = {
     "on_bad_file": "a batch file that fails its checks before Spark (not Parquet, a missing column, a wrong key type, "
                    "null keys): `fail` stops before any upload, `skip` consumes it unprocessed and records it in "
                    "`_metadata`",
+    "max_future_event_time": "seconds an input file's highest event time may lie beyond its batch's processing "
+                             "time; a file beyond is a bad file (check `future_event_times`) under `on_bad_file`, "
+                             "so that one row in year 2999 (a producer's unit mix-up) does not move the watermark "
+                             "for good; `none`: no bound. With `event_time` only",
     "routing": "how a batch's rows reach their subtasks: `read-all` (each subtask's task reads the whole batch; one "
                "stage), `shuffle` (read once, routed by key group through Spark's shuffle) or `auto` (the shuffle once "
                "read-all would read 64 MB or more beyond the batch); the route taken is in `_metadata`",

@@ -32,7 +32,9 @@ def skip_file(pipeline: PipelineCore, name: str, reason: str) -> tuple[BatchRepo
     if name not in batches:
         pending = pipeline.source.pending(start.offsets)
         what = (f"is not a batch file ({pipeline.source.accepted}): the pipeline never reads it" if name in others
-                else f"is not in the input {pipeline.source.url}")
+                else f"is not in the input {pipeline.source.url}, where this looked (the pipeline's input_url, unless "
+                     "--input names another): give the input the failed run read (its error names the file's full "
+                     "URL) with --input, and its --checkpoints and --job-id")
         raise PipelineError(f"cannot skip {name!r}: it {what}. Unconsumed batch files: "
                             + (", ".join(pending[:10]) + (f" and {len(pending) - 10} more" if len(pending) > 10
                                                           else "") if pending else "none"))

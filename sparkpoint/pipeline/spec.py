@@ -30,6 +30,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.pipeline.fingerprint import fingerprint
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, validate_config
 from sparkpoint.pipeline.settings import resolve_settings
+from sparkpoint.state.eventtime import MAX_FUTURE_EVENT_TIME
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.rocksdb import RocksDBOptions
@@ -90,6 +91,10 @@ class Pipeline:
         on_bad_file: a batch file that fails its checks before Spark (not Parquet, a missing column,
             a wrong key type, null keys): "fail" stops the batch before any upload, "skip" consumes
             it unprocessed and records it in `_metadata` (`skipped_files`).
+        max_future_event_time: seconds an input file's highest event time may lie beyond its
+            batch's processing time (default one day); a file beyond is a bad file (check
+            `future_event_times`) under `on_bad_file`: one row in year 2999 would otherwise move the
+            watermark for good. None: no bound. Only with `event_time`.
         routing: how a batch's rows reach their subtasks: "read-all" (each subtask's task reads
             the whole batch: one stage, no shuffle), "shuffle" (the batch is read once and routed
             by key group through Spark's shuffle) or "auto" (the shuffle once read-all would read
@@ -132,6 +137,9 @@ class Pipeline:
     # the wrong type, null keys): "fail" the batch before any upload, or "skip" the file, recorded
     # in the checkpoint's `_metadata` (sparkpoint.pipeline.badfiles).
     on_bad_file: str = "fail"
+    # An input file whose highest event time lies more than this many seconds beyond its batch's
+    # processing time is a bad file under `on_bad_file` (None: no bound).
+    max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME
     # How a batch's rows reach their subtasks (sparkpoint.spark.routing): "read-all", "shuffle", "auto".
     routing: str = "auto"
 

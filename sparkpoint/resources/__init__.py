@@ -29,6 +29,7 @@ from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
 from sparkpoint.pipeline.runtime import PipelineConfig, validate_config
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.spark.routing import check_routing
+from sparkpoint.state.eventtime import MAX_FUTURE_EVENT_TIME, check_max_future_event_time
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.rocksdb import RocksDBOptions
 
@@ -245,12 +246,15 @@ class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     # An input file that fails a check before Spark (not Parquet, a column missing or of the wrong
     # type, null keys): "fail" the run before any upload, or "skip" it (recorded in the checkpoint).
     on_bad_file: str = "fail"
+    # An input file whose highest event time lies more than this many seconds beyond its batch's
+    # processing time is a bad file under `on_bad_file` (None: no bound; pipelines with an event time).
+    max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         _json_object(self.input_options, "input: input_options")
         if self.files_per_checkpoint < 1:
             raise ResourceConfigError(f"input: files_per_checkpoint must be >= 1, got {self.files_per_checkpoint}")
-        for problem in check_on_bad_file(self.on_bad_file):
+        for problem in [*check_on_bad_file(self.on_bad_file), *check_max_future_event_time(self.max_future_event_time)]:
             raise ResourceConfigError(f"input: {problem}")
         if self.sample_stream:
             Path(self.input_url).mkdir(parents=True, exist_ok=True)
@@ -295,6 +299,7 @@ class PipelineResources:
                                                                              "input: input_options"),
                 output_url=_url(source.output_url) if source.output_url else None,
                 files_per_checkpoint=source.files_per_checkpoint, on_bad_file=source.on_bad_file,
+                max_future_event_time=source.max_future_event_time,
                 checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
                 num_retained=registry.num_retained, retention=registry.retention,
                 restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
@@ -338,7 +343,8 @@ def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[st
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
                        output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,
-                       sample_stream=sample_stream, on_bad_file=pipeline.on_bad_file),
+                       sample_stream=sample_stream, on_bad_file=pipeline.on_bad_file,
+                       max_future_event_time=pipeline.max_future_event_time),
     }
 
 

@@ -38,12 +38,15 @@ from typing import Any
 
 import dagster as dg
 
+from sparkpoint.assets import skip_job_how
 from sparkpoint.assets.metadata import input_observation
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.ops import PipelineJobs
+from sparkpoint.pipeline.badfiles import bad_file_message
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, PipelineScope
 from sparkpoint.sensors import landing
 from sparkpoint.sensors.recovery import RecoveryCursor, follow_again, new_failures
+from sparkpoint.spark.settling import SETTLE_SECONDS, settle
 from sparkpoint.spark.source import BadInputFile
 
 WILL_RETRY_TAG = "dagster/will_retry"
@@ -144,7 +147,7 @@ def report_observation(context: dg.SensorEvaluationContext, observation: dg.Asse
 
 
 def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: bool = True,
-                  orphan_grace_seconds: float = 3600.0, settle_seconds: float = landing.SETTLE_SECONDS,
+                  orphan_grace_seconds: float = 3600.0, settle_seconds: float = SETTLE_SECONDS,
                   retry_seconds: float = landing.RETRY_SECONDS) -> list[dg.SensorDefinition]:
     """Recovery and retention (running), and the input-landing sensor (running when
     `landing_sensor`; `settle_seconds` and `retry_seconds` as in `sparkpoint.sensors.landing`)."""
@@ -276,7 +279,7 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
                             "launched while it is in progress")
             name, now = pending[0], time.time()
             stat = driver.source.stat(name)
-            seen, unsettled = landing.settle(cursor.seen, name, stat, now, settle_seconds)
+            seen, unsettled = settle(cursor.seen, name, stat, now, settle_seconds)
             cursor = replace(cursor, seen=seen)
             if unsettled:
                 return skip(unsettled)
@@ -294,9 +297,11 @@ def build_sensors(scope: PipelineScope, jobs: PipelineJobs, *, landing_sensor: b
         if busy:
             return skip(f"{decision.reason}; {scope.waiting_for(busy)}")
         try:  # the batch's checks from its footers: a run would fail on a bad file (on_bad_file="fail")
-            driver.check_batch(pending[: driver.config.files_per_checkpoint])
+            driver.check_batch(driver.ready_files(pending[: driver.config.files_per_checkpoint]))
         except BadInputFile as e:
-            return skip(f"not launching a run for {name}: {e}")
+            said = bad_file_message(e.file, e.check, e.reason,
+                                    skip_how=skip_job_how(scope, e.file, driver.config.input_url))
+            return skip(f"not launching a run for {name}: {said}")
         except SparkpointError as e:
             return skip(f"input not readable: {e}")
         tags = dict(decision.tags)

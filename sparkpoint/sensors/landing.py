@@ -11,9 +11,10 @@ once if it changed since that run (its size or modification time: the cause may 
 otherwise after a delay that doubles with each run, so a file that fails the same way every time
 is not run every few seconds, and a failed run's recovery sensor has time to launch its recovery.
 
-A file is offered only once it has settled: its size and modification time unchanged for
-`settle_seconds`, seen from its modification time or across two ticks (the cursor keeps what the
-last tick saw, for filesystems whose clock runs ahead or that give no time). A file still being
+A file is offered only once it has settled (`sparkpoint.spark.settling`, the rule every batch
+applies too): its size and modification time unchanged for `settle_seconds`, seen from its
+modification time or across two ticks (the cursor keeps what the last tick saw, for filesystems
+whose clock runs ahead or that give no time). A file still being
 copied (a local `cp`, NFS, a FUSE mount) is not read half-written. A writer that may pause for
 longer writes under a name starting with `_` or `.` and renames the file when it is complete:
 the source skips those names.
@@ -41,37 +42,15 @@ import dagster as dg
 
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG
 from sparkpoint.spark.faults import INJECTION_POINTS
+from sparkpoint.spark.settling import FileSeen
 from sparkpoint.spark.source import BatchStat
 
 LANDED_TAG = "sparkpoint/landed"
 SIZE_TAG, MODIFIED_TAG = "sparkpoint/landed-size", "sparkpoint/landed-modified"
-SETTLE_SECONDS = 2.0  # a file unchanged this long is complete (a copy writes more often than that)
 RETRY_SECONDS = 30.0  # the first re-offer of an unchanged file; doubles with each run, up to:
 RETRY_MAX_SECONDS = 1800.0
 OBSERVE_EVERY_SECONDS = 300.0  # an unchanged input is observed again after this (the UI shows when)
 _FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
-
-
-@dataclass(frozen=True)
-class FileSeen:
-    """The first pending file as a tick saw it, and since when it has looked so (the cursor)."""
-
-    name: str
-    size: int
-    modified: float | None
-    since: float
-
-    def to_cursor(self) -> str:
-        return json.dumps({"file": self.name, "size": self.size, "modified": self.modified, "since": self.since})
-
-    @classmethod
-    def from_cursor(cls, cursor: str | None) -> FileSeen | None:
-        """None for no cursor, or an earlier version's."""
-        try:
-            raw = json.loads(cursor or "null")
-            return cls(str(raw["file"]), int(raw["size"]), raw["modified"], float(raw["since"]))
-        except (ValueError, TypeError, KeyError):
-            return None
 
 
 def arm_hint(sensor_name: str) -> str:
@@ -133,20 +112,6 @@ class InputCursor:
         if self.inject_failure is None:
             return reason
         return f"{reason} (armed: the next run gets {INJECT_TAG}={self.inject_failure})"
-
-
-def settle(before: FileSeen | None, name: str, stat: BatchStat, now: float,
-           settle_seconds: float = SETTLE_SECONDS) -> tuple[FileSeen, str | None]:
-    """(what the cursor keeps, None when `name` has settled, otherwise what the sensor waits for)."""
-    same = before is not None and (before.name, before.size, before.modified) == (name, stat.size, stat.modified)
-    seen = before if same and before is not None else FileSeen(name, stat.size, stat.modified, now)
-    quiet = now - seen.since
-    if stat.modified is not None:
-        quiet = max(quiet, now - stat.modified)
-    if quiet >= settle_seconds:
-        return seen, None
-    return seen, (f"waiting for {name} to settle: {stat.size} bytes, unchanged for {max(quiet, 0.0):.1f} s of "
-                  f"{settle_seconds:g} s (a file still being written is not read)")
 
 
 @dataclass(frozen=True)

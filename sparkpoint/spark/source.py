@@ -70,6 +70,7 @@ class FileVerdict:
     reason: str | None = None
     max_event_time: int | None = None
     size: int = 0  # the file's bytes
+    modified: float | None = None  # a failing file's modification time once it settled (pipeline.badfiles)
     row_group_bytes: tuple[int, ...] = ()  # each row group's compressed bytes, from the footer
     # Its row groups read apart give the operators' columns the pandas types the whole file gives
     # (`row_groups_read_alike`): the shuffle route may cut it between row groups.

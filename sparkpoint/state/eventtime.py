@@ -19,8 +19,11 @@ from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.metadata import iso_micros
 
 LATE_MODES = ("drop", "process")
-__all__ = ["LATE_MODES", "EventTimeError", "LateSplit", "advance", "check_event_time", "event_micros", "iso_micros",
-           "lateness_micros", "split_late"]
+# An input file whose highest event time is this far beyond its batch's processing time is a bad
+# file (a producer's unit mix-up: one row in year 2999 would move the watermark for good).
+MAX_FUTURE_EVENT_TIME = 24 * 3600.0
+__all__ = ["LATE_MODES", "MAX_FUTURE_EVENT_TIME", "EventTimeError", "LateSplit", "advance", "check_event_time",
+           "check_max_future_event_time", "event_micros", "iso_micros", "lateness_micros", "split_late"]
 
 
 class EventTimeError(SparkpointError):
@@ -38,6 +41,15 @@ def check_event_time(event_time: str | None, allowed_lateness: float, late: str)
     if late not in LATE_MODES:
         problems.append(f"late must be one of {', '.join(LATE_MODES)}, got {late!r}")
     return problems
+
+
+def check_max_future_event_time(value: float | None) -> list[str]:
+    """What is wrong with a `max_future_event_time` setting (seconds, or None: no bound), as messages."""
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return [f"max_future_event_time must be a number of seconds >= 0 (or none: no bound), got {value!r}"]
+    return []
 
 
 def lateness_micros(allowed_lateness: float) -> int:
