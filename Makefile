@@ -47,7 +47,7 @@ test: $(DEV_STAMP)
 	  DAGSTER_HOME=$$home $(BIN)/dagster definitions validate -w workspace.yaml && \
 	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg check defs; \
 	  status=$$?; rm -rf $$home; exit $$status
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The documentation site (docs/, mkdocs.yml) into build/site, strictly: a broken link, a public name
 # without a complete docstring or a setting without a description fails it. Offline, a few seconds.
