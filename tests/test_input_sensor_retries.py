@@ -158,7 +158,8 @@ def test_the_recovery_of_a_failed_run_is_waited_for(tmp_path: Path):
 
 
 def test_a_file_still_being_written_waits_until_it_settles(tmp_path: Path):
-    daemon = Daemon(dg.DagsterInstance.ephemeral(), orders(tmp_path, landing_settle_seconds=0.5))
+    # Three seconds: a loaded machine may take a second between a write and the tick that looks.
+    daemon = Daemon(dg.DagsterInstance.ephemeral(), orders(tmp_path, landing_settle_seconds=3.0))
     path = land(tmp_path, "o0.parquet", age=None)  # just written
     skip = daemon.tick()
     assert isinstance(skip, dg.SkipReason) and skip.skip_message.startswith("waiting for o0.parquet to settle: ")
@@ -166,7 +167,7 @@ def test_a_file_still_being_written_waits_until_it_settles(tmp_path: Path):
     assert daemon.tick().skip_message.startswith("waiting for o0.parquet to settle: ")
     os.utime(path, (time.time() + 3600, time.time() + 3600))  # a file server whose clock runs an hour ahead
     assert isinstance(daemon.tick(), dg.SkipReason)
-    time.sleep(0.6)  # unchanged across two ticks half a second apart: the cursor knows
+    time.sleep(3.1)  # unchanged across two ticks three seconds apart: the cursor knows
     request = daemon.tick()
     assert isinstance(request, dg.RunRequest) and request.run_key == "landed-o0.parquet"
 
