@@ -98,7 +98,7 @@ _CLEAR = "clear"
 # Any other class shows its own public methods and properties.
 MEMBERS: dict[str, list[str]] = {
     "sparkpoint.state.backend.RocksDBStateBackend": ["value_state", "map_state", "list_state", "reducing_state",
-                                                     "declared", "timers"],
+                                                     "declared", "timers", "clock"],
     "sparkpoint.state.handles.ValueState": ["get", "put", "delete", "get_many", "put_many", "update_many",
                                             "update_many_encoded", "get_many_table", "put_many_table", "items",
                                             _CLEAR],

@@ -12,9 +12,13 @@ loads nothing more):
   `ttl=StateTtl(seconds, update=..., clock=...)`);
 - the notebook API (pandas DataFrames): `read_state`, `diff_state`, `list_checkpoints`, `registry`;
 - Dagster: `build_pipeline_defs(pipeline)` and the `PipelineComponent` of `dg` projects.
+
+A subpackage is imported on first use as well (`sparkpoint.testing.OperatorHarness` after a bare
+`import sparkpoint`), so every name `dir(sparkpoint)` lists resolves, whatever was imported before.
 """
 
 import importlib
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -45,8 +49,19 @@ __all__ = sorted(_HOMES)
 def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)
+    if _is_submodule(__name__, name):  # `sparkpoint.testing` works before `import sparkpoint.testing`
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'sparkpoint' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
+    """The public names and whatever this process imported: every name resolves, in any process."""
     return sorted({*globals(), *__all__})
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """Whether `name` is a module or package inside `package` (found on disk; nothing is imported).
+    A submodule shows in `dir()` once some import loaded it, so it must resolve before one did."""
+    if not name.isidentifier() or name.startswith("_"):
+        return False
+    return importlib.util.find_spec(f"{package}.{name}") is not None

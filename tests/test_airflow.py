@@ -231,6 +231,46 @@ def test_overrides_take_the_two_restore_settings_and_the_preflight_stops_a_refus
     assert storage.completed_checkpoint_ids() == [1]
 
 
+def test_the_landing_sensor_waits_in_one_task_and_refuses_an_interval_that_cannot_work(tmp_path: Path):
+    """`sparkpoint_dag(on_landing=True, poke_interval=5)` waits in poke mode (in reschedule mode
+    Airflow's scheduler failed every idle wait at 5 s, apache/airflow#71172: see the standalone
+    test); an interval under 1 s, or a reschedule-mode sensor under 60 s, is refused when the DAG
+    is built, naming the bound."""
+    from sparkpoint.airflow import SparkpointLandingSensor, sparkpoint_dag
+    from sparkpoint.airflow.operators import PokeIntervalError
+    from tests.meters_pipeline import meters
+
+    pipeline = meters(tmp_path)
+    sensor = sparkpoint_dag(pipeline, on_landing=True, poke_interval=5).get_task("wait_for_batch")
+    assert (sensor.mode, sensor.poke_interval) == ("poke", 5)  # type: ignore[attr-defined]
+    with pytest.raises(PokeIntervalError, match=r"poke_interval=0.5 s is under 1 s"):
+        sparkpoint_dag(pipeline, on_landing=True, poke_interval=0.5)
+    with pytest.raises(PokeIntervalError, match=r"mode='reschedule' with poke_interval=5 s.*poke_interval=60 or more"):
+        SparkpointLandingSensor(task_id="wait", pipeline=pipeline, mode="reschedule", poke_interval=5)
+    assert SparkpointLandingSensor(task_id="wait", pipeline=pipeline, mode="reschedule", poke_interval=60).reschedule
+
+
+def test_a_landing_sensor_that_times_out_fails_its_run_without_running_recover(tmp_path: Path):
+    """A user's pipeline (smart meters) waiting for a file that never lands: the sensor times out,
+    the run fails, and `recover` skips (no batch task failed: they are `upstream_failed`) instead
+    of starting Spark to recover a batch that never ran."""
+    from tests.meters_pipeline import meters
+
+    meters(tmp_path)
+    run = dag_from_file("meters_af_idle", (
+        "from pathlib import Path\n"
+        "from sparkpoint.airflow import sparkpoint_dag\n"
+        "from tests.meters_pipeline import meters\n"
+        f"dag = sparkpoint_dag(meters(Path({str(tmp_path)!r})), dag_id='meters_af_idle', on_landing=True, "
+        "poke_interval=1, default_args={'timeout': 0})\n"
+    )).test()
+    got = states(run)
+    assert got["wait_for_batch"] == "failed" and got["batch"] == "upstream_failed", got
+    assert got["recover"] == "skipped", got
+    assert str(run.state) == "failed"
+    assert not (tmp_path / "ckpt").exists(), "nothing ran"
+
+
 def meters_dag(name: str, tmp_path: Path, **overrides: object):  # type: ignore[no-untyped-def]
     """A DAG file for the smart-meters pipeline (tests.meters_pipeline) at `tmp_path`; its DAG."""
     return dag_from_file(name, (

@@ -192,3 +192,44 @@ def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow)
     landed = pd.concat([pd.read_parquet(p) for p in sorted((root / ".sparkpoint" / "clicks" / "input")
                                                            .glob("clicks-*.parquet"))])
     assert dict(zip(state["user"], state["clicks"])) == landed.groupby("user").size().to_dict()
+
+
+LANDING_DAG = """\
+from pathlib import Path
+from sparkpoint.airflow import sparkpoint_dag
+from tests.meters_pipeline import meters
+
+dag = sparkpoint_dag(meters(Path({data!r})), dag_id="meters_landing", on_landing=True, poke_interval=5)
+"""
+
+
+def test_a_landing_dag_waits_idle_at_a_short_poke_interval_and_runs_when_a_file_lands(tmp_path: Path):
+    """A user's pipeline (smart meters) behind the landing sensor at `poke_interval=5`: idle waits
+    fail no run (in reschedule mode Airflow's scheduler failed the sensor when its next poke fell
+    due before it saw the previous poke's exit, apache/airflow#71172, and `recover` ran after it),
+    and the file that lands is committed by the run that waited for it."""
+    from tests.meters_pipeline import good, meters, state_of, totals
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pipeline = meters(data)
+    server = Airflow(tmp_path / "airflow", dags={"meters_landing.py": LANDING_DAG.format(data=str(data))},
+                     expect={"meters_landing"})
+    try:
+        server.start()
+        server.api("PATCH", "/dags/meters_landing", {"is_paused": False})
+        waiting = server.wait_for("the sensor's first poke", lambda: [
+            r["dag_run_id"] for r in server.api("GET", "/dags/meters_landing/dagRuns")["dag_runs"]
+            if server.tasks("meters_landing", r["dag_run_id"]).get("wait_for_batch") in (
+                "running", "up_for_reschedule")], timeout=180)[0]
+        time.sleep(40)  # eight idle intervals
+        runs = server.api("GET", "/dags/meters_landing/dagRuns")["dag_runs"]
+        assert [r["state"] for r in runs] == ["running"], (runs, server.tasks("meters_landing", waiting))
+        rows = good(data, "r-000.parquet")
+        done = server.wait_run("meters_landing", waiting)
+        tasks = server.tasks("meters_landing", waiting)
+        assert done["state"] == "success", (tasks, server.tail())
+        assert tasks["recover"] == "skipped", tasks
+    finally:
+        server.stop()
+    assert state_of(pipeline) == totals([rows])

@@ -288,6 +288,33 @@ def test_max_future_event_time_is_a_setting_on_every_route(tmp_path: Path):
     assert source.max_future_event_time == 60.0, "the Dagster input resource's default is the pipeline's"
 
 
+def test_skipped_files_do_not_move_the_watermark(tmp_path: Path):
+    """Only the files a batch processes move the watermark: a bad file skipped under
+    on_bad_file="skip" and a file skipped by hand (`sparkpoint skip`) add none of their event
+    times, here a producer's year-2999 row that would otherwise make every later row late."""
+    from sparkpoint.pipeline.skipping import skip_file
+
+    inp = land(tmp_path, [BATCHES[0]])  # b00: up to T0+30 s
+    far = pd.Timestamp("2999-01-01", tz="UTC")
+    pd.DataFrame({"device": [None, "d9"], "reported_at": [T0, far]}).to_parquet(inp / "b01.parquet")  # a null key
+    pd.DataFrame({"device": ["d1"], "reported_at": [T0 + pd.Timedelta(seconds=100)]}).to_parquet(inp / "b02.parquet")
+    settled = time.time() - 3600
+    for name in ("b00", "b01", "b02"):
+        os.utime(inp / f"{name}.parquet", (settled, settled))
+    spec = pipeline(tmp_path, on_bad_file="skip", parallelism=1)
+    reports = InProcessPipeline(None, spec.config(), spec.operators).run()
+    assert [(r.files, [s.file for s in r.skipped]) for r in reports] == [
+        (("b00.parquet",), []), ((), ["b01.parquet"]), (("b02.parquet",), [])]
+    assert [r.watermark for r in reports] == [micros(30 - LATENESS)] * 2 + [micros(100 - LATENESS)]
+
+    pd.DataFrame({"device": ["d2"], "reported_at": [far]}).to_parquet(inp / "b03.parquet")  # good, but skipped
+    report, meta = skip_file(InProcessPipeline(None, spec.config(), spec.operators), "b03.parquet", "producer clock")
+    assert report.watermark == micros(100 - LATENESS) == meta.source_offsets["watermark"]
+    pd.DataFrame({"device": ["d3"], "reported_at": [T0 + pd.Timedelta(seconds=200)]}).to_parquet(inp / "b04.parquet")
+    later = InProcessPipeline(None, spec.config(), spec.operators).run()
+    assert [(r.files, r.watermark, r.late_rows) for r in later] == [(("b04.parquet",), micros(200 - LATENESS), 0)]
+
+
 # --- time without data: --tick ---------------------------------------------------------------------
 
 REMIND_AFTER_S = 1.0

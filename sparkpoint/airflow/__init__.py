@@ -64,6 +64,8 @@ def get_provider_info() -> dict[str, Any]:
 def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(importlib.import_module(_HOMES[name]), name)
+    if name in ("dags", "operators"):  # listed by dir() once imported: they resolve before that too
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'sparkpoint.airflow' has no attribute {name!r}")
 
 

@@ -11,11 +11,12 @@ previous run.
 `batch` takes every unconsumed batch up to `max_batches_per_run`, each its own checkpoint, on
 one Spark session: it completes all but the last itself and persists the last one's attempt
 under the DAG run's id; `checkpoint` completes that one; `prune` applies retention; `verify`
-checks every retained checkpoint's files. `recover` runs only when `batch` or `checkpoint` failed
-(trigger rule `one_failed`): it aborts this run's attempt and processes the failed batch again,
-so each batch is committed exactly once (batches before a failed one stay committed; the run is
-still marked failed: it did fail, and the log says how it healed). A retried `batch` task aborts
-its own earlier attempt first. One run at a time.
+checks every retained checkpoint's files. `recover` runs only when `batch` or `checkpoint` itself
+failed (trigger rule `one_failed`, and it skips when they are only `upstream_failed`: the landing
+sensor or the pre-flight failed or timed out and no batch ran): it aborts this run's attempt and
+processes the failed batch again, so each batch is committed exactly once (batches before a failed
+one stay committed; the run is still marked failed: it did fail, and the log says how it healed).
+A retried `batch` task aborts its own earlier attempt first. One run at a time.
 
 Every committed checkpoint is exactly one event on the asset `sparkpoint://<job>/checkpoint`
 (`checkpoint_asset`), so downstream DAGs can be scheduled on new checkpoints; its `extra` holds
@@ -72,7 +73,8 @@ def sparkpoint_dag(
     """The DAG of `pipeline`: upgrade pre-flight, batch, checkpoint, prune, verify and recover tasks.
 
     Tasks: `check_upgrade` → (`wait_for_batch` with `on_landing`) → `batch` → `checkpoint` →
-    `prune` and `verify`; `recover` runs when `batch` or `checkpoint` failed. One run at a time
+    `prune` and `verify`; `recover` runs when `batch` or `checkpoint` itself failed (not when the
+    sensor or the pre-flight failed before them). One run at a time
     (`max_active_runs=1`), no catch-up. A run takes every unconsumed batch up to
     `max_batches_per_run`, each its own checkpoint, as `sparkpoint run` does (a backlog of N files
     needs one run, not N); every committed checkpoint is one event on `checkpoint_asset(job_id)`.
@@ -98,7 +100,8 @@ def sparkpoint_dag(
         master: the Spark master URL of a Spark of the batch and recover tasks' own (`local[2]`: in
             the task's process).
         remote: a Spark Connect URL to attach those tasks to instead. Neither: the warm local Spark.
-        poke_interval: seconds between the landing sensor's looks.
+        poke_interval: seconds between the landing sensor's looks, at least 1. The sensor waits in
+            one task (mode `"poke"`: it keeps a worker slot while it waits).
         orphan_grace_seconds: uploads younger than this are never swept (prune, recover).
         tick: a run that finds no unconsumed batch makes a checkpoint of no input instead of
             skipping, so processing time passes on the schedule: due timers fire, TTL state expires.
@@ -108,6 +111,10 @@ def sparkpoint_dag(
 
     Returns:
         The `airflow.sdk.DAG`.
+
+    Raises:
+        PokeIntervalError: with `on_landing`, a `poke_interval` under 1 second.
+        PipelineError: a pipeline reference that does not import, or an unknown setting.
     """
     ref = PipelineRef(pipeline, overrides, storage_conn_id)
     resolved = ref.resolved()
@@ -137,8 +144,11 @@ def sparkpoint_dag(
         [batch, checkpoint] >> recover
         check_upgrade = SparkpointUpgradeCheckOperator(task_id="check_upgrade", **common)
         if on_landing:
+            # Poke mode: one task waits and looks every poke_interval. Reschedule mode freed the
+            # slot between looks, but Airflow's scheduler failed the sensor whenever its next look
+            # fell due before it saw the previous look's exit (every idle wait at 5 s).
             check_upgrade >> SparkpointLandingSensor(task_id="wait_for_batch", poke_interval=poke_interval,
-                                                     mode="reschedule", **common) >> batch
+                                                     mode="poke", **common) >> batch
         else:
             check_upgrade >> batch
     return dag

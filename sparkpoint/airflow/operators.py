@@ -36,6 +36,27 @@ DEFAULT_MAX_BATCHES_PER_RUN = 10
 COMMITTED_KEY = "committed"  # the batch task's XCom: the event of each checkpoint it committed, pushed as it goes
 
 
+class PokeIntervalError(AirflowException, ValueError):
+    """A landing sensor's `poke_interval` (with its `mode`) that would not work; raised when the DAG is built."""
+
+
+MIN_POKE_INTERVAL = 1.0  # seconds: each poke lists the input and reads a _metadata (requests, on object storage)
+MIN_RESCHEDULE_POKE_INTERVAL = 60.0  # seconds: measured, the scheduler saw a poke's exit about 5 s after it
+
+
+def check_poke_interval(poke_interval: float, mode: str, task_id: str) -> None:
+    """Refuse a landing sensor's interval that cannot work, when the DAG is built (`PokeIntervalError`)."""
+    if poke_interval < MIN_POKE_INTERVAL:
+        raise PokeIntervalError(f"{task_id}: poke_interval={poke_interval:g} s is under {MIN_POKE_INTERVAL:g} s: each "
+                                "poke lists the input and reads the latest checkpoint; give 1 second or more")
+    if mode == "reschedule" and poke_interval < MIN_RESCHEDULE_POKE_INTERVAL:
+        raise PokeIntervalError(
+            f"{task_id}: mode='reschedule' with poke_interval={poke_interval:g} s: Airflow's scheduler fails a "
+            "rescheduled sensor whose next poke falls due before it processed the previous poke's exit "
+            f"(apache/airflow#71172); give poke_interval={MIN_RESCHEDULE_POKE_INTERVAL:g} or more, or mode='poke' "
+            "(the default), which waits in one task and works at any interval")
+
+
 def checkpoint_asset(job_id: str) -> Asset:
     """The Airflow asset a job's checkpoints update: `sparkpoint://<job>/checkpoint`.
 
@@ -386,7 +407,10 @@ class SparkpointRecoverOperator(SparkpointOperator):
 
     Orphans (uploads no attempt record names) are swept only past `orphan_grace_seconds`: another
     writer of the same job (a CLI run) may be uploading right now. Give it the trigger rule
-    `one_failed` downstream of the batch and checkpoint tasks.
+    `one_failed` downstream of the batch and checkpoint tasks. Airflow's `one_failed` also fires
+    when they are only `upstream_failed` (a landing sensor or the pre-flight before them failed or
+    timed out, and no batch ran): then it skips, saying so. It runs only when one of its upstream
+    tasks itself failed.
 
     Announces what no successful task of the run announced, one asset event each (through the
     `checkpoint_alias` outlet): the checkpoint it commits, one a failed completer had committed
@@ -421,6 +445,7 @@ class SparkpointRecoverOperator(SparkpointOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         if self.preflight_task_id and context["ti"].xcom_pull(task_ids=self.preflight_task_id, key="ok") is False:
             raise AirflowSkipException("the upgrade pre-flight refused the restore: no batch ran, nothing to recover")
+        self._skip_unless_an_upstream_task_failed(context)
         bad = context["ti"].xcom_pull(task_ids=self.batch_task_id, key="bad_file") if self.batch_task_id else None
         if isinstance(bad, dict):
             said = (f"the batch failed on bad input file {bad.get('file')} ({bad.get('check')}) before its upload: "
@@ -451,6 +476,21 @@ class SparkpointRecoverOperator(SparkpointOperator):
         if report.batch is not None:
             out["checkpoint_id"] = report.batch[1].checkpoint_id
         return out
+
+    def _skip_unless_an_upstream_task_failed(self, context: Context) -> None:
+        """`one_failed` also fires on `upstream_failed`: a sensor or pre-flight that failed (or timed
+        out) before any batch ran. Only a batch or checkpoint task that itself failed left something
+        to recover."""
+        upstream = sorted(self.upstream_task_ids)
+        if not upstream:
+            return
+        run, ti = context["dag_run"], context["ti"]
+        got = ti.get_task_states(dag_id=run.dag_id, task_ids=upstream, run_ids=[run.run_id]).get(run.run_id, {})
+        if any(str(got.get(task_id)) == "failed" for task_id in upstream):
+            return
+        said = ", ".join(f"{task_id}: {got.get(task_id)}" for task_id in upstream)
+        raise AirflowSkipException(f"no batch task failed ({said}): a task before them failed or timed out, no "
+                                   "batch ran, nothing to recover")
 
     def _unannounced(self, context: Context, storage: Any, report: maintenance.RecoveryReport) -> list[dict[str, Any]]:
         """The events of the checkpoints this run committed that no task announced, oldest first."""
@@ -557,22 +597,34 @@ class SparkpointSavepointOperator(SparkpointOperator):
 class SparkpointLandingSensor(BaseSensorOperator):
     """Waits until a batch file no checkpoint consumed is in the pipeline's input.
 
+    Each poke lists the input and reads the latest checkpoint's `_metadata`. In the default mode
+    `"poke"` (what `sparkpoint_dag` uses) the task keeps its worker slot and looks every
+    `poke_interval` seconds, at least 1. `mode="reschedule"` frees the slot between looks, but
+    Airflow 3.3's scheduler fails a rescheduled sensor whose next look falls due before it has
+    processed the previous look's exit (the task's log shows no error; apache/airflow#71172): it
+    needs `poke_interval` of at least 60 seconds, and a scheduler that lags by more than that
+    still fails it.
+
     Example:
         ```python
-        SparkpointLandingSensor(task_id="wait_for_batch", pipeline=clicks, poke_interval=10,
-                                mode="reschedule") >> batch
+        SparkpointLandingSensor(task_id="wait_for_batch", pipeline=clicks, poke_interval=10) >> batch
         ```
 
     Args:
         pipeline: a `sparkpoint.Pipeline`, or `"MODULE:ATTR"` naming one.
         overrides: locations and settings on top of the pipeline's (as `SparkpointOperator` takes them).
         storage_conn_id: an Airflow Connection whose credentials become fsspec storage options.
-        **kwargs: Airflow's `BaseSensorOperator` arguments (`task_id`, `poke_interval`, `mode`, ...).
+        **kwargs: Airflow's `BaseSensorOperator` arguments (`task_id`, `poke_interval`, `mode`,
+            `timeout`, ...).
+
+    Raises:
+        PokeIntervalError: `poke_interval` under 1 second, or under 60 seconds with `mode="reschedule"`.
     """
 
     def __init__(self, *, pipeline: Pipeline | str, overrides: Mapping[str, Any] | None = None,
                  storage_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        check_poke_interval(self.poke_interval, self.mode, self.task_id)
         self.ref = PipelineRef(pipeline, overrides, storage_conn_id)
 
     def poke(self, context: Context) -> bool:

@@ -78,8 +78,13 @@ class KeyedOperator:
         schema: the columns `export` makes, as a mapping or (column, type) pairs: shown by Dagster as the
             SSTable asset's column schema; nothing checks the export against it.
         on_timer: `on_timer(fired, state)`, called after each batch's `process` with the timers the batch
-            made due (`fired`: columns `key` and `timestamp`, in timestamp order); what it returns goes
-            to the sink like `process`'s changed rows.
+            made due, never with none. `fired` is a pandas DataFrame, one row per timer in timestamp
+            order, processing- and event-time timers together: `key` (`str`, the key as registered,
+            so an int key column's keys are their string form; `bytes` for a key that is not UTF-8)
+            and `timestamp` (`datetime64[us, UTC]`). `state` is the subtask's `RocksDBStateBackend`, as
+            `process` gets it, its clocks the batch's (`state.clock("event")`: the watermark). It
+            returns a DataFrame or None; what it returns goes to the sink like `process`'s changed
+            rows.
         bootstrap: `bootstrap(table, state)` writes the initial state from one subtask's rows of a table
             (keyed by `key`, every column) into an empty state: `sparkpoint bootstrap` makes a savepoint of it.
         states: the states `process` uses, declared (Flink's state descriptors): name -> a codec (a value

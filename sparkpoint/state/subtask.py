@@ -364,6 +364,35 @@ class SubtaskState:
             self._time["event"] = max(int(watermark_us), self._time.get("event") or int(watermark_us))
 
     def clock(self, kind: str) -> int | None:
+        """The time now on a clock, as TTL and timers see it: the batch's processing time, or the watermark.
+
+        In `process` and `on_timer` the processing clock is the batch's processing time (the
+        driver's clock when the batch started, one time for every subtask, standing still while
+        the batch runs) and the event clock is the watermark this batch advances to (its rows
+        included, less the allowed lateness): a row of the batch may be below it without being
+        late, since late rows are those below the watermark the batch started with. In `export`
+        (`read_state`, `sparkpoint state`), the checkpoint's: its commit time and its watermark.
+
+        Example:
+            ```python
+            def process(batch, state):
+                watermark = state.clock("event")        # None until the pipeline has a watermark
+                if watermark is not None:
+                    closed = batch[batch["clicked_at"] < pd.Timestamp(watermark, unit="us", tz="UTC")]
+            ```
+
+        Args:
+            kind: "event" (the watermark) or "processing" (the batch's processing time).
+
+        Returns:
+            Microseconds since the epoch, UTC; for "event", None while there is no watermark (the
+            pipeline has no `event_time`, or no row has been seen yet).
+
+        Raises:
+            ValueError: another kind.
+        """
+        if kind not in ("event", "processing"):
+            raise ValueError(f"a clock is 'event' or 'processing', got {kind!r}")
         now = self._time.get(kind)
         if now is None and kind == "processing":
             return int(time.time() * 1_000_000)

@@ -56,7 +56,10 @@ class TimerService(_KeyedState[bytes]):
     an `event_time`, processing time otherwise. After each batch's `process`, every timer the batch
     makes due fires once, in timestamp order, into the operator's `on_timer(fired, state)`. Timers live
     in RocksDB under their key's key group: they are checkpointed, restored and follow their key on a
-    rescale. Registering the same (key, time) twice leaves one timer.
+    rescale. Registering the same (key, time) twice leaves one timer. `on_timer` gets each fired
+    timer's key back as `str` (`bytes` when it is not UTF-8) and its time as a
+    `datetime64[us, UTC]` Timestamp, whatever type it was registered with; `list` gives int
+    microseconds.
 
     Example:
         ```python
@@ -64,7 +67,7 @@ class TimerService(_KeyedState[bytes]):
             last = batch.groupby("user")["clicked_at"].max()
             state.timers.register_many((u, t + pd.Timedelta(minutes=30)) for u, t in last.items())
 
-        def on_timer(fired, state):            # columns key, timestamp; in timestamp order
+        def on_timer(fired, state):            # key: str, timestamp: datetime64[us, UTC]; in timestamp order
             return fired.rename(columns={"key": "user", "timestamp": "idle_since"})
         ```
     """
