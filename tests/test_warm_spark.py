@@ -374,3 +374,17 @@ def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Pa
     assert json.loads(out.splitlines()[-1]) == {"total": 600, "connect": False}
     assert "runs with another environment (WEIGHT differ) and other runs use it" in err
     assert _starts(warm_env) == 2, "the server the second run used was left alone"
+
+
+@pytest.mark.parametrize("error, transient", [
+    (RuntimeError("<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE"), True),
+    (RuntimeError("status = StatusCode.DEADLINE_EXCEEDED"), True),
+    (RuntimeError("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:4: Socket closed"), True),
+    (RuntimeError("[SESSION_CLOSED] Session 1234 was closed"), False),
+    (RuntimeError("status = StatusCode.UNAUTHENTICATED"), False),
+    (ValueError("the code of 'clicks' changed"), False),
+])
+def test_an_attach_tries_again_only_after_a_transient_rpc_error(error: Exception, transient: bool):
+    from sparkpoint.spark.session import _transient
+
+    assert _transient(error) is transient
