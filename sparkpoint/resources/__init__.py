@@ -142,13 +142,16 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._conf = _json_object(self.conf, "spark: conf")
         from sparkpoint.spark.session import check_reachable, spark_session
-        from sparkpoint.spark.warm import default_spark
+        from sparkpoint.spark.warm import default_spark, proven_server
 
         self._remote = self.remote or str(self._conf.pop("spark.remote", "")) or None
         try:
             self._master, self._remote = default_spark(self.master or None, self._remote)
             if self._remote:  # the session itself when a step knows its pipeline (`session_for`)
                 check_reachable(self._remote)
+                warm = proven_server(self._remote)
+                if warm is not None and context.log is not None:  # a shared server says whose it is
+                    context.log.info(f"Spark: attached to {warm.describe()}")
             else:
                 self._session = spark_session(self._master, app_name=self.app_name)
         except SparkpointError as e:
