@@ -388,3 +388,71 @@ def test_an_attach_tries_again_only_after_a_transient_rpc_error(error: Exception
     from sparkpoint.spark.session import _transient
 
     assert _transient(error) is transient
+
+
+FLAG_PIPELINE = """
+import os
+
+import pandas as pd
+
+from flaghelper import unit  # a helper beside the pipeline's module, found on PYTHONPATH (not shipped)
+from sparkpoint import KeyedOperator, Pipeline, StructCodec
+
+# A feature flag a deployment drops where the job runs: read at import, relative to the run's directory.
+WEIGHT = unit() * (10.0 if os.path.exists("double.flag") else 1.0)
+TOTAL = StructCodec("<d")
+
+
+def add(batch, state):
+    sums = batch.groupby("meter")["kwh"].sum() * WEIGHT
+    keys = [str(k) for k in sums.index]
+    totals = state.value_state("kwh", TOTAL)
+    new = [float(s) + (o[0] if o else 0.0) for s, o in zip(sums, totals.get_many(keys))]
+    totals.put_many((k, (v,)) for k, v in zip(keys, new))
+    return pd.DataFrame({"meter": keys, "kwh": new, "cwd": [os.getcwd()] * len(keys)})
+
+
+def export(state):
+    rows = [(k.decode(), v[0]) for k, v in state.value_state("kwh", TOTAL).items()]
+    return pd.DataFrame(rows, columns=["meter", "kwh"])
+
+
+meters = KeyedOperator("kwh", key="meter", key_type="string", columns=("kwh",), process=add, export=export,
+                       emits=True, schema={"meter": "string", "kwh": "float64", "cwd": "string"})
+pipe = Pipeline("flags", [meters], input_url="{root}/in", checkpoints_url="{root}/ckpt", output_url="{root}/out",
+                local_dir="{root}/local", parallelism=1)
+"""
+
+
+def test_a_run_on_the_warm_server_runs_in_its_own_directory_with_its_own_path(tmp_path: Path,
+                                                                            warm_env: dict[str, str]):
+    project = tmp_path / "project"
+    (project / "dags").mkdir(parents=True)
+    (project / "in").mkdir()
+    (project / "dags" / "flagpipe.py").write_text(FLAG_PIPELINE.replace("{root}", str(project)))
+    (project / "dags" / "flaghelper.py").write_text("def unit():\n    return 1.0\n")
+    (project / "double.flag").write_text("on\n")
+    import pandas as pd
+
+    pd.DataFrame({"meter": ["a", "b", "a"], "kwh": [1.0, 2.0, 0.5]}).to_parquet(project / "in" / "b00.parquet")
+    env = {**warm_env, "PYTHONPATH": f"dags{os.pathsep}{ROOT}"}  # relative, as docs/airflow.md shows
+    run = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "flagpipe:pipe"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "attached to the warm local Spark" in run.stderr, "ran on the warm server"
+    out = pd.read_parquet(project / "out")
+    assert dict(zip(out.meter, out.kwh)) == {"a": 15.0, "b": 20.0}, "the flag file in the run's directory counted"
+    assert set(out.cwd) == {str(project)}
+
+
+@pytest.mark.parametrize("command, shown", [
+    (["/v/bin/python", "-m", "sparkpoint.cli", "run", "--pipeline", "p:q", "--storage-options", '{"secret": "AK"}'],
+     "sparkpoint.cli run"),
+    (["/v/bin/sparkpoint", "run", "--storage-options", '{"secret": "AK"}'], "sparkpoint run"),
+    (["/v/bin/python3.11", "-c", "import secret_stuff"], "python -c ..."),
+    (["/v/bin/dagster", "api", "grpc", "--port", "4000"], "dagster api"),
+])
+def test_the_server_says_who_started_it_without_their_arguments(command: list[str], shown: str):
+    from sparkpoint.spark.warm import _program
+
+    assert _program(command) == shown

@@ -7,6 +7,7 @@ checkpoint that restores, the sink's settlement. Knows no orchestrator.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -323,8 +324,15 @@ class PipelineCore:
             claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
             local_recovery=c.local_recovery, rocksdb=c.rocksdb, allow_new_operators=c.allow_new_operators,
             changelog=c.changelog_options(), batch_time_us=int(time.time() * 1_000_000),
-            event_time=c.event_time, late=c.late,
+            event_time=c.event_time, late=c.late, run_dir=self._run_dir(),
         )
+
+    def _run_dir(self) -> str | None:
+        """The run's working directory when its tasks run on the warm local Spark, whose Python
+        workers start elsewhere (a Spark of the run's own starts them here)."""
+        from sparkpoint.spark.warm import attached_here
+
+        return os.getcwd() if self.spark is not None and attached_here() else None
 
     def _run_spark(self, spec: TaskSpec, urls: list[str], layouts: list[FileLayout] | None = None,
                    route: str = READ_ALL) -> list[dict[str, Any]]:

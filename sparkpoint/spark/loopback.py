@@ -75,6 +75,11 @@ def holds_socket(pid: int, inodes: set[int]) -> bool:
     return False
 
 
+def holding_inodes(pid: int, port: int, host: str = _LOOPBACK) -> set[int]:
+    """The sockets listening on `host`:`port` that process `pid` holds (empty: not it)."""
+    return {inode for inode in listening_inodes(port, host) if holds_socket(pid, {inode})}
+
+
 def listens_on(pid: int, port: int, host: str = _LOOPBACK) -> bool:
     """Whether process `pid` is what listens on `host`:`port`."""
     return holds_socket(pid, listening_inodes(port, host))

@@ -171,10 +171,12 @@ def _first_line(e: BaseException) -> str:
 def _open_connect_session(url: str, app_name: str, share: str | None, peer: WarmServer | None) -> Any:
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
+    guard = peer.guard() if peer is not None else None
+
     def builder(target: str) -> Any:
-        if peer is None:
+        if guard is None:
             return ConnectSession.builder.remote(target)
-        return ConnectSession.builder.channelBuilder(verified_channel_builder(target, peer.lives))
+        return ConnectSession.builder.channelBuilder(verified_channel_builder(target, guard))
 
     if share and "session_id=" not in url:
         return _shared_session(builder, url, share)
@@ -228,8 +230,11 @@ def session_key(job_id: str, operators: Iterable[Any], settings: Mapping[str, An
     sparkpoint's own included). Any change to that code gives another key, so a session's
     workers never run modules another version imported, and the session never holds an
     artifact of the same name with other bytes. `settings`: the Spark settings a run puts on the
-    session, which stay on it (other settings get a session of their own)."""
+    session, which stay on it (other settings get a session of their own). The working directory
+    too: on the warm local Spark a session's workers run in the directory of its runs (a module
+    that reads a relative path at import reads it there once)."""
     digest = hashlib.sha256(job_id.encode())
+    digest.update(os.getcwd().encode("utf-8", "surrogateescape"))
     digest.update(json.dumps({str(k): str(v) for k, v in (settings or {}).items()}, sort_keys=True).encode())
     functions = [fn for op in operators for fn in (op.process, op.export)]
     roots = dict(code_roots(functions))

@@ -59,14 +59,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.processes import boot_id, process_start, same_process_lives
-from sparkpoint.spark.loopback import listens_on, proc_available
+from sparkpoint.spark.loopback import holding_inodes, listening_inodes, listens_on, proc_available
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,18 @@ class WarmServer:
         """Whether the server lives and its JVM is what listens on 127.0.0.1:`port`."""
         return self.lives() and listens_on(self.jvm_pid, self.port)
 
+    def guard(self) -> Callable[[], bool]:
+        """A check for every call of a client, made once the server is proven: the JVM lives and
+        the very socket it was proven to hold still listens on the port (a JVM shutting down
+        closes its listener first, and the port is then anyone's). Reads /proc/net/tcp6, not
+        the JVM's open files: cheap enough for each call."""
+        held = holding_inodes(self.jvm_pid, self.port)
+
+        def still_ours() -> bool:
+            return bool(held & listening_inodes(self.port)) and self.lives()
+
+        return still_ours
+
     def environment_differs(self, environment: dict[str, str]) -> list[str]:
         """The variables whose values differ between `environment` (digests) and the server's."""
         return sorted(k for k in self.environment.keys() | environment.keys()
@@ -154,10 +166,19 @@ class WarmServer:
 def environment_digest(environ: dict[str, str] | None = None) -> dict[str, str]:
     """What of a process's environment a run must share with the server its tasks run on, as
     digests (the values, credentials among them, are never written down)."""
-    environ = dict(os.environ if environ is None else environ)
+    environ = _absolute_pythonpath(dict(os.environ if environ is None else environ))
     return {k: hashlib.sha256(v.encode("utf-8", "surrogateescape")).hexdigest()[:16]
             for k, v in sorted(environ.items())
             if k not in VOLATILE_ENV and not k.startswith(VOLATILE_PREFIXES)}
+
+
+def _absolute_pythonpath(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` with its PYTHONPATH's entries made absolute against this process's working
+    directory (`PYTHONPATH=dags` names another directory from another one)."""
+    if environ.get("PYTHONPATH"):
+        entries = environ["PYTHONPATH"].split(os.pathsep)
+        environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in entries if p)
+    return environ
 
 
 def enabled() -> bool:
@@ -352,6 +373,11 @@ def _replace_unless_used(directory: Path, server: WarmServer, differs: list[str]
     stop(server)
 
 
+def attached_here() -> bool:
+    """Whether this process is attached to a warm local Spark (its tasks run there)."""
+    return bool(_attached)
+
+
 def proven_server(url: str) -> WarmServer | None:
     """The warm server `url` (as `attach` gave it) names, proven to hold its address now; None for
     a URL that is not a warm server's.
@@ -408,7 +434,7 @@ def _start(directory: Path, idle: float, timeout: float) -> WarmServer:
     with open(log_path, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "sparkpoint.spark.warm", str(directory), "--idle", str(idle)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=directory)
+                                start_new_session=True, cwd=directory, env=_absolute_pythonpath(dict(os.environ)))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         server = read_server(directory)
@@ -513,16 +539,30 @@ def _write_properties(directory: Path, port: int) -> Path:
 
 
 def _started_by() -> str:
-    """The run that spawned this supervisor: its pid and command line, as a shared server says
-    whose it is."""
+    """The run that spawned this supervisor, as a shared server says whose it is: its pid and
+    program (`sparkpoint run`, `python -m dagster ...`), never its arguments (they may hold a
+    storage option's secret, and other runs' logs show this)."""
     parent = os.getppid()
     try:
-        words = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
-        command = " ".join(" ".join(w.decode(errors="replace").split()) for w in words if w)
+        words = [w.decode(errors="replace") for w in Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0") if w]
     except OSError:
-        command = ""
-    command = command if len(command) <= 120 else command[:117] + "..."
-    return f"pid {parent}" + (f" ({command})" if command else "")
+        words = []
+    return f"pid {parent}" + (f" ({_program(words)})" if words else "")
+
+
+def _program(words: list[str]) -> str:
+    """`python -m sparkpoint.cli run --pipeline ...` -> `sparkpoint.cli run`; `/venv/bin/sparkpoint
+    run ...` -> `sparkpoint run`: the program and its subcommand, not its arguments."""
+    rest = words[1:] if os.path.basename(words[0]).startswith("python") and len(words) > 1 else words
+    if rest[0] == "-m" and len(rest) > 1:
+        name, rest = rest[1], rest[2:]
+    elif rest[0] == "-c":
+        return "python -c ..."
+    else:
+        name, rest = os.path.basename(rest[0]), rest[1:]
+    if rest and rest[0].replace("-", "").replace("_", "").isalpha():
+        name += f" {rest[0]}"
+    return name[:80]
 
 
 def serve(directory: Path, idle: float) -> int:
@@ -539,9 +579,12 @@ def serve(directory: Path, idle: float) -> int:
            "SPARK_CONNECT_AUTHENTICATE_TOKEN": token_file.read_text().strip(),
            "PYTHONWARNINGS": "ignore::FutureWarning"}
     env.pop("SPARKPOINT_LOCAL_DIR", None)  # task-local state goes where each run says
-    # Its Python workers import this sparkpoint and nothing else of the starting run's path: a
-    # user's modules reach them as each run's artifacts, in the version that run has.
-    env["PYTHONPATH"] = str(_sparkpoint_root())
+    # Its Python workers import this sparkpoint first, then what the run's own PYTHONPATH holds
+    # (a helper module beside the pipeline's, as a Spark of the run's own would find it; part of
+    # the environment a run must share to attach); the operators' modules also reach them as
+    # each run's artifacts.
+    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # absolute: see `_start`
+    env["PYTHONPATH"] = os.pathsep.join([str(_sparkpoint_root()), *own])
     for attempt in range(3):  # the free port may be taken between its pick and the JVM's bind
         port = _first_port() if attempt == 0 else _free_port()
         jvm = subprocess.Popen(_jvm_command(_write_properties(directory, port)), env=env, stdin=subprocess.DEVNULL,
