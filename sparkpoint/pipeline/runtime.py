@@ -27,7 +27,16 @@ from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, pla
 from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, check_routing, read_units, shuffle_job
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
-from sparkpoint.spark.tasks import RESULT_SCHEMA, TaskSpec, no_rows, route_units, run_routed, run_slots, run_subtask
+from sparkpoint.spark.tasks import (
+    LOCAL_DIR_ENV,
+    RESULT_SCHEMA,
+    TaskSpec,
+    no_rows,
+    route_units,
+    run_routed,
+    run_slots,
+    run_subtask,
+)
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import (
     MAX_FUTURE_EVENT_TIME,
@@ -316,15 +325,19 @@ class PipelineCore:
 
     def _spec(self, cid: int, start: _Start) -> TaskSpec:
         c = self.config
+        run_dir = self._run_dir()
+        # A Spark of the run's own hands the run's SPARKPOINT_LOCAL_DIR to its executors; the warm
+        # server's workers have none of their own, so the spec carries it.
+        local_dir = (os.environ.get(LOCAL_DIR_ENV) or c.local_dir) if run_dir is not None else c.local_dir
         return TaskSpec(
             checkpoint_id=cid, checkpoints_url=self.storage.url, job_id=c.job_id, storage_options=c.storage_options,
             operators=self.operators, parallelism=self.parallelism, max_parallelism=c.max_parallelism,
-            local_dir=c.local_dir, input_options=c.input_options,
+            local_dir=local_dir, input_options=c.input_options,
             restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,
             claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
             local_recovery=c.local_recovery, rocksdb=c.rocksdb, allow_new_operators=c.allow_new_operators,
             changelog=c.changelog_options(), batch_time_us=int(time.time() * 1_000_000),
-            event_time=c.event_time, late=c.late, run_dir=self._run_dir(),
+            event_time=c.event_time, late=c.late, run_dir=run_dir,
         )
 
     def _run_dir(self) -> str | None:
