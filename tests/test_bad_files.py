@@ -207,6 +207,32 @@ def test_a_file_still_being_copied_is_neither_skipped_nor_refused_and_stays_pend
     assert "may still be being written" in caplog.text and "it is not consumed" in caplog.text
 
 
+def test_a_file_being_copied_to_a_server_whose_clock_lags_is_judged_only_after_a_second_look(tmp_path: Path):
+    """A file server whose clock runs behind ours dates a file being written minutes ago: its
+    modification time alone would call it settled. A second look, the settle time later, sees it
+    grow, and the batch ends before it instead of skipping it for good."""
+    from sparkpoint.pipeline.badfiles import FileChecks
+    from sparkpoint.spark.source import InputNeeds, ParquetDirectorySource
+
+    pipeline = meters(tmp_path, on_bad_file="skip", files_per_checkpoint=2)
+    copying, rest, _ = half_copied(tmp_path, "r-000.parquet")
+    settled(copying)  # dated an hour ago, as a lagging server clock would date it
+    good(tmp_path, "r-001.parquet")
+    source = ParquetDirectorySource(str(tmp_path / "in"))
+
+    def the_copy_goes_on(seconds: float) -> None:
+        with open(copying, "ab") as f:
+            f.write(rest[: len(rest) // 2])
+        settled(copying)  # the server dates the new bytes in its past too
+
+    checks = FileChecks(InputNeeds({}, {}), "skip", sleep=the_copy_goes_on)
+    assert checks.take(source, ["r-000.parquet", "r-001.parquet"]) == [], "ends before the growing file"
+    assert checks.waiting is not None and "changed between two looks" in checks.waiting
+    driver = StatefulPipeline(None, pipeline.config(), pipeline.operators)
+    driver._file_checks._sleep = the_copy_goes_on
+    assert driver.run() == [] and driver.pending_files() == ["r-000.parquet", "r-001.parquet"], "nothing skipped"
+
+
 @pytest.mark.spark
 def test_a_batch_ends_before_a_file_being_copied_and_the_complete_file_is_processed_later(tmp_path: Path, spark):
     pipeline = meters(tmp_path, on_bad_file="skip", files_per_checkpoint=3)

@@ -151,12 +151,20 @@ class FileChecks:
     def _settle(self, source: BatchSource, name: str, settle_seconds: float) -> str | None:
         """None once failing file `name` has settled and its verdict was read from that content
         (kept in `_seen` with its size and modification time); otherwise what it waits for."""
+        before = self._looks.get(name)
         stat = source.stat(name)
-        seen, why = settle(self._looks.get(name), name, stat, self._clock(), settle_seconds)
-        if why is not None and stat.modified is None:  # no time to tell by: a second look, later
+        seen, why = settle(before, name, stat, self._clock(), settle_seconds)
+        if before is None and (why is None or stat.modified is None):
+            # One look proves nothing: a file server whose clock lags ours dates a file being
+            # written in the past, and some give no time at all. A second look, `settle_seconds`
+            # later, must find it unchanged (a failing file only: a good one is never waited for).
             self._sleep(max(0.0, seen.since + settle_seconds - self._clock()))
-            stat = source.stat(name)
-            seen, why = settle(seen, name, stat, self._clock(), settle_seconds)
+            again = source.stat(name)
+            if (again.size, again.modified) != (stat.size, stat.modified):
+                self._looks[name] = FileSeen(name, again.size, again.modified, self._clock())
+                self.forget([name])
+                return f"it changed between two looks {settle_seconds:g} s apart, {stat.size} -> {again.size} bytes"
+            seen, why = settle(seen, name, again, self._clock(), settle_seconds)
         self._looks[name] = seen
         self.forget([name])
         if why is not None:
