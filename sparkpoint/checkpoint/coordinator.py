@@ -263,13 +263,16 @@ class CheckpointCoordinator:
         """Another writer committed or subsumed between our checks and our commit (invariant 5):
         withdraw ours when a reused file of ours is gone with a checkpoint of theirs, or when a
         checkpoint newer than ours completed meanwhile (ours is then stale: a writer that started
-        from the newer one has consumed its batch, and our sink commit would repeat output)."""
+        from the newer one has consumed its batch, and our sink commit would repeat output). A
+        newer savepoint does not count: it is a copy of ours, taken right after our commit."""
         cid = meta.checkpoint_id
         current = set(self.storage.completed_checkpoint_ids()) - {cid}
         if current == known:
             return
-        newer = sorted(c for c in current - known if c > cid)
         self._rebuild()
+        # A savepoint consumes no batch: one newer than ours is a copy of ours (it takes exactly the
+        # id after the checkpoint it copies), and withdrawing ours would drop its batch's output.
+        newer = sorted(c for c in current - known if c > cid and self._kinds.get(c) != "savepoint")
         others = {p for c in self.registry.checkpoint_ids() if c != cid for p in self.registry.paths_of(c)}
         suspects = sorted({f.path for f in meta.files() if f.created_by != cid and f.path not in others})
         gone = [p for p, there in zip(suspects, self.storage.parallel(self.storage.exists, suspects)) if not there]
