@@ -424,3 +424,26 @@ def test_prune_keeps_older_checkpoints_while_the_newest_needs_a_damaged_file(
     subsumed, deleted, blocked = lowered.subsume()
     assert subsumed == [] and deleted == 0 and blocked and "damaged" in blocked
     assert sorted(CompletedCheckpointStore(storage).checkpoint_ids()) == [1, 2, 3]
+
+
+def test_retention_reads_back_only_the_reused_files_the_subsumed_checkpoint_lacks(storage: CheckpointStorage,
+                                                                                 tmp_path: Path):
+    """Rule 15, and its cost: the blog's checkpoint 3 (s123, s4, s5) subsumes checkpoint 1 (s1, s2);
+    of what 3 reuses, only s4 (new in 2) is not in 1, so only s4 is read back to check its CRC32."""
+    from sparkpoint.checkpoint.interleave import set_step_hook
+
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    for name in ["s1", "s2", "s3", "s4", "s5", "s123"]:
+        sub.write(name)
+    run_checkpoint(coord, sub, ["s1", "s2"])
+    run_checkpoint(coord, sub, ["s1", "s2", "s3", "s4"])
+    s4 = sub.confirmed["s4"].path
+    reads: list[str] = []
+    previous = set_step_hook(lambda op, path: reads.append(path) if op == "read" and "/shared/" in path else None)
+    try:
+        done = run_checkpoint(coord, sub, ["s123", "s4", "s5"])
+    finally:
+        set_step_hook(previous)
+    assert done.subsumed == (1,) and done.deletion_blocked is None
+    assert [r.rsplit("/", 1)[-1] for r in reads] == [s4.rsplit("/", 1)[-1]]

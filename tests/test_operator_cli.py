@@ -386,11 +386,13 @@ def test_every_operator_command_has_help(command: str, capsys: pytest.CaptureFix
     assert f"usage: sparkpoint {command}" in out and "--verbose" in out
 
 
-def test_savepoint_in_the_job_directory_never_takes_the_id_of_a_pending_attempt(
+def test_savepoint_in_the_job_directory_takes_the_id_after_the_latest_even_beside_a_pending_attempt(
     fresh_job: Job, capsys: pytest.CaptureFixture[str]
 ):
+    """The attempt races the savepoint for chk-3 by exclusive create: an id above it would let the
+    savepoint (a copy of chk-2) become the latest over the attempt's chk-3 and roll the job back."""
     j = fresh_job
     j.close()
     j.storage.write_bytes("_pending/chk-3-0123456789ab.json", b"{}")  # a Dagster step's attempt at chk-3
     sp = cli_json(capsys, "savepoint", *job_args(j))
-    assert isinstance(sp, dict) and sp["checkpoint_id"] == 4 and j.store().checkpoint_ids() == [4, 2, 1]
+    assert isinstance(sp, dict) and sp["checkpoint_id"] == 3 and j.store().checkpoint_ids() == [3, 2, 1]

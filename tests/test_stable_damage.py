@@ -136,3 +136,45 @@ def test_sparkpoint_run_checks_each_checkpoint_it_commits(spark, tmp_path: Path,
     assert len(per_checkpoint) == 4
     for actual, expected in zip(per_checkpoint, oracle.sink_rows(batches)):
         oracle.assert_totals_equal(actual, expected)
+
+
+@pytest.mark.parametrize("changelog", [True, False], ids=["changelog", "files"])
+def test_a_flipped_byte_in_a_reused_file_keeps_the_last_checkpoint_without_it(tmp_path: Path, changelog: bool):
+    """Rule 15 (issue 43, item 7): a byte flips in a file chk-2 uploaded (its size stays); a
+    completer that restored from its task-local copy never reads it, and chk-3 reuses it. Retention
+    (two kept) would subsume chk-1, the only checkpoint without it, and leave no checkpoint that
+    restores once the local disk is gone; it checks the file's CRC32 first and keeps chk-1."""
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    local = tmp_path / "local"
+    rng, model = random.Random(11), {}
+    with backend(storage, local, changelog) as b:
+        b.restore(None)
+        update(b, model, rng)
+        take_checkpoint(CheckpointCoordinator(storage, num_retained=2), [b])
+        at_chk1 = dict(model)
+        update(b, model, rng)
+        take_checkpoint(CheckpointCoordinator(storage, num_retained=2), [b])
+    store = CompletedCheckpointStore(storage)
+    victim = max((f for f in store.load(2).files() if f.created_by == 2 and f.path.startswith("shared/")),
+                 key=lambda f: f.size)
+    full = Path(storage.abspath(victim.path))
+    data = bytearray(full.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    full.write_bytes(bytes(data))
+    for marker in local.rglob("working.json"):  # the working database is not trusted (another executor's slot)
+        marker.unlink()
+    with backend(storage, local, changelog) as b:  # the next run, on the same host
+        assert b.restore(store.load(2)).source == "local"
+        update(b, model, rng)
+        coordinator = CheckpointCoordinator(storage, num_retained=2)
+        done = take_checkpoint(coordinator, [b])
+    assert victim.path in store.load(3).paths(), "chk-3 reuses the damaged file"
+    assert store.checkpoint_ids() == [3, 2, 1], "chk-1, the last checkpoint without it, is kept"
+    assert done.deletion_blocked is not None and "DAMAGED SHARED FILE" in done.deletion_blocked
+    assert victim.path in done.deletion_blocked and "CRC32" in done.deletion_blocked
+    shutil.rmtree(local)  # the local disk is lost: chk-3 and chk-2 cannot be restored, chk-1 can
+    with backend(storage, tmp_path / "new-local", changelog) as fresh:
+        results = restore_with_fallback([fresh], store.load_all().checkpoints)
+        restored = {k.decode(): v[0] for k, v in fresh.value_state("count", COUNTS).items()}
+    assert results[0].checkpoint_id == 1 and results[0].fell_back_from == (3, 2)
+    assert restored == at_chk1

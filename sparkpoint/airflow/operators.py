@@ -576,7 +576,8 @@ class SparkpointSavepointOperator(SparkpointOperator):
 
     Args:
         target: where (a new directory, laid out as a job directory: `target/chk-<N>/_metadata`);
-            default: the next chk-N of the job.
+            default: the job's own directory, as chk-<L+1> for the latest checkpoint L (a run that
+            commits L+1 first makes it try again of the new latest).
         **kwargs: the arguments every sparkpoint operator takes (`pipeline`, `overrides`,
             `storage_conn_id`, `master`, `remote`: see `SparkpointOperator`) and Airflow's `BaseOperator`'s
             (`task_id`, `retries`, ...).

@@ -32,7 +32,7 @@ from typing import Any
 from sparkpoint.checkpoint import store
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import CheckpointDeclined, CheckpointSuperseded, DeletionBlocked, UnknownSharedState
-from sparkpoint.checkpoint.files import stored_size_problems
+from sparkpoint.checkpoint.files import stored_content_problems, stored_size_problems
 from sparkpoint.checkpoint.metadata import (
     CheckpointMetadata,
     CheckpointStats,
@@ -263,13 +263,16 @@ class CheckpointCoordinator:
         """Another writer committed or subsumed between our checks and our commit (invariant 5):
         withdraw ours when a reused file of ours is gone with a checkpoint of theirs, or when a
         checkpoint newer than ours completed meanwhile (ours is then stale: a writer that started
-        from the newer one has consumed its batch, and our sink commit would repeat output)."""
+        from the newer one has consumed its batch, and our sink commit would repeat output). A
+        newer savepoint does not count: it is a copy of ours, taken right after our commit."""
         cid = meta.checkpoint_id
         current = set(self.storage.completed_checkpoint_ids()) - {cid}
         if current == known:
             return
-        newer = sorted(c for c in current - known if c > cid)
         self._rebuild()
+        # A savepoint consumes no batch: one newer than ours is a copy of ours (it takes exactly the
+        # id after the checkpoint it copies), and withdrawing ours would drop its batch's output.
+        newer = sorted(c for c in current - known if c > cid and self._kinds.get(c) != "savepoint")
         others = {p for c in self.registry.checkpoint_ids() if c != cid for p in self.registry.paths_of(c)}
         suspects = sorted({f.path for f in meta.files() if f.created_by != cid and f.path not in others})
         gone = [p for p, there in zip(suspects, self.storage.parallel(self.storage.exists, suspects)) if not there]
@@ -458,6 +461,7 @@ class CheckpointCoordinator:
             except Exception as e:  # cannot tell whether it is whole: keep everything
                 log.error("retention skipped: checkpoint %s cannot be read (%s)", kept[-1], e)
                 return [], 0, f"checkpoint {kept[-1]} cannot be read ({e})"
+        damage = None
         if doomed and newest is not None:
             problems = stored_size_problems(self.storage, list(newest.files()))
             if problems:
@@ -465,12 +469,43 @@ class CheckpointCoordinator:
                        + "; ".join(str(p) for p in problems[:3]) + f"): checkpoints {doomed} are kept")
                 log.error("retention skipped: %s", why)
                 return [], 0, why
+            doomed, damage = self._keep_fallback_from_damaged_reuse(newest, doomed)
         try:
             deleted = self._discard(doomed)
         except DeletionBlocked as e:
             log.warning("retention skipped: %s", e)
             return [], 0, str(e)
-        return doomed, deleted, None
+        return doomed, deleted, damage
+
+    def _keep_fallback_from_damaged_reuse(self, newest: CheckpointMetadata, doomed: list[int]
+                                          ) -> tuple[list[int], str | None]:
+        """Rule 15: a file `newest` reuses is only as good as its bytes. Before retention subsumes
+        the last retained checkpoint that does not reference such a file (every checkpoint kept
+        does), the file's CRC32 is checked on storage; usually these are the previous
+        checkpoint's new files. A damaged one keeps that checkpoint beyond `num_retained`: it is
+        the one a restore falls back to. Returns (what may be subsumed, why something was kept)."""
+        kept = {c: self.registry.paths_of(c) for c in self.registry.checkpoint_ids() if c not in doomed}
+        kept.setdefault(newest.checkpoint_id, frozenset(newest.paths()))
+        lost = {c: self.registry.paths_of(c) for c in doomed}
+        reused = {f.path: f for f in newest.restored_files() if f.created_by != newest.checkpoint_id}
+        last_without: dict[str, int] = {}  # reused path -> the newest doomed checkpoint that lacks it
+        for path in reused:
+            if all(path in paths for paths in kept.values()):
+                free = [c for c, paths in lost.items() if path not in paths]
+                if free:
+                    last_without[path] = max(free)
+        if not last_without:
+            return doomed, None
+        problems = stored_content_problems(self.storage, [reused[p] for p in sorted(last_without)])
+        if not problems:
+            return doomed, None
+        keep = sorted({last_without[p.path] for p in problems})
+        why = (f"DAMAGED SHARED FILE: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+               + f"; checkpoint {newest.checkpoint_id} and every newer retained checkpoint reuse it, so checkpoint(s) "
+               f"{keep} without it are kept beyond num_retained={self.num_retained}: a restore falls back to them. "
+               "Run `sparkpoint verify`; a restore from a task-local copy hides the damage until the copy is gone")
+        log.error("retention: %s", why)
+        return [c for c in doomed if c not in keep], why
 
     def _discard(self, checkpoint_ids: list[int]) -> int:
         if checkpoint_ids and self.registry.deletion_blocked:

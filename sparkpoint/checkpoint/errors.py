@@ -30,6 +30,11 @@ class CheckpointSuperseded(CheckpointAlreadyExists):
     """A newer checkpoint completed while this one committed (another writer): it was withdrawn."""
 
 
+class SavepointOvertaken(SparkpointError):
+    """A savepoint into the job directory could not be committed: the job committed its id while it
+    copied, or the checkpoint to copy is still being completed. Nothing of the savepoint is left."""
+
+
 class UnknownSharedState(SparkpointError):
     """A checkpoint references a shared file the registry does not know."""
 

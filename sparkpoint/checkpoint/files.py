@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkpoint.checkpoint.errors import CheckpointCorrupted, PathEscapesJobDirectory
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
-from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile, crc32_of_file
+from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile, crc32, crc32_of_file
+
+_CHUNK = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,25 @@ def stored_size_problems(storage: CheckpointStorage, files: list[FileHandle]) ->
         if problem:
             problems.append(FileProblem(f.path, f.local_name, problem))
     return problems
+
+
+def stored_content_problems(storage: CheckpointStorage, files: list[FileHandle]) -> list[FileProblem]:
+    """Size and CRC32 of `files` as stored, each one read whole (rule 15: a file reused by newer
+    checkpoints is only as good as its bytes). Storage that cannot be reached raises."""
+    def check(f: FileHandle) -> FileProblem | None:
+        size, crc = 0, 0
+        try:
+            storage_step("read", storage.abspath(f.path))
+            with storage.fs.open(storage.abspath(f.path), "rb") as stream:
+                while chunk := stream.read(_CHUNK):
+                    crc = crc32(chunk, crc)
+                    size += len(chunk)
+        except FileNotFoundError:
+            return FileProblem(f.path, f.local_name, "missing")
+        problem = mismatch(f, size, lambda: crc)
+        return FileProblem(f.path, f.local_name, problem) if problem else None
+
+    return [p for p in storage.parallel(check, sorted(files, key=lambda f: f.path)) if p is not None]
 
 
 def _listed_in(path: str) -> str:

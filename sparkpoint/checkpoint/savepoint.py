@@ -8,9 +8,21 @@ Retention never subsumes a savepoint (`checkpoints_to_subsume` skips the kind).
 
 Where it goes:
 
-- by default into the job's own directory, as the next checkpoint id: the job resumes from it
-  (only a savepoint of the latest checkpoint may go there; resuming from an older one would
-  replay batches whose output is already committed);
+- by default into the job's own directory, as exactly the id after the checkpoint it copies,
+  chk-<L+1> for the latest L: the job resumes from it (only a savepoint of the latest checkpoint
+  may go there; resuming from an older one would replay batches whose output is already
+  committed). A savepoint is a writer of the job directory like a run (DESIGN rules 6, 9, 14): a
+  run that resumed from L commits L+1 too, and the exclusive create of `chk-<L+1>/_metadata`
+  lets exactly one of them win. A run that loses gives its batch up as a losing writer does
+  and resumes from the savepoint, which holds the same state; a savepoint that loses (the job
+  committed L+1 while it copied L) removes its copies and is taken again of the new latest, a few
+  times, then fails (`SavepointOvertaken`). It never takes an id above another writer's: a copy
+  of L committed above a checkpoint L+1 would become the latest and roll the job back (its
+  batch replayed, its output written twice). It copies only a checkpoint whose completion has
+  settled (the step that committed it has finished: a recovery may still withdraw a checkpoint
+  its fenced completer just committed), and it records which checkpoint it copies
+  (`source_offsets["savepoint_of"]`, with that checkpoint's staged sink files), so a start from it
+  finishes that checkpoint's sink commit when its writer died before making it;
 - with `target`, into a new directory `target` (it must not exist), laid out as a job
   directory whose job id is the directory's name: `target/chk-<N>/_metadata`. Start a job from
   it with `sparkpoint run --from-checkpoint target/chk-<N>`.
@@ -18,13 +30,23 @@ Where it goes:
 
 from __future__ import annotations
 
+import itertools
+import logging
 import posixpath
-import re
+import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointCorrupted, CheckpointNotFound, StorageError
+from sparkpoint.checkpoint.errors import (
+    CheckpointAlreadyExists,
+    CheckpointCorrupted,
+    CheckpointNotFound,
+    SavepointOvertaken,
+    StorageError,
+)
 from sparkpoint.checkpoint.files import mismatch
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import (
     CheckpointMetadata,
     CheckpointStats,
@@ -38,7 +60,13 @@ from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn
 from sparkpoint.checkpoint.storage import CheckpointStorage, crc32
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
+log = logging.getLogger(__name__)
+
 _CHUNK = 4 * 1024 * 1024
+SAVEPOINT_OF = "savepoint_of"  # in a savepoint's source offsets: {"checkpoint_id": L, "sink": L's staged files}
+ATTEMPTS = 3  # tries of a savepoint into the job directory that a run keeps overtaking
+SETTLE_POLLS = 20  # looks at a checkpoint whose completion has not settled yet, before giving up
+SETTLE_SECONDS = 0.25  # between two looks
 
 
 @dataclass(frozen=True)
@@ -92,22 +120,59 @@ def take_savepoint(
     checkpoint_id: int | None = None,
     target: str | None = None,
     progress: ProgressFn | None = None,
+    attempts: int = ATTEMPTS,
 ) -> SavepointResult:
     """Copy checkpoint `checkpoint_id` (default: the latest) of `source` into a savepoint, every
-    file verified against `_metadata` (size and CRC32) on the way; nothing is left behind on failure."""
+    file verified against `_metadata` (size and CRC32) on the way; nothing is left behind on failure.
+
+    Into the job directory (no `target`) it commits as chk-<L+1>, L the checkpoint it copies, by
+    exclusive create: when a run commits L+1 first, the copies are removed and, without
+    `checkpoint_id`, the savepoint is taken again of the new latest, `attempts` times in all.
+
+    Raises:
+        SavepointOvertaken: the job committed the savepoint's id first on every try, or the
+            checkpoint to copy did not settle; nothing of the savepoint is left.
+        CheckpointCorrupted: a file of the checkpoint differs from its `_metadata`.
+    """
     store = CompletedCheckpointStore(source)
+    dest = target_storage(source, target)
+    for attempt in itertools.count(1):
+        meta = _checkpoint_to_copy(store, checkpoint_id, into_job=target is None)
+        try:
+            return _save(source, dest, meta, into_job=target is None, progress=progress)
+        except SavepointOvertaken as e:
+            if target is not None or checkpoint_id is not None or attempt >= attempts:
+                raise
+            log.warning("%s; taking the savepoint again, of the latest checkpoint", e)
+    raise AssertionError("unreachable")
+
+
+def _checkpoint_to_copy(store: CompletedCheckpointStore, checkpoint_id: int | None, *, into_job: bool
+                        ) -> CheckpointMetadata:
     ids = store.checkpoint_ids()
     if not ids:
-        raise CheckpointNotFound(f"{source.job_url} holds no completed checkpoint to take a savepoint of")
-    meta = store.load(checkpoint_id if checkpoint_id is not None else ids[0])
-    dest = target_storage(source, target)
-    if target is None and meta.checkpoint_id != ids[0]:
+        raise CheckpointNotFound(f"{store.storage.job_url} holds no completed checkpoint to take a savepoint of")
+    try:
+        meta = store.load(checkpoint_id if checkpoint_id is not None else ids[0])
+    except CheckpointNotFound as e:
+        if checkpoint_id is not None:
+            raise
+        raise SavepointOvertaken(f"checkpoint {ids[0]} was subsumed by a newer one as the savepoint began") from e
+    if into_job and meta.checkpoint_id != ids[0]:
         raise StorageError(
             f"a savepoint of checkpoint {meta.checkpoint_id} cannot go into the job directory, where the job would "
             f"resume from it and replay what checkpoints {meta.checkpoint_id + 1}..{ids[0]} committed; give --to URL"
         )
-    new_id = _next_free_id(dest) if target is None else meta.checkpoint_id
-    copies = [(f, private_dir(new_id, h.operator, h.subtask) + "/" + f.local_name)
+    if into_job:
+        _wait_settled(store.storage, meta)
+    return meta
+
+
+def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMetadata, *, into_job: bool,
+          progress: ProgressFn | None) -> SavepointResult:
+    new_id = meta.checkpoint_id + 1 if into_job else meta.checkpoint_id
+    tag = uuid.uuid4().hex[:12]  # every copy a name of its own (rule 1): a loser removes only its own files
+    copies = [(f, f"{private_dir(new_id, h.operator, h.subtask)}/{tag}/{f.local_name}")
               for h in meta.subtask_handles() for f in h.files()]
     counter = ProgressCounter(sum(f.size for f, _ in copies), progress)
     written: list[str] = []
@@ -116,24 +181,63 @@ def take_savepoint(
             written.append(item[1])
             _copy_verified(source, dest, item[0], item[1], meta, counter)
 
-        dest.parallel(copy, copies)
+        try:
+            dest.parallel(copy, copies)
+        except CheckpointCorrupted as e:
+            if source.exists(meta.metadata_path):
+                raise
+            raise SavepointOvertaken(  # its files went with it: no damage to report
+                f"checkpoint {meta.checkpoint_id} was subsumed by a newer one while the savepoint copied it"
+            ) from e
         saved = _savepoint_metadata(meta, dest.job_id, new_id, copies)
-        dest.commit_exclusive(saved.metadata_path, saved.dumps())
+        _commit(dest, saved, meta)
     except BaseException:
-        _remove(dest, written, new_id, created=target is not None)
+        _remove(dest, written, new_id, created=not into_job)
         raise
     return SavepointResult(saved, meta.checkpoint_id, f"{dest.job_url}/{saved.directory}", len(copies),
                            counter.total)
 
 
-_PENDING = re.compile(r"chk-([1-9][0-9]*)-.*\.json")  # `_pending/chk-<N>-<attempt>.json` (sparkpoint.pipeline.attempt)
+def _commit(dest: CheckpointStorage, saved: CheckpointMetadata, meta: CheckpointMetadata) -> None:
+    """The exclusive create of the savepoint's `_metadata`; another writer's there: SavepointOvertaken."""
+    data = saved.dumps()
+    try:
+        dest.commit_exclusive(saved.metadata_path, data)
+        return
+    except CheckpointAlreadyExists as e:
+        try:
+            if dest.read_bytes(saved.metadata_path) == data:
+                return  # our own write, whose response was lost
+        except FileNotFoundError:
+            pass
+        raise SavepointOvertaken(
+            f"the job committed checkpoint {saved.checkpoint_id} while the savepoint copied checkpoint "
+            f"{meta.checkpoint_id} into {dest.job_url}/chk-{saved.checkpoint_id}; nothing of the savepoint is left. "
+            "Take it again (of the new latest checkpoint), or give --to URL to save into a directory of its own"
+        ) from e
 
 
-def _next_free_id(storage: CheckpointStorage) -> int:
-    """An id above every `chk-N` directory and every pending attempt's: a savepoint never takes the id
-    a running job is about to commit (if it did, the exclusive create of `_metadata` would fence one)."""
-    pending = [m.group(1) for f in storage.walk("_pending") if (m := _PENDING.fullmatch(posixpath.basename(f.path)))]
-    return max([*storage.checkpoint_dirs(), *map(int, pending)], default=0) + 1
+def _wait_settled(storage: CheckpointStorage, meta: CheckpointMetadata) -> None:
+    """A checkpoint committed by a step whose attempt is still pending may yet be withdrawn (a
+    recovery fenced its attempt; its completer re-checks the fence right after the commit) and
+    its output is not committed yet: wait until that step is done with it.
+
+    Its attempt record (`_pending/chk-<N>-<attempt>.json`, sparkpoint.pipeline.attempt) goes only
+    after the completer's re-check passed and its sink commit: once gone it never comes back."""
+    offsets = meta.source_offsets
+    attempt = offsets.get("attempt") if isinstance(offsets, dict) else None
+    if not isinstance(attempt, str) or not is_plain_name(attempt):
+        return  # a run of one process (no record), or a `_metadata` that does not say
+    record = f"_pending/chk-{meta.checkpoint_id}-{attempt}.json"
+    for poll in range(SETTLE_POLLS):
+        if not storage.exists(record):
+            return
+        if poll + 1 < SETTLE_POLLS:
+            time.sleep(SETTLE_SECONDS)
+    raise SavepointOvertaken(
+        f"checkpoint {meta.checkpoint_id} is still being completed by attempt {attempt} ({storage.job_url}/{record} "
+        "is pending): take the savepoint once that step is done; if its run died, run the recover job first"
+    )
 
 
 def _copy_verified(
@@ -144,6 +248,8 @@ def _copy_verified(
     target = dest.abspath(rel)
     dest.fs.makedirs(posixpath.dirname(target), exist_ok=True)
     size, crc = 0, 0
+    storage_step("read", source.abspath(f.path))
+    storage_step("write", target)
     try:
         with source.fs.open(source.abspath(f.path), "rb") as src, dest.fs.open(target, "wb") as out:
             while chunk := src.read(_CHUNK):
@@ -174,8 +280,11 @@ def _savepoint_metadata(
     operators = {uid: OperatorState(op.max_parallelism, tuple(own(h) for h in op.subtasks), op.states, name=op.name)
                  for uid, op in meta.operators.items()}
     offsets = meta.source_offsets
-    if isinstance(offsets, dict) and "sink" in offsets:  # that output was committed with the checkpoint
-        offsets = {**offsets, "sink": []}
+    if isinstance(offsets, dict) and "sink" in offsets:  # that output is committed with the checkpoint copied:
+        # a start from the savepoint finishes that commit if the checkpoint's writer died before it
+        copied = offsets.get(SAVEPOINT_OF) if meta.is_savepoint else None  # a savepoint's: where its output is
+        offsets = {**offsets, "sink": [], SAVEPOINT_OF: copied or {"checkpoint_id": meta.checkpoint_id,
+                                                                    "sink": list(offsets.get("sink") or [])}}
     total = sum(f.size for f, _ in copies)
     return replace(
         meta, job_id=job_id, checkpoint_id=new_id, kind="savepoint", created_at=utc_now_iso(), source_offsets=offsets,

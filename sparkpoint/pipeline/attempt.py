@@ -889,12 +889,15 @@ class Overtaken:
     by_attempt: str | None  # the attempt that committed it, when its `_metadata` records one
     files: tuple[str, ...]  # the attempt's batch
     pending: tuple[str, ...]  # of those, the files no checkpoint has consumed yet
+    by_savepoint: bool = False  # chk-<by_checkpoint> is a savepoint (of the checkpoint before it)
 
     def line(self, attempt_word: str = "attempt") -> str:
         """`overtaken by chk-7 of run 1f2e...; nothing committed` (`attempt_word`: what an attempt
         id is to the reader; a Dagster run id is the attempt id of its SSTable step)."""
         by = f"chk-{self.by_checkpoint}" + (f" of {attempt_word} {self.by_attempt}" if self.by_attempt
                                             else f" (its {attempt_word} is not recorded)")
+        if self.by_savepoint:
+            by = f"the savepoint chk-{self.by_checkpoint}"
         out = f"overtaken by {by}; nothing committed"
         if self.pending:
             out += f"; {', '.join(self.pending)} not consumed yet: the next run processes it"
@@ -911,15 +914,19 @@ def overtaken_by(storage: CheckpointStorage, attempt: PendingAttempt) -> Overtak
         return None
     store = CompletedCheckpointStore(storage)
     by_attempt: str | None = None
+    by_savepoint = False
     pending: tuple[str, ...] = ()
     try:
-        by_attempt = written_by(store.load(ids[0]))
+        first = store.load(ids[0])
+        by_savepoint = first.is_savepoint
+        by_attempt = None if by_savepoint else written_by(first)
         consumed = set(consumed_files(store.load(ids[-1])))
         pending = tuple(f for f in attempt.files if f not in consumed)
     except (SparkpointError, OSError) as e:  # a report only: the outcome stands without it
         log.warning("checkpoint %s: could not read who overtook attempt %s (%s)", attempt.checkpoint_id,
                     attempt.attempt_id, e)
-    return Overtaken(attempt.checkpoint_id, attempt.attempt_id, ids[0], by_attempt, attempt.files, pending)
+    return Overtaken(attempt.checkpoint_id, attempt.attempt_id, ids[0], by_attempt, attempt.files, pending,
+                     by_savepoint)
 
 
 def finish_step_or_overtaken(

@@ -20,6 +20,7 @@ from sparkpoint.checkpoint.errors import (
 )
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, SkippedFile
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.checkpoint.savepoint import SAVEPOINT_OF
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, changed_skips, check_on_bad_file, input_needs
@@ -473,6 +474,9 @@ class PipelineCore:
             return
         meta = start.metadata
         if meta is not None and start.restore_job is None and isinstance(meta.source_offsets, dict):
+            copied = _copied_sink(meta)
+            if copied is not None:  # a savepoint taken before its checkpoint's writer made its output visible
+                self.sink.commit(*copied, resuming=True)
             self.sink.commit(meta.checkpoint_id, list(meta.source_offsets.get("sink") or []), resuming=True)
             # Output of a checkpoint above the latest one whose `_metadata` is gone: a fallback
             # discarded it and died before its rollback. Its batches are replayed, so the output
@@ -552,6 +556,18 @@ def plan_for(meta: CheckpointMetadata, config: PipelineConfig, operators: tuple[
 def operator_functions(operators: tuple[KeyedOperator, ...]) -> list[Any]:
     """Every function of the operators that runs in Spark tasks: their modules are shipped."""
     return [f for op in operators for f in (op.process, op.export, op.on_timer, op.bootstrap) if f is not None]
+
+
+def _copied_sink(meta: CheckpointMetadata) -> tuple[int, list[str]] | None:
+    """A savepoint's record of the checkpoint it copies: (its id, its staged sink files)."""
+    raw = meta.source_offsets.get(SAVEPOINT_OF) if meta.is_savepoint and isinstance(meta.source_offsets, dict) \
+        else None
+    if not isinstance(raw, dict):
+        return None
+    cid, sink = raw.get("checkpoint_id"), raw.get("sink")
+    if isinstance(cid, bool) or not isinstance(cid, int) or not isinstance(sink, list) or not sink:
+        return None
+    return cid, [str(s) for s in sink]
 
 
 def _offsets_of(meta: CheckpointMetadata) -> SourceOffsets:
