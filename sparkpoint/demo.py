@@ -125,7 +125,7 @@ def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, defs:
     recover_job = defs.resolve_job_def(name("recover"))
     request = recovery_sensor(dg.build_sensor_context(instance=instance))
     if not isinstance(request, dg.RunRequest):
-        print(f"  recovery sensor: {request.skip_message if request else 'nothing'}")
+        print(f"  recovery sensor: {request.skip_message if isinstance(request, dg.SkipReason) else 'nothing'}")
         return
     print(f"  recovery sensor: launching `{recover_job.name}` (run key {request.run_key})")
     run = recover_job.execute_in_process(run_config={**request.run_config, **QUIET}, tags=request.tags,
@@ -139,7 +139,7 @@ def _report(what: str, result: dg.ExecuteInProcessResult) -> None:
     if not result.success:
         failure = next((e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE), None)
         cause = failure.step_failure_data.error.cause if failure and failure.step_failure_data.error else None
-        message = (cause.message if cause else failure.message if failure else "?").strip().splitlines()[0]
+        message = ((cause.message if cause else failure.message if failure else None) or "?").strip().splitlines()[0]
         print(f"{what}: run {result.run_id[:8]} FAILED: {message}")
     for m in done:
         v = {k: x.value for k, x in m.metadata.items()}

@@ -68,7 +68,7 @@ def run_lineage(run: dg.DagsterRun) -> list[str]:
 def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAsset]:
     """The input, SSTable, checkpoint and output assets of `scope`'s pipeline."""
     pipeline = scope.pipeline
-    common = {"owners": list(scope.owners), "tags": dict(scope.tags)}
+    common: dict[str, Any] = {"owners": list(scope.owners), "tags": dict(scope.tags)}
     code_version = pipeline.code_version()
 
     def input_files(context: dg.AssetExecutionContext) -> dg.ObserveResult:
@@ -97,7 +97,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         pool=scope.pool, can_subset=True,  # every operator runs in the step; a selection chooses what is reported
         required_resource_keys=scope.resource_keys("storage", "registry", "spark", "state_backend", "source"),
     )
-    def sstables(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+    def sstables(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
         source = scope.source(context)
         driver = scope.resources(context).driver(pipeline)
         driver.spark = scope.spark(context).session_for(driver)
@@ -153,7 +153,7 @@ def build_assets(scope: PipelineScope) -> list[dg.AssetsDefinition | dg.SourceAs
         pool=scope.pool, can_subset=True,  # the checkpoint commits with its output; a selection chooses the reports
         required_resource_keys=scope.resource_keys("storage", "registry", "state_backend", "source"),
     )
-    def complete(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+    def complete(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
         driver = scope.resources(context).driver(pipeline)
         done = finish_step_or_overtaken(driver, run_lineage(context.run),
                                         inject_failure=context.run.tags.get(INJECT_TAG))
@@ -227,7 +227,7 @@ def report_overtaken(scope: PipelineScope, context: dg.AssetExecutionContext, lo
     line = lost.line("run")
     context.log.warning(f"checkpoint {lost.checkpoint_id} of this run: {line}")
     context.instance.add_run_tags(context.run.run_id, {OVERTAKEN_TAG: line})
-    metadata: dict[str, object] = {"checkpoint_id": lost.checkpoint_id, "overtaken_by": lost.by_checkpoint,
+    metadata: dict[str, Any] = {"checkpoint_id": lost.checkpoint_id, "overtaken_by": lost.by_checkpoint,
                                    "committed": False, "batch": dg.MetadataValue.json(list(lost.files))}
     if lost.by_attempt:
         metadata["by_run"] = lost.by_attempt

@@ -173,7 +173,7 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
                 ))
         storage = driver.storage
         for result in (verifies(scope, storage), registry_matches(scope, storage)):
-            context.log_event(dg.AssetCheckEvaluation(
+            context.log_event(dg.AssetCheckEvaluation(  # type: ignore[arg-type]  # an op may report a check
                 asset_key=scope.checkpoint_key, check_name=result.check_name or "", passed=result.passed,
                 metadata=result.metadata, description=result.description,
             ))
@@ -205,7 +205,7 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
         if bad:
             first = min(bad)
             raise dg.Failure(f"checkpoints {sorted(bad)} do not verify; chk-{first}: {bad[first][0]}",
-                             metadata={"problems": dg.MetadataValue.json(bad)})
+                             metadata={"problems": dg.MetadataValue.json({str(k): v for k, v in bad.items()})})
         return dg.Output(None, metadata={"verified": dg.MetadataValue.json(sorted(problems))})
 
     @dg.op(name=scope.name("rebuild_registry_op"), pool=pool, required_resource_keys=scope.resource_keys("storage"))
@@ -258,7 +258,7 @@ def build_jobs(scope: PipelineScope, *, schedule: str | None = None,
             tags={"dagster/data_version": str(meta.checkpoint_id)},
         ))
         result = skipped_files(scope, driver.storage)
-        context.log_event(dg.AssetCheckEvaluation(
+        context.log_event(dg.AssetCheckEvaluation(  # type: ignore[arg-type]  # an op may report a check
             asset_key=scope.input_key, check_name=result.check_name or "", passed=result.passed,
             severity=result.severity, metadata=result.metadata, description=result.description,
         ))

@@ -95,7 +95,7 @@ def not_recovered_note(scope: PipelineScope, job_name: str, tags: Mapping[str, s
 def resources_config(run: dg.DagsterRun, job: dg.JobDefinition) -> dict[str, Any]:
     """The run's resource config for the resources `job` uses (a run launched from the launchpad
     for another job id carries it; the defaults fill in the rest)."""
-    config = (run.run_config or {}).get("resources") or {}
+    config: dict[str, Any] = dict((run.run_config or {}).get("resources") or {})  # type: ignore[call-overload]
     return {key: value for key, value in config.items() if key in job.required_resource_keys}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import dagster as dg
 
@@ -53,7 +54,7 @@ def _ids(value: object) -> tuple[str, ...]:
 
 def new_failures(instance: dg.DagsterInstance, after: int | None) -> tuple[list[str], int | None]:
     """(ids of the runs that failed since the event `after`, oldest first; the new `after`)."""
-    kind = dg.DagsterEventType.RUN_FAILURE
+    kind: Literal[dg.DagsterEventType.RUN_FAILURE] = dg.DagsterEventType.RUN_FAILURE
     if after is None:
         flt = dg.RunStatusChangeRecordsFilter(kind, after_timestamp=time.time() - LOOKBACK_SECONDS)
     else:
