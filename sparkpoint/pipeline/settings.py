@@ -13,6 +13,7 @@ Importable without Dagster, Spark or pandas (the CLI builds its parser from it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -330,6 +331,20 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _settings_class() -> Any:
+    fields = [(s.name, s.type, dataclasses.field(default=s.default)) for s in SETTINGS if s.field == s.name]
+    made = dataclasses.make_dataclass("PipelineSettings", fields, frozen=True, kw_only=True,
+                                      namespace={"__module__": __name__})
+    made.__doc__ = ("A pipeline's settings as one frozen value: a field per setting of `SETTINGS` that is a "
+                    "field of its own (keyword-only, with its declared type and default).")
+    return made
+
+
+# The fields `Pipeline` and `PipelineConfig` have a setting each by: both are PipelineSettings.
+# (Typed `Any` because it is made from the table: mypy sees these fields as Any.)
+PipelineSettings: Any = _settings_class()
 
 
 def flink_aliases() -> dict[str, str]:
