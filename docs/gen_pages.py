@@ -18,7 +18,6 @@ Imported by the tests too (`tests/test_docs.py`); nothing runs unless mkdocs-gen
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import re
 import sys
@@ -362,35 +361,23 @@ def _escape(text: str) -> str:
     return text.replace("|", r"\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-# Settings whose `sparkpoint run` flag is not named after them.
-_FLAG_DEST = {"num_retained": "retain", "checkpoints_dir": "checkpoints"}
-
-
 def configuration_table() -> str:
     """Every setting `--conf`, the Pipeline, the Dagster resources and the Airflow overrides take."""
-    from sparkpoint.cli import build_parser
-    from sparkpoint.pipeline.settings import _PARSERS, FLINK_ALIASES, SETTING_DOCS
-    from sparkpoint.pipeline.spec import Pipeline
-    from sparkpoint.state.rocksdb import RocksDBOptions
+    from sparkpoint.pipeline.settings import SETTINGS
 
-    run = dict(_subcommands(build_parser()))["run"]
-    flags = {a.dest: a.option_strings[0] for a in run._actions if a.option_strings}
-    defaults = {f.name: f.default for f in dataclasses.fields(Pipeline) if f.default is not dataclasses.MISSING}
-    rocksdb = RocksDBOptions()
-    defaults["rocksdb_block_cache_mb"] = rocksdb.block_cache_mb
-    defaults["rocksdb_cache_index_and_filter_blocks"] = rocksdb.cache_index_and_filter_blocks
-    defaults["checkpoints_dir"] = ".sparkpoint/<name>/checkpoints"
     rows = ["| our name | Flink's key(s) | default | `sparkpoint run` flag | what it does |", "|---|---|---|---|---|"]
-    for name in _PARSERS:
-        if name not in SETTING_DOCS:
-            log.warning("setting %r has no description: add one to SETTING_DOCS in sparkpoint/pipeline/settings.py",
-                        name)
-        flink = ", ".join(f"`{k}`" for k, ours in FLINK_ALIASES.items() if ours == name)
-        default = defaults.get(name)
+    for setting in SETTINGS:
+        if not setting.conf:
+            continue
+        if not setting.description:
+            log.warning("setting %r has no description: add one to its Setting in sparkpoint/pipeline/settings.py",
+                        setting.name)
+        flink = ", ".join(f"`{k}`" for k in setting.flink)
+        default = setting.shown_default or setting.default
         shown = "none" if default is None else f"`{str(default).lower() if isinstance(default, bool) else default}`"
-        flag = flags.get(_FLAG_DEST.get(name, name))
-        rows.append(f"| `{name}` | {flink} | {shown} | {f'`{flag}`' if flag else ''} | "
-                    f"{_escape(SETTING_DOCS.get(name, ''))} |")
+        flag = setting.flag.name if setting.flag else None
+        rows.append(f"| `{setting.name}` | {flink} | {shown} | {f'`{flag}`' if flag else ''} | "
+                    f"{_escape(setting.description)} |")
     return "\n".join(["## Every setting", "",
                       "Generated from `sparkpoint.pipeline.settings` at every build. A `Pipeline` takes each as a "
                       "field (`rocksdb_*` through `rocksdb=RocksDBOptions(...)`, `checkpoints_dir` as "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
 from sparkpoint.checkpoint.progress import ProgressFn
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline.settings import BY_NAME, flagged, positive_int, seconds
 
 EXIT_BAD_FILES = 1
 EXIT_REFUSED = 1  # check-upgrade: the restore would be refused
@@ -182,13 +182,9 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         from sparkpoint.sample import pipeline as pipeline_spec
 
         pipeline_spec = pipeline_spec.with_(local_dir=".sparkpoint/local", output_url=None)
-    flag = {"input_url": "input", "checkpoints_url": "checkpoints", "job_id": "job_id", "num_retained": "retain",
-            "parallelism": "parallelism", "max_parallelism": "max_parallelism", "output_url": "output",
-            "max_batches": "max_batches", "files_per_checkpoint": "files_per_checkpoint", "local_dir": "local_dir",
-            "restore_mode": "restore_mode", "from_checkpoint": "from_checkpoint",
-            "allow_non_restored_state": "allow_non_restored_state", "allow_new_operators": "allow_new_operators",
-            "event_time": "event_time", "allowed_lateness": "allowed_lateness", "late": "late",
-            "on_bad_file": "on_bad_file", "max_future_event_time": "max_future_event_time", "routing": "routing"}
+    flag = {"input_url": "input", "checkpoints_url": "checkpoints", "job_id": "job_id", "output_url": "output",
+            "max_batches": "max_batches", "local_dir": "local_dir",
+            **{setting.name: setting.flag.dest for setting in flagged() if setting.flag}}
     flags = {setting: getattr(args, name, None) for setting, name in flag.items()}
     if args.storage_options:
         options = _storage_options(args.storage_options)
@@ -745,24 +741,13 @@ def _write_text(path: str | None, text: str) -> None:
 # --- parser --------------------------------------------------------------------------------------
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+_seconds, _positive = seconds, positive_int  # a flag's value: as the settings' flags check them
 
 
 def _job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline", metavar="MODULE:ATTR",
                    help="your sparkpoint.Pipeline: its operators, locations and settings (flags override them)")
-    p.add_argument("--checkpoints", metavar="URL", help="checkpoint storage (fsspec URL); required without --pipeline")
+    BY_NAME["checkpoints_dir"].flag.add_to(p)  # type: ignore[union-attr]
     p.add_argument("--job-id", metavar="ID", help="the job's directory under the storage URL; default: the pipeline's")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
 
@@ -800,45 +785,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", metavar="DIR", help="directory of Parquet files (fsspec URL); required without "
                    "--pipeline")
     _job_args(p)
-    p.add_argument("--retain", type=_positive, help="completed checkpoints to keep (default 2)")
-    p.add_argument("--parallelism", type=_positive,
-                   help="subtasks per operator (default: the latest checkpoint's, 2 for a first run); a change "
-                        "rescales the state by key groups, said in one line")
-    p.add_argument("--max-parallelism", type=_positive, help="key groups (default 128)")
     p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of the operators' changed rows")
     p.add_argument("--max-batches", type=_positive)
-    p.add_argument("--files-per-checkpoint", type=_positive, help="input files per checkpoint (default 1)")
     p.add_argument("--local-dir", metavar="DIR", help="working RocksDB instances (default .sparkpoint/local, "
                    "with --pipeline .sparkpoint/<name>/local)")
     p.add_argument("--master", metavar="URL", help=MASTER_HELP)
     p.add_argument("--remote", metavar="sc://HOST:PORT",
                    help="attach to a running Spark through Spark Connect instead of starting one "
                         "(also --conf spark.remote=... or SPARK_REMOTE)")
-    p.add_argument("--restore-mode", choices=["CLAIM", "NO_CLAIM"])
-    p.add_argument("--from-checkpoint", metavar="PATH", help="<checkpoints-dir>/<job-id>/chk-<N> to start from")
-    p.add_argument("--allow-non-restored-state", action="store_const", const=True,
-                   help="start although the checkpoint holds operators this job does not run (their state is dropped)")
-    p.add_argument("--allow-new-operators", action="store_const", const=True,
-                   help="start although the checkpoint lacks some of this job's operators (they start empty)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting, Flink's keys accepted (e.g. state.checkpoints.num-retained=3)")
-    p.add_argument("--event-time", metavar="COLUMN",
-                   help="the input's timestamp column: a watermark, late rows, event-time timers and TTL")
-    p.add_argument("--allowed-lateness", type=_seconds, metavar="SECONDS",
-                   help="how far the watermark trails the highest event time seen (default 0)")
-    p.add_argument("--late", choices=["drop", "process"],
-                   help="rows below the watermark their batch starts with: dropped (default) or processed")
-    p.add_argument("--on-bad-file", choices=["fail", "skip"],
-                   help="an input file that is not Parquet, lacks a column, has a wrong type or null keys: fail "
-                        "before any upload (default), or skip it (recorded in the checkpoint)")
-    p.add_argument("--max-future-event-time", type=_seconds, metavar="SECONDS",
-                   help="an input file whose highest event time lies more than SECONDS beyond its batch's "
-                        "processing time is a bad file, as --on-bad-file says (default 86400: one day; "
-                        "--conf max_future_event_time=none: no bound)")
-    p.add_argument("--routing", choices=["auto", "read-all", "shuffle"],
-                   help="how a batch reaches its subtasks: each subtask's task reads the whole batch (read-all), "
-                        "the batch is read once and routed through Spark's shuffle (shuffle), or auto (default: "
-                        "the shuffle once read-all would read 64 MB or more beyond the batch)")
+    for setting in flagged():  # one flag per setting that has one: sparkpoint.pipeline.settings.SETTINGS
+        setting.flag.add_to(p)  # type: ignore[union-attr]
     p.add_argument("--tick", action="store_true",
                    help="with no unconsumed batch, one checkpoint of no input: processing time advances, due "
                         "timers fire, TTL state expires")

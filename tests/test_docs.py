@@ -4,6 +4,7 @@ every public name has a docstring the reference shows, and the Writing operators
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -88,15 +89,16 @@ def test_the_configuration_table_is_generated_from_the_settings(gen: ModuleType,
     text = gen.configuration_table()
     row = next(line for line in text.splitlines() if line.startswith("| `num_retained` |"))
     assert "`state.checkpoints.num-retained`" in row and "| `2` |" in row and "`--retain`" in row
-    assert all(f"| `{name}` |" in text for name in settings._PARSERS)
+    assert all(f"| `{s.name}` |" in text for s in settings.SETTINGS if s.conf)
 
-    monkeypatch.setitem(settings._PARSERS, "brand_new", int)
-    monkeypatch.setitem(settings.FLINK_ALIASES, "state.brand.new", "brand_new")
-    monkeypatch.setitem(settings.SETTING_DOCS, "brand_new", "a setting added after the docs were written")
+    brand_new = settings.Setting("brand_new", int | None, None, "a setting added after the docs were written", int,
+                                 flink=("state.brand.new",))
+    monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, brand_new))
     assert "| `brand_new` | `state.brand.new` | none |  | a setting added after the docs were written |" in (
         gen.configuration_table())
 
-    monkeypatch.delitem(settings.SETTING_DOCS, "brand_new")
+    monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS[:-1], dataclasses.replace(brand_new,
+                                                                                             description="")))
     with caplog.at_level(logging.WARNING):
         gen.configuration_table()
     assert "setting 'brand_new' has no description" in caplog.text

@@ -19,13 +19,14 @@ from sparkpoint.checkpoint.errors import (
     SparkpointError,
 )
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, SkippedFile
-from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
+from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.savepoint import SAVEPOINT_OF
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
-from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, changed_skips, check_on_bad_file, input_needs
+from sparkpoint.pipeline.badfiles import BatchCheck, FileChecks, changed_skips, input_needs
+from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
-from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, check_routing, read_units, shuffle_job
+from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, read_units, shuffle_job
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import (
@@ -39,12 +40,7 @@ from sparkpoint.spark.tasks import (
     run_subtask,
 )
 from sparkpoint.state.changelog import ChangelogOptions
-from sparkpoint.state.eventtime import (
-    MAX_FUTURE_EVENT_TIME,
-    check_event_time,
-    check_max_future_event_time,
-    iso_micros,
-)
+from sparkpoint.state.eventtime import check_event_time, iso_micros
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.repair import repair_checkpoints
@@ -75,44 +71,29 @@ class PipelineError(SparkpointError):
 
 
 @dataclass(frozen=True)
-class PipelineConfig:
+class PipelineConfig(PipelineSettings):  # type: ignore[misc]  # its settings' fields: made from the table
+    """The driver's settings, resolved: where it reads and writes, and every setting of
+    `sparkpoint.pipeline.settings.SETTINGS` that is a field of its own (keyword-only)."""
+
     input_url: str
     checkpoints_url: str
     job_id: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     input_options: dict[str, Any] = field(default_factory=dict)
-    num_retained: int = 2
-    retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
-    parallelism: int | None = None  # None: the restored checkpoint's, DEFAULT_PARALLELISM for a first run
-    max_parallelism: int = 128
     output_url: str | None = None
     max_batches: int | None = None
-    files_per_checkpoint: int = 1
     local_dir: str = ".sparkpoint/local"
-    restore_mode: str = ClaimMode.CLAIM.value
-    from_checkpoint: str | None = None
-    incremental: bool = True
-    local_recovery: bool = True
-    rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
-    changelog: bool = True  # FLIP-158: upload changed entries, materialize RocksDB files now and then
-    changelog_materialize_share: float = 2.0  # materialize when the chain reaches this share of the state
-    changelog_max_chain: int = 64  # ... or this many changelog files
-    changelog_materialize_in_steps: bool = True  # upload a materialization in slices over many checkpoints
+    rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)  # the `rocksdb_*` settings
+
+    def with_(self, **changes: Any) -> PipelineConfig:
+        """A copy with `changes` (by field name, settings included)."""
+        return replace(self, **changes)
 
     def changelog_options(self) -> ChangelogOptions:
         return ChangelogOptions(
             enabled=self.changelog, materialize_share=self.changelog_materialize_share,
             max_chain=self.changelog_max_chain, in_steps=self.changelog_materialize_in_steps,
         )
-    allow_non_restored_state: bool = False  # a checkpoint's operator this job lacks is dropped
-    allow_new_operators: bool = False  # an operator of this job the checkpoint lacks starts empty
-    event_time: str | None = None  # the input's event-time column: watermarks, late rows, event-time timers
-    allowed_lateness: float = 0.0  # seconds the watermark trails the highest event time seen
-    late: str = "drop"  # rows below the watermark their batch starts with: "drop" or "process"
-    on_bad_file: str = "fail"  # an input file that fails a check: "fail" the batch, or "skip" it (recorded)
-    # seconds a file's highest event time may lie beyond its batch's processing time (None: no bound)
-    max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME
-    routing: str = "auto"  # how a batch reaches its subtasks: "read-all", "shuffle" or "auto" (spark.routing)
 
 
 def validate_config(config: PipelineConfig) -> None:
@@ -135,9 +116,9 @@ def validate_config(config: PipelineConfig) -> None:
     except ValueError as e:
         problems.append(str(e))
     problems += check_event_time(config.event_time, config.allowed_lateness, config.late)
-    problems += check_on_bad_file(config.on_bad_file)
-    problems += check_max_future_event_time(config.max_future_event_time)
-    problems += check_routing(config.routing)
+    for setting in SETTINGS:  # each setting's own check (on_bad_file, max_future_event_time, routing, ...)
+        if setting.check is not None and setting.field == setting.name:
+            problems += setting.check(getattr(config, setting.name))
     if problems:
         raise PipelineError("; ".join(problems))
 
@@ -260,7 +241,7 @@ class PipelineCore:
         """The subtasks per operator of this start: as set, or as resolved by `_begin`."""
         if self.config.parallelism is None:
             raise PipelineError("the parallelism is chosen when a batch starts (PipelineCore._begin)")
-        return self.config.parallelism
+        return int(self.config.parallelism)
 
     def operator_names(self) -> dict[str, str]:
         """Each operator's display name by its uid (what `_metadata` records beside the state)."""
@@ -312,7 +293,7 @@ class PipelineCore:
         self.changed_skips = changed_skips(self.source, start.metadata)
         for line in self.changed_skips:
             log.warning("%s", line)
-        self.config = replace(self.config, parallelism=resolve_parallelism(self.requested_parallelism, start.metadata))
+        self.config = self.config.with_(parallelism=resolve_parallelism(self.requested_parallelism, start.metadata))
         if start.metadata is not None:
             self.rescaling = self._check_operators(start.metadata).rescaling() or self.rescaling
         coordinator = CheckpointCoordinator(

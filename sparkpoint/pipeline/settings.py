@@ -1,31 +1,34 @@
-"""Configuration names: ours, and Flink's keys as aliases so Flink users feel at home."""
+"""Every pipeline setting, declared once (as Flink's `ConfigOption`s are): its name, type, default,
+Flink keys, description, and which surfaces take it. `SETTINGS` is the one table from which
+`--conf` parsing and Flink's aliases, the `sparkpoint run` flags, the Dagster resources' fields and
+the configuration page of the docs are made; a `Pipeline`'s fields and `PipelineConfig`'s are
+checked against it by the tests. The Airflow operators' `overrides` and the `dg` component's
+`settings:` go through `resolve_settings`.
+
+Adding a setting is one `Setting(...)` below (and its use where it acts).
+
+Importable without Dagster, Spark or pandas (the CLI builds its parser from it).
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention, parse_bool
 from sparkpoint.state.rocksdb import RocksDBOptions
 
-FLINK_ALIASES = {
-    "state.checkpoints.dir": "checkpoints_dir",
-    "state.checkpoints.num-retained": "num_retained",
-    "execution.checkpointing.externalized-checkpoint-retention": "retention",
-    "state.backend.incremental": "incremental",
-    "state.backend.local-recovery": "local_recovery",
-    "execution.savepoint-restore-mode": "restore_mode",
-    "execution.state-recovery.claim-mode": "restore_mode",
-    "execution.savepoint.path": "from_checkpoint",
-    "execution.state-recovery.path": "from_checkpoint",
-    "pipeline.max-parallelism": "max_parallelism",
-    "parallelism.default": "parallelism",
-    "execution.state-recovery.ignore-unclaimed-state": "allow_non_restored_state",
-    "execution.savepoint.ignore-unclaimed-state": "allow_non_restored_state",
-    "state.backend.changelog.enabled": "changelog",
-    "state.backend.rocksdb.block.cache-size": "rocksdb_block_cache_mb",
-}
+# The values the modules that act on them own (sparkpoint.pipeline.badfiles, .spark.routing,
+# .state.eventtime), repeated here so that building the CLI's parser imports no pandas; the tests
+# hold them equal.
+ON_BAD_FILE = ("fail", "skip")
+ROUTINGS = ("auto", "read-all", "shuffle")
+MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 
 _SIZE = re.compile(r"(\d+)\s*(k|kb|m|mb|g|gb|t|tb)?")
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -45,95 +48,342 @@ def parse_megabytes(value: str | int) -> int:
     return int(mb)
 
 
-# Settings of RocksDBOptions: resolve_settings gathers them into one `rocksdb` entry.
-_ROCKSDB_FIELDS = {"rocksdb_block_cache_mb": "block_cache_mb",
-                   "rocksdb_cache_index_and_filter_blocks": "cache_index_and_filter_blocks"}
-
-_PARSERS: dict[str, Any] = {
-    "checkpoints_dir": str,
-    "num_retained": int,
-    "retention": lambda v: ExternalizedRetention(str(v).upper()).value,
-    "incremental": parse_bool,
-    "local_recovery": parse_bool,
-    "restore_mode": lambda v: ClaimMode(str(v).upper()).value,
-    "from_checkpoint": str,
-    "max_parallelism": int,
-    "parallelism": int,
-    "allow_non_restored_state": parse_bool,
-    "allow_new_operators": parse_bool,
-    "changelog": parse_bool,
-    "changelog_materialize_share": float,
-    "changelog_max_chain": int,
-    "changelog_materialize_in_steps": parse_bool,
-    "rocksdb_block_cache_mb": parse_megabytes,
-    "rocksdb_cache_index_and_filter_blocks": parse_bool,
-    "event_time": str,
-    "allowed_lateness": float,
-    "late": str,
-    "on_bad_file": lambda v: str(v).strip().lower(),  # fail | skip: checked with the other settings
-    "max_future_event_time": lambda v: None if v is None or str(v).strip().lower() in ("none", "off") else float(v),
-    "routing": lambda v: str(v).strip().lower(),  # auto | read-all | shuffle: checked with the other settings
-}
+def positive_int(text: str) -> int:
+    """A flag's whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
-# What each setting does, for people: `make docs` renders the configuration table from this
-# (beside each name its Flink keys, its default and its `sparkpoint run` flag), and fails on a
-# setting without a line here.
-SETTING_DOCS = {
-    "checkpoints_dir": "fsspec URL of the checkpoint storage (`file://`, `s3://`, `gs://`, ...)",
-    "num_retained": "completed checkpoints kept; older ones are subsumed and the files only they referenced deleted",
-    "retention": "what a shutdown deletes: `RETAIN_ON_CANCELLATION`, `DELETE_ON_CANCELLATION` or "
-                 "`NO_EXTERNALIZED_CHECKPOINTS` (never savepoints)",
-    "incremental": "upload only the files the last confirmed checkpoint lacks",
-    "local_recovery": "keep a task-local copy of the latest checkpoint next to the working database",
-    "restore_mode": "claim mode of `from_checkpoint`: `CLAIM` (the checkpoint becomes the job's own) or `NO_CLAIM` "
-                    "(only ever read)",
-    "from_checkpoint": "start a new job from this `<checkpoints-dir>/<job-id>/chk-<N>` (a checkpoint or a savepoint)",
-    "max_parallelism": "key groups (at most 32,768); fixed for the life of a job's state",
-    "parallelism": "subtasks per operator; may change between runs (the state is rescaled by key group)",
-    "allow_non_restored_state": "drop the state of operators the checkpoint holds and the job no longer runs",
-    "allow_new_operators": "start operators the checkpoint lacks empty",
-    "changelog": "changelog checkpoints (Flink's FLIP-158): upload the entries that changed, materialize now and then",
-    "changelog_materialize_share": "materialize when the chain reaches this share of the state's bytes (the larger of "
-                                   "the last materialization and the working SSTs now)",
-    "changelog_max_chain": "... or once the chain has this many changelog files",
-    "changelog_materialize_in_steps": "upload a materialization as slices over the next checkpoints (no checkpoint "
-                                      "above about twice the mean upload) instead of all in one",
-    "rocksdb_block_cache_mb": "the process's RocksDB block cache, shared by every database and state it opens, with a "
-                              "unit (`64mb`, `1gb`) or in MB, from 1 MB to 1 TB; index and filter blocks live in it. "
-                              "The memtables of all of them together are held to two 64 MB write buffers beside it",
-    "rocksdb_cache_index_and_filter_blocks": "false: every open loads each SST's whole index and filter into memory "
-                                             "(RocksDB's default, slower to open)",
-    "event_time": "the input's event-time column (a timestamp): a watermark, late rows, event-time timers and TTL",
-    "allowed_lateness": "seconds the watermark trails the highest event time seen",
-    "late": "rows below the watermark their batch starts with: `drop` or `process`",
-    "on_bad_file": "a batch file that fails its checks before Spark (not Parquet, a missing column, a wrong key type, "
-                   "null keys): `fail` stops before any upload, `skip` consumes it unprocessed and records it in "
-                   "`_metadata`",
-    "max_future_event_time": "seconds an input file's highest event time may lie beyond its batch's processing "
-                             "time; a file beyond is a bad file (check `future_event_times`) under `on_bad_file`, "
-                             "so that one row in year 2999 (a producer's unit mix-up) does not move the watermark "
-                             "for good; `none`: no bound. With `event_time` only",
-    "routing": "how a batch's rows reach their subtasks: `read-all` (each subtask's task reads the whole batch; one "
-               "stage), `shuffle` (read once, routed by key group through Spark's shuffle) or `auto` (the shuffle once "
-               "read-all would read 64 MB or more beyond the batch); the route taken is in `_metadata`",
-}
+def seconds(text: str) -> float:
+    """A flag's finite number of seconds >= 0."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _lower(value: Any) -> str:
+    return str(value).strip().lower()
+
+
+def _optional_seconds(value: Any) -> float | None:
+    return None if value is None or _lower(value) in ("none", "off") else float(value)
+
+
+def check_on_bad_file(value: Any) -> list[str]:
+    from sparkpoint.pipeline.badfiles import check_on_bad_file
+
+    return check_on_bad_file(value)
+
+
+def check_max_future_event_time(value: Any) -> list[str]:
+    from sparkpoint.state.eventtime import check_max_future_event_time
+
+    return check_max_future_event_time(value)
+
+
+def check_routing(value: Any) -> list[str]:
+    from sparkpoint.spark.routing import check_routing
+
+    return check_routing(value)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A setting's `sparkpoint run` flag (argparse's arguments)."""
+
+    name: str  # "--retain"
+    help: str
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False  # takes no value: turns the setting on
+    shared: bool = False  # declared with the arguments every job command takes (`--checkpoints`)
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """Add this flag to `parser` (its default is None: unset, the pipeline's own setting stays)."""
+        if self.switch:
+            parser.add_argument(self.name, action="store_const", const=True, help=self.help or None)
+            return
+        kwargs: dict[str, Any] = {"help": self.help} if self.help else {}
+        if self.type is not None:
+            kwargs["type"] = self.type
+        if self.metavar is not None:
+            kwargs["metavar"] = self.metavar
+        if self.choices is not None:
+            kwargs["choices"] = list(self.choices)
+        parser.add_argument(self.name, **kwargs)
+
+
+ROLES = ("storage", "registry", "state_backend", "source")  # the Dagster resources a pipeline has, by role
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a setting is a field of a pipeline's Dagster resources."""
+
+    role: str  # one of ROLES
+    field: str = ""  # the field's name; "": the setting's
+    none_as: str | None = None  # a field that cannot be None (the launchpad's text box): this value stands for None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting, declared once: what every surface takes of it.
+
+    Args:
+        name: our name: the `Pipeline` and `PipelineConfig` field, the `--conf` key.
+        type: its Python type (the fields' annotation).
+        default: its default.
+        description: what it does, for people (the docs' configuration table).
+        parse: a `--conf` value (text or a value) -> the setting's value; raises ValueError.
+        flink: Flink's keys for it, taken by `--conf` as aliases.
+        flag: its `sparkpoint run` flag (None: `--conf` only).
+        resource: its Dagster resource field (None: not a field of the resources).
+        check: what is wrong with a value, as messages (empty: nothing).
+        conf: `--conf` (and `with_settings`, the component's `settings:`, Airflow's `overrides`) take it.
+        target: where it lands on a `Pipeline` ("": `name`; `rocksdb.block_cache_mb`: a part of `rocksdb`).
+        shown_default: the default as the docs show it ("": the value).
+    """
+
+    name: str
+    type: Any
+    default: Any
+    description: str
+    parse: Callable[[Any], Any]
+    flink: tuple[str, ...] = ()
+    flag: Flag | None = None
+    resource: Resource | None = None
+    check: Callable[[Any], list[str]] | None = None
+    conf: bool = True
+    target: str = ""
+    shown_default: str = ""
+
+    @property
+    def field(self) -> str:
+        """The `Pipeline` / `PipelineConfig` field it sets."""
+        return (self.target or self.name).split(".")[0]
+
+    @property
+    def resource_field(self) -> str | None:
+        return (self.resource.field or self.name) if self.resource else None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "checkpoints_dir", str | None, None,
+        "fsspec URL of the checkpoint storage (`file://`, `s3://`, `gs://`, ...)",
+        str, flink=("state.checkpoints.dir",), target="checkpoints_url",
+        flag=Flag("--checkpoints", "checkpoint storage (fsspec URL); required without --pipeline", metavar="URL",
+                  shared=True),
+        shown_default=".sparkpoint/<name>/checkpoints"),
+    Setting(
+        "num_retained", int, 2,
+        "completed checkpoints kept; older ones are subsumed and the files only they referenced deleted",
+        int, flink=("state.checkpoints.num-retained",),
+        flag=Flag("--retain", "completed checkpoints to keep (default 2)", type=positive_int),
+        resource=Resource("registry")),
+    Setting(
+        "retention", str, ExternalizedRetention.RETAIN_ON_CANCELLATION.value,
+        "what a shutdown deletes: `RETAIN_ON_CANCELLATION`, `DELETE_ON_CANCELLATION` or "
+        "`NO_EXTERNALIZED_CHECKPOINTS` (never savepoints)",
+        lambda v: ExternalizedRetention(str(v).upper()).value,
+        flink=("execution.checkpointing.externalized-checkpoint-retention",), resource=Resource("registry")),
+    Setting(
+        "incremental", bool, True,
+        "upload only the files the last confirmed checkpoint lacks",
+        parse_bool, flink=("state.backend.incremental",), resource=Resource("state_backend")),
+    Setting(
+        "local_recovery", bool, True,
+        "keep a task-local copy of the latest checkpoint next to the working database",
+        parse_bool, flink=("state.backend.local-recovery",), resource=Resource("state_backend")),
+    Setting(
+        "restore_mode", str, ClaimMode.CLAIM.value,
+        "claim mode of `from_checkpoint`: `CLAIM` (the checkpoint becomes the job's own) or `NO_CLAIM` "
+        "(only ever read)",
+        lambda v: ClaimMode(str(v).upper()).value,
+        flink=("execution.savepoint-restore-mode", "execution.state-recovery.claim-mode"),
+        flag=Flag("--restore-mode", "", choices=tuple(m.value for m in ClaimMode)),
+        resource=Resource("registry", "claim_mode")),
+    Setting(
+        "from_checkpoint", str | None, None,
+        "start a new job from this `<checkpoints-dir>/<job-id>/chk-<N>` (a checkpoint or a savepoint)",
+        str, flink=("execution.savepoint.path", "execution.state-recovery.path"),
+        flag=Flag("--from-checkpoint", "<checkpoints-dir>/<job-id>/chk-<N> to start from", metavar="PATH"),
+        resource=Resource("registry", none_as="")),
+    Setting(
+        "max_parallelism", int, 128,
+        "key groups (at most 32,768); fixed for the life of a job's state",
+        int, flink=("pipeline.max-parallelism",),
+        flag=Flag("--max-parallelism", "key groups (default 128)", type=positive_int),
+        resource=Resource("state_backend")),
+    Setting(
+        "parallelism", int | None, None,
+        "subtasks per operator; may change between runs (the state is rescaled by key group)",
+        int, flink=("parallelism.default",),
+        flag=Flag("--parallelism", "subtasks per operator (default: the latest checkpoint's, 2 for a first run); "
+                  "a change rescales the state by key groups, said in one line", type=positive_int),
+        resource=Resource("state_backend")),
+    Setting(
+        "files_per_checkpoint", int, 1,
+        "input files per checkpoint",
+        int, conf=False,
+        flag=Flag("--files-per-checkpoint", "input files per checkpoint (default 1)", type=positive_int),
+        resource=Resource("source")),
+    Setting(
+        "allow_non_restored_state", bool, False,
+        "drop the state of operators the checkpoint holds and the job no longer runs",
+        parse_bool,
+        flink=("execution.state-recovery.ignore-unclaimed-state", "execution.savepoint.ignore-unclaimed-state"),
+        flag=Flag("--allow-non-restored-state", "start although the checkpoint holds operators this job does not "
+                  "run (their state is dropped)", switch=True),
+        resource=Resource("state_backend")),
+    Setting(
+        "allow_new_operators", bool, False,
+        "start operators the checkpoint lacks empty",
+        parse_bool,
+        flag=Flag("--allow-new-operators", "start although the checkpoint lacks some of this job's operators (they "
+                  "start empty)", switch=True),
+        resource=Resource("state_backend")),
+    Setting(
+        "changelog", bool, True,
+        "changelog checkpoints (Flink's FLIP-158): upload the entries that changed, materialize now and then",
+        parse_bool, flink=("state.backend.changelog.enabled",), resource=Resource("state_backend")),
+    Setting(
+        "changelog_materialize_share", float, 2.0,
+        "materialize when the chain reaches this share of the state's bytes (the larger of the last "
+        "materialization and the working SSTs now)",
+        float),
+    Setting(
+        "changelog_max_chain", int, 64,
+        "... or once the chain has this many changelog files",
+        int),
+    Setting(
+        "changelog_materialize_in_steps", bool, True,
+        "upload a materialization as slices over the next checkpoints (no checkpoint above about twice the mean "
+        "upload) instead of all in one",
+        parse_bool),
+    Setting(
+        "rocksdb_block_cache_mb", int, RocksDBOptions().block_cache_mb,
+        "the process's RocksDB block cache, shared by every database and state it opens, with a unit (`64mb`, "
+        "`1gb`) or in MB, from 1 MB to 1 TB; index and filter blocks live in it. The memtables of all of them "
+        "together are held to two 64 MB write buffers beside it",
+        parse_megabytes, flink=("state.backend.rocksdb.block.cache-size",), target="rocksdb.block_cache_mb",
+        resource=Resource("state_backend")),
+    Setting(
+        "rocksdb_cache_index_and_filter_blocks", bool, RocksDBOptions().cache_index_and_filter_blocks,
+        "false: every open loads each SST's whole index and filter into memory (RocksDB's default, slower to open)",
+        parse_bool, target="rocksdb.cache_index_and_filter_blocks"),
+    Setting(
+        "event_time", str | None, None,
+        "the input's event-time column (a timestamp): a watermark, late rows, event-time timers and TTL",
+        str,
+        flag=Flag("--event-time", "the input's timestamp column: a watermark, late rows, event-time timers and "
+                  "TTL", metavar="COLUMN")),
+    Setting(
+        "allowed_lateness", float, 0.0,
+        "seconds the watermark trails the highest event time seen",
+        float,
+        flag=Flag("--allowed-lateness", "how far the watermark trails the highest event time seen (default 0)",
+                  type=seconds, metavar="SECONDS")),
+    Setting(
+        "late", str, "drop",
+        "rows below the watermark their batch starts with: `drop` or `process`",
+        str,
+        flag=Flag("--late", "rows below the watermark their batch starts with: dropped (default) or processed",
+                  choices=("drop", "process"))),
+    Setting(
+        "on_bad_file", str, "fail",
+        "a batch file that fails its checks before Spark (not Parquet, a missing column, a wrong key type, null "
+        "keys): `fail` stops before any upload, `skip` consumes it unprocessed and records it in `_metadata`",
+        _lower, check=check_on_bad_file,
+        flag=Flag("--on-bad-file", "an input file that is not Parquet, lacks a column, has a wrong type or null "
+                  "keys: fail before any upload (default), or skip it (recorded in the checkpoint)",
+                  choices=ON_BAD_FILE),
+        resource=Resource("source")),
+    Setting(
+        "max_future_event_time", float | None, MAX_FUTURE_EVENT_TIME,
+        "seconds an input file's highest event time may lie beyond its batch's processing time; a file beyond is "
+        "a bad file (check `future_event_times`) under `on_bad_file`, so that one row in year 2999 (a producer's "
+        "unit mix-up) does not move the watermark for good; `none`: no bound. With `event_time` only",
+        _optional_seconds, check=check_max_future_event_time,
+        flag=Flag("--max-future-event-time", "an input file whose highest event time lies more than SECONDS beyond "
+                  "its batch's processing time is a bad file, as --on-bad-file says (default 86400: one day; "
+                  "--conf max_future_event_time=none: no bound)", type=seconds, metavar="SECONDS"),
+        resource=Resource("source")),
+    Setting(
+        "routing", str, "auto",
+        "how a batch's rows reach their subtasks: `read-all` (each subtask's task reads the whole batch; one "
+        "stage), `shuffle` (read once, routed by key group through Spark's shuffle) or `auto` (the shuffle once "
+        "read-all would read 64 MB or more beyond the batch); the route taken is in `_metadata`",
+        _lower, check=check_routing,
+        flag=Flag("--routing", "how a batch reaches its subtasks: each subtask's task reads the whole batch "
+                  "(read-all), the batch is read once and routed through Spark's shuffle (shuffle), or auto "
+                  "(default: the shuffle once read-all would read 64 MB or more beyond the batch)",
+                  choices=ROUTINGS),
+        resource=Resource("state_backend")),
+)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _settings_class() -> Any:
+    fields = [(s.name, s.type, dataclasses.field(default=s.default)) for s in SETTINGS if s.field == s.name]
+    made = dataclasses.make_dataclass("PipelineSettings", fields, frozen=True, kw_only=True,
+                                      namespace={"__module__": __name__})
+    made.__doc__ = ("A pipeline's settings as one frozen value: a field per setting of `SETTINGS` that is a "
+                    "field of its own (keyword-only, with its declared type and default).")
+    return made
+
+
+# The fields `Pipeline` and `PipelineConfig` have a setting each by: both are PipelineSettings.
+# (Typed `Any` because it is made from the table: mypy sees these fields as Any.)
+PipelineSettings: Any = _settings_class()
+
+
+def flink_aliases() -> dict[str, str]:
+    """Flink's key -> our name, for every setting `--conf` takes."""
+    return {key: s.name for s in SETTINGS if s.conf for key in s.flink}
+
+
+def flagged() -> tuple[Setting, ...]:
+    """The settings `sparkpoint run` has a flag of its own for (not the arguments every job command shares)."""
+    return tuple(s for s in SETTINGS if s.flag is not None and not s.flag.shared)
+
+
+def of_role(role: str) -> tuple[Setting, ...]:
+    """The settings that are fields of the Dagster resource of `role`."""
+    return tuple(s for s in SETTINGS if s.resource is not None and s.resource.role == role)
+
+
+# Read by older code and tests: made from SETTINGS, never written by hand.
+FLINK_ALIASES = flink_aliases()
+SETTING_DOCS = {s.name: s.description for s in SETTINGS if s.conf}
 
 
 def resolve_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """Map Flink keys to ours and parse values; an unknown key or bad value is a clear error.
     RocksDB's settings come back as one `rocksdb` entry (a RocksDBOptions)."""
+    conf = {s.name: s for s in SETTINGS if s.conf}
+    aliases = flink_aliases()
     out: dict[str, Any] = {}
     for key, value in settings.items():
-        name = FLINK_ALIASES.get(key, key.replace("-", "_"))
-        if name not in _PARSERS:
-            known = ", ".join(sorted([*FLINK_ALIASES, *_PARSERS]))
+        name = aliases.get(key, key.replace("-", "_"))
+        if name not in conf:
+            known = ", ".join(sorted([*aliases, *conf]))
             raise ValueError(f"unknown setting {key!r}; known settings: {known}")
         try:
-            out[name] = _PARSERS[name](value)
+            out[name] = conf[name].parse(value)
         except ValueError as e:
             raise ValueError(f"setting {key!r}: {value!r} is not valid ({e})") from e
-    rocksdb = {_ROCKSDB_FIELDS[name]: out.pop(name) for name in list(out) if name in _ROCKSDB_FIELDS}
+    rocksdb = {conf[name].target.split(".")[1]: out.pop(name) for name in list(out)
+               if conf[name].target.startswith("rocksdb.")}
     if rocksdb:
         try:
             out["rocksdb"] = RocksDBOptions(**rocksdb)

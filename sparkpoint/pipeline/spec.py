@@ -29,8 +29,7 @@ from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.pipeline.fingerprint import fingerprint
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, validate_config
-from sparkpoint.pipeline.settings import resolve_settings
-from sparkpoint.state.eventtime import MAX_FUTURE_EVENT_TIME
+from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings, resolve_settings
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.rocksdb import RocksDBOptions
@@ -39,7 +38,7 @@ DEFAULT_ROOT = ".sparkpoint"  # locations a pipeline leaves unset: .sparkpoint/<
 
 
 @dataclass(frozen=True)
-class Pipeline:
+class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields: made from the table
     """Your pipeline as one immutable value: the unit every front end takes.
 
     A name (the default job id), keyed operators, where input lands, where checkpoints and output go,
@@ -47,6 +46,12 @@ class Pipeline:
     settings), the notebook API, `build_pipeline_defs` (Dagster), its `dg` component and
     `sparkpoint_dag` (Airflow) all take it. Locations left unset go under `.sparkpoint/<name>/`.
     Every value is checked when the pipeline is made, with the messages the CLI gives.
+
+    Besides the arguments below it takes every setting of [Configuration](../configuration.md#every-setting)
+    (its default and what it does are there) as a keyword-only field of its name — `num_retained`,
+    `parallelism`, `event_time`, `on_bad_file`, `max_future_event_time`, `routing`, ... — but
+    `checkpoints_dir` (`checkpoints_url`) and the `rocksdb_*` ones (`rocksdb`); each is declared once,
+    in `sparkpoint.pipeline.settings.SETTINGS`.
 
     Example:
         ```python
@@ -67,38 +72,8 @@ class Pipeline:
         storage_options: fsspec options of the checkpoint storage (and of the input and output, unless
             `input_options` is given).
         input_options: fsspec options of the input; default: `storage_options`.
-        num_retained: completed checkpoints kept.
-        retention: what a shutdown deletes: `RETAIN_ON_CANCELLATION`, `DELETE_ON_CANCELLATION` or
-            `NO_EXTERNALIZED_CHECKPOINTS`.
-        restore_mode: claim mode of `from_checkpoint`: `CLAIM` or `NO_CLAIM`.
-        from_checkpoint: `<checkpoints-dir>/<job-id>/chk-<N>` (a checkpoint or a savepoint) a new job starts from.
-        parallelism: subtasks per operator (may change between runs: the state is rescaled).
-        max_parallelism: key groups, fixed for the life of the job's state.
-        files_per_checkpoint: input files per checkpoint.
-        incremental: upload only what the last confirmed checkpoint lacks.
-        local_recovery: keep a task-local copy of the latest checkpoint.
-        changelog: changelog checkpoints (Flink's FLIP-158).
-        changelog_materialize_share: materialize when the changelog chain reaches this share of the state.
-        changelog_max_chain: ... or this many changelog files.
-        changelog_materialize_in_steps: upload a materialization in slices over the next checkpoints.
-        rocksdb: RocksDB's settings (`sparkpoint.state.rocksdb.RocksDBOptions`: block cache, index and filter blocks).
-        allow_non_restored_state: drop the state of operators the checkpoint holds and the pipeline no longer runs.
-        allow_new_operators: start operators the checkpoint lacks empty.
-        event_time: the input's event-time column (a timestamp): a watermark, late rows, event-time
-            timers and TTL; None: processing time only.
-        allowed_lateness: seconds the watermark trails the highest event time seen.
-        late: rows below the watermark their batch starts with: "drop" or "process".
-        on_bad_file: a batch file that fails its checks before Spark (not Parquet, a missing column,
-            a wrong key type, null keys): "fail" stops the batch before any upload, "skip" consumes
-            it unprocessed and records it in `_metadata` (`skipped_files`).
-        max_future_event_time: seconds an input file's highest event time may lie beyond its
-            batch's processing time (default one day); a file beyond is a bad file (check
-            `future_event_times`) under `on_bad_file`: one row in year 2999 would otherwise move the
-            watermark for good. None: no bound. Only with `event_time`.
-        routing: how a batch's rows reach their subtasks: "read-all" (each subtask's task reads
-            the whole batch: one stage, no shuffle), "shuffle" (the batch is read once and routed
-            by key group through Spark's shuffle) or "auto" (the shuffle once read-all would read
-            64 MB or more beyond the batch). Either route gives the same state and output.
+        rocksdb: RocksDBOptions (`sparkpoint.state.rocksdb`): the `rocksdb_*` settings (block cache,
+            index and filter blocks).
 
     Raises:
         PipelineError: a setting the CLI would refuse (each message says what to change).
@@ -112,36 +87,8 @@ class Pipeline:
     job_id: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     input_options: Mapping[str, Any] | None = None  # default: storage_options
-    num_retained: int = 2
-    retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
-    restore_mode: str = ClaimMode.CLAIM.value
-    from_checkpoint: str | None = None
-    parallelism: int | None = None  # None: the latest checkpoint's, 2 for a first run (a rescale is said)
-    max_parallelism: int = 128
-    files_per_checkpoint: int = 1
-    incremental: bool = True
-    local_recovery: bool = True
-    changelog: bool = True
-    changelog_materialize_share: float = 2.0
-    changelog_max_chain: int = 64
-    changelog_materialize_in_steps: bool = True
-    rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)
-    allow_non_restored_state: bool = False
-    allow_new_operators: bool = False
-    # Event time (sparkpoint.state.eventtime): the input's timestamp column, how far the watermark
-    # trails the highest event time seen (seconds), and what happens to rows below it.
-    event_time: str | None = None
-    allowed_lateness: float = 0.0
-    late: str = "drop"
-    # An input file that fails a check before any Spark work (not Parquet, a column missing or of
-    # the wrong type, null keys): "fail" the batch before any upload, or "skip" the file, recorded
-    # in the checkpoint's `_metadata` (sparkpoint.pipeline.badfiles).
-    on_bad_file: str = "fail"
-    # An input file whose highest event time lies more than this many seconds beyond its batch's
-    # processing time is a bad file under `on_bad_file` (None: no bound).
-    max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME
-    # How a batch's rows reach their subtasks (sparkpoint.spark.routing): "read-all", "shuffle", "auto".
-    routing: str = "auto"
+    rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)  # the `rocksdb_*` settings
+    # ... and a field per setting of sparkpoint.pipeline.settings.SETTINGS (PipelineSettings)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))
@@ -157,6 +104,17 @@ class Pipeline:
                 raise PipelineError(f"pipeline {self.name!r}: {field_name} {value!r} is not one of "
                                     + ", ".join(e.value for e in enum))
         validate_config(self.config())  # the CLI's and the resources' checks, with their messages
+
+    @property
+    def settings(self) -> Any:
+        """Its settings as one frozen value (`PipelineSettings`: a field per setting of the table).
+
+        Example:
+            ```python
+            clicks.settings.num_retained          # 2
+            ```
+        """
+        return PipelineSettings(**{s.name: getattr(self, s.name) for s in SETTINGS if s.field == s.name})
 
     @property
     def effective_job_id(self) -> str:

@@ -23,13 +23,11 @@ from pydantic import PrivateAttr
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
-from sparkpoint.pipeline.badfiles import check_on_bad_file
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
 from sparkpoint.pipeline.runtime import PipelineConfig, validate_config
+from sparkpoint.pipeline.settings import Setting, of_role
 from sparkpoint.pipeline.spec import Pipeline
-from sparkpoint.spark.routing import check_routing
-from sparkpoint.state.eventtime import MAX_FUTURE_EVENT_TIME, check_max_future_event_time
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.rocksdb import RocksDBOptions
 
@@ -55,6 +53,48 @@ def _json_object(value: str, field: str) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ResourceConfigError(f"{field} must be a JSON object, got {value!r}")
     return parsed
+
+
+# How a resource's messages name it, by role.
+_LABELS = {"storage": "checkpoint storage", "registry": "registry", "state_backend": "state backend",
+           "source": "input"}
+
+
+def _with_settings(base: type[R], role: str) -> type[R]:
+    """`base` with a field for every setting of `role` in `sparkpoint.pipeline.settings.SETTINGS`
+    (the name, type and default declared there), under the name `base` gives without its
+    leading underscore."""
+    fields: dict[str, Any] = {}
+    for setting in of_role(role):
+        none_as = setting.resource.none_as if setting.resource else None
+        annotation, default = (str, none_as) if none_as is not None else (setting.type, setting.default)
+        fields[setting.resource_field or setting.name] = (annotation, default)
+    made = pydantic.create_model(base.__name__.lstrip("_"), __base__=base, __module__=base.__module__, **fields)
+    made.__doc__ = base.__doc__
+    return made  # type: ignore[return-value]
+
+
+def _resource_value(setting: Setting, resource: Any) -> Any:
+    """The setting's value as `resource` holds it (its stand-in for None is None)."""
+    value = getattr(resource, setting.resource_field or setting.name)
+    none_as = setting.resource.none_as if setting.resource else None
+    return None if none_as is not None and value == none_as else value
+
+
+def _check_settings(resource: Any, role: str) -> None:
+    """Each setting of `role` through its own check, the message naming the resource."""
+    for setting in of_role(role):
+        for problem in setting.check(_resource_value(setting, resource)) if setting.check else []:
+            raise ResourceConfigError(f"{_LABELS[role]}: {problem}")
+
+
+def _pipeline_value(setting: Setting, pipeline: Pipeline) -> Any:
+    """The setting's value in `pipeline` as a resource field holds it."""
+    value: Any = pipeline
+    for part in (setting.target or setting.name).split("."):
+        value = getattr(value, part)
+    none_as = setting.resource.none_as if setting.resource else None
+    return none_as if value is None and none_as is not None else value
 
 
 def _url(value: str) -> str:
@@ -90,14 +130,12 @@ class CheckpointStorageResource(dg.ConfigurableResource):  # type: ignore[type-a
             raise ResourceConfigError(f"checkpoint storage (checkpoints_url, storage_options): {e}") from e
 
 
-class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """Retention and claim mode; the shared-state registry is rebuilt from storage at setup."""
+class _CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """Retention and claim mode; the shared-state registry is rebuilt from storage at setup.
+    Its settings' fields (`num_retained`, `retention`, `claim_mode`, `from_checkpoint`) are those
+    `sparkpoint.pipeline.settings.SETTINGS` gives the role "registry"."""
 
     storage: CheckpointStorageResource
-    num_retained: int = 2
-    retention: str = ExternalizedRetention.RETAIN_ON_CANCELLATION.value
-    claim_mode: str = ClaimMode.CLAIM.value
-    from_checkpoint: str = ""  # start a new job from another job's chk-N (with claim_mode)
     orphan_grace_seconds: float = 3600.0
     _counts: RegistryCounts | None = PrivateAttr(default=None)
 
@@ -114,11 +152,15 @@ class CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-
             raise ResourceConfigError(
                 f"registry: orphan_grace_seconds must be a finite number >= 0, got {self.orphan_grace_seconds}"
             )
+        _check_settings(self, "registry")
         self._counts = registry_counts(self.storage.open())  # never trusted from memory across runs
 
     @property
     def counts(self) -> RegistryCounts:
         return self._counts if self._counts is not None else registry_counts(self.storage.open())
+
+
+CheckpointRegistryResource = _with_settings(_CheckpointRegistryResource, "registry")
 
 
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -197,24 +239,16 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         return self._session
 
 
-class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
-    """The RocksDB state backend of every subtask."""
+class _StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+    """The RocksDB state backend of every subtask. Its settings' fields (`local_recovery`,
+    `incremental`, `changelog`, `parallelism`, `max_parallelism`, `rocksdb_block_cache_mb`,
+    `allow_non_restored_state`, `allow_new_operators`, `routing`) are those
+    `sparkpoint.pipeline.settings.SETTINGS` gives the role "state_backend"."""
 
     local_dir: str = DEFAULT_LOCAL_DIR
-    local_recovery: bool = True
-    incremental: bool = True
-    changelog: bool = True  # Flink's state.backend.changelog.enabled (see sparkpoint.state.changelog)
-    parallelism: int | None = None  # None: the latest checkpoint's (2 for a first run); a change is a rescale
-    max_parallelism: int = 128
-    rocksdb_block_cache_mb: int = 256  # the process's block cache, shared by every database it opens
-    # Mapping the restored checkpoint's state onto the operators (by uid), as `run` takes them:
-    allow_non_restored_state: bool = False  # state of an operator the pipeline no longer runs is dropped
-    allow_new_operators: bool = False  # an operator the checkpoint lacks starts empty
-    routing: str = "auto"  # how a batch reaches its subtasks: "read-all", "shuffle" or "auto" (spark.routing)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        for problem in check_routing(self.routing):
-            raise ResourceConfigError(f"state backend: {problem}")
+        _check_settings(self, "state_backend")
         if not 1 <= self.max_parallelism <= MAX_KEY_GROUPS:
             raise ResourceConfigError(
                 f"state backend: max_parallelism must be between 1 and {MAX_KEY_GROUPS}, got {self.max_parallelism}"
@@ -233,32 +267,28 @@ class StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             raise ResourceConfigError(f"state backend: {e}") from e
 
 
-class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+StateBackendResource = _with_settings(_StateBackendResource, "state_backend")
+
+
+class _InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """The input directory (one Parquet file per batch) and the exactly-once output directory.
 
     With `sample_stream` (the sample pipeline's default), a step that finds no unconsumed batch
     first lands the next batch of the sample stream, so materializing always makes progress on a
-    fresh checkout.
+    fresh checkout. Its settings' fields (`files_per_checkpoint`, `on_bad_file`,
+    `max_future_event_time`) are those `sparkpoint.pipeline.settings.SETTINGS` gives the role "source".
     """
 
     input_url: str = DEFAULT_INPUT
     input_options: str = "{}"  # JSON
     output_url: str = DEFAULT_OUTPUT  # "" for no sink
-    files_per_checkpoint: int = 1
     sample_stream: bool = False
-    # An input file that fails a check before Spark (not Parquet, a column missing or of the wrong
-    # type, null keys): "fail" the run before any upload, or "skip" it (recorded in the checkpoint).
-    on_bad_file: str = "fail"
-    # An input file whose highest event time lies more than this many seconds beyond its batch's
-    # processing time is a bad file under `on_bad_file` (None: no bound; pipelines with an event time).
-    max_future_event_time: float | None = MAX_FUTURE_EVENT_TIME
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         _json_object(self.input_options, "input: input_options")
         if self.files_per_checkpoint < 1:
             raise ResourceConfigError(f"input: files_per_checkpoint must be >= 1, got {self.files_per_checkpoint}")
-        for problem in [*check_on_bad_file(self.on_bad_file), *check_max_future_event_time(self.max_future_event_time)]:
-            raise ResourceConfigError(f"input: {problem}")
+        _check_settings(self, "source")
         if self.sample_stream:
             Path(self.input_url).mkdir(parents=True, exist_ok=True)
 
@@ -273,6 +303,9 @@ class InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         names = [p.name for p in Path(self.input_url).iterdir()] + list(consumed)
         numbers = [int(m.group(1)) for n in names if (m := _SAMPLE_NAME.fullmatch(n))]
         return generate(self.input_url, batches=1, first=max(numbers, default=-1) + 1, **SAMPLE_STREAM)[0]
+
+
+InputResource = _with_settings(_InputResource, "source")
 
 
 @dataclass(frozen=True)
@@ -293,25 +326,36 @@ class PipelineResources:
         except SparkpointError as e:
             raise ResourceConfigError(str(e)) from e
 
+    def settings(self, pipeline: Pipeline) -> dict[str, Any]:
+        """What these resources set, by `PipelineConfig` field (a part of a composite setting such
+        as `rocksdb` on top of `pipeline`'s own)."""
+        values: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {}
+        for role in ("storage", "registry", "state_backend", "source"):
+            resource = getattr(self, role)
+            for setting in of_role(role):
+                field, _, part = (setting.target or setting.name).partition(".")
+                if part:
+                    parts.setdefault(field, {})[part] = _resource_value(setting, resource)
+                else:
+                    values[field] = _resource_value(setting, resource)
+        for field, changes in parts.items():
+            try:
+                values[field] = dataclasses.replace(getattr(pipeline, field), **changes)
+            except ValueError as e:
+                raise ResourceConfigError(f"state backend: {e}") from e
+        return values
+
     def config(self, pipeline: Pipeline) -> PipelineConfig:
         """`pipeline`'s settings with what these resources set on top (checked; nothing is opened)."""
-        storage, registry, backend, source = self.storage, self.registry, self.state_backend, self.source
+        storage, backend, source = self.storage, self.state_backend, self.source
         try:
             config = pipeline.config(
                 input_url=_url(source.input_url), input_options=_json_object(source.input_options,
                                                                              "input: input_options"),
                 output_url=_url(source.output_url) if source.output_url else None,
-                files_per_checkpoint=source.files_per_checkpoint, on_bad_file=source.on_bad_file,
-                max_future_event_time=source.max_future_event_time,
                 checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
-                num_retained=registry.num_retained, retention=registry.retention,
-                restore_mode=registry.claim_mode, from_checkpoint=registry.from_checkpoint or None,
-                parallelism=backend.parallelism, max_parallelism=backend.max_parallelism,
-                local_dir=str(Path(backend.local_dir).resolve()), incremental=backend.incremental,
-                local_recovery=backend.local_recovery, changelog=backend.changelog,
-                allow_non_restored_state=backend.allow_non_restored_state,
-                allow_new_operators=backend.allow_new_operators, routing=backend.routing,
-                rocksdb=dataclasses.replace(pipeline.rocksdb, block_cache_mb=backend.rocksdb_options().block_cache_mb),
+                local_dir=str(Path(backend.local_dir).resolve()), **self.settings(pipeline),
             )
             validate_config(config)
             return config
@@ -332,23 +376,20 @@ def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[st
     input_options = dict(pipeline.input_options if pipeline.input_options is not None else pipeline.storage_options)
     return {
         "storage": storage,
-        "registry": _own(CheckpointRegistryResource, pipeline, storage=storage,
-                         num_retained=pipeline.num_retained, retention=pipeline.retention,
-                         claim_mode=pipeline.restore_mode, from_checkpoint=pipeline.from_checkpoint or ""),
+        "registry": _own(CheckpointRegistryResource, pipeline, storage=storage, **_settings_of(pipeline, "registry")),
         "spark": _own(SparkResource, pipeline, app_name=pipeline.name),
-        "state_backend": _own(StateBackendResource, pipeline,
-                              local_dir=pipeline.location("local"), local_recovery=pipeline.local_recovery,
-                              incremental=pipeline.incremental, changelog=pipeline.changelog,
-                              parallelism=pipeline.parallelism, max_parallelism=pipeline.max_parallelism,
-                              rocksdb_block_cache_mb=pipeline.rocksdb.block_cache_mb,
-                              allow_non_restored_state=pipeline.allow_non_restored_state,
-                              allow_new_operators=pipeline.allow_new_operators, routing=pipeline.routing),
+        "state_backend": _own(StateBackendResource, pipeline, local_dir=pipeline.location("local"),
+                              **_settings_of(pipeline, "state_backend")),
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
-                       output_url=pipeline.output_url or "", files_per_checkpoint=pipeline.files_per_checkpoint,
-                       sample_stream=sample_stream, on_bad_file=pipeline.on_bad_file,
-                       max_future_event_time=pipeline.max_future_event_time),
+                       output_url=pipeline.output_url or "", sample_stream=sample_stream,
+                       **_settings_of(pipeline, "source")),
     }
+
+
+def _settings_of(pipeline: Pipeline, role: str) -> dict[str, Any]:
+    """`pipeline`'s settings that are fields of the resource of `role`, by field name."""
+    return {setting.resource_field or setting.name: _pipeline_value(setting, pipeline) for setting in of_role(role)}
 
 
 def _own(cls: type[R], pipeline: Pipeline, **defaults: Any) -> R:
