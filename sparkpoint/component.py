@@ -187,7 +187,7 @@ class PipelineComponent(dg.Component, dg.Model, dg.Resolvable):
     tags: dict[str, str] = {}
     schedule: str | None = None  # cron for the checkpoint job
     landing_sensor: bool = True  # run the checkpoint job when a batch file lands
-    landing_settle_seconds: float = SETTLE_SECONDS  # ... once it has been unchanged this long
+    landing_settle_seconds: float | None = None  # ... unchanged this long (None: the pipeline's settle_seconds)
     landing_retry_seconds: float = RETRY_SECONDS  # a file a run did not consume: again after this (doubling)
     tick: bool = False  # a scheduled run with no batch to read makes a checkpoint of no input (timers, TTL)
 

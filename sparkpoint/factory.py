@@ -39,7 +39,6 @@ from sparkpoint.resources import resources_for
 from sparkpoint.resources.scope import ROLES, PipelineScope
 from sparkpoint.sensors import build_sensors
 from sparkpoint.sensors.landing import RETRY_SECONDS
-from sparkpoint.spark.settling import SETTLE_SECONDS
 
 # (checkpoints URL, job id) -> the name of the pipeline whose definitions this process built for
 # it. For the process's life: how long definitions live says nothing (Dagster's own caches keep
@@ -82,11 +81,13 @@ def pipeline_defs(
     landing_sensor: bool = True,
     resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
     sample_stream: bool = False,
-    landing_settle_seconds: float = SETTLE_SECONDS,
+    landing_settle_seconds: float | None = None,
     landing_retry_seconds: float = RETRY_SECONDS,
     tick: bool = False,
 ) -> PipelineDefs:
     """The parts of `build_pipeline_defs` (same arguments)."""
+    if landing_settle_seconds is not None:  # the sensor's wait and the runs' are one setting
+        pipeline = pipeline.with_(settle_seconds=landing_settle_seconds)
     scope = PipelineScope.of(pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags)
     by_role: dict[str, Any] = resources_for(pipeline, sample_stream=sample_stream)
     unknown = set(resources or {}) - set(ROLES)
@@ -100,7 +101,7 @@ def pipeline_defs(
         scope=scope, assets=build_assets(scope), checks=build_checks(scope), jobs=jobs,
         sensors=build_sensors(scope, jobs, landing_sensor=landing_sensor,
                               orphan_grace_seconds=by_role["registry"].orphan_grace_seconds,
-                              settle_seconds=landing_settle_seconds, retry_seconds=landing_retry_seconds),
+                              settle_seconds=pipeline.settle_seconds, retry_seconds=landing_retry_seconds),
         resources=scope.keyed(by_role),
     )
 
@@ -134,7 +135,7 @@ def build_pipeline_defs(
     schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
     landing_sensor: bool = True,
     resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
-    landing_settle_seconds: float = SETTLE_SECONDS,
+    landing_settle_seconds: float | None = None,
     landing_retry_seconds: float = RETRY_SECONDS,
     tick: bool = False,
 ) -> dg.Definitions:
@@ -175,7 +176,8 @@ def build_pipeline_defs(
         resources: replaces resources by role (`storage`, `registry`, `spark`, `state_backend`,
             `source`), e.g. `{"spark": SparkResource(remote="sc://spark:15002")}` or with `EnvVar` fields.
         landing_settle_seconds: the input sensor offers a file once it has been unchanged this long (a
-            file still being copied is not read).
+            file still being copied is not read), and its runs judge a failing file only then: the
+            pipeline's `settle_seconds` setting (default 2), which this replaces when given.
         landing_retry_seconds: a file earlier runs did not consume is offered again this long after the
             last (doubling with each run), at once if it changed.
         tick: a scheduled run that finds no unconsumed batch makes a checkpoint of no input, so

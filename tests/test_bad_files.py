@@ -233,6 +233,26 @@ def test_a_file_being_copied_to_a_server_whose_clock_lags_is_judged_only_after_a
     assert driver.run() == [] and driver.pending_files() == ["r-000.parquet", "r-001.parquet"], "nothing skipped"
 
 
+def test_the_settle_time_is_one_setting_for_the_sensor_and_the_runs_it_launches(tmp_path: Path):
+    """A writer that pauses half a minute mid-file: `settle_seconds` (or the factory's
+    `landing_settle_seconds`) makes every run wait that long before a failing check counts, not
+    only the input sensor's first look."""
+    from sparkpoint.cli import build_parser
+    from sparkpoint.factory import pipeline_defs
+
+    patient = meters(tmp_path, on_bad_file="skip", settle_seconds=30)
+    copying, _, _ = half_copied(tmp_path, "r-000.parquet")
+    settled(copying, seconds_ago=10)  # its writer paused ten seconds ago
+    driver = StatefulPipeline(None, patient.config(), patient.operators)
+    assert driver.run() == [] and driver.pending_files() == ["r-000.parquet"], "not skipped: it may go on"
+    assert driver.waiting_for is not None and "of 30 s" in driver.waiting_for
+    defs = pipeline_defs(meters(tmp_path), landing_settle_seconds=30)
+    assert defs.scope.pipeline.settle_seconds == 30
+    assert [r for k, r in defs.resources.items() if k.endswith("source")][0].settle_seconds == 30
+    assert build_parser().parse_args(["run", "--settle-seconds", "30"]).settle_seconds == 30.0
+    assert meters(tmp_path).with_settings({"settle-seconds": "45"}).config().settle_seconds == 45.0
+
+
 @pytest.mark.spark
 def test_a_batch_ends_before_a_file_being_copied_and_the_complete_file_is_processed_later(tmp_path: Path, spark):
     pipeline = meters(tmp_path, on_bad_file="skip", files_per_checkpoint=3)

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 from sparkpoint.pipeline.driver import Committed, StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError, _Start
-from sparkpoint.spark.settling import SETTLE_SECONDS
 from sparkpoint.spark.source import FULL_LISTING_SECONDS, DirectoryWatch, SourceError
 
 log = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ class FollowOptions:
     checkpoint_interval: float = 0.0  # seconds between checkpoint starts at most; 0: one per landed batch
     poll_seconds: float = POLL_SECONDS
     idle_seconds: float | None = None  # stop after this long with no file pending; None: never
-    settle_seconds: float = SETTLE_SECONDS
+    settle_seconds: float | None = None  # None: the pipeline's `settle_seconds`
     full_listing_seconds: float = FULL_LISTING_SECONDS
 
     def cap(self, files_per_checkpoint: int) -> int:
@@ -73,7 +72,7 @@ def check_follow_options(options: FollowOptions) -> list[str]:
     problems = []
     for name, value, least in (("checkpoint interval", options.checkpoint_interval, 0.0),
                                ("poll interval", options.poll_seconds, 0.01),
-                               ("settle seconds", options.settle_seconds, 0.0),
+                               ("settle seconds", options.settle_seconds or 0.0, 0.0),
                                ("full listing seconds", options.full_listing_seconds, 0.0)):
         if not math.isfinite(value) or value < least:
             problems.append(f"{name} must be a number of seconds >= {least:g}, got {value}")

@@ -228,7 +228,8 @@ class PipelineCore:
         self.store = CompletedCheckpointStore(self.storage)
         self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
         self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file,
-                                       max_future_event_time=config.max_future_event_time)
+                                       max_future_event_time=config.max_future_event_time,
+                                       settle_seconds=config.settle_seconds)
         self.changed_skips: list[str] = []  # skipped files found changed by the last start (`changed_skips`)
         self.sink = (
             ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)

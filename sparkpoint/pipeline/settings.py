@@ -29,6 +29,7 @@ from sparkpoint.state.rocksdb import RocksDBOptions
 ON_BAD_FILE = ("fail", "skip")
 ROUTINGS = ("auto", "read-all", "shuffle")
 MAX_FUTURE_EVENT_TIME = 24 * 3600.0
+SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
 
 _SIZE = re.compile(r"(\d+)\s*(k|kb|m|mb|g|gb|t|tb)?")
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -82,6 +83,12 @@ def check_max_future_event_time(value: Any) -> list[str]:
     from sparkpoint.state.eventtime import check_max_future_event_time
 
     return check_max_future_event_time(value)
+
+
+def check_settle_seconds(value: Any) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return [f"settle_seconds must be a finite number of seconds >= 0, got {value!r}"]
+    return []
 
 
 def check_routing(value: Any) -> list[str]:
@@ -316,6 +323,16 @@ SETTINGS: tuple[Setting, ...] = (
         flag=Flag("--max-future-event-time", "an input file whose highest event time lies more than SECONDS beyond "
                   "its batch's processing time is a bad file, as --on-bad-file says (default 86400: one day; "
                   "--conf max_future_event_time=none: no bound)", type=seconds, metavar="SECONDS"),
+        resource=Resource("source")),
+    Setting(
+        "settle_seconds", float, SETTLE_SECONDS,
+        "seconds an input file's size and modification time must stay unchanged before it counts as landed: the "
+        "input sensor and `--follow` offer it only then, and a file that fails its checks is skipped or refused "
+        "only then (two looks this far apart); a file still being written before it ends the batch, unconsumed. "
+        "Raise it when a writer may pause longer mid-file",
+        float, check=check_settle_seconds,
+        flag=Flag("--settle-seconds", "how long an input file must be unchanged before a failing check counts (and "
+                  "before --follow takes it); default 2", type=seconds, metavar="SECONDS"),
         resource=Resource("source")),
     Setting(
         "routing", str, "auto",
