@@ -859,7 +859,7 @@ def start_steps(
 
 def remaining_batches(pipeline: PipelineCore) -> int:
     """How many batches the unconsumed files make (`files_per_checkpoint` files each)."""
-    return -(-len(pipeline.pending_files()) // pipeline.config.files_per_checkpoint)
+    return -(-len(pipeline.pending_files()) // int(pipeline.config.files_per_checkpoint))
 
 
 def finish_step(
