@@ -114,7 +114,9 @@ def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_ru
         rows = output[output["checkpoint_id"] == cid]
         assert dict(zip(rows["user"], rows["clicks"])) == upto[sorted(batch["user"].unique())].to_dict(), cid
 
-    log = server.log.read_text(errors="replace")
+    # Once, when the code location loads; not again when Dagster restarts its code server while
+    # it shuts down (seen under load: "Code server process has exited ... Restarting").
+    log = server.log.read_text(errors="replace").split("Shutting down Dagster services")[0]
     assert log.count(WARNING) == (1 if instance_yaml == NO_POOLS else 0), server.log_tail(200)
     if instance_yaml == NO_POOLS:
         assert f"add to {server.home}/dagster.yaml:\nconcurrency:\n  pools:\n    granularity: run\n" in log

@@ -3,8 +3,10 @@ columns an operator reads, an input directory with no batch file but other files
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +27,8 @@ def test_a_clickstream_without_the_operators_columns_is_refused_before_spark_sta
     pd.DataFrame({"user": ["u1", "u2"], "page": ["/a", "/b"],
                   "clicked_at": pd.to_datetime(["2026-01-01", "2026-01-02"])}).to_parquet(
         tmp_path / "in" / "clicks-0001.parquet")
+    landed = time.time() - 3600  # landed whole an hour ago: its verdict counts at once (DESIGN rule 18)
+    os.utime(tmp_path / "in" / "clicks-0001.parquet", (landed, landed))
     done = run(tmp_path)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
