@@ -170,7 +170,7 @@ def _checkpoint_to_copy(store: CompletedCheckpointStore, checkpoint_id: int | No
 
 def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMetadata, *, into_job: bool,
           progress: ProgressFn | None) -> SavepointResult:
-    new_id = meta.checkpoint_id + 1 if into_job else meta.checkpoint_id
+    new_id = _savepoint_id(dest, meta, into_job=into_job)
     tag = uuid.uuid4().hex[:12]  # every copy a name of its own (rule 1): a loser removes only its own files
     copies = [(f, f"{private_dir(new_id, h.operator, h.subtask)}/{tag}/{f.local_name}")
               for h in meta.subtask_handles() for f in h.files()]
@@ -196,6 +196,13 @@ def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMe
         raise
     return SavepointResult(saved, meta.checkpoint_id, f"{dest.job_url}/{saved.directory}", len(copies),
                            counter.total)
+
+
+def _savepoint_id(dest: CheckpointStorage, meta: CheckpointMetadata, *, into_job: bool) -> int:
+    """Into the job directory exactly the id after the checkpoint copied (the one a run resuming
+    from it commits: the exclusive create decides between them), never "the next free id" after
+    a listing, which a run commits below meanwhile; elsewhere the checkpoint's own id."""
+    return meta.checkpoint_id + 1 if into_job else meta.checkpoint_id
 
 
 def _commit(dest: CheckpointStorage, saved: CheckpointMetadata, meta: CheckpointMetadata) -> None:
