@@ -39,22 +39,22 @@ EXHAUSTIVE = {"claimed-completer-vs-recovery-abort": 3}
 # Whole actors (a run, a recovery that re-processes a batch on RocksDB: 0.2-0.7 s a schedule):
 # this many distinct schedules of at most two preemptions, drawn with SEED.
 SAMPLES = {
-    "uploaded-zombie-vs-recovery-sweep": 20,
+    "uploaded-zombie-vs-recovery-sweep": 16,
     "completer-vs-recoverer": 10,
-    "zombie-vs-recover-with-sweep": 10,
+    "zombie-vs-recover-with-sweep": 8,
     "two-completers": 8,
     "completer-vs-prune-vs-sweep": 12,
     "retried-step-vs-recoverer": 8,
     "run-vs-savepoint": 14,
-    "fenced-completer-vs-recoverer-vs-savepoint": 14,
-    "savepoints-to-one-target-vs-run": 12,
+    "fenced-completer-vs-recoverer-vs-savepoint": 12,
+    "savepoints-to-one-target-vs-run": 10,
     "bootstrap-vs-savepoint-one-target": 10,
     "skip-vs-run": 10,
     "follow-vs-recoverer": 10,
     "airflow-zombie-vs-recover-task": 10,
-    "zombie-vs-recoverer-on-one-host": 10,
+    "zombie-vs-recoverer-on-one-host": 8,
     "rot-vs-run-from-task-local-copy": 8,
-    "fallback-run-vs-savepoint": 12,
+    "fallback-run-vs-savepoint": 10,
     "local-copy-run-vs-fallback-recovery": 10,
 }
 
@@ -129,6 +129,18 @@ def test_a_savepoint_of_a_checkpoint_whose_writer_is_still_committing_keeps_its_
 
     outcome = savepoint_checker.run(choose)
     assert made["commit"] and outcome.violations == [] and outcome.errors == {}, (outcome.violations, outcome.errors)
+
+
+def test_a_bootstrap_that_loses_its_target_to_a_savepoint_takes_none_of_the_savepoints_files(tmp_path: Path):
+    """Found by the checker once both were actors: `bootstrap --to T` and `savepoint --to T` both
+    found T absent; the savepoint committed T/chk-1 first, and the bootstrap, failing its own
+    commit, removed every file in T, the savepoint's with them. Now both claim T by one exclusive
+    create before writing anything: the second writer stops there."""
+    checker = Checker(SCENARIOS["bootstrap-vs-savepoint-one-target"], tmp_path)
+    outcome = checker.run(legs(("bootstrap", "_claim.json"), ("savepoint", None), ("bootstrap", None)))
+    assert outcome.violations == [], outcome.violations
+    assert isinstance(outcome.results["savepoint"], SavepointResult)
+    assert "claimed by another writer" in outcome.errors["bootstrap"]
 
 
 # --- not vacuous: the losses, put back, are found -------------------------------------------------
