@@ -1176,7 +1176,7 @@ class Checker:
         """A copy of the template: its storage, and its hosts' local directories."""
         n = next(self.count)
         root = self.root / f"world-{n}"
-        run = Run(root, f"{self.url}/world-{n}", self.template.input)
+        run = Run(root, f"{self.url}/world-{n}", self.template.input, rotted=list(self.template.rotted))
         fs = fsspec.filesystem("memory")
         for path in fs.find(self.template.url):
             fs.pipe_file(path.replace("/world-template/", f"/world-{n}/", 1), fs.cat_file(path))
