@@ -90,3 +90,26 @@ def spark(_spark_sessions: list[Any]) -> Any:
     if not _spark_sessions or _spark_sessions[-1].sparkContext._jsc is None:
         _spark_sessions.append(spark_session("local[2]"))
     return _spark_sessions[-1]
+
+
+# --- the interleaving checker's figures, in the terminal summary (also under xdist: a report's
+# user properties travel from the worker to the process that prints) ------------------------------
+
+_INTERLEAVINGS: list[dict[str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _INTERLEAVINGS.extend(v for k, v in report.user_properties if k == "interleavings" and isinstance(v, dict))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _INTERLEAVINGS:
+        return
+    runs = sorted(_INTERLEAVINGS, key=lambda r: (r["mode"], r["scenario"]))
+    total = sum(int(r["schedules"]) for r in runs)
+    bad = sum(int(r["violations"]) for r in runs)
+    terminalreporter.write_sep("-", f"interleaving checker: {total} schedules explored in {len(runs)} scenarios, "
+                                    f"{bad} violations")
+    for r in runs:
+        terminalreporter.write_line(f"{r['line']} [{r['mode']}, {r['seconds']:.0f} s]")

@@ -1,22 +1,40 @@
-"""A model checker for the protocol's actors: real code, every interleaving of their storage steps.
+"""A model checker for the protocol's actors: real code, the interleavings of their storage steps.
 
-Three review rounds found races between the actors of one job (completer, recoverer, a zombie of a
-failed run, a retried step, the orphan sweep, retention), each by forcing one order by hand. This
-runs two or three *real* actors (`finish_step`, `recover`, `start_step`, `prune`, ...) in threads
-over one `memory://` job directory and lets exactly one of them move at a time: every storage
-operation of the protocol passes `sparkpoint.checkpoint.interleave.storage_step`, where the
-scheduler parks the actor and picks who goes next. `explore` enumerates the schedules
-systematically (depth-first over the choices, every schedule with at most `bound` preemptions:
-switching away from an actor that could have gone on) or samples them at random, and checks the
-invariants after each one:
+Review rounds found races between the writers of one job directory, each by forcing one order by
+hand. This runs two or three *real* actors in threads over one `memory://` job directory and
+lets exactly one of them move at a time: every storage operation of the protocol (and every
+operation on a task's local directory: the subtask's lock, its task-local copies) passes
+`sparkpoint.checkpoint.interleave.storage_step`, where the scheduler parks the actor and picks
+who goes next. The actors, each what a front end calls:
 
-- every retained checkpoint's files exist with their recorded size and CRC32;
+- a run (`sparkpoint run`, its batch loop), the two steps of an orchestrator (`start_step`,
+  `finish_step`: a completer, a zombie of a failed run, a retried step), a run that falls back
+  from a damaged checkpoint;
+- recovery (the Dagster recover job: `recover` with the failed run's attempts fenced; the Airflow
+  `recover` task: `recover` with an orphan grace period and no fence), `prune`, `gc`;
+- `take_savepoint` into the job directory and out of it, `sparkpoint skip` (`skip_file`), the
+  `--follow` loop (`follow`), `sparkpoint bootstrap` (`plan_bootstrap(...).run`);
+- two actors sharing one host's `local_dir` (the same subtask directories and task-local copies);
+- corruption: a byte of a stored file flips, as one step of its own.
+
+`Checker.explore` enumerates the schedules systematically (depth first over the choices, every
+schedule with at most `bound` preemptions: switching away from an actor that could have gone on);
+`Checker.sample` draws schedules with at most `bound` preemptions at random (a fixed seed), for
+scenarios of whole actors where the exhaustive set is too large. After each schedule:
+
+- every retained checkpoint's files exist with their recorded size and CRC32 (a file a
+  corruption step flipped excepted), and every savepoint an actor took verifies where it is;
 - at most one of abort and commit wins an attempt;
-- nothing outside the job's directory and output is touched (a neighbour job's files stay);
-- after the product's own way out (a recovery, then the remaining input processed), the visible
-  output holds every batch's rows exactly once and the restored state equals a recomputation in
-  pandas — a committed checkpoint's sink output that was discarded, or a good checkpoint subsumed
-  by one with missing files, fails here.
+- nothing outside the job's directory, its output and the savepoint targets is touched;
+- after the product's own way out (a recovery on a host that lost its local disk, then the
+  remaining input processed), the visible output holds every batch's rows exactly once and the
+  restored state equals a recomputation: in pandas for the balances, and for the operator with
+  event-time timers and TTL a run of the same input alone. A committed checkpoint's output that
+  was discarded, a good checkpoint subsumed for a broken one, a rollback: each fails here. Only a
+  flipped byte in a file every retained checkpoint needed when it flipped may stop the job.
+
+The world: two subtasks of two operators (balances per account; an idle alert per account by an
+event-time timer, over a value state with an event-time TTL), four batches of input.
 
 No Spark: the Spark half runs the real subtasks in the calling thread (`InProcessPipeline`), on
 real RocksDB, so the steps of one actor happen in its own thread, in order.
@@ -24,14 +42,18 @@ real RocksDB, so the steps of one actor happen in its own thread, in order.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import itertools
+import os
 import random
 import re
 import shutil
+import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +64,8 @@ import fsspec
 import pandas as pd
 
 from sparkpoint.checkpoint.files import stored_size_problems
-from sparkpoint.checkpoint.interleave import set_step_hook
+from sparkpoint.checkpoint.interleave import set_step_hook, storage_step
+from sparkpoint.checkpoint.savepoint import SavepointResult
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import (
@@ -64,9 +87,10 @@ from sparkpoint.spark.tasks import run_slots
 from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.state.ttl import StateTtl
 from sparkpoint.state.verify import verify_checkpoint
 
-# --- a user's operator (not the sample's): running balances per account -------------------------
+# --- a user's operators (not the sample's) --------------------------------------------------------
 
 BALANCE: StructCodec[Any] = StructCodec("<q")
 
@@ -86,8 +110,52 @@ def export_balances(state: Any) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["acct", "balance"]).astype({"balance": "int64"})
 
 
+def opening_balances(table: pd.DataFrame, state: Any) -> None:
+    """`bootstrap`: the opening amounts of a table, as a first batch would add them."""
+    if len(table):
+        apply_amounts(table, state)
+
+
 BALANCES = KeyedOperator("balances", key="acct", columns=("amount",), process=apply_amounts,
                          export=export_balances, emits=True)
+BOOTSTRAPPED_BALANCES = KeyedOperator("balances", key="acct", columns=("amount",), process=apply_amounts,
+                                      export=export_balances, emits=True, bootstrap=opening_balances)
+
+T0 = pd.Timestamp("2026-03-01 08:00:00", tz="UTC")
+SILENCE_US = 150 * 1_000_000  # event time without a row of an account before its idle alert fires
+LAST_SEEN: StructCodec[Any] = StructCodec("<q")  # the account's newest event time, µs
+SEEN_TTL = StateTtl(250, clock="event")  # an account unseen for this long (of watermark) is forgotten
+
+
+def track_idle(batch: pd.DataFrame, state: Any) -> None:
+    """Per account its newest event time (event-time TTL), and a timer SILENCE after it."""
+    newest = batch.groupby("acct")["ts"].max()
+    keys = [str(k) for k in newest.index]
+    seen = state.value_state("last_seen", LAST_SEEN, ttl=SEEN_TTL)
+    moved = []
+    for key, ts, old in zip(keys, newest.tolist(), seen.get_many(keys)):
+        us = int(pd.Timestamp(ts).value // 1000)
+        if old is not None and old[0] >= us:
+            continue
+        if old is not None:
+            state.timers.delete(key, old[0] + SILENCE_US)
+        moved.append((key, us))
+    seen.put_many((k, (us,)) for k, us in moved)
+    state.timers.register_many((k, us + SILENCE_US) for k, us in moved)
+
+
+def idle_alerts(fired: pd.DataFrame, state: Any) -> pd.DataFrame:
+    return pd.DataFrame({"acct": fired["key"].astype(str), "idle_at": fired["timestamp"].astype(str)})
+
+
+def export_last_seen(state: Any) -> pd.DataFrame:
+    rows = [(k.decode(), v[0]) for k, v in state.value_state("last_seen", LAST_SEEN, ttl=SEEN_TTL).items()]
+    return pd.DataFrame(rows, columns=["acct", "last_seen"]).astype({"last_seen": "int64"})
+
+
+IDLE = KeyedOperator("idle", key="acct", columns=("ts",), process=track_idle, export=export_last_seen,
+                     on_timer=idle_alerts, emits=True)
+OPERATORS = (BALANCES, IDLE)
 
 
 class InProcessPipeline(StatefulPipeline):
@@ -105,7 +173,11 @@ class InProcessPipeline(StatefulPipeline):
 
 
 class Hang(RuntimeError):
-    """An actor neither reached a storage step nor ended in time (it waits on something else)."""
+    """An actor neither reached a storage step nor ended in time (it waits on something else),
+    or every actor left waits for a lock another one holds."""
+
+
+BLOCKED = "blocked"  # the step of an actor that waits for a lock (the subtask's) another actor holds
 
 
 @dataclass
@@ -117,6 +189,7 @@ class _Actor:
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+    blocked_at: int | None = None  # parked at a BLOCKED step when this many choices were made
 
 
 Chooser = Callable[[tuple[str, ...], "str | None", int, "dict[str, tuple[str, str]]"], str]
@@ -134,7 +207,8 @@ class Choice:
 
 class Scheduler:
     """Runs actors in threads, one at a time: an actor moves only when chosen, from one storage
-    step to the next. `choose(enabled, previous, index)` picks who goes."""
+    step to the next. `choose(enabled, previous, index)` picks who goes. An actor waiting for a
+    lock another actor holds is not enabled until another actor has moved."""
 
     def __init__(self, actors: dict[str, Callable[[], Any]], choose: Chooser,
                  *, visible: Callable[[str, str, str], bool] | None = None, step_timeout: float = 60.0):
@@ -153,12 +227,13 @@ class Scheduler:
         if actor is None:  # setup, checks, or a thread no actor started: not scheduled
             return
         self.steps[actor.name].append((op, path))
-        if self.visible is None or self.visible(actor.name, op, path):
+        if op == BLOCKED or self.visible is None or self.visible(actor.name, op, path):
             self._park(actor, (op, path))
 
     def _park(self, actor: _Actor, step: tuple[str, str]) -> None:
         with self.cond:
             actor.parked = step
+            actor.blocked_at = len(self.trace) if step[0] == BLOCKED else None
             self.turn = None
             self.cond.notify_all()
             while self.turn is not actor:
@@ -177,11 +252,14 @@ class Scheduler:
                 self.turn = None
                 self.cond.notify_all()
 
+    def _may_go(self, actor: _Actor) -> bool:
+        """Not done, and not waiting for a lock that no other actor could have released since."""
+        if actor.done:
+            return False
+        return actor.blocked_at is None or any(c.chosen != actor.name for c in self.trace[actor.blocked_at:])
+
     def run(self) -> list[Choice]:
         previous = set_step_hook(self._hook)
-        parallel = CheckpointStorage.parallel
-        # Every step of an actor in its own thread, in order: no worker threads.
-        CheckpointStorage.parallel = _inline  # type: ignore[method-assign]
         try:
             for actor in self.actors.values():
                 actor.thread = threading.Thread(target=self._body, args=(actor,), daemon=True,
@@ -197,9 +275,11 @@ class Scheduler:
                             moving = [a.name for a in self.actors.values() if not a.done and a.parked is None]
                             raise Hang(f"actor(s) {moving} neither reached a storage step nor ended in "
                                        f"{self.step_timeout:.0f} s; steps so far: {describe(self.trace)}")
-                    enabled = tuple(a.name for a in self.actors.values() if not a.done)
-                    if not enabled:
+                    if all(a.done for a in self.actors.values()):
                         break
+                    enabled = tuple(a.name for a in self.actors.values() if self._may_go(a))
+                    if not enabled:
+                        raise Hang(f"deadlock: every actor left waits for a lock; steps so far: {describe(self.trace)}")
                     waiting = {a.name: a.parked for a in self.actors.values() if a.parked is not None}
                     chosen = self.choose(enabled, last, len(self.trace), waiting)
                     actor = self.actors[chosen]
@@ -214,8 +294,19 @@ class Scheduler:
                 actor.thread.join()
         finally:
             set_step_hook(previous)
-            CheckpointStorage.parallel = parallel  # type: ignore[method-assign]
         return self.trace
+
+
+@contextmanager
+def inline_parallel() -> Iterator[None]:
+    """Every storage operation of an actor in its own thread, in order: no worker threads (a
+    worker's step would be no actor's). Also spares the replays the pools' start-up."""
+    parallel = CheckpointStorage.parallel
+    CheckpointStorage.parallel = _inline  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CheckpointStorage.parallel = parallel  # type: ignore[method-assign]
 
 
 def _inline(self: CheckpointStorage, fn: Any, items: Any, *, workers: int | None = None) -> list[Any]:
@@ -233,9 +324,17 @@ def default_choice(enabled: tuple[str, ...], previous: str | None) -> str:
 
 
 def in_order(order: tuple[str, ...]) -> Chooser:
-    """Each actor runs to its end before the next one starts."""
+    """Each actor runs to its end before the next one starts (one blocked on a lock: the next)."""
     def choose(enabled: tuple[str, ...], previous: str | None, index: int, steps: Any) -> str:
         return next(a for a in order if a in enabled)
+    return choose
+
+
+def round_robin() -> Chooser:
+    """The actors take turns at every step."""
+    def choose(enabled: tuple[str, ...], previous: str | None, index: int, steps: Any) -> str:
+        later = [a for a in enabled if previous is not None and a > previous]
+        return later[0] if later else enabled[0]
     return choose
 
 
@@ -263,8 +362,7 @@ def describe(trace: list[Choice], limit: int = 400) -> str:
     """A schedule as a reader follows it: runs of steps by the same actor."""
     parts = []
     for actor, group in itertools.groupby(trace, key=lambda c: c.chosen):
-        steps = [f"{c.step[0]} {c.step[1].rsplit('/', 2)[-2:] and '/'.join(c.step[1].rsplit('/', 2)[-2:])}".strip()
-                 for c in group]
+        steps = [f"{c.step[0]} {'/'.join(c.step[1].rsplit('/', 2)[-2:])}".strip() for c in group]
         parts.append(f"{actor}: " + ", ".join(steps))
     text = " | ".join(parts)
     return text if len(text) <= limit else text[:limit] + " ..."
@@ -272,17 +370,16 @@ def describe(trace: list[Choice], limit: int = 400) -> str:
 
 # --- which steps can matter to another actor ---------------------------------------------------
 
-WRITES = frozenset({"create", "write", "delete", "move", "upload", "rmdir"})
-_RUN_PREFIX = re.compile(r"^/?ilv-\d+/(?:template|r\d+)/")
+WRITES = frozenset({"create", "write", "delete", "move", "upload", "rmdir", "lock"})
+_RUN_PREFIX = re.compile(r"^.*?/world-(?:template|\d+)/")  # a world's memory:// or local directory
 _UNIQUE = re.compile(r"[0-9a-f]{8,}")
 
 
 def normalized(op: str, path: str) -> tuple[str, tuple[str, ...]]:
-    """A step as it recurs from run to run: the run's prefix and unique (hex) names stripped; a
+    """A step as it recurs from run to run: the world's prefix and unique (hex) names stripped; a
     move touches its source and its target."""
     paths = path.split(" -> ") if op == "move" else [path]
-    return op, tuple(_UNIQUE.sub("*", _RUN_PREFIX.sub("", p.lstrip("/") if p.startswith("/ilv-") else p))
-                     for p in paths)
+    return op, tuple(_UNIQUE.sub("*", _RUN_PREFIX.sub("", p)) for p in paths)
 
 
 def _touches(a: str, b: str) -> bool:
@@ -332,17 +429,21 @@ def visibility(seen: dict[str, set[tuple[str, tuple[str, ...]]]]) -> Callable[[s
     return visible
 
 
-# --- scenarios ----------------------------------------------------------------------------------
+# --- the world ----------------------------------------------------------------------------------
 
 
 @dataclass
 class Run:
     """One interleaving's world: the job, its input, one pipeline object per actor (as separate
-    processes would have), and what the actors returned."""
+    processes would have), and what a corruption step did."""
 
-    root: Path  # local: the actors' working directories
-    url: str  # memory:// prefix of this run's checkpoints and output
-    input_dir: Path | None = None  # the batches (read only: shared by every run of a checker)
+    root: Path  # local: the hosts' local directories (one per actor unless actors share one)
+    url: str  # memory:// prefix of this world's checkpoints, output and savepoint targets
+    input_dir: Path | None = None  # the batches (read only: shared by every world of a checker)
+    rotted: list[tuple[str, bool]] = field(default_factory=list)  # (flipped file, every retained chk needed it)
+    # When the failed run a recovery heals ended: before the actors start (files they write are
+    # newer, the sweep keeps them), unless the actor that fails is among them (`_recover(harsh=True)`).
+    failed_before: float = field(default_factory=time.time)
 
     @property
     def input(self) -> Path:
@@ -356,24 +457,36 @@ class Run:
     def output(self) -> str:
         return f"{self.url}/out"
 
-    def pipeline(self, actor: str, *, num_retained: int = 1, max_batches: int | None = None) -> InProcessPipeline:
-        config = PipelineConfig(
-            input_url=str(self.input), checkpoints_url=self.checkpoints, job_id="job",
-            output_url=self.output, num_retained=num_retained, parallelism=1, max_parallelism=8,
-            local_dir=str(self.root / "local" / actor), max_batches=max_batches,
-        )
-        return InProcessPipeline(None, config, (BALANCES,))
+    def target(self, name: str) -> str:
+        """A savepoint target (a new directory) beside the job's."""
+        return f"{self.url}/savepoints/{name}"
+
+    def config(self, actor: str, *, num_retained: int = 1, max_batches: int | None = None, host: str | None = None,
+               **settings: Any) -> PipelineConfig:
+        """`host`: whose local directory the actor uses (default: a host of its own)."""
+        return PipelineConfig(
+            input_url=str(self.input), checkpoints_url=self.checkpoints, job_id="job", output_url=self.output,
+            num_retained=num_retained, parallelism=2, max_parallelism=8, local_dir=str(self.root / "local" / (
+                host or actor)), max_batches=max_batches, event_time="ts", **settings)
+
+    def pipeline(self, actor: str, *, num_retained: int = 1, max_batches: int | None = None, host: str | None = None,
+                 **settings: Any) -> InProcessPipeline:
+        config = self.config(actor, num_retained=num_retained, max_batches=max_batches, host=host, **settings)
+        return InProcessPipeline(None, config, OPERATORS)
 
     def storage(self) -> CheckpointStorage:
         return CheckpointStorage(self.checkpoints, "job")
 
 
 def land(run: Run, batches: int, seed: int = 7) -> None:
+    """`batches` files of 20 rows over 12 accounts; batch i's event times lie in [100 i, 100 i + 60)
+    seconds after T0, so no row is late and accounts fall idle (timers) and are forgotten (TTL)."""
     run.input.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     for i in range(batches):
         frame = pd.DataFrame({"acct": [f"a{rng.randrange(12)}" for _ in range(20)],
-                              "amount": [rng.randrange(-50, 100) for _ in range(20)]})
+                              "amount": [rng.randrange(-50, 100) for _ in range(20)],
+                              "ts": [T0 + pd.Timedelta(seconds=100 * i + rng.randrange(60)) for _ in range(20)]})
         frame.to_parquet(run.input / f"b{i:03d}.parquet")
 
 
@@ -403,22 +516,92 @@ def dead_holder_claim(storage: CheckpointStorage, checkpoint_id: int, attempt_id
     storage.commit_exclusive(claim_path(checkpoint_id, attempt_id), record.dumps())
 
 
+# --- corruption: a byte flips in a stored file --------------------------------------------------
+
+ROT_TARGET = "rot-target"  # beside the job: the file (relative to the job directory) a rot step flips
+
+
+def choose_rot_target(run: Run) -> str:
+    """The largest shared file the latest checkpoint uploaded that an older retained one lacks: a
+    restore can fall back from its damage."""
+    listing = CompletedCheckpointStore(run.storage()).load_all().checkpoints
+    latest, older = listing[0], listing[1:]
+    new = [f for f in latest.restored_files() if f.created_by == latest.checkpoint_id and f.path.startswith("shared/")
+           and any(f.path not in m.paths() for m in older)]
+    path = max(new, key=lambda f: (f.size, f.path)).path
+    fsspec.filesystem("memory").pipe_file(f"{run.url}/{ROT_TARGET}", path.encode())
+    return path
+
+
+def rot_target(run: Run) -> str:
+    return str(fsspec.filesystem("memory").cat_file(f"{run.url}/{ROT_TARGET}").decode())
+
+
+def flip_a_byte(run: Run, path: str) -> None:
+    """The corruption step: the stored file keeps its size, one byte of its middle changes. Which
+    retained checkpoints needed it when it flipped is noted (no step: the flip is one move)."""
+    storage = run.storage()
+    data = bytearray(storage.read_bytes(path))
+    data[len(data) // 2] ^= 0x40
+    storage_step("write", storage.abspath(path))  # the write's turn: what is retained now is what it hits
+    run.rotted.append((path, every_retained_needs(run, path)))
+    storage.fs.pipe_file(storage.abspath(path), bytes(data))
+
+
+def every_retained_needs(run: Run, path: str) -> bool:
+    """Whether every completed checkpoint references `path` (read past the seam: no step)."""
+    from sparkpoint.checkpoint.metadata import CheckpointMetadata
+
+    fs = fsspec.filesystem("memory")
+    job = f"{run.checkpoints}/job"
+    needs = []
+    for entry in fs.ls(job, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("chk-") and fs.exists(f"{entry}/_metadata"):
+            try:
+                needs.append(path in CheckpointMetadata.loads(fs.cat_file(f"{entry}/_metadata")).paths())
+            except Exception:
+                needs.append(True)
+    return all(needs)
+
+
+# --- scenarios ----------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """A job in some state (`setup`) and the actors that then run at once."""
+    """A job in some state (`setup`) and the actors that then run at once. `patch`: what the
+    actors run under, the same in every world (e.g. a Spark job run in process)."""
 
     name: str
     setup: Callable[[Run], None]
     actors: Callable[[Run], dict[str, Callable[[], Any]]]
     batches: int = 4
+    patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
 
 
-def _first_checkpoint(run: Run, n: int = 1, *, num_retained: int = 1) -> None:
-    run.pipeline("setup", num_retained=num_retained, max_batches=n).run()
+def _first_checkpoint(run: Run, n: int = 1, *, num_retained: int = 1, host: str = "setup") -> None:
+    run.pipeline("setup", num_retained=num_retained, max_batches=n, host=host).run()
 
 
 def _persisted(run: Run, attempt_id: str, actor: str = "setup") -> None:
     assert start_step(run.pipeline(actor), attempt_id) is not None
+
+
+def _recover(run: Run, actor: str, *attempts: str, harsh: bool = True, **settings: Any) -> Any:
+    """The Dagster recover job: the failed run's attempts fenced, the orphans it left swept. With
+    `harsh` the failed run is an actor of the scenario (a zombie): everything unreferenced is
+    swept, whenever it was written; else only what was written before the actors started."""
+    failed_before = time.time() + 3600 if harsh else run.failed_before
+    return recover(run.pipeline(actor, **settings), failed_before=failed_before, failed_attempts=attempts)
+
+
+def _zombie(run: Run, attempt_id: str, actor: str = "zombie", **settings: Any) -> Any:
+    """A run of an orchestrator's two steps whose process lives on after it was marked failed."""
+    p = run.pipeline(actor, **settings)
+    if start_step(p, attempt_id) is None:
+        return None
+    return finish_step(p, [attempt_id])
 
 
 def completer_vs_recoverer() -> Scenario:
@@ -430,29 +613,23 @@ def completer_vs_recoverer() -> Scenario:
 
     def actors(run: Run) -> dict[str, Callable[[], Any]]:
         return {"completer": lambda: finish_step(run.pipeline("completer"), ["run-a"]),
-                "recoverer": lambda: recover(run.pipeline("recoverer"), failed_before=time.time() + 3600,
-                                             failed_attempts=("run-a",))}
+                "recoverer": lambda: _recover(run, "recoverer", "run-a")}
     return Scenario("completer-vs-recoverer", setup, actors)
 
 
-def zombie_vs_recover_with_sweep() -> Scenario:
+def zombie_vs_recover_with_sweep(name: str = "zombie-vs-recover-with-sweep", host: str | None = None) -> Scenario:
     """Run Z was marked failed while its process lives: it runs its Spark half, persists its
     attempt and completes it, while the recover job aborts, sweeps (grace 0 up to Z's end) and
-    re-processes. With num_retained=1 a commit over swept files would subsume the only good one."""
+    re-processes. With num_retained=1 a commit over swept files would subsume the only good one.
+    With `host`, both run on that host (and the first checkpoint was made there): they share its
+    subtask directories, locks and task-local copies."""
     def setup(run: Run) -> None:
-        _first_checkpoint(run)
-
-    def zombie(run: Run) -> Any:
-        p = run.pipeline("zombie")
-        if start_step(p, "run-z") is None:
-            return None
-        return finish_step(p, ["run-z"])
+        _first_checkpoint(run, host=host or "setup")
 
     def actors(run: Run) -> dict[str, Callable[[], Any]]:
-        return {"zombie": lambda: zombie(run),
-                "recoverer": lambda: recover(run.pipeline("recoverer"), failed_before=time.time() + 3600,
-                                             failed_attempts=("run-z",))}
-    return Scenario("zombie-vs-recover-with-sweep", setup, actors)
+        return {"zombie": lambda: _zombie(run, "run-z", host=host),
+                "recoverer": lambda: _recover(run, "recoverer", "run-z", host=host)}
+    return Scenario(name, setup, actors)
 
 
 def two_completers() -> Scenario:
@@ -500,8 +677,7 @@ def retried_step_vs_recoverer() -> Scenario:
 
     def actors(run: Run) -> dict[str, Callable[[], Any]]:
         return {"retry": lambda: finish_step(run.pipeline("retry"), ["run-a"]),
-                "recoverer": lambda: recover(run.pipeline("recoverer"), failed_before=time.time() + 3600,
-                                             failed_attempts=("run-a",))}
+                "recoverer": lambda: _recover(run, "recoverer", "run-a")}
     return Scenario("retried-step-vs-recoverer", setup, actors)
 
 
@@ -549,20 +725,204 @@ def uploaded_zombie_vs_recovery_sweep() -> Scenario:
     return Scenario("uploaded-zombie-vs-recovery-sweep", setup, actors)
 
 
+# --- the writers the fifth review added -------------------------------------------------------------
+
+
+@contextmanager
+def _savepoints_do_not_wait() -> Iterator[None]:
+    """A savepoint's look at a checkpoint whose completion has not settled: a step each, no sleep."""
+    from sparkpoint.checkpoint import savepoint
+
+    before = savepoint.SETTLE_SECONDS, savepoint.SETTLE_POLLS
+    savepoint.SETTLE_SECONDS, savepoint.SETTLE_POLLS = 0.0, 3
+    try:
+        yield
+    finally:
+        savepoint.SETTLE_SECONDS, savepoint.SETTLE_POLLS = before
+
+
+def _savepoint(run: Run, target: str | None = None) -> SavepointResult:
+    from sparkpoint.checkpoint.savepoint import take_savepoint
+
+    return take_savepoint(run.storage(), target=run.target(target) if target else None)
+
+
+def run_vs_savepoint() -> Scenario:
+    """`sparkpoint run` commits chk-2 while `sparkpoint savepoint` (no --to: into the job
+    directory, as the Airflow operator and the Dagster job do by default) copies chk-1 (the
+    review's item 4: the copy committed above chk-2 became the latest and batch 2 was replayed)."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"run": lambda: run.pipeline("run", max_batches=1).run(), "savepoint": lambda: _savepoint(run)}
+    return Scenario("run-vs-savepoint", _first_checkpoint, actors, patch=_savepoints_do_not_wait)
+
+
+def fenced_completer_vs_recoverer_vs_savepoint() -> Scenario:
+    """A completer of run A's attempt (which run monitoring marked failed), the recover job that
+    fences A, and a savepoint into the job directory: A's chk-2 may be withdrawn by its completer
+    right after its commit; a savepoint of it would outlive it. The savepoint started after A's
+    failure: its copies are newer than what the recovery's sweep takes (one that started before
+    is protected by nothing but time, as a CLI run's uploads are)."""
+    def setup(run: Run) -> None:
+        _first_checkpoint(run)
+        _persisted(run, "run-a")
+
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"completer": lambda: finish_step(run.pipeline("completer"), ["run-a"]),
+                "recoverer": lambda: _recover(run, "recoverer", "run-a", harsh=False),
+                "savepoint": lambda: _savepoint(run)}
+    return Scenario("fenced-completer-vs-recoverer-vs-savepoint", setup, actors, patch=_savepoints_do_not_wait)
+
+
+def savepoints_to_one_target_vs_run() -> Scenario:
+    """Two `savepoint --to` the same new directory while the job commits and subsumes (one
+    retained): one savepoint at most, whole; a loser removes only its own files."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"sp-a": lambda: _savepoint(run, "sp"), "sp-b": lambda: _savepoint(run, "sp"),
+                "run": lambda: run.pipeline("run", max_batches=1).run()}
+    return Scenario("savepoints-to-one-target-vs-run", _first_checkpoint, actors)
+
+
+OPENING = "opening.parquet"  # the bootstrap's initial table, beside the input
+
+
+def _bootstrap(run: Run, actor: str, target: str) -> Any:
+    from sparkpoint.pipeline.bootstrap import plan_bootstrap
+    from sparkpoint.pipeline.spec import Pipeline
+
+    pipeline = Pipeline("job", (BOOTSTRAPPED_BALANCES, IDLE), input_url=str(run.input), checkpoints_url=run.checkpoints,
+                        output_url=run.output, local_dir=str(run.root / "local" / actor), parallelism=2,
+                        max_parallelism=8, event_time="ts")
+    return plan_bootstrap(pipeline, "balances", str(run.input.parent / OPENING), run.target(target)).run(None)
+
+
+@contextmanager
+def _bootstrap_in_process() -> Iterator[None]:
+    """The bootstrap's Spark job in the calling thread: the same subtasks, no JVM."""
+    from sparkpoint.pipeline import bootstrap
+    from sparkpoint.spark.bootstrap import bootstrap_slots
+
+    def run_spark(spark: Any, spec: Any) -> list[dict[str, Any]]:
+        ids = iter([pd.DataFrame({"id": list(range(spec.parallelism))})])
+        return [row for frame in bootstrap_slots(spec, ids) for row in frame.to_dict("records")]
+
+    before = bootstrap._run_spark
+    bootstrap._run_spark = run_spark
+    try:
+        yield
+    finally:
+        bootstrap._run_spark = before
+
+
+def bootstrap_vs_savepoint_one_target() -> Scenario:
+    """`sparkpoint bootstrap --to T` and `sparkpoint savepoint --to T` at once: at most one of
+    them ends with a savepoint in T, whole; the other leaves nothing of its own and takes
+    nothing of the winner's."""
+    def setup(run: Run) -> None:
+        _first_checkpoint(run)
+        pd.DataFrame({"acct": ["a1", "a2", "a3"], "amount": [5, 7, 9]}).to_parquet(run.input.parent / OPENING)
+
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"bootstrap": lambda: _bootstrap(run, "bootstrap", "t"), "savepoint": lambda: _savepoint(run, "t")}
+    return Scenario("bootstrap-vs-savepoint-one-target", setup, actors, patch=_bootstrap_in_process)
+
+
+def skip_vs_run() -> Scenario:
+    """`sparkpoint skip b001` (the way out of on_bad_file=fail) while a run takes b001 as its
+    batch: both commit chk-2 from chk-1."""
+    from sparkpoint.pipeline.skipping import skip_file
+
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"skip": lambda: skip_file(run.pipeline("skip"), "b001.parquet", "garbled export"),
+                "run": lambda: run.pipeline("run", max_batches=1).run()}
+    return Scenario("skip-vs-run", _first_checkpoint, actors)
+
+
+def follow_vs_recoverer() -> Scenario:
+    """The Dagster `<name>_follow` job's loop (`follow`, each batch's attempt persisted under its
+    run id) goes on after run monitoring marked its run failed; the recover job fences that run."""
+    from sparkpoint.pipeline.follow import FollowOptions, follow
+
+    def loop(run: Run) -> Any:
+        options = FollowOptions(poll_seconds=0.01, idle_seconds=0.0, settle_seconds=0.0)
+        return list(follow(run.pipeline("follow", max_batches=2), options, attempt_id="run-f", sleep=lambda s: None))
+
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"follow": lambda: loop(run), "recoverer": lambda: _recover(run, "recoverer", "run-f")}
+    return Scenario("follow-vs-recoverer", _first_checkpoint, actors)
+
+
+def airflow_zombie_vs_recover_task() -> Scenario:
+    """Airflow's batch and checkpoint tasks of a run whose worker lives on after the scheduler
+    failed them (a zombie), and that run's `recover` task: `recover` with the operator's orphan
+    grace period and no fence (what `SparkpointRecoverOperator` calls)."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"zombie": lambda: _zombie(run, "run-z"),
+                "recover": lambda: recover(run.pipeline("recover"), orphan_grace_seconds=3600.0)}
+    return Scenario("airflow-zombie-vs-recover-task", _first_checkpoint, actors)
+
+
+def _two_on_one_host(run: Run) -> None:
+    """chk-1 and chk-2 made on host `host` (two retained): its task-local copy of chk-2 is there."""
+    _first_checkpoint(run, 2, num_retained=2, host="host")
+    choose_rot_target(run)
+
+
+def rot_vs_run_from_task_local_copy() -> Scenario:
+    """A byte of a file chk-2 uploaded flips while the next run, on the host that made chk-2,
+    restores from its task-local copy (it never reads the stored file), reuses that file in
+    chk-3 and applies retention (two kept): the review's item 7."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"rot": lambda: flip_a_byte(run, rot_target(run)),
+                "run": lambda: run.pipeline("run", num_retained=2, max_batches=1, host="host").run()}
+    return Scenario("rot-vs-run-from-task-local-copy", _two_on_one_host, actors)
+
+
+def _rotted(run: Run) -> None:
+    _two_on_one_host(run)
+    flip_a_byte(run, rot_target(run))
+
+
+def fallback_run_vs_savepoint() -> Scenario:
+    """chk-2 is damaged (a flipped byte); a run on another host restores it from stable storage,
+    finds the damage and falls back to chk-1 (discarding chk-2, rolling its output back), while a
+    savepoint into the job directory copies the latest checkpoint."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"run": lambda: run.pipeline("run", num_retained=2, max_batches=1).run(),
+                "savepoint": lambda: _savepoint(run)}
+    return Scenario("fallback-run-vs-savepoint", _rotted, actors, patch=_savepoints_do_not_wait)
+
+
+def local_copy_run_vs_fallback_recovery() -> Scenario:
+    """chk-2 is damaged; the next run, on the host with chk-2's task-local copy, never sees it
+    and commits chk-3 reusing the damaged file, while a recovery on another host verifies the
+    latest checkpoint, finds the damage and falls back (DESIGN rule 10: only corruption)."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"run": lambda: run.pipeline("run", num_retained=2, max_batches=1, host="host").run(),
+                "recoverer": lambda: _recover(run, "recoverer", harsh=False, num_retained=2)}
+    return Scenario("local-copy-run-vs-fallback-recovery", _rotted, actors)
+
+
 SCENARIOS = {s.name: s for s in (
     claimed_completer_vs_recovery_abort(), uploaded_zombie_vs_recovery_sweep(), completer_vs_recoverer(),
     zombie_vs_recover_with_sweep(), two_completers(), completer_vs_prune_vs_sweep(), retried_step_vs_recoverer(),
+    run_vs_savepoint(), fenced_completer_vs_recoverer_vs_savepoint(), savepoints_to_one_target_vs_run(),
+    bootstrap_vs_savepoint_one_target(), skip_vs_run(), follow_vs_recoverer(), airflow_zombie_vs_recover_task(),
+    zombie_vs_recover_with_sweep("zombie-vs-recoverer-on-one-host", host="host"), rot_vs_run_from_task_local_copy(),
+    fallback_run_vs_savepoint(), local_copy_run_vs_fallback_recovery(),
 )}
 
 
 # --- invariants -----------------------------------------------------------------------------------
 
 
-def expected(run: Run) -> tuple[list[tuple[str, int]], dict[str, int]]:
-    """Every batch's emitted rows (account, balance after the batch) and the final balances."""
+def expected(run: Run, skipped: frozenset[str] = frozenset()) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    """Every batch's emitted balances (account, balance after the batch) and the final balances,
+    recomputed in pandas; files consumed as skipped (`sparkpoint skip`) left out."""
     totals: dict[str, int] = {}
     emitted = []
     for path in sorted(run.input.glob("b*.parquet")):
+        if path.name in skipped:
+            continue
         sums = pd.read_parquet(path).groupby("acct")["amount"].sum()
         for acct, amount in sums.items():
             totals[acct] = totals.get(acct, 0) + int(amount)
@@ -570,15 +930,66 @@ def expected(run: Run) -> tuple[list[tuple[str, int]], dict[str, int]]:
     return sorted(emitted), totals
 
 
-def visible_output(run: Run) -> list[tuple[str, int]]:
+def visible_output(run: Run, operator: str = "balances") -> list[tuple[Any, ...]]:
+    """The job's visible output rows of `operator`: (account, balance) or (account, idle_at)."""
     fs = fsspec.filesystem("memory")
-    rows: list[tuple[str, int]] = []
+    rows: list[tuple[Any, ...]] = []
     for path in sorted(fs.ls(run.output, detail=False)):
-        if path.rsplit("/", 1)[-1].startswith("part-job~"):
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith("part-job~") and f"~{operator}~" in name:
             with fs.open(path, "rb") as f:
                 frame = pd.read_parquet(f)
-            rows += [(str(a), int(b)) for a, b in zip(frame["acct"], frame["balance"])]
+            if operator == "balances":
+                rows += [(str(a), int(b)) for a, b in zip(frame["acct"], frame["balance"])]
+            else:
+                rows += [(str(a), str(b)) for a, b in zip(frame["acct"], frame["idle_at"])]
     return sorted(rows)
+
+
+def skipped_in(run: Run) -> frozenset[str]:
+    """The input files the latest checkpoint records as consumed unprocessed."""
+    latest = CompletedCheckpointStore(run.storage()).latest()
+    return frozenset(s.file for s in latest.skipped_files) if latest is not None else frozenset()
+
+
+def _result_storage(url: str) -> CheckpointStorage:
+    """The job directory of a savepoint's `.../<job>/chk-<N>` URL."""
+    job_url = url.rsplit("/chk-", 1)[0]
+    base, _, job = job_url.rpartition("/")
+    return CheckpointStorage(base, job)
+
+
+def savepoint_problems(run: Run, actors: dict[str, _Actor]) -> list[str]:
+    """Every savepoint an actor took verifies where it is (one in the job directory only while
+    its `_metadata` is there: a fallback discards savepoints above the checkpoint it restores);
+    a target holds no file that no `_metadata` in it lists (a loser's leftovers, or a winner's
+    files deleted by a loser)."""
+    from sparkpoint.pipeline.bootstrap import CLAIM_FILE, BootstrapResult
+
+    found = []
+    for actor in actors.values():
+        result = actor.result
+        if not isinstance(result, (SavepointResult, BootstrapResult)):
+            continue
+        storage = _result_storage(result.url)
+        meta = result.metadata
+        if storage.job_url == run.storage().job_url and not storage.exists(meta.metadata_path):
+            continue
+        problems = verify_checkpoint(storage, meta)
+        if problems:
+            found.append(f"{actor.name}'s savepoint {result.url} does not verify: {problems[0]}")
+    fs = fsspec.filesystem("memory")
+    top = f"{run.url}/savepoints"
+    for target in fs.ls(top, detail=False) if fs.exists(top) else []:
+        target = target.rstrip("/")
+        storage = CheckpointStorage(top, target.rsplit("/", 1)[-1])
+        listed = {CLAIM_FILE}
+        for m in CompletedCheckpointStore(storage).load_all().checkpoints:
+            listed |= m.paths() | {m.metadata_path}
+        stray = sorted(rel for path in fs.find(target) if (rel := path[len(target) + 1:]) not in listed)
+        if stray:
+            found.append(f"savepoint target {storage.job_url} holds files no savepoint lists: {stray[:3]}")
+    return found
 
 
 def violations(run: Run, actors: dict[str, _Actor], neighbours: dict[str, bytes]) -> list[str]:
@@ -592,24 +1003,34 @@ def violations(run: Run, actors: dict[str, _Actor], neighbours: dict[str, bytes]
     for actor in actors.values():
         if isinstance(actor.error, Hang):
             found.append(f"{actor.name} hung: {actor.error}")
+    rotted = {path for path, _ in run.rotted}
     listing = CompletedCheckpointStore(storage).load_all()
     for meta in listing.checkpoints:
-        problems = stored_size_problems(storage, list(meta.files())) + verify_checkpoint(storage, meta)
+        problems = [p for p in stored_size_problems(storage, list(meta.files())) + verify_checkpoint(storage, meta)
+                    if p.path not in rotted]
         if problems:
             found.append(f"retained chk-{meta.checkpoint_id} lost files: {problems[0]}")
-    return found + both_won(run, actors)
+    return found + both_won(run, actors) + savepoint_problems(run, actors)
 
 
-def replay_violations(run: Run) -> list[str]:
-    """The product's own way out (a recovery), then everything left: output and state must be
-    exact. Costs a recovery and a batch or two on RocksDB."""
+Reference = tuple[list[tuple[Any, ...]], dict[str, int]]
+"""The idle operator's output rows and state after a run of the input alone."""
+
+
+def replay_violations(run: Run, reference: Callable[[frozenset[str]], Reference]) -> list[str]:
+    """The product's own way out (a recovery on a host that lost its local disk), then everything
+    left: output and state must be exact. Costs a recovery and a batch or two on RocksDB. Only a
+    flipped byte in a file every retained checkpoint needed when it flipped may stop the job."""
     found = []
     try:
         recover(run.pipeline("after"))
         run.pipeline("after").run()
     except Exception as e:
+        if run.rotted and all(excused for _, excused in run.rotted):
+            return []
         return [f"the job cannot go on: {type(e).__name__}: {e}"]
-    want_rows, want_totals = expected(run)
+    skipped = skipped_in(run)
+    want_rows, want_totals = expected(run, skipped)
     got = visible_output(run)
     if got != want_rows:
         missing = len(set(want_rows) - set(got))
@@ -619,6 +1040,14 @@ def replay_violations(run: Run) -> list[str]:
     _, state = state_table(run.storage(), BALANCES)
     if dict(zip(state["acct"], state["balance"].astype(int))) != want_totals:
         found.append("restored state differs from the recomputation")
+    idle_rows, idle_state = reference(skipped)
+    alerts = visible_output(run, "idle")
+    if alerts != idle_rows:
+        found.append(f"the timers' output is not exactly once: {len(alerts)} alerts, want {len(idle_rows)} "
+                     f"({len(set(idle_rows) - set(alerts))} missing, {len(alerts) - len(set(alerts))} repeated)")
+    _, seen = state_table(run.storage(), IDLE)
+    if dict(zip(seen["acct"], seen["last_seen"].astype(int))) != idle_state:
+        found.append("the TTL state differs from a run of the input alone")
     return found
 
 
@@ -628,11 +1057,11 @@ _VOLATILE = re.compile(r'\\?"(?:created_at|started_at|seconds|crc32|size|at|by|p
 
 def end_state(run: Run) -> tuple[tuple[str, str], ...]:
     """The world as a replay depends on it, up to renaming: every file's path with unique names
-    blanked, and the control files' contents without times, sizes and checksums. Two interleavings
-    that leave the same end state need one replay."""
+    blanked, and the control files' contents without times, sizes and checksums; and which
+    flipped bytes were excused. Two interleavings that leave the same end state need one replay."""
     fs = fsspec.filesystem("memory")
     prefix = fs._strip_protocol(run.url).rstrip("/") + "/"
-    state = []
+    state = [("rotted", repr(sorted(run.rotted)))]
     for path in fs.find(run.url):
         rel = path[len(prefix):]
         content = ""
@@ -662,19 +1091,37 @@ class Outcome:
     schedule: list[Choice]
     violations: list[str]
     errors: dict[str, str]  # actor -> how it ended, when it raised
+    results: dict[str, Any] = field(default_factory=dict)  # actor -> what it returned
 
 
 @dataclass
 class Report:
     scenario: str
-    explored: int = 0
+    explored: int = 0  # distinct schedules run
     violations: list[Outcome] = field(default_factory=list)
     steps: dict[str, int] = field(default_factory=dict)  # per actor, in the schedule without preemption
+    how: str = ""  # "all with <= k preemptions" / "n sampled with <= k preemptions"
 
     def line(self) -> str:
         steps = ", ".join(f"{a} {n}" for a, n in self.steps.items())
-        return (f"{self.scenario}: actors {list(self.steps)} ({steps} steps alone), {self.explored} interleavings, "
-                f"violations: {len(self.violations)}")
+        return (f"{self.scenario}: actors {list(self.steps)} ({steps} steps alone), {self.explored} schedules"
+                f"{' (' + self.how + ')' if self.how else ''}, violations: {len(self.violations)}")
+
+
+def _fast_dir() -> str | None:
+    """A memory-backed directory for the actors' local directories (RocksDB's files), when there is one."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
+_CHECKERS = itertools.count()
+
+
+def _forget(root: str, url: str) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    fs = fsspec.filesystem("memory")
+    for path in fs.find(url):
+        fs.rm_file(path)
 
 
 class Checker:
@@ -683,8 +1130,12 @@ class Checker:
     def __init__(self, scenario: Scenario, workdir: Path):
         self.scenario = scenario
         self.workdir = workdir
+        self.root = Path(tempfile.mkdtemp(prefix="ilv-", dir=_fast_dir()))
+        self.url = f"memory://ilv-{next(_CHECKERS)}-{os.getpid()}"
+        self._cleanup = weakref.finalize(self, _forget, str(self.root), self.url)
         self.count = itertools.count()
         self.replayed: dict[tuple[tuple[str, str], ...], list[str]] = {}  # end state -> its replay's findings
+        self.references: dict[frozenset[str], Reference] = {}
         self.template = self._template()
         self.visible: Callable[[str, str, str], bool] | None = None
         self.visible = self._visibility()
@@ -695,27 +1146,42 @@ class Checker:
         seen: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
         with self.world() as run:
             names = list(self.scenario.actors(run))
-        for order in itertools.permutations(names):
-            with self.world() as run:
-                scheduler = Scheduler(self.scenario.actors(run), in_order(order))
-                scheduler.run()
+        # One after the other in every order; and once taking turns at every step, since an actor
+        # may stop at once when another ran first (a target that exists): its steps are seen too.
+        for choose in [*(in_order(order) for order in itertools.permutations(names)), round_robin()]:
+            with self.world() as run, self._patched():
+                scheduler = Scheduler(self.scenario.actors(run), choose)
+                try:
+                    scheduler.run()
+                except Hang:
+                    pass
             for actor, steps in scheduler.steps.items():
                 seen.setdefault(actor, set()).update(normalized(op, path) for op, path in steps)
         return visibility(seen)
 
     def _template(self) -> Run:
-        run = Run(self.workdir / "template", f"memory://ilv-{id(self)}/template")
+        run = Run(self.root / "world-template", f"{self.url}/world-template")
         land(run, self.scenario.batches)
-        self.scenario.setup(run)
+        with inline_parallel():
+            self.scenario.setup(run)
         return run
 
     @contextmanager
+    def _patched(self) -> Iterator[None]:
+        with inline_parallel(), (self.scenario.patch() if self.scenario.patch else contextlib.nullcontext()):
+            yield
+
+    @contextmanager
     def world(self) -> Iterator[Run]:
+        """A copy of the template: its storage, and its hosts' local directories."""
         n = next(self.count)
-        run = Run(self.workdir / f"r{n}", f"memory://ilv-{id(self)}/r{n}", self.template.input)
+        root = self.root / f"world-{n}"
+        run = Run(root, f"{self.url}/world-{n}", self.template.input, rotted=list(self.template.rotted))
         fs = fsspec.filesystem("memory")
         for path in fs.find(self.template.url):
-            fs.pipe_file(path.replace("/template/", f"/r{n}/", 1), fs.cat_file(path))
+            fs.pipe_file(path.replace("/world-template/", f"/world-{n}/", 1), fs.cat_file(path))
+        if (self.template.root / "local" / "host").is_dir():  # the task-local copies a shared host keeps
+            shutil.copytree(self.template.root / "local" / "host", root / "local" / "host", symlinks=True)
         try:
             yield run
         finally:
@@ -723,22 +1189,46 @@ class Checker:
             for path in fs.find(run.url):
                 fs.rm_file(path)
 
+    def reference(self, skipped: frozenset[str]) -> Reference:
+        """The idle operator's output and state after a run of the input (less `skipped`) alone."""
+        if skipped not in self.references:
+            k = len(self.references)
+            ref = Run(self.root / f"reference-{k}", f"{self.url}/reference-{k}")
+            ref.input.mkdir(parents=True)
+            for path in sorted(self.template.input.glob("b*.parquet")):
+                if path.name not in skipped:
+                    shutil.copy(path, ref.input / path.name)
+            with inline_parallel():
+                ref.pipeline("reference").run()
+            _, seen = state_table(ref.storage(), IDLE)
+            self.references[skipped] = (visible_output(ref, "idle"),
+                                        dict(zip(seen["acct"], seen["last_seen"].astype(int))))
+            shutil.rmtree(ref.root, ignore_errors=True)
+            fs = fsspec.filesystem("memory")
+            for path in fs.find(ref.url):
+                fs.rm_file(path)
+        return self.references[skipped]
+
     def run(self, choose: Chooser) -> Outcome:
-        with self.world() as run:
+        with self.world() as run, self._patched():
             neighbours = canary(run)
+            run.failed_before = time.time()
             scheduler = Scheduler(self.scenario.actors(run), choose, visible=self.visible)
-            schedule = scheduler.run()
+            try:
+                schedule = scheduler.run()
+            except Hang as e:
+                return Outcome(scheduler.trace, [f"hung: {e}"], {})
             errors = {a.name: f"{type(a.error).__name__}: {a.error}" for a in scheduler.actors.values()
                       if a.error is not None}
             try:
                 found = violations(run, scheduler.actors, neighbours)
                 key = end_state(run)
                 if key not in self.replayed:
-                    self.replayed[key] = replay_violations(run)
+                    self.replayed[key] = replay_violations(run, self.reference)
                 found += self.replayed[key]
             except Exception as e:
                 found = [f"checking the end state failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"]
-            return Outcome(schedule, found, errors)
+            return Outcome(schedule, found, errors, {a.name: a.result for a in scheduler.actors.values()})
 
     def replay(self, prefix: list[str]) -> Outcome:
         """The schedule that makes `prefix`'s choices, then goes on without preemption."""
@@ -754,6 +1244,7 @@ class Checker:
         """Every schedule with at most `bound` preemptions (up to `limit` of them), depth first;
         with `until_found`, only until the first violation."""
         report = report or Report(self.scenario.name)
+        report.how = f"all with <= {bound} preemptions" + (f", at most {limit}" if limit < 10_000 else "")
         stack: list[list[str]] = [[]]
         while stack and report.explored < limit and not (until_found and report.violations):
             prefix = stack.pop()
@@ -761,8 +1252,7 @@ class Checker:
             self._note(report, outcome)
             schedule = outcome.schedule
             if not prefix:
-                report.steps = {a: sum(1 for c in schedule if c.chosen == a) for a in dict.fromkeys(
-                    c.chosen for c in schedule)}
+                report.steps = _steps_alone(schedule)
             made = [(c.enabled, c.previous, c.chosen) for c in schedule]
             for i in range(len(schedule) - 1, len(prefix) - 1, -1):
                 c = schedule[i]
@@ -773,17 +1263,42 @@ class Checker:
                         stack.append([x.chosen for x in schedule[:i]] + [alternative])
         return report
 
-    def sample(self, runs: int, *, seed: int, switch: float = 0.1, report: Report | None = None) -> Report:
-        """`runs` random schedules: at each step the last actor goes on, or with probability
-        `switch` another waiting one does."""
+    def sample(self, runs: int, *, seed: int, bound: int = 2, report: Report | None = None,
+               until_found: bool = False) -> Report:
+        """`runs` distinct schedules drawn at random (`seed`), each with at most `bound`
+        preemptions: the first switch at a step of the schedule without preemption, each later one
+        a random number of steps after the one before. Draws that make a schedule already run
+        are drawn again (up to four times `runs` draws in all)."""
         report = report or Report(self.scenario.name)
+        report.how = f"up to {runs} drawn with <= {bound} preemptions, seed {seed}"
         rng = random.Random(seed)
-        for _ in range(runs):
-            def choose(enabled: tuple[str, ...], previous: str | None, index: int, steps: Any) -> str:
-                if previous in enabled and rng.random() > switch:
-                    return previous
-                return rng.choice(enabled)
-            self._note(report, self.run(choose))
+        base = self.replay([])
+        if not report.explored:  # else an exploration before ran it
+            self._note(report, base)
+        report.steps = _steps_alone(base.schedule)
+        switchable = [i for i, c in enumerate(base.schedule) if len(c.enabled) > 1]
+        made = {tuple(c.chosen for c in base.schedule)}
+        draws = 0
+        while report.explored < runs and draws < 4 * runs and switchable and not (until_found and report.violations):
+            draws += 1
+            points = [rng.choice(switchable)]
+            for _ in range(rng.randint(1, bound) - 1):
+                points.append(points[-1] + 1 + int(rng.expovariate(1 / 8)))
+            picks = {p: rng.random() for p in points}
+
+            def choose(enabled: tuple[str, ...], previous: str | None, index: int, steps: Any,
+                       picks: dict[int, float] = picks) -> str:
+                if index in picks and previous in enabled and len(enabled) > 1:
+                    others = [a for a in enabled if a != previous]
+                    return others[int(picks[index] * len(others))]
+                return default_choice(enabled, previous)
+
+            outcome = self.run(choose)
+            signature = tuple(c.chosen for c in outcome.schedule)
+            if signature in made:
+                continue
+            made.add(signature)
+            self._note(report, outcome)
         return report
 
     @staticmethod
@@ -791,3 +1306,7 @@ class Checker:
         report.explored += 1
         if outcome.violations:
             report.violations.append(outcome)
+
+
+def _steps_alone(schedule: list[Choice]) -> dict[str, int]:
+    return {a: sum(1 for c in schedule if c.chosen == a) for a in dict.fromkeys(c.chosen for c in schedule)}

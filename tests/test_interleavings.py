@@ -1,50 +1,73 @@
-"""The protocol's actors, every interleaving of their storage steps (tests/interleavings.py).
+"""The protocol's actors, interleaved (tests/interleavings.py).
 
-`make test` explores each scenario with every schedule of at most one preemption (two or three
-for the ones that start at the race's eve); `make soak` one more everywhere and a seeded random
-sample of 1,000 schedules. Each
-explore writes its figures to `build/interleavings/<scenario>.json` (the README quotes them).
+`make test` runs every scenario: the two with few switch points with every schedule of at most
+three and two preemptions, the ones of whole actors with a sample of schedules of at most two
+preemptions (random, a fixed seed and a count: the exhaustive set takes hours), and prints the
+count of schedules each explored (the terminal summary, `tests/conftest.py`). `make soak` explores
+every schedule of at most two preemptions everywhere (up to 1,500 a scenario) and samples 200 more
+at three. Each run writes its
+figures to `build/interleavings/<scenario>-<mode>.json`.
 
 The checker is shown not to be vacuous: with the abort and the sweep as they were before the
-fourth review (N1, N2), the same exploration finds the data loss.
+fourth review (N1, N2), the savepoint's id as it was before the fifth (item 4) and retention
+without the checksum of reused files (item 7), the same exploration finds the loss.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
+import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import sparkpoint.checkpoint.savepoint as savepoint_module
 import sparkpoint.pipeline.attempt as attempt_module
 import sparkpoint.pipeline.maintenance as maintenance_module
-from tests.interleavings import SCENARIOS, Checker, Report, describe
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.savepoint import SavepointResult
+from tests.interleavings import SCENARIOS, Checker, Report, default_choice, describe, legs
 
 ROOT = Path(__file__).resolve().parent.parent
-# Preemptions explored, all schedules up to this many: the scenarios that start at the race's
-# eve (a claim held, uploads made) are small enough for more; whole actors (a recovery that
-# re-processes a batch on RocksDB) take 0.1-0.2 s a schedule.
-BOUNDS = {
-    "claimed-completer-vs-recovery-abort": 3,
-    "uploaded-zombie-vs-recovery-sweep": 2,
-    "completer-vs-recoverer": 1,
-    "zombie-vs-recover-with-sweep": 1,
-    "two-completers": 1,
-    "completer-vs-prune-vs-sweep": 1,
-    "retried-step-vs-recoverer": 1,
+SEED = 2026
+# Every schedule with at most this many preemptions: the scenarios with few switch points (one
+# that starts at the race's eve, a claim held; a corruption step beside a run) are small enough.
+EXHAUSTIVE = {"claimed-completer-vs-recovery-abort": 3, "rot-vs-run-from-task-local-copy": 2}
+# Whole actors (a run, a recovery that re-processes a batch on RocksDB: 0.2-0.7 s a schedule):
+# this many distinct schedules of at most two preemptions, drawn with SEED.
+SAMPLES = {
+    "uploaded-zombie-vs-recovery-sweep": 16,
+    "completer-vs-recoverer": 10,
+    "zombie-vs-recover-with-sweep": 8,
+    "two-completers": 8,
+    "completer-vs-prune-vs-sweep": 12,
+    "retried-step-vs-recoverer": 8,
+    "run-vs-savepoint": 14,
+    "fenced-completer-vs-recoverer-vs-savepoint": 12,
+    "savepoints-to-one-target-vs-run": 10,
+    "bootstrap-vs-savepoint-one-target": 10,
+    "skip-vs-run": 10,
+    "follow-vs-recoverer": 10,
+    "airflow-zombie-vs-recover-task": 10,
+    "zombie-vs-recoverer-on-one-host": 8,
+    "fallback-run-vs-savepoint": 10,
+    "local-copy-run-vs-fallback-recovery": 10,
 }
-SOAK_BOUNDS = {name: bound + 1 for name, bound in BOUNDS.items()}
 
 
-def record(report: Report, mode: str, seconds: float) -> None:
+def record(report: Report, mode: str, seconds: float, record_property: Any) -> None:
     out = ROOT / "build" / "interleavings"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{report.scenario}-{mode}.json").write_text(json.dumps({
-        "scenario": report.scenario, "mode": mode, "actors": report.steps, "interleavings": report.explored,
-        "violations": len(report.violations), "seconds": round(seconds, 1),
+        "scenario": report.scenario, "mode": mode, "how": report.how, "actors": report.steps,
+        "schedules": report.explored, "violations": len(report.violations), "seconds": round(seconds, 1),
     }, indent=1))
-    print(report.line(), f"[{mode}, {seconds:.0f} s]")
+    record_property("interleavings", {"scenario": report.scenario, "mode": mode, "schedules": report.explored,
+                                      "violations": len(report.violations), "seconds": round(seconds, 1),
+                                      "line": report.line()})
 
 
 def failure(report: Report) -> str:
@@ -53,15 +76,73 @@ def failure(report: Report) -> str:
             f"schedule: {describe(first.schedule, 4000)}")
 
 
-@pytest.mark.parametrize("name", sorted(BOUNDS))
-def test_no_interleaving_of_the_actors_breaks_an_invariant(name: str, tmp_path: Path):
+def test_every_scenario_is_checked_in_make_test():
+    assert set(EXHAUSTIVE) | set(SAMPLES) == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_no_interleaving_of_the_actors_breaks_an_invariant(name: str, tmp_path: Path, record_property: Any):
     started = time.monotonic()
     checker = Checker(SCENARIOS[name], tmp_path)
-    report = checker.explore(bound=BOUNDS[name])
-    record(report, f"bound{BOUNDS[name]}", time.monotonic() - started)
-    assert len(report.steps) >= 2 and all(n >= 2 for n in report.steps.values()), report.steps
-    assert report.explored >= max(report.steps.values()), "a switch was tried at every step of an actor"
+    if name in EXHAUSTIVE:
+        report, mode = checker.explore(bound=EXHAUSTIVE[name]), f"bound{EXHAUSTIVE[name]}"
+    else:
+        report, mode = checker.sample(SAMPLES[name], seed=SEED, bound=2), "sample2"
+    record(report, mode, time.monotonic() - started, record_property)
+    assert len(report.steps) >= 2, report.steps
+    if name in EXHAUSTIVE:
+        assert report.explored >= max(report.steps.values()), "a switch was tried at every step of an actor"
     assert not report.violations, failure(report)
+
+
+# --- the review's schedules, kept -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def savepoint_checker(tmp_path_factory: pytest.TempPathFactory) -> Checker:
+    return Checker(SCENARIOS["run-vs-savepoint"], tmp_path_factory.mktemp("savepoint"))
+
+
+def test_a_savepoint_that_copies_while_the_run_commits_is_taken_again_of_the_new_latest(savepoint_checker: Checker):
+    """Item 4 of the fifth review: the savepoint reads chk-1 as the latest and starts copying;
+    the run commits chk-2 (and subsumes chk-1); the copy of chk-1 was committed as chk-3 above it
+    and batch 2 was replayed. Now its id is chk-2, the run's: it loses and is taken of chk-2."""
+    outcome = savepoint_checker.run(legs(("savepoint", "write"), ("run", None), ("savepoint", None)))
+    assert outcome.violations == [] and outcome.errors == {}, (outcome.violations, outcome.errors)
+    saved = outcome.results["savepoint"]
+    assert isinstance(saved, SavepointResult)
+    assert (saved.source_checkpoint, saved.metadata.checkpoint_id) == (2, 3)
+
+
+def test_a_savepoint_of_a_checkpoint_whose_writer_is_still_committing_keeps_its_output(savepoint_checker: Checker):
+    """The second face of item 4: the run commits chk-2's `_metadata`; the savepoint of chk-2
+    lands as chk-3 before the run's own checks after its commit, which took the newer savepoint
+    for a newer checkpoint and withdrew chk-2: its batch's output was never made visible."""
+    made = {"commit": False}
+
+    def choose(enabled: tuple[str, ...], previous: str | None, index: int, steps: dict[str, tuple[str, str]]) -> str:
+        if "run" in enabled and not made["commit"]:
+            made["commit"] = steps["run"][0] == "create" and steps["run"][1].endswith("chk-2/_metadata")
+            return "run"
+        return "savepoint" if "savepoint" in enabled else default_choice(enabled, previous)
+
+    outcome = savepoint_checker.run(choose)
+    assert made["commit"] and outcome.violations == [] and outcome.errors == {}, (outcome.violations, outcome.errors)
+
+
+def test_a_bootstrap_that_loses_its_target_to_a_savepoint_takes_none_of_the_savepoints_files(tmp_path: Path):
+    """Found by the checker once both were actors: `bootstrap --to T` and `savepoint --to T` both
+    found T absent; the savepoint committed T/chk-1 first, and the bootstrap, failing its own
+    commit, removed every file in T, the savepoint's with them. Now both claim T by one exclusive
+    create before writing anything: the second writer stops there."""
+    checker = Checker(SCENARIOS["bootstrap-vs-savepoint-one-target"], tmp_path)
+    outcome = checker.run(legs(("bootstrap", "_claim.json"), ("savepoint", None), ("bootstrap", None)))
+    assert outcome.violations == [], outcome.violations
+    assert isinstance(outcome.results["savepoint"], SavepointResult)
+    assert "claimed by another writer" in outcome.errors["bootstrap"]
+
+
+# --- not vacuous: the losses, put back, are found -------------------------------------------------
 
 
 def test_the_checker_finds_n1_in_the_abort_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -86,12 +167,49 @@ def test_the_checker_finds_n2_in_the_sweep_as_it_was(tmp_path: Path, monkeypatch
     assert any("lost files" in v for o in report.violations for v in o.violations)
 
 
+_PENDING = re.compile(r"chk-([1-9][0-9]*)-.*\.json")
+
+
+def test_the_checker_finds_item_4_with_the_savepoint_id_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Before the fix a savepoint into the job directory took an id above every `chk-N` and
+    pending attempt it listed: a run's chk-2 committed below it, and the copy of chk-1 became
+    the latest. Found at one preemption."""
+    def next_free_id(dest: Any, meta: Any, *, into_job: bool) -> int:
+        if not into_job:
+            return int(meta.checkpoint_id)
+        pending = [m.group(1) for f in dest.walk("_pending") if (m := _PENDING.fullmatch(posixpath.basename(f.path)))]
+        return max([*dest.checkpoint_dirs(), *map(int, pending)], default=0) + 1
+
+    monkeypatch.setattr(savepoint_module, "_savepoint_id", next_free_id)
+    report = Checker(SCENARIOS["run-vs-savepoint"], tmp_path).explore(bound=1, until_found=True)
+    assert report.violations, report.line()
+    assert any("repeated" in v for o in report.violations for v in o.violations)
+
+
+def test_the_checker_finds_item_7_with_retention_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Before the fix retention checked presence and size only: the run that restored chk-2 from
+    its task-local copy reused the flipped file in chk-3 and subsumed chk-1, the only retained
+    checkpoint without it. Found with no preemption at all."""
+    monkeypatch.setattr(CheckpointCoordinator, "_keep_fallback_from_damaged_reuse",
+                        lambda self, newest, doomed: (doomed, None))
+    report = Checker(SCENARIOS["rot-vs-run-from-task-local-copy"], tmp_path).explore(bound=0)
+    assert report.violations, report.line()
+    assert any("cannot go on" in v for o in report.violations for v in o.violations)
+
+
+# --- make soak ------------------------------------------------------------------------------------
+
+
 @pytest.mark.soak
-@pytest.mark.parametrize("name", sorted(BOUNDS))
-def test_soak_one_more_preemption_and_a_random_sample(name: str, tmp_path: Path):
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_soak_every_schedule_at_two_preemptions_and_a_sample_at_three(name: str, tmp_path: Path,
+                                                                      record_property: Any):
     started = time.monotonic()
     checker = Checker(SCENARIOS[name], tmp_path)
-    report = checker.explore(bound=SOAK_BOUNDS[name], limit=20_000)
-    checker.sample(1_000, seed=2026, switch=0.15, report=report)
-    record(report, "soak", time.monotonic() - started)
+    report = checker.explore(bound=max(2, EXHAUSTIVE.get(name, 0)), limit=1_500)
+    how = report.how
+    checker.sample(report.explored + 200, seed=SEED, bound=3, report=report)
+    report.how = f"{how}; then {report.how}"
+    record(report, "soak", time.monotonic() - started, record_property)
     assert not report.violations, failure(report)
+

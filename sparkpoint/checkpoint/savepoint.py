@@ -31,6 +31,7 @@ Where it goes:
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import posixpath
 import time
@@ -63,6 +64,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 log = logging.getLogger(__name__)
 
 _CHUNK = 4 * 1024 * 1024
+TARGET_CLAIM = "_claim.json"  # in a savepoint's own directory (`--to`, bootstrap): who took it, from what
 SAVEPOINT_OF = "savepoint_of"  # in a savepoint's source offsets: {"checkpoint_id": L, "sink": L's staged files}
 ATTEMPTS = 3  # tries of a savepoint into the job directory that a run keeps overtaking
 SETTLE_POLLS = 20  # looks at a checkpoint whose completion has not settled yet, before giving up
@@ -170,13 +172,18 @@ def _checkpoint_to_copy(store: CompletedCheckpointStore, checkpoint_id: int | No
 
 def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMetadata, *, into_job: bool,
           progress: ProgressFn | None) -> SavepointResult:
-    new_id = meta.checkpoint_id + 1 if into_job else meta.checkpoint_id
+    new_id = _savepoint_id(dest, meta, into_job=into_job)
     tag = uuid.uuid4().hex[:12]  # every copy a name of its own (rule 1): a loser removes only its own files
     copies = [(f, f"{private_dir(new_id, h.operator, h.subtask)}/{tag}/{f.local_name}")
               for h in meta.subtask_handles() for f in h.files()]
     counter = ProgressCounter(sum(f.size for f, _ in copies), progress)
     written: list[str] = []
     try:
+        if not into_job:  # before anything is written: a bootstrap or another savepoint into it excluded
+            claim_target(dest, {"format": "sparkpoint-savepoint", "version": 1, "created_at": utc_now_iso(),
+                                "from": f"{source.job_url}/{meta.metadata_path}"})
+            written.append(TARGET_CLAIM)
+
         def copy(item: tuple[FileHandle, str]) -> None:
             written.append(item[1])
             _copy_verified(source, dest, item[0], item[1], meta, counter)
@@ -190,7 +197,7 @@ def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMe
                 f"checkpoint {meta.checkpoint_id} was subsumed by a newer one while the savepoint copied it"
             ) from e
         saved = _savepoint_metadata(meta, dest.job_id, new_id, copies)
-        _commit(dest, saved, meta)
+        _commit(dest, saved, meta, into_job=into_job)
     except BaseException:
         _remove(dest, written, new_id, created=not into_job)
         raise
@@ -198,7 +205,27 @@ def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMe
                            counter.total)
 
 
-def _commit(dest: CheckpointStorage, saved: CheckpointMetadata, meta: CheckpointMetadata) -> None:
+def _savepoint_id(dest: CheckpointStorage, meta: CheckpointMetadata, *, into_job: bool) -> int:
+    """Into the job directory exactly the id after the checkpoint copied (the one a run resuming
+    from it commits: the exclusive create decides between them), never "the next free id" after
+    a listing, which a run commits below meanwhile; elsewhere the checkpoint's own id."""
+    return meta.checkpoint_id + 1 if into_job else meta.checkpoint_id
+
+
+def claim_target(target: CheckpointStorage, record: dict[str, Any]) -> None:
+    """Take a new savepoint directory for one writer, by the exclusive create of its
+    `TARGET_CLAIM` (what is written there, and from what), before anything else is written into
+    it: two writers of one new directory (two savepoints, a savepoint and a bootstrap) that both
+    found it absent cannot mix their files, nor can the loser's clean-up take the winner's."""
+    try:
+        target.commit_exclusive(TARGET_CLAIM, json.dumps(record, indent=1).encode())
+    except CheckpointAlreadyExists:
+        raise CheckpointAlreadyExists(
+            f"savepoint target {target.job_url} was claimed by another writer meanwhile; give a new directory "
+            "(nothing was written)") from None
+
+
+def _commit(dest: CheckpointStorage, saved: CheckpointMetadata, meta: CheckpointMetadata, *, into_job: bool) -> None:
     """The exclusive create of the savepoint's `_metadata`; another writer's there: SavepointOvertaken."""
     data = saved.dumps()
     try:
@@ -210,6 +237,8 @@ def _commit(dest: CheckpointStorage, saved: CheckpointMetadata, meta: Checkpoint
                 return  # our own write, whose response was lost
         except FileNotFoundError:
             pass
+        if not into_job:  # a target: its claim keeps every other writer out
+            raise
         raise SavepointOvertaken(
             f"the job committed checkpoint {saved.checkpoint_id} while the savepoint copied checkpoint "
             f"{meta.checkpoint_id} into {dest.job_url}/chk-{saved.checkpoint_id}; nothing of the savepoint is left. "
@@ -246,10 +275,10 @@ def _copy_verified(
 ) -> None:
     """Stream one file across (any two fsspec filesystems), checking size and CRC32 of what was read."""
     target = dest.abspath(rel)
-    dest.fs.makedirs(posixpath.dirname(target), exist_ok=True)
-    size, crc = 0, 0
     storage_step("read", source.abspath(f.path))
     storage_step("write", target)
+    dest.fs.makedirs(posixpath.dirname(target), exist_ok=True)
+    size, crc = 0, 0
     try:
         with source.fs.open(source.abspath(f.path), "rb") as src, dest.fs.open(target, "wb") as out:
             while chunk := src.read(_CHUNK):

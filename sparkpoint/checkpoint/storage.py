@@ -288,8 +288,8 @@ class CheckpointStorage:
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         path = self.abspath(rel)
+        storage_step("write", path)  # before anything of it happens, its directories too
         self._makedirs([path])
-        storage_step("write", path)
         self._retrying(f"writing {rel}", self._write, path, data)
 
     def _write(self, path: str, data: bytes) -> None:
@@ -311,8 +311,8 @@ class CheckpointStorage:
         the file holds its own bytes, so the error is never taken for a win or a loss here.
         """
         path = self.abspath(rel)
+        storage_step("create", path)  # before anything of it happens, its directories too
         self._makedirs([path])
-        storage_step("create", path)
         if self._local:
             self._commit_local(path, data)
             return
@@ -457,6 +457,7 @@ class CheckpointStorage:
     # --- listing -------------------------------------------------------------------------------
 
     def job_dir_exists(self) -> bool:
+        storage_step("info", self.root)
         return bool(self._retrying("looking for the job directory", self.fs.exists, self.root))
 
     def checkpoint_dirs(self) -> list[int]:

@@ -21,21 +21,20 @@ lays one out. So:
   restores it at any parallelism (key groups), in CLAIM or NO_CLAIM mode, and never deletes it.
 
 Every check that needs no Spark is made by `plan_bootstrap`, before Spark starts. The target is
-claimed by an exclusive `_bootstrap.json` (what it was made from) before anything is written into
-it, so two bootstraps into one directory cannot mix; a failed bootstrap removes what it wrote.
+claimed by an exclusive `_claim.json` (what it was made from; `savepoint --to` claims its target
+the same way) before anything is written into it, so two bootstraps, or a bootstrap and a
+savepoint, into one directory cannot mix; a failed bootstrap removes what it wrote.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
-from sparkpoint.checkpoint.errors import CheckpointAlreadyExists
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle, utc_now_iso
-from sparkpoint.checkpoint.savepoint import new_savepoint_storage
+from sparkpoint.checkpoint.savepoint import TARGET_CLAIM, claim_target, new_savepoint_storage
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.runtime import DEFAULT_PARALLELISM, PipelineError, operator_functions
 from sparkpoint.pipeline.spec import Pipeline
@@ -50,7 +49,7 @@ from sparkpoint.spark.source import SourceOffsets
 from sparkpoint.state.keygroups import check_parallelism
 
 SAVEPOINT_ID = 1  # the savepoint's `chk-<N>`: the first checkpoint of a job that never ran
-CLAIM_FILE = "_bootstrap.json"
+CLAIM_FILE = TARGET_CLAIM
 
 
 class BootstrapError(PipelineError):
@@ -98,12 +97,7 @@ class BootstrapPlan:
         claim = {"format": "sparkpoint-bootstrap", "version": 1, "pipeline": self.pipeline.name,
                  "operator": self.operator, "table": self.table.url, "files": list(self.table.files),
                  "rows": self.table.rows, "parallelism": self.parallelism, "created_at": utc_now_iso()}
-        try:
-            self.target.commit_exclusive(CLAIM_FILE, json.dumps(claim, indent=1).encode())
-        except CheckpointAlreadyExists:
-            raise CheckpointAlreadyExists(
-                f"savepoint target {self.target.job_url} was claimed by another bootstrap meanwhile; give a new "
-                "directory (nothing was written)") from None
+        claim_target(self.target, claim)
 
     def _write(self, spark: Any) -> BootstrapResult:
         pipeline = self.pipeline

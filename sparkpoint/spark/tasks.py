@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from sparkpoint.checkpoint.interleave import stepping, storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark import routing
@@ -366,10 +367,17 @@ def raised_in_task(error: BaseException, kind: type[E]) -> E | None:
 
 @contextmanager
 def _exclusive(directory: os.PathLike[str]) -> Iterator[None]:
-    """One attempt at a time per subtask directory (a retried or speculative task waits)."""
+    """One attempt at a time per subtask directory (a retried or speculative task waits, and so
+    does another run's task of the same subtask on this host: they share the local directory)."""
     os.makedirs(directory, exist_ok=True)
     with os.fdopen(open_no_follow(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT), "r+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        storage_step("lock", os.fspath(directory))
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (fcntl.LOCK_NB if stepping() else 0))
+                break
+            except BlockingIOError:  # under a scheduler only: the holder must be let go on
+                storage_step("blocked", os.fspath(directory))
         try:
             yield
         finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sparkpoint.checkpoint.errors import CheckpointCorrupted, SparkpointError
 from sparkpoint.checkpoint.files import FileProblem, check_local_file
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
 from sparkpoint.checkpoint.storage import CheckpointStorage
@@ -52,6 +53,7 @@ def local_copies(operator_dir: Path, f: FileHandle) -> Iterator[Path]:
 def good_local_copy(operator_dir: Path, f: FileHandle) -> Path | None:
     """The first local file with exactly the size and CRC32 `_metadata` records for `f`."""
     for candidate in local_copies(operator_dir, f):
+        storage_step("read", str(candidate))  # a task-local copy, read by the driver beside running tasks
         if candidate.is_file() and not candidate.is_symlink() and check_local_file(candidate, f) is None:
             return candidate
     return None

@@ -26,6 +26,7 @@ from sparkpoint.checkpoint.errors import (
     StateBackendError,
 )
 from sparkpoint.checkpoint.files import check_handle_shape, download_verified
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.storage import CheckpointStorage
@@ -211,6 +212,7 @@ class Restoring(SubtaskState):
         local = self.dir / f"chk-{cid}"
         problems: tuple[str, ...] = ()
         if self.local_recovery and local.is_dir():
+            storage_step("read", str(local))  # the task-local copy
             problems = tuple(str(p) for p in local_copy_matches(local, handle))
             if not problems:
                 try:
@@ -244,6 +246,7 @@ class Restoring(SubtaskState):
         try:
             if self.local_recovery:  # keep the verified files as the task-local copy
                 local = self.dir / f"chk-{cid}"
+                storage_step("write", str(local))
                 shutil.rmtree(local, ignore_errors=True)
                 names = [f.local_name for f in handle.files()]
                 materialize(target, local, names)

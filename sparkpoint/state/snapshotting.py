@@ -22,6 +22,7 @@ from sparkpoint.checkpoint.errors import (
     UnknownSharedState,
 )
 from sparkpoint.checkpoint.files import stored_size_problems
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle, metadata_path
 from sparkpoint.checkpoint.paths import private_dir, shared_dir
 from sparkpoint.state import changelog, staging
@@ -136,6 +137,7 @@ class Snapshotting(SubtaskState):
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
+        storage_step("write", str(local))  # the task-local copy (hard links)
         Checkpoint(self._open_db()).create_checkpoint(str(local))
         crash_point("after-native-checkpoint")
         staging.drop_all(self.dir)  # this materialization supersedes any in steps
@@ -290,6 +292,7 @@ class Snapshotting(SubtaskState):
     def _link_local_copy(self, base: SubtaskStateHandle, local: Path) -> bool:
         """The task-local copy of a changelog checkpoint: the base's copy, linked, plus the new file."""
         previous = self.dir / f"chk-{self._base_id}"
+        storage_step("write", str(local))
         try:
             for f in base.files():
                 os.link(previous / f.local_name, local / f.local_name)

@@ -22,6 +22,7 @@ from rocksdict import Rdict
 from sparkpoint.checkpoint.errors import (
     StateBackendError,
 )
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
 from sparkpoint.checkpoint.storage import CheckpointStorage, fsync_dir
@@ -551,6 +552,7 @@ class SubtaskState:
         for entry in self.dir.iterdir() if self.dir.exists() else []:
             cid = checkpoint_id_of_dir(entry.name)
             if cid is not None and cid not in keep:
+                storage_step("delete", str(entry))  # a task-local copy
                 shutil.rmtree(entry, ignore_errors=True)
 
     def _drop_leftovers(self) -> None:
