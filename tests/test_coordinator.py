@@ -447,3 +447,61 @@ def test_retention_reads_back_only_the_reused_files_the_subsumed_checkpoint_lack
         set_step_hook(previous)
     assert done.subsumed == (1,) and done.deletion_blocked is None
     assert [r.rsplit("/", 1)[-1] for r in reads] == [s4.rsplit("/", 1)[-1]]
+
+
+def test_a_savepoint_kept_in_the_job_directory_does_not_hide_a_damaged_reused_file(
+    storage: CheckpointStorage, tmp_path: Path
+):
+    """Rule 15 with a savepoint beside the checkpoints: a savepoint holds copies of its own, so
+    counting it among the checkpoints that must reference a reused file switched the check off."""
+    from sparkpoint.checkpoint.savepoint import take_savepoint
+
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    for name in ("a", "b", "c"):
+        sub.write(name)
+    run_checkpoint(coord, sub, ["a"])
+    run_checkpoint(coord, sub, ["a", "b"])
+    assert take_savepoint(storage).metadata.checkpoint_id == 3  # into the job directory
+    b = storage.abspath(sub.confirmed["b"].path)
+    data = storage.fs.cat_file(b)
+    storage.fs.pipe_file(b, bytes([data[0] ^ 0x01]) + data[1:])  # one flipped byte, same size
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    done = run_checkpoint(coord, sub, ["a", "b", "c"])
+    assert done.checkpoint_id == 4 and done.subsumed == ()
+    assert done.deletion_blocked and "DAMAGED SHARED FILE" in done.deletion_blocked
+    assert sorted(CompletedCheckpointStore(storage).checkpoint_ids()) == [1, 2, 3, 4], "chk-1 still restores"
+
+
+def test_a_savepoint_whose_copies_a_sweep_took_while_it_copied_commits_nothing(
+    storage: CheckpointStorage, tmp_path: Path
+):
+    """Its copies are referenced by nothing until its `_metadata` lands: a recovery's orphan sweep
+    (grace 0 up to the failure) may take them. The savepoint then fails, saying so, instead of
+    committing a latest checkpoint whose files are gone."""
+    from sparkpoint.checkpoint.errors import StorageError
+    from sparkpoint.checkpoint.interleave import set_step_hook
+    from sparkpoint.checkpoint.savepoint import take_savepoint
+
+    coord = CheckpointCoordinator(storage, num_retained=2)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    for name in ("a", "b"):
+        sub.write(name)
+    run_checkpoint(coord, sub, ["a", "b"])
+    swept: list[str] = []
+
+    def sweep_a_copy(op: str, path: str) -> None:
+        if op == "write" and "/chk-2/" in path and not swept:
+            swept.append(path)
+        elif swept and op != "write" and len(swept) == 1 and storage.fs.exists(swept[0]):
+            storage.fs.rm_file(swept[0])  # the sweep's delete, once the copy was written
+            swept.append("done")
+
+    previous = set_step_hook(sweep_a_copy)
+    try:
+        with pytest.raises(StorageError, match="an orphan sweep .* took them; nothing was committed"):
+            take_savepoint(storage)
+    finally:
+        set_step_hook(previous)
+    assert swept[-1] == "done", "the sweep ran while the savepoint copied"
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [1], "no savepoint without its files"

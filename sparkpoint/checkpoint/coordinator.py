@@ -455,7 +455,8 @@ class CheckpointCoordinator:
         sweep took while it committed). One listing per directory."""
         doomed = checkpoints_to_subsume(list(self._kinds.items()), self.num_retained)
         if doomed and newest is None:  # e.g. `prune` after num_retained was lowered: the same guard
-            kept = sorted(set(self._kinds) - set(doomed))
+            # the newest kept *checkpoint*: a savepoint's files are all its own, it reuses nothing
+            kept = sorted(c for c, kind in self._kinds.items() if kind == "checkpoint" and c not in doomed)
             try:
                 newest = self.store.load(kept[-1]) if kept else None
             except Exception as e:  # cannot tell whether it is whole: keep everything
@@ -484,7 +485,10 @@ class CheckpointCoordinator:
         does), the file's CRC32 is checked on storage; usually these are the previous
         checkpoint's new files. A damaged one keeps that checkpoint beyond `num_retained`: it is
         the one a restore falls back to. Returns (what may be subsumed, why something was kept)."""
-        kept = {c: self.registry.paths_of(c) for c in self.registry.checkpoint_ids() if c not in doomed}
+        # Savepoints hold copies of their own and reference no shared file: one kept in the job
+        # directory must not hide every reused file from this check.
+        kept = {c: self.registry.paths_of(c) for c in self.registry.checkpoint_ids()
+                if c not in doomed and self._kinds.get(c, "checkpoint") == "checkpoint"}
         kept.setdefault(newest.checkpoint_id, frozenset(newest.paths()))
         lost = {c: self.registry.paths_of(c) for c in doomed}
         reused = {f.path: f for f in newest.restored_files() if f.created_by != newest.checkpoint_id}

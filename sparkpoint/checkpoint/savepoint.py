@@ -46,7 +46,7 @@ from sparkpoint.checkpoint.errors import (
     SavepointOvertaken,
     StorageError,
 )
-from sparkpoint.checkpoint.files import mismatch
+from sparkpoint.checkpoint.files import mismatch, stored_size_problems
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import (
     CheckpointMetadata,
@@ -197,6 +197,14 @@ def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMe
                 f"checkpoint {meta.checkpoint_id} was subsumed by a newer one while the savepoint copied it"
             ) from e
         saved = _savepoint_metadata(meta, dest.job_id, new_id, copies)
+        # Its copies are referenced by nothing until `_metadata` lands: an orphan sweep (a
+        # recovery's, `gc`, `prune`) may have taken one while it copied. One listing per directory.
+        gone = stored_size_problems(dest, list(saved.files()))
+        if gone:
+            raise StorageError(
+                f"the savepoint's copies of checkpoint {meta.checkpoint_id} changed while it ran ("
+                + "; ".join(str(p) for p in gone[:3]) + "): an orphan sweep (a recovery, gc or prune) took them; "
+                "nothing was committed: take the savepoint again")
         _commit(dest, saved, meta, into_job=into_job)
     except BaseException:
         _remove(dest, written, new_id, created=not into_job)
