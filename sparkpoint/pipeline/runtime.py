@@ -328,7 +328,12 @@ class PipelineCore:
         workers start elsewhere (a Spark of the run's own starts them here)."""
         from sparkpoint.spark.warm import attached_here
 
-        return os.getcwd() if self.spark is not None and attached_here() else None
+        if self.spark is None or not attached_here():
+            return None
+        try:
+            return os.getcwd()
+        except OSError:  # removed under the process: the tasks start where the workers do
+            return None
 
     def _run_spark(self, spec: TaskSpec, urls: list[str], layouts: list[FileLayout] | None = None,
                    route: str = READ_ALL) -> list[dict[str, Any]]:

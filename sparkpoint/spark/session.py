@@ -234,7 +234,11 @@ def session_key(job_id: str, operators: Iterable[Any], settings: Mapping[str, An
     too: on the warm local Spark a session's workers run in the directory of its runs (a module
     that reads a relative path at import reads it there once)."""
     digest = hashlib.sha256(job_id.encode())
-    digest.update(os.getcwd().encode("utf-8", "surrogateescape"))
+    try:
+        here = os.getcwd()
+    except OSError:  # the directory was removed under the process: no directory to share
+        here = ""
+    digest.update(here.encode("utf-8", "surrogateescape"))
     digest.update(json.dumps({str(k): str(v) for k, v in (settings or {}).items()}, sort_keys=True).encode())
     functions = [fn for op in operators for fn in (op.process, op.export)]
     roots = dict(code_roots(functions))
