@@ -4,7 +4,7 @@ user_totals' state (one value state, 40-byte values, keys `u0000123`) of `--user
 subtasks: a first checkpoint of every user, then `--checkpoints` checkpoints, each after updating
 a random `--churn` share of the users. Variants: RocksDB files only; the changelog materializing
 at once (the whole materialization in the checkpoint that calls for it) at share 2; and the
-changelog materializing in steps (slices over the next checkpoints, `sparkpoint.state.staging`)
+changelog materializing in steps (slices over the next checkpoints, `sparkpoint.state.engine.staging`)
 at each `--shares` materialize share. Per checkpoint: bytes uploaded (files created by it, staged
 slices included, from `_metadata`) ÷ state (the files a restore of it reads, the chain left out),
 then mean / median / max; max ÷ mean of the bytes uploaded per checkpoint (the spike a
@@ -39,7 +39,7 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions, is_changelog
+from sparkpoint.state.engine.changelog import ChangelogOptions, is_changelog
 from sparkpoint.state.keygroups import subtask_for_key
 from sparkpoint.state.sample import TOTALS
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from rocksdict import ReadOptions
 
-from sparkpoint.state.rocksdb import RocksDBOptions, drop_cached_blocks, flush_all, open_db
+from sparkpoint.state.engine.rocksdb import RocksDBOptions, drop_cached_blocks, flush_all, open_db
 
 RESULTS = Path(__file__).parent / "results"
 PAGE = 4096

@@ -65,9 +65,9 @@ from sparkpoint.checkpoint.metadata import FileHandle, KeyGroupRange, SubtaskSta
 from sparkpoint.checkpoint.storage import CRC32_IMPLEMENTATION, CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.state.codecs import StructCodec
-from sparkpoint.state.handles import ValueState
-from sparkpoint.state.restore import FINGERPRINTS, local_copy_matches
-from sparkpoint.state.rocksdb import flush_all
+from sparkpoint.state.engine.restore import FINGERPRINTS, local_copy_matches
+from sparkpoint.state.engine.rocksdb import flush_all
+from sparkpoint.state.kinds import ValueState
 
 RESULTS = Path(__file__).parent / "results"
 OPERATOR = "bench"

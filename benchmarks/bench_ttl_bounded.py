@@ -9,7 +9,7 @@ time per batch and no row is late. Two runs of the real pipeline on local Spark 
 parallelism 2, changelog checkpoints, the defaults), on the same files:
 
 * ttl: `StateTtl(TTL_BATCHES x BATCH_SECONDS, clock="event")`: a key not written for 10 batches
-  of event time expires, and the bounded sweep (`sparkpoint.state.handles.SWEEP_LIMIT` entries
+  of event time expires, and the bounded sweep (`sparkpoint.state.kinds.base.SWEEP_LIMIT` entries
   per state, subtask and batch) deletes it;
 * no-ttl: the same operator without a TTL;
 * ttl/files, no-ttl/files: the same two with changelog checkpoints off (RocksDB files only).

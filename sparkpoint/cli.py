@@ -490,7 +490,7 @@ def _format_of(path: str | None) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sparkpoint.state.verify import verify_checkpoint
+    from sparkpoint.state.engine.verify import verify_checkpoint
 
     store = _existing_store(args)
     results = []
@@ -522,7 +522,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadata], args: argparse.Namespace) -> Any:
     """`verify --repair`: rewrite bad primary files from good task-local copies, before verifying."""
-    from sparkpoint.state.repair import repair_checkpoints
+    from sparkpoint.state.engine.repair import repair_checkpoints
 
     retained = store.load_all().checkpoints if args.checkpoint is not None else checkpoints
     report = repair_checkpoints(store.storage, args.local_dir, checkpoints, deep=not args.shallow, retained=retained)

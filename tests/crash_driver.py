@@ -17,8 +17,8 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import JsonCodec
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import subtask_for_key
 
 OPERATOR, PARALLELISM, RETAINED = "totals", 2, 2

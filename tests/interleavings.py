@@ -85,10 +85,10 @@ from sparkpoint.pipeline.maintenance import clear_failed_attempts, prune, recove
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.tasks import run_slots
 from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.ttl import StateTtl
-from sparkpoint.state.verify import verify_checkpoint
 
 # --- a user's operators (not the sample's) --------------------------------------------------------
 

@@ -33,7 +33,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import settle_attempts
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.source import SourceOffsets
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.verify import verify_checkpoint
 from tests.helpers import FakeSubtask
 
 OPERATORS = ("item_reach", "user_totals")

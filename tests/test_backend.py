@@ -352,7 +352,7 @@ def test_max_parallelism_mismatch_is_refused(local_storage: CheckpointStorage, t
 def test_an_open_reads_no_index_or_filter_block_the_first_read_puts_them_in_the_cache(tmp_path: Path):
     # Flink's managed-memory layout: what an open costs no longer grows with the state's index and
     # filters, and their memory is capped by the block cache.
-    from sparkpoint.state.rocksdb import RocksDBOptions, flush_all, open_db
+    from sparkpoint.state.engine.rocksdb import RocksDBOptions, flush_all, open_db
 
     db = open_db(str(tmp_path / "db"), ["s"], RocksDBOptions(), create=True)
     cf = db.get_column_family("s")
@@ -397,7 +397,7 @@ def test_every_database_a_process_opens_shares_one_block_cache_and_one_memtable_
     # Flink's managed memory, per process: a state created after the open, a second database (a
     # staging snapshot, a rescaling restore's source) and many column families stay within one
     # block cache and two write buffers, instead of a cache per open and memtables per state.
-    from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, ensure_column_families, open_db
+    from sparkpoint.state.engine.rocksdb import RocksDBOptions, count_keys, ensure_column_families, open_db
 
     options = RocksDBOptions(block_cache_mb=21, write_buffer_mb=2)  # sizes no other test uses
     states = [f"s{i}" for i in range(6)]
@@ -447,7 +447,7 @@ def test_a_forked_child_makes_its_own_rocksdb_memory(tmp_path: Path):
     # Spark's Python daemon forks its workers: a child must not share its parent's cache and lock.
     import os
 
-    from sparkpoint.state import rocksdb
+    from sparkpoint.state.engine import rocksdb
 
     db = rocksdb.open_db(str(tmp_path / "db"), ["s"], rocksdb.RocksDBOptions(block_cache_mb=23), create=True)
     parent_cache, _ = rocksdb.process_memory(rocksdb.RocksDBOptions(block_cache_mb=23))

@@ -13,12 +13,12 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointCorrupted
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state import changelog as cl
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.state.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
 from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.engine import changelog as cl
+from sparkpoint.state.engine.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
+from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.keygroups import key_group_for
-from sparkpoint.state.rocksdb import RocksDBOptions
 
 COUNTS = StructCodec[tuple[int]]("<q")
 Model = dict[tuple[str, str, str], int]  # (state, key, user key or "") -> value
@@ -308,7 +308,7 @@ import os, sys
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend
-from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.engine.changelog import ChangelogOptions
 storage = CheckpointStorage(sys.argv[1], "job")
 b = RocksDBStateBackend(storage, "ops", 0, parallelism=1, max_parallelism=32, local_dir=sys.argv[2],
                         changelog=ChangelogOptions(enabled=True, materialize_share=10.0, max_chain=4))
@@ -420,7 +420,7 @@ def test_deep_verify_decodes_changelog_files(local_storage: CheckpointStorage, t
     import zlib
 
     from sparkpoint.checkpoint.metadata import CheckpointMetadata, content_checksum
-    from sparkpoint.state.verify import verify_checkpoint
+    from sparkpoint.state.engine.verify import verify_checkpoint
 
     s = Subtask(local_storage, tmp_path / "local", seed=11)
     s.checkpoint()

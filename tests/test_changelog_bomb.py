@@ -19,9 +19,9 @@ from sparkpoint.checkpoint.metadata import metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.state.changelog import MAGIC, ChangelogFormatError, ChangelogOptions, decode
 from sparkpoint.state.codecs import StructCodec
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.changelog import MAGIC, ChangelogFormatError, ChangelogOptions, decode
+from sparkpoint.state.engine.verify import verify_checkpoint
 
 COUNTS = StructCodec[tuple[int]]("<q")
 FRAME = 16 * 1024 * 1024

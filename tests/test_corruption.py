@@ -21,8 +21,8 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.changelog import ChangelogOptions
+from sparkpoint.state.engine.verify import verify_checkpoint
 from tests.reliability import count_round, counts, report, scale
 
 MAX_P = 16

@@ -11,9 +11,9 @@ import pytest
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, RECOVERED_BY_TAG
+from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.extract import operator_states
 from sparkpoint.state.sample import item_reach, user_totals
-from sparkpoint.state.verify import verify_checkpoint
 from tests import oracle
 from tests.dagster_setup import (
     CHECKPOINT_KEY,

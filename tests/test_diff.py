@@ -21,13 +21,13 @@ from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.cli import main
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.diff import CHANGED_FILES, FULL, diff_snapshots, locate
+from sparkpoint.state.engine.changelog import ChangelogOptions
+from sparkpoint.state.engine.sstfile import read_sst_keys
 from sparkpoint.state.keygroups import subtasks_of
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.schema import StateSchemaIncompatible
-from sparkpoint.state.sstfile import read_sst_keys
 
 CODEC = JsonCodec()
 
@@ -244,7 +244,7 @@ def test_errors_say_what_is_wrong(local_storage: CheckpointStorage, tmp_path: Pa
 
 
 def test_sst_reader_lists_puts_deletes_and_range_deletes(tmp_path: Path):
-    from sparkpoint.state.rocksdb import RocksDBOptions, open_db
+    from sparkpoint.state.engine.rocksdb import RocksDBOptions, open_db
 
     db = open_db(str(tmp_path / "db"), ["s"], RocksDBOptions(), create=True)
     cf = db.get_column_family("s")

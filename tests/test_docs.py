@@ -54,8 +54,9 @@ def test_every_example_of_the_writing_operators_guide_runs():
 
 def test_the_guide_names_every_method_of_every_state_kind(gen: ModuleType):
     text = page("writing-operators.md")
-    for path in ("ValueState", "MapState", "ListState", "ReducingState"):
-        for method in gen.MEMBERS[f"sparkpoint.state.handles.{path}"]:
+    for module, path in (("value", "ValueState"), ("map", "MapState"), ("list", "ListState"),
+                         ("reducing", "ReducingState")):
+        for method in gen.MEMBERS[f"sparkpoint.state.kinds.{module}.{path}"]:
             assert f"`{method}`" in text, f"Writing operators does not name {path}.{method}"
     for must in ("checkpoint_id", "emits=True", "never called with an\nempty batch", "`export(state)`", "StateTtl",
                  "on_timer", "OperatorHarness", "RecordCodec", "StateDescriptor", "state.declared"):
@@ -166,7 +167,7 @@ def test_the_site_builds_strictly_and_shows_every_public_name(tmp_path: Path, ge
         html = (site / "reference" / public.page / "index.html").read_text()
         assert f'id="{public.path}"' in html, public.path  # mkdocstrings' anchor of the object
     state = (site / "reference" / "state" / "index.html").read_text()
-    assert 'id="sparkpoint.state.handles.MapState.put_absent"' in state
+    assert 'id="sparkpoint.state.kinds.map.MapState.put_absent"' in state
     assert "Every command and option" in (site / "cli" / "index.html").read_text()
     assert "state.checkpoints.num-retained" in (site / "configuration" / "index.html").read_text()
     assert "sparkpoint generate --out input" in re.sub(r"<[^>]+>", "", (site / "index.html").read_text())

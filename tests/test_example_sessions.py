@@ -28,7 +28,7 @@ from sparkpoint.pipeline.attempt import finish_step, start_step, watermark_of
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import recover
 from sparkpoint.spark.faults import InjectedFailure
-from sparkpoint.state import changelog as cl
+from sparkpoint.state.engine import changelog as cl
 from sparkpoint.state.eventtime import iso_micros
 from tests import crashkit
 from tests.visits_oracle import Expected, expected, read_batches

@@ -23,7 +23,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, RetryPolicy
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.testing import FaultyFileSystem, faulty_storage
 from tests.conftest import s3_options
 from tests.reliability import count_round, counts, report, scale

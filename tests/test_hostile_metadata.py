@@ -29,10 +29,10 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.extract import operator_states
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.sample import TOTALS
-from sparkpoint.state.verify import verify_checkpoint
 from tests.reliability import scale
 
 PAST = 946_684_800 * 10**9  # 2000-01-01: any read moves a file's access time past its modification time

@@ -17,10 +17,10 @@ from sparkpoint.checkpoint.errors import StateBackendError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import JsonCodec, StructCodec
-from sparkpoint.state.handles import ListState
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
+from sparkpoint.state.kinds import ListState
 
 EVENT = StructCodec[tuple[int, float]]("<qd")
 AMOUNT = StructCodec[tuple[float]]("<d")

@@ -24,8 +24,8 @@ from sparkpoint.checkpoint.registry import SharedStateRegistry
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import JsonCodec
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import subtask_for_key
 
 RETAINED = 3

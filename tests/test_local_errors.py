@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.verify import verify_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,10 +23,10 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.spark.generate import generate
-from sparkpoint.state import restore as restore_module
 from sparkpoint.state.backend import take_checkpoint
-from sparkpoint.state.restore import FINGERPRINTS
-from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
+from sparkpoint.state.engine import restore as restore_module
+from sparkpoint.state.engine.restore import FINGERPRINTS
+from sparkpoint.state.engine.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
 from tests import oracle
 from tests.test_backend import COUNTS, backend, read_all, write_random
 from tests.test_pipeline import config, export

@@ -1,4 +1,4 @@
-"""A materialization in steps (`sparkpoint.state.staging`): slices uploaded over several
+"""A materialization in steps (`sparkpoint.state.engine.staging`): slices uploaded over several
 checkpoints, kept alive by the registry, then one checkpoint that switches to a RocksDB
 materialization made of them. Every checkpoint on the way restores exactly, by every path."""
 
@@ -16,11 +16,11 @@ from sparkpoint.checkpoint.errors import MetadataError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state import changelog as cl
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import StructCodec
-from sparkpoint.state.staging import SLICE_PREFIX
+from sparkpoint.state.engine import changelog as cl
+from sparkpoint.state.engine.changelog import ChangelogOptions
+from sparkpoint.state.engine.staging import SLICE_PREFIX
 
 # Not the sample's state: a session window per device (start, end, events) and, per device, the
 # set of firmware versions seen, over 2 subtasks.
@@ -250,7 +250,7 @@ def test_a_savepoint_of_a_checkpoint_with_staged_slices_copies_what_a_restore_re
 
 def test_links_planted_in_a_staging_directory_are_never_written_through(local_storage: CheckpointStorage,
                                                                         tmp_path: Path):
-    from sparkpoint.state.staging import slice_name
+    from sparkpoint.state.engine.staging import slice_name
 
     bs, coord, model, rng = started(local_storage, tmp_path / "local", 7)
     sentinel, elsewhere = tmp_path / "sentinel", tmp_path / "elsewhere"
@@ -296,8 +296,8 @@ def test_a_missing_staged_slice_does_not_fail_the_checkpoints_that_do_not_read_i
     so that recovery does not fall back past it (discarding it and retracting its output), and
     the repair of the retained checkpoints has nothing to say about it."""
     from sparkpoint.checkpoint.files import stored_size_problems
-    from sparkpoint.state.repair import repair_checkpoints
-    from sparkpoint.state.verify import verify_checkpoint
+    from sparkpoint.state.engine.repair import repair_checkpoints
+    from sparkpoint.state.engine.verify import verify_checkpoint
 
     bs, coord, model, rng, meta = _until_staged(local_storage, tmp_path)
     gone = next(f for h in meta.subtask_handles() for f in h.staged)
@@ -323,7 +323,7 @@ def test_corrupt_staging_files_go_with_the_local_state_they_were_linked_from(loc
     """A staging snapshot is hard links to the working database's SSTs: when RocksDB reports
     corruption, discarding the local state (what a task does then) discards the staging too,
     and the next checkpoint succeeds instead of reading the same rotten block forever."""
-    from sparkpoint.state.rocksdb import is_corruption
+    from sparkpoint.state.engine.rocksdb import is_corruption
 
     bs, coord, model, rng, meta = _until_staged(local_storage, tmp_path, slices=1)
     at: dict[int, Model] = {meta.checkpoint_id: dict(model)}

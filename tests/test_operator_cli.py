@@ -23,7 +23,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions, is_changelog
+from sparkpoint.state.engine.changelog import ChangelogOptions, is_changelog
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.sample import TOTALS
 from tests.conftest import s3_options

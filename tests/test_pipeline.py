@@ -15,7 +15,7 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.generate import generate
-from sparkpoint.state.changelog import is_changelog
+from sparkpoint.state.engine.changelog import is_changelog
 from tests import oracle
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.settings import resolve_settings
-from sparkpoint.state import changelog as cl
+from sparkpoint.state.engine import changelog as cl
 from tests import oracle
 from tests.test_pipeline import config, export, make_input
 

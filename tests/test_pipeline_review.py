@@ -19,7 +19,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import is_changelog
+from sparkpoint.state.engine.changelog import is_changelog
 from sparkpoint.state.sample import item_reach, user_totals
 from tests import oracle
 from tests.test_pipeline import config as base_config

@@ -33,7 +33,7 @@ from sparkpoint.pipeline.attempt import (
 from sparkpoint.pipeline.claims import ABORT, COMPLETE, Claim, claim, claim_path
 from sparkpoint.pipeline.maintenance import settle_attempts
 from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkOutputLost
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.verify import verify_checkpoint
 from tests.helpers import FakeSubtask
 from tests.interleavings import (
     SCENARIOS,

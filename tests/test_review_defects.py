@@ -20,8 +20,8 @@ from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
 from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.keygroups import key_group_for
-from sparkpoint.state.verify import verify_checkpoint
 from tests.helpers import FakeSubtask
 
 COUNT = StructCodec[tuple[int]]("<q")

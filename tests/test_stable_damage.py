@@ -15,9 +15,9 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import StructCodec
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.changelog import ChangelogOptions
+from sparkpoint.state.engine.verify import verify_checkpoint
 
 COUNTS = StructCodec[tuple[int]]("<q")
 

@@ -11,8 +11,8 @@ import pytest
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import BytesCodec, StateFormatError, StructCodec
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
 
 TOTALS = StructCodec[tuple[int, float, int]]("<qdq")
@@ -140,7 +140,7 @@ def test_reads_of_many_keys_go_to_rocksdb_in_slices_and_come_back_in_order(local
                                                                            tmp_path: Path):
     # A multi-get pins every block it reads until it returns: reads of more keys than a slice
     # are split, and the answer is still one value (or None) per key, in the caller's order.
-    from sparkpoint.state.handles import MULTI_GET_SLICE
+    from sparkpoint.state.engine.stores import MULTI_GET_SLICE
 
     n = 2 * MULTI_GET_SLICE + 123
     assert n == 8315  # the keys named below

@@ -17,8 +17,8 @@ from sparkpoint.checkpoint.errors import StateBackendError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import JsonCodec
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.ttl import StateTtl
 
@@ -278,6 +278,7 @@ def test_the_sweep_goes_round_across_batches_and_reaches_states_a_batch_did_not_
 
 
 def raw_entries_of(b: RocksDBStateBackend, name: str) -> int:
-    from sparkpoint.state.rocksdb import entry_count
+    from sparkpoint.state.engine.rocksdb import entry_count
 
-    return entry_count(b._open_db().get_column_family(name))
+    assert b.db is not None, "restored: the working database is open"
+    return entry_count(b.db.get_column_family(name))

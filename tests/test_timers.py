@@ -19,8 +19,8 @@ from sparkpoint.checkpoint.errors import StateBackendError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import JsonCodec
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.operators import KeyedOperator, fire_timers
 

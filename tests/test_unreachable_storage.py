@@ -13,7 +13,7 @@ from sparkpoint.checkpoint.errors import StorageError
 from sparkpoint.checkpoint.files import stored_size_problems
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.verify import verify_checkpoint
 from tests.conftest import s3_options
 from tests.helpers import FakeSubtask
 

@@ -21,7 +21,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.state.backend import RocksDBStateBackend
-from sparkpoint.state.verify import verify_checkpoint
+from sparkpoint.state.engine.verify import verify_checkpoint
 from tests.conftest import s3_options
 from tests.reliability import counts, report, scale
 from tests.zombie_writer import batch, model_at

@@ -170,7 +170,7 @@ class SubtaskStateHandle:
     max_parallelism: int
     shared: tuple[FileHandle, ...]
     private: tuple[FileHandle, ...]
-    # Slices of a materialization in progress (`sparkpoint.state.staging`): kept alive with this
+    # Slices of a materialization in progress (`sparkpoint.state.engine.staging`): kept alive with this
     # checkpoint, read by no restore until a later checkpoint lists them among its shared files.
     staged: tuple[FileHandle, ...] = ()
     # What the subtask's state held when it was snapshotted, for people (`inspect`, the

@@ -37,9 +37,9 @@ from sparkpoint.pipeline.attempt import (
 from sparkpoint.pipeline.claims import fence, forget_fences
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
+from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.state.verify import verify_checkpoint
 
 if TYPE_CHECKING:
     from sparkpoint.pipeline.runtime import PipelineCore

@@ -39,12 +39,12 @@ from sparkpoint.spark.tasks import (
     run_slots,
     run_subtask,
 )
-from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.engine.changelog import ChangelogOptions
+from sparkpoint.state.engine.repair import repair_checkpoints
+from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.eventtime import check_event_time, iso_micros
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.state.repair import repair_checkpoints
-from sparkpoint.state.rocksdb import RocksDBOptions
 from sparkpoint.state.sample import SAMPLE_OPERATORS
 from sparkpoint.state.schema import (
     StateChange,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention, parse_bool
-from sparkpoint.state.rocksdb import RocksDBOptions
+from sparkpoint.state.engine.rocksdb import RocksDBOptions
 
 # The values the modules that act on them own (sparkpoint.pipeline.badfiles, .spark.routing,
 # .state.eventtime), repeated here so that building the CLI's parser imports no pandas; the tests

@@ -30,9 +30,9 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.pipeline.fingerprint import fingerprint
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, validate_config
 from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings, resolve_settings
+from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.state.rocksdb import RocksDBOptions
 
 DEFAULT_ROOT = ".sparkpoint"  # locations a pipeline leaves unset: .sparkpoint/<name>/{input,checkpoints,...}
 
@@ -72,7 +72,7 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
         storage_options: fsspec options of the checkpoint storage (and of the input and output, unless
             `input_options` is given).
         input_options: fsspec options of the input; default: `storage_options`.
-        rocksdb: RocksDBOptions (`sparkpoint.state.rocksdb`): the `rocksdb_*` settings (block cache,
+        rocksdb: RocksDBOptions (`sparkpoint.state.engine.rocksdb`): the `rocksdb_*` settings (block cache,
             index and filter blocks).
 
     Raises:

@@ -28,8 +28,8 @@ from sparkpoint.pipeline.maintenance import RegistryCounts, registry_counts
 from sparkpoint.pipeline.runtime import PipelineConfig, validate_config
 from sparkpoint.pipeline.settings import Setting, of_role
 from sparkpoint.pipeline.spec import Pipeline
+from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
-from sparkpoint.state.rocksdb import RocksDBOptions
 
 DEFAULT_CHECKPOINTS = ".sparkpoint/checkpoints"
 DEFAULT_INPUT = ".sparkpoint/demo/input"

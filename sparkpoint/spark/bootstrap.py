@@ -32,10 +32,10 @@ from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.spark.source import ACCEPTED, SourceError, SourceSchemaError, read_parquet
 from sparkpoint.spark.tasks import LOCAL_DIR_ENV
 from sparkpoint.state.backend import RocksDBStateBackend
-from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.engine.changelog import ChangelogOptions
+from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.keygroups import arrow_keys, subtasks_of
 from sparkpoint.state.operators import KeyedOperator, run_bootstrap
-from sparkpoint.state.rocksdb import RocksDBOptions
 
 BOOTSTRAP_SCHEMA = "op int, subtask int, handle string, rows long"
 

@@ -40,12 +40,12 @@ from sparkpoint.spark.routing import ReadUnit
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import SourceError, read_parquet_counted
 from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
-from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.engine.changelog import ChangelogOptions
+from sparkpoint.state.engine.localfiles import open_no_follow
+from sparkpoint.state.engine.rocksdb import RocksDBOptions, is_corruption
 from sparkpoint.state.eventtime import LateSplit, event_micros, split_late
 from sparkpoint.state.keygroups import arrow_keys, subtasks_of
-from sparkpoint.state.localfiles import open_no_follow
 from sparkpoint.state.operators import KeyedOperator, run_batch
-from sparkpoint.state.rocksdb import RocksDBOptions, is_corruption
 
 log = logging.getLogger(__name__)
 

@@ -52,16 +52,16 @@ from sparkpoint.checkpoint.files import check_handle_shape, mismatch
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir, is_changelog_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state import changelog
 from sparkpoint.state.backend import RocksDBStateBackend
-from sparkpoint.state.changelog import ChangelogFormatError
+from sparkpoint.state.engine import changelog
+from sparkpoint.state.engine.changelog import ChangelogFormatError
+from sparkpoint.state.engine.restore import local_copy_matches, materialize
+from sparkpoint.state.engine.rocksdb import RocksDBOptions, ensure_column_families, list_states, open_db, scan_options
+from sparkpoint.state.engine.sstfile import SstFormatError, read_sst_keys
 from sparkpoint.state.extract import export_table, operator_state_of, operator_states
-from sparkpoint.state.handles import _next_prefix
+from sparkpoint.state.kinds.base import next_prefix
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.state.restore import local_copy_matches, materialize
-from sparkpoint.state.rocksdb import RocksDBOptions, ensure_column_families, list_states, open_db, scan_options
 from sparkpoint.state.schema import StateSchemaIncompatible
-from sparkpoint.state.sstfile import SstFormatError, read_sst_keys
 from sparkpoint.state.timers import TIMERS
 
 CHANGES = ("added", "removed", "changed")
@@ -461,10 +461,10 @@ def _entries_of(cf: Rdict, kind: str, wanted: set[tuple[bytes, bytes]]) -> list[
     for p, k in sorted(wanted):
         if kind in _PREFIXED_KINDS:
             prefix = p + _LEN.pack(len(k)) + k
-            out += _scan(cf, prefix, _next_prefix(prefix))
+            out += _scan(cf, prefix, next_prefix(prefix))
         else:  # timers: both indexes of the key's timers, from its by-key index
             prefix = p + b"k" + _LEN.pack(len(k)) + k
-            for raw, value in _scan(cf, prefix, _next_prefix(prefix)):
+            for raw, value in _scan(cf, prefix, next_prefix(prefix)):
                 when = raw[len(prefix):]  # clock(1) | time(8)
                 out += [(raw, value), (p + b"t" + when + k, b"")]
     return out

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
 
 from sparkpoint.checkpoint.errors import SparkpointError
-from sparkpoint.checkpoint.metadata import iso_micros
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
 
 LATE_MODES = ("drop", "process")
 # An input file whose highest event time is this far beyond its batch's processing time is a bad
@@ -96,3 +97,20 @@ def split_late(batch: pd.DataFrame, times_us: np.ndarray, watermark: int | None,
     if not count or late == "process":
         return LateSplit(batch, count)
     return LateSplit(batch.loc[~is_late].reset_index(drop=True), count)
+
+
+def checkpoint_clock(checkpoint: CheckpointMetadata | None) -> dict[str, int | None]:
+    """The clocks as of a checkpoint, what a restored state's TTL expires against until the next
+    batch sets its own: its time (when it was committed) and the watermark it recorded."""
+    if checkpoint is None:
+        return {}
+    clock: dict[str, int | None] = {}
+    try:
+        clock["processing"] = int(datetime.fromisoformat(checkpoint.created_at).timestamp() * 1_000_000)
+    except (TypeError, ValueError):
+        pass
+    offsets = checkpoint.source_offsets
+    watermark = offsets.get("watermark") if isinstance(offsets, dict) else None
+    if isinstance(watermark, int) and not isinstance(watermark, bool):
+        clock["event"] = watermark
+    return clock

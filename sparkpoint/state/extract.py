@@ -31,10 +31,8 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, OperatorState, Su
 from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn, reporting
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend
-from sparkpoint.state.codecs import BytesCodec
-from sparkpoint.state.handles import _KeyedState
+from sparkpoint.state.engine.rocksdb import RocksDBOptions, count_keys, list_states, open_db
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, list_states, open_db
 from sparkpoint.state.schema import codec_of_spec
 from sparkpoint.state.timers import TIMERS
 from sparkpoint.state.ttl import StateTtl
@@ -139,7 +137,7 @@ def state_table(
 ) -> tuple[CheckpointMetadata, pd.DataFrame]:
     """(the checkpoint read, the operator's state as one table sorted by key). `raw`: every
     state through the codec `_metadata` recorded, no operator code needed (`raw_table`)."""
-    from sparkpoint.state.verify import restore_hint
+    from sparkpoint.state.engine.verify import restore_hint
 
     if raw:
         name = operator.uid if isinstance(operator, KeyedOperator) else operator
@@ -208,8 +206,7 @@ def raw_table(meta: CheckpointMetadata, operator: str, backends: list[RocksDBSta
             spec = declared.get("codec") or {}
             codec = codec_of_spec(spec) if spec.get("type") in ("record", "json") else None
             ttl = StateTtl(**declared["ttl"]) if declared.get("ttl") else None
-            entries = _KeyedState(backend._open_db(), name, BytesCodec(), backend.max_parallelism,
-                                  backend.key_group_range, ttl=ttl, clock=backend.clock)
+            entries = backend.raw_state(name, ttl)
             try:
                 for k, v in entries._all():
                     key, user_key, index = _split_key(kind, k)

@@ -5,33 +5,17 @@ way). TTL stamps are kept as they were; the next checkpoint records the new fiel
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
-from rocksdict import Rdict
 
 from sparkpoint.checkpoint.metadata import KeyGroupRange
-from sparkpoint.state.codecs import BytesCodec
-from sparkpoint.state.handles import FORMAT_KEY, _KeyedState, key_group_bounds
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
+from sparkpoint.state.kinds.base import FORMAT_KEY, StateStore, key_group_bounds
 from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.ttl import STAMP
 
 BATCH = 20_000
-
-
-class _Backend(Protocol):
-    """What a migration needs of a subtask's state (`SubtaskState`, which imports this module)."""
-
-    max_parallelism: int
-    key_group_range: KeyGroupRange
-    _log: Any
-
-    def _before_write(self) -> None: ...
-
-    def state_names(self) -> list[str]: ...
-
-    def _open_db(self) -> Rdict: ...
 
 
 def evolve_table(table: pa.Table, new: RecordCodec) -> pa.Table:
@@ -46,34 +30,27 @@ def evolve_table(table: pa.Table, new: RecordCodec) -> pa.Table:
     return pa.Table.from_arrays(columns, names=names)
 
 
-def migrate_records(backend: _Backend, name: str, old: RecordCodec, new: Any) -> int:
-    """Rewrite every entry of state `name` from `old`'s fields into `new`'s; returns how many."""
-    if name not in backend.state_names():
-        return 0
-    db = backend._open_db()
-    raw = _KeyedState(db, name, BytesCodec(), backend.max_parallelism, backend.key_group_range,
-                      on_write=backend._before_write, log=backend._log)
-    try:
-        stamped = raw._cf.get(FORMAT_KEY) is not None
-        cut = STAMP.size if stamped else 0
-        done = 0
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        for k, v in raw._scan(*key_group_bounds(KeyGroupRange(0, MAX_KEY_GROUPS - 1))):
-            keys.append(k)
-            values.append(v)
-            if len(keys) >= BATCH:
-                done += _rewrite(raw, keys, values, cut, old, new)
-                keys, values = [], []
-        return done + _rewrite(raw, keys, values, cut, old, new)
-    finally:
-        raw.release()
+def migrate_records(store: StateStore, old: RecordCodec, new: Any) -> int:
+    """Rewrite every entry of a state's `store` from `old`'s fields into `new`'s; returns how many."""
+    stamped = store.get(FORMAT_KEY) is not None
+    cut = STAMP.size if stamped else 0
+    done = 0
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for k, v in store.scan(*key_group_bounds(KeyGroupRange(0, MAX_KEY_GROUPS - 1))):
+        keys.append(k)
+        values.append(v)
+        if len(keys) >= BATCH:
+            done += _rewrite(store, keys, values, cut, old, new)
+            keys, values = [], []
+    return done + _rewrite(store, keys, values, cut, old, new)
 
 
-def _rewrite(raw: _KeyedState[bytes], keys: list[bytes], values: list[bytes], cut: int, old: RecordCodec,
+def _rewrite(store: StateStore, keys: list[bytes], values: list[bytes], cut: int, old: RecordCodec,
              new: RecordCodec) -> int:
     if not keys:
         return 0
     table = old.decode_table([v[cut:] for v in values])
     encoded = new.encode_table(evolve_table(table, new))
-    return raw._write(zip(keys, [v[:cut] + e for v, e in zip(values, encoded, strict=True)]))
+    store.write(list(zip(keys, [v[:cut] + e for v, e in zip(values, encoded, strict=True)])), [])
+    return len(keys)

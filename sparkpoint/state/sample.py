@@ -16,7 +16,7 @@ import pandas as pd
 
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.codecs import BytesCodec, StructCodec
-from sparkpoint.state.handles import ValueState
+from sparkpoint.state.kinds import ValueState
 from sparkpoint.state.operators import KeyedOperator, from_micros, to_micros
 
 T = TypeVar("T")

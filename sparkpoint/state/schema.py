@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.checkpoint.errors import OperatorStateMismatch
-from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, KeyGroupRange
 from sparkpoint.state.codecs import BytesCodec, Codec, JsonCodec, StructCodec
 from sparkpoint.state.record import RecordCodec, RecordField, RecordSchemaError, parse_field
 from sparkpoint.state.ttl import StateTtl
@@ -511,3 +511,19 @@ def check_declarations(
     return {c.state for c in changes if c.status == "kept" and c.verdict == "compatible"
             and (recorded[c.state].get("codec") or {}).get("type") == "record"
             and recorded[c.state].get("codec") != declared[c.state].get("codec")}
+
+
+def declared_states(checkpoint: CheckpointMetadata | None, operator: str, kg_range: KeyGroupRange
+                    ) -> dict[str, dict[str, Any]]:
+    """Each state's kind and TTL (and a RecordCodec's fields) as the snapshots this subtask
+    restores recorded them (the old subtasks overlapping its key groups, on a rescale)."""
+    if checkpoint is None or operator not in checkpoint.operators:
+        return {}
+    declared: dict[str, dict[str, Any]] = {}
+    for handle in checkpoint.operators[operator].subtasks:
+        if handle.key_group_range.intersects(kg_range) and handle.facts is not None:
+            for name, fact in handle.facts["states"].items():
+                if fact["kind"] != "unknown":
+                    declared.setdefault(name, {"kind": fact["kind"], "ttl": fact["ttl"],
+                                               **({"codec": fact["codec"]} if "codec" in fact else {})})
+    return declared

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sparkpoint.checkpoint.errors import StateBackendError
-from sparkpoint.state.handles import _LEN, _KeyedState, _next_prefix
+from sparkpoint.state.kinds.base import LEN, KeyedState, next_prefix
 
 TIMERS = "__timers__"  # the column family; no state of a user's may take the name
 CLOCK_BYTES = {"event": b"e", "processing": b"p"}
@@ -48,7 +48,7 @@ def micros(timestamp: Any) -> int:
     raise TypeError(f"a timer's time must be a datetime or int microseconds, got {type(timestamp).__name__}")
 
 
-class TimerService(_KeyedState[bytes]):
+class TimerService(KeyedState[bytes]):
     """A subtask's timers (Flink's timer service on RocksDB): what `state.timers` gives.
 
     A timer is a (key, time) pair on a clock: "event" (it fires once the watermark reaches its time) or
@@ -96,7 +96,7 @@ class TimerService(_KeyedState[bytes]):
 
     def _entries(self, prefixed: bytes, clock: bytes, at: int) -> tuple[bytes, bytes]:
         kg, raw, when = prefixed[:2], prefixed[2:], _TIME.pack(at + _OFFSET)
-        return kg + b"t" + clock + when + raw, kg + b"k" + _LEN.pack(len(raw)) + raw + clock + when
+        return kg + b"t" + clock + when + raw, kg + b"k" + LEN.pack(len(raw)) + raw + clock + when
 
     def register(self, key: bytes | str, timestamp: Any, *, clock: str | None = None) -> None:
         """Register a timer for `key` at `timestamp`.
@@ -176,12 +176,12 @@ class TimerService(_KeyedState[bytes]):
             Their times as int microseconds since the epoch, UTC.
         """
         prefixed = self._prefixed(key)
-        prefix = prefixed[:2] + b"k" + _LEN.pack(len(prefixed) - 2) + prefixed[2:] + self._clock_byte(clock)
-        return [_TIME.unpack_from(k, len(prefix))[0] - _OFFSET for k, _ in self._scan(prefix, _next_prefix(prefix))]
+        prefix = prefixed[:2] + b"k" + LEN.pack(len(prefixed) - 2) + prefixed[2:] + self._clock_byte(clock)
+        return [_TIME.unpack_from(k, len(prefix))[0] - _OFFSET for k, _ in self._scan(prefix, next_prefix(prefix))]
 
     def _due_in(self, kg: int, clock: bytes, upto: int) -> Iterator[tuple[int, bytes]]:
         lower = kg.to_bytes(2, "big") + b"t" + clock
-        upper = lower + _TIME.pack(upto + _OFFSET + 1) if upto + _OFFSET + 1 < (1 << 64) else _next_prefix(lower)
+        upper = lower + _TIME.pack(upto + _OFFSET + 1) if upto + _OFFSET + 1 < (1 << 64) else next_prefix(lower)
         for k, _ in self._scan(lower, upper):
             yield _TIME.unpack_from(k, 4)[0] - _OFFSET, k[12:]
 
@@ -216,13 +216,13 @@ class TimerService(_KeyedState[bytes]):
         """(timers pending in this subtask, the earliest one's time). With `exact_up_to`, a
         subtask holding more is counted by RocksDB's estimate (two index entries per timer), and
         only the earliest of each key group is read."""
-        estimate = int(self._cf.property_int_value("rocksdb.estimate-num-keys") or 0) // 2
+        estimate = self._store.estimate_keys() // 2
         exact = exact_up_to is None or estimate <= exact_up_to
         count, earliest = 0, None
         for kg in range(self._kg_range.start, self._kg_range.end + 1):
             for byte in CLOCK_BYTES.values():
                 prefix = kg.to_bytes(2, "big") + b"t" + byte
-                for k, _ in self._scan(prefix, _next_prefix(prefix)):
+                for k, _ in self._scan(prefix, next_prefix(prefix)):
                     count += 1
                     at = _TIME.unpack_from(k, 4)[0] - _OFFSET
                     earliest = at if earliest is None else min(earliest, at)

@@ -26,7 +26,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.changelog import ChangelogOptions
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.eventtime import (
     advance,
     check_event_time,

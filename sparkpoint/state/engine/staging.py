@@ -41,8 +41,8 @@ from rocksdict import Checkpoint, IngestExternalFileOptions, SstFileWriter
 
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX
-from sparkpoint.state.localfiles import write_replacing
-from sparkpoint.state.rocksdb import RocksDBOptions, list_states, open_db, scan_options
+from sparkpoint.state.engine.localfiles import write_replacing
+from sparkpoint.state.engine.rocksdb import RocksDBOptions, list_states, open_db, scan_options
 
 log = logging.getLogger(__name__)
 

@@ -104,7 +104,7 @@ def repair_checkpoints(
     `lost` names each file that stays bad although every retained checkpoint (`retained`, by
     default `checkpoints`) needs it.
     """
-    from sparkpoint.state.verify import verify_checkpoint
+    from sparkpoint.state.engine.verify import verify_checkpoint
 
     where: dict[str, tuple[str, FileHandle]] = {}
     bad: dict[str, str] = {}
@@ -141,7 +141,7 @@ def every_checkpoint_needs(path: str, checkpoint_ids: list[int], problem: str) -
 
 def problems_of_handle_files(storage: CheckpointStorage, files: list[FileHandle], *, deep: bool) -> list[FileProblem]:
     """`verify_checkpoint` for some files of one subtask."""
-    from sparkpoint.state.verify import check_stored_file
+    from sparkpoint.state.engine.verify import check_stored_file
 
     # Sizes on a local disk are a stat each: threads would cost more than the calls.
     workers = 1 if storage.is_local and not deep else None

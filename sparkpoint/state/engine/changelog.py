@@ -40,7 +40,7 @@ import pyarrow as pa
 from rocksdict import Rdict, WriteBatch
 
 from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX, is_changelog_name
-from sparkpoint.state.localfiles import write_new
+from sparkpoint.state.engine.localfiles import write_new
 
 MAGIC = b"SPKCHLG1"
 FORMAT_VERSION = 1
@@ -80,7 +80,7 @@ class ChangelogOptions:
     enabled: bool = False
     materialize_share: float = 2.0
     max_chain: int = 64
-    # Upload a materialization as slices over the next checkpoints (`sparkpoint.state.staging`)
+    # Upload a materialization as slices over the next checkpoints (`sparkpoint.state.engine.staging`)
     # instead of all in the checkpoint that calls for it; the chain then reaches about 1.5x the
     # thresholds above before the materialization takes over, never 2x (then it is done at once).
     in_steps: bool = True

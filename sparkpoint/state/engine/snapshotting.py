@@ -1,6 +1,19 @@
-"""The snapshot half of the RocksDB backend: a native checkpoint (or a changelog file), the
+"""The snapshot strategy of the RocksDB backend: a native checkpoint (or a changelog file), the
 files the confirmed base lacks uploaded under fresh names (rules 1 and 2), the base's stable files
-checked before they are re-referenced; confirm and abort."""
+checked before they are re-referenced; confirm and abort.
+
+Invariants:
+
+1. Only the last *confirmed* checkpoint's shared files are re-referenced (rule 2); pending
+   checkpoints never see each other's uploads.
+2. Every upload gets a fresh unique name under `shared/<operator>/<subtask>/` or
+   `chk-<N>/<operator>/<subtask>/<attempt>/` (rule 1), so racing attempts never overwrite or
+   delete each other's files.
+3. With the changelog on (see `changelog`), a checkpoint that only writes a changelog file
+   builds on the confirmed base, and only when the changes logged since are exactly the
+   changes since that base; anything else materializes. Such handles hold no private files:
+   everything a later checkpoint re-references lives under `shared/`.
+"""
 
 from __future__ import annotations
 
@@ -8,52 +21,113 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
-from rocksdict import Checkpoint
+from rocksdict import Rdict
 
-from sparkpoint.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from sparkpoint.checkpoint.crash import crash_point
-from sparkpoint.checkpoint.errors import (
-    CheckpointDeclined,
-    UnknownSharedState,
-)
+from sparkpoint.checkpoint.errors import CheckpointDeclined
 from sparkpoint.checkpoint.files import stored_size_problems
 from sparkpoint.checkpoint.interleave import storage_step
-from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle, metadata_path
+from sparkpoint.checkpoint.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle, metadata_path
 from sparkpoint.checkpoint.paths import private_dir, shared_dir
-from sparkpoint.state import changelog, staging
-from sparkpoint.state.localfiles import write_replacing
-from sparkpoint.state.restore import (
-    SHARED_SUFFIXES,
-    read_fingerprints,
-    record_fingerprints,
-)
-from sparkpoint.state.rocksdb import (
-    flush_all,
-)
-from sparkpoint.state.subtask import SWITCHED, SubtaskState
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.state.engine import changelog, staging
+from sparkpoint.state.engine.changelog import ChangeLog, ChangelogOptions
+from sparkpoint.state.engine.restore import SHARED_SUFFIXES, read_fingerprints, record_fingerprints
+from sparkpoint.state.engine.rocksdb import RocksDBOptions
 
 log = logging.getLogger(__name__)
 
 
-class Snapshotting(SubtaskState):
-    """Snapshotting a subtask for checkpoint N (see `RocksDBStateBackend.snapshot`)."""
+class SnapshotSource(Protocol):
+    """What the snapshotter needs of a subtask's local state (`LocalState`)."""
 
-    def snapshot(self, checkpoint_id: int, *, full: bool = False) -> SubtaskStateHandle:
+    operator: str
+    subtask: int
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    dir: Path
+    options: RocksDBOptions
+    log: ChangeLog | None
+
+    def open_db(self) -> Rdict: ...
+
+    def flush(self) -> list[str]: ...
+
+    def native_checkpoint(self, target: Path) -> None: ...
+
+    def live_bytes(self) -> int: ...
+
+    def copy_dir(self, checkpoint_id: int | None) -> Path: ...
+
+    def write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str) -> None: ...
+
+    def drop_local_checkpoints(self, *, keep: set[int]) -> None: ...
+
+    @property
+    def switched(self) -> bool: ...
+
+    def mark_switched(self, checkpoint_id: int) -> None: ...
+
+    def unmark_switched(self) -> None: ...
+
+
+def _as_is(handle: SubtaskStateHandle) -> SubtaskStateHandle:
+    return handle
+
+
+class Snapshotter:
+    """Snapshots one subtask's local state for checkpoint N, and keeps its confirmed base: the
+    last checkpoint that completed and was confirmed here, whose shared files the next
+    snapshot may re-reference."""
+
+    def __init__(self, local: SnapshotSource, storage: CheckpointStorage, *, incremental: bool = True,
+                 local_recovery: bool = True, changelog: ChangelogOptions | None = None):
+        self.local = local
+        self.storage = storage
+        self.incremental = incremental
+        self.local_recovery = local_recovery
+        self.changelog = changelog or ChangelogOptions()
+        self._base: dict[str, FileHandle] = {}  # confirmed: local name -> uploaded shared file
+        self.base_id: int | None = None
+        self._base_handle: SubtaskStateHandle | None = None
+        self._pending: dict[int, SubtaskStateHandle] = {}
+        self._native_pending: set[int] = set()  # pending snapshots of db/'s own files
+        self._staged_now: list[FileHandle] = []  # the slices the snapshot being taken lists
+        self.log_base: int | None = None  # the checkpoint the logged changes start from
+
+    def rebase(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
+        """The local state is exactly `handle` of checkpoint N, which completed: N is the base, and
+        the changes logged from now on are relative to it."""
+        self._base = {f.local_name: f for f in handle.shared}
+        self.base_id = checkpoint_id
+        self._base_handle = handle
+
+    def forget_base(self) -> None:
+        """The confirmed base can no longer be trusted (the coordinator declined a reference to it,
+        another writer subsumed it): the next snapshot uploads every file again."""
+        self._base, self.base_id, self._base_handle = {}, None, None
+
+    def forget_pending(self) -> None:
+        """A restore replaces the local state: no pending snapshot and no logged change count any more."""
+        self._pending.clear()
+        self.log_base = None
+
+    def snapshot(self, checkpoint_id: int, *, full: bool = False,
+                 annotate: Callable[[SubtaskStateHandle], SubtaskStateHandle] = _as_is) -> SubtaskStateHandle:
         """Take checkpoint N of this subtask and upload what the confirmed base lacks.
 
         `full` (or `incremental=False`) uploads every file: the baseline, and what the first
         checkpoint after a NO_CLAIM restore does anyway (its base is empty). With the changelog
         on, a checkpoint uploads one changelog file until the chain calls for a materialization.
+        `annotate` adds to the handle what the state model knows (facts, declarations) before
+        it is recorded as pending.
         """
-        db = self._open_db()
-        names = self.state_names()
-        flush_all(db, names)  # db/ on disk must be checkpoint N before the marker says so
-        local = self.dir / f"chk-{checkpoint_id}"
+        names = self.local.flush()  # db/ on disk must be checkpoint N before the marker says so
+        local = self.local.copy_dir(checkpoint_id)
         shutil.rmtree(local, ignore_errors=True)  # an earlier attempt at the same id
         if not full:
             self._check_base_on_storage()
@@ -67,12 +141,12 @@ class Snapshotting(SubtaskState):
         except BaseException:
             shutil.rmtree(local, ignore_errors=True)
             raise
-        handle = replace(handle, facts=self.facts(), states=self.declarations or None)
+        handle = annotate(handle)
         self._pending[checkpoint_id] = handle
-        self._write_marker(checkpoint_id, handle, self.storage.job_url)
-        if self._log is not None:
-            self._log.clear()
-            self._log_base = checkpoint_id
+        self.local.write_marker(checkpoint_id, handle, self.storage.job_url)
+        if self.local.log is not None:
+            self.local.log.clear()
+            self.log_base = checkpoint_id
         if not self.local_recovery:
             shutil.rmtree(local, ignore_errors=True)
         crash_point("after-upload")
@@ -88,7 +162,7 @@ class Snapshotting(SubtaskState):
         too); when the base is gone (another writer's retention subsumed it and deleted its files
         rightly) or no copy has it, the base is dropped and this checkpoint uploads the state whole
         under fresh names: rewriting a rightly deleted file would only leave an orphan."""
-        from sparkpoint.state.repair import repair_files
+        from sparkpoint.state.engine.repair import repair_files
 
         handle = self._base_handle
         if handle is None or not handle.shared:
@@ -96,30 +170,30 @@ class Snapshotting(SubtaskState):
         problems = stored_size_problems(self.storage, list(handle.shared))
         if not problems:
             return
-        if self._base_id is None or not self.storage.exists(metadata_path(self._base_id)):
+        if self.base_id is None or not self.storage.exists(metadata_path(self.base_id)):
             log.warning("%s subtask %s: the confirmed checkpoint %s is gone from stable storage; this checkpoint "
-                        "uploads the state whole", self.operator, self.subtask, self._base_id)
+                        "uploads the state whole", self.local.operator, self.local.subtask, self.base_id)
             self.forget_base()
             return
         files = {f.path: f for f in handle.shared}
-        report = repair_files(self.storage, self.dir.parent, [(files[p.path], p.problem) for p in problems])
+        report = repair_files(self.storage, self.local.dir.parent, [(files[p.path], p.problem) for p in problems])
         if report.unrepairable:
             log.error("%s subtask %s: files of the confirmed checkpoint %s are damaged on stable storage and no "
-                      "task-local copy repairs them (%s); this checkpoint uploads the state whole", self.operator,
-                      self.subtask, self._base_id, "; ".join(f"{p}: {w}" for p, w in report.unrepairable.items()))
+                      "task-local copy repairs them (%s); this checkpoint uploads the state whole", self.local.operator,
+                      self.local.subtask, self.base_id, "; ".join(f"{p}: {w}" for p, w in report.unrepairable.items()))
             self.forget_base()
 
     def _chain_base(self) -> tuple[SubtaskStateHandle | None, staging.Staging | bool | None]:
         """The confirmed handle the next changelog file can extend (None: materialize now), and
         the materialization in steps going on, or True when this checkpoint starts one."""
         base = self._base_handle
-        if self._log is None or not self.incremental or base is None or base.private:
+        if self.local.log is None or not self.incremental or base is None or base.private:
             return None, None  # a handle with private files was written without the changelog
-        if self._log_base != self._base_id:  # the log does not start at the base
+        if self.log_base != self.base_id:  # the log does not start at the base
             return None, None
         state, chain_bytes, chain_files = self._chain_figures(base)
         if self.changelog.in_steps:
-            steps = staging.Staging.resume(self.dir, base)
+            steps = staging.Staging.resume(self.local.dir, base)
             if steps is not None:
                 return (None, None) if steps.overdue(chain_bytes, chain_files) else (base, steps)
         if not self.changelog.should_materialize(state, chain_bytes, chain_files):
@@ -132,23 +206,24 @@ class Snapshotting(SubtaskState):
         """(state bytes, chain bytes, chain files) as `ChangelogOptions` weighs them."""
         chain = [f for f in base.shared if changelog.is_changelog(f.local_name)]
         materialized = sum(f.size for f in base.shared if not changelog.is_changelog(f.local_name))
-        working = sum(int(f["size"]) for f in self._open_db().live_files())  # flushed: the state now
+        working = self.local.live_bytes()  # flushed: the state now
         return max(materialized, working), sum(f.size for f in chain), len(chain)
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
         storage_step("write", str(local))  # the task-local copy (hard links)
-        Checkpoint(self._open_db()).create_checkpoint(str(local))
+        self.local.native_checkpoint(local)
         crash_point("after-native-checkpoint")
-        staging.drop_all(self.dir)  # this materialization supersedes any in steps
+        staging.drop_all(self.local.dir)  # this materialization supersedes any in steps
         # After a materialization in steps switched, the base's RocksDB files are another
         # database's: a name alike in the working database is not the same file.
-        foreign = (self.dir / SWITCHED).exists()
+        foreign = self.local.switched
         base = {} if full or not self.incremental or foreign else self._base
         # With the changelog on, later checkpoints re-reference MANIFEST, CURRENT and OPTIONS
         # too: they go to shared/ (never reused by name, their content changes).
-        everything_shared = self._log is not None
+        everything_shared = self.local.log is not None
         attempt = uuid.uuid4().hex[:12]
+        private_prefix = private_dir(checkpoint_id, self.local.operator, self.local.subtask)
         reused: list[FileHandle] = []
         shared_up: list[tuple[str, str]] = []
         private_up: list[tuple[str, str]] = []
@@ -161,9 +236,9 @@ class Snapshotting(SubtaskState):
                     continue
             if name.endswith(SHARED_SUFFIXES) or everything_shared:
                 ext = os.path.splitext(name)[1]
-                shared_up.append((path, f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}{ext}"))
+                shared_up.append((path, f"{self._shared_dir()}/{uuid.uuid4().hex}{ext}"))
             else:
-                private_up.append((path, f"{private_dir(checkpoint_id, self.operator, self.subtask)}/{attempt}/{name}"))
+                private_up.append((path, f"{private_prefix}/{attempt}/{name}"))
         try:
             new_shared = self.storage.upload(shared_up, checkpoint_id)
             private = self.storage.upload(private_up, checkpoint_id)
@@ -180,12 +255,12 @@ class Snapshotting(SubtaskState):
     ) -> SubtaskStateHandle:
         """The base's files plus one changelog file of what changed since the base; with a
         materialization in steps going on, its next slices too, or the switch to it."""
-        assert self._log is not None
+        assert self.local.log is not None
         local.mkdir(parents=True)
         log_name = changelog.local_name(checkpoint_id)
-        self._log.write(local / log_name, names)
+        self.local.log.write(local / log_name, names)
         crash_point("after-native-checkpoint")
-        rel = f"{shared_dir(self.operator, self.subtask)}/{uuid.uuid4().hex}{changelog.SUFFIX}"
+        rel = f"{self._shared_dir()}/{uuid.uuid4().hex}{changelog.SUFFIX}"
         try:
             new = self.storage.upload([(str(local / log_name), rel)], checkpoint_id)
         except BaseException:
@@ -194,9 +269,10 @@ class Snapshotting(SubtaskState):
         self._staged_now = []
         if steps is True:
             state, chain_bytes, chain_files = self._chain_figures(base)
-            staging.Staging.start(self.dir, self._open_db(), checkpoint_id, new[0].path,
+            kg_range = self.local.key_group_range
+            staging.Staging.start(self.local.dir, self.local.open_db(), checkpoint_id, new[0].path,
                                   chain=(chain_bytes, chain_files), threshold=self.changelog.thresholds(state),
-                                  key_groups=(self.key_group_range.start, self.key_group_range.end))
+                                  key_groups=(kg_range.start, kg_range.end))
         elif isinstance(steps, staging.Staging):
             switched = self._step(checkpoint_id, base, steps, new[0], local)
             if switched is not None:
@@ -217,8 +293,8 @@ class Snapshotting(SubtaskState):
         pace = steps.pace(sum(f.size for f in since), len(since))
         # a small state is cut into at most about 64 slices, a large one into slices of at least the minimum
         minimum = min(self.changelog.slice_min_bytes, steps.total // 64)
-        fresh = steps.write_slices(pace, self.options, minimum=minimum)
-        prefix = shared_dir(self.operator, self.subtask)
+        fresh = steps.write_slices(pace, self.local.options, minimum=minimum)
+        prefix = self._shared_dir()
         pairs = [(str(steps.dir / steps.name_of(s)), f"{prefix}/{uuid.uuid4().hex}.sst") for s in fresh]
         try:
             uploads = self.storage.upload(pairs, checkpoint_id)
@@ -232,7 +308,7 @@ class Snapshotting(SubtaskState):
         problems = stored_size_problems(self.storage, list(base.staged))
         if problems:
             log.warning("%s subtask %s: slices of the materialization in steps are damaged on stable storage (%s); "
-                        "it starts again", self.operator, self.subtask, "; ".join(map(str, problems[:3])))
+                        "it starts again", self.local.operator, self.local.subtask, "; ".join(map(str, problems[:3])))
             steps.drop()
             self._delete_quietly([f.path for f in uploads])
             self._staged_now = []
@@ -246,10 +322,10 @@ class Snapshotting(SubtaskState):
         (None when RocksDB will not build it: this checkpoint is a plain changelog one, and the
         next materialization starts again)."""
         try:
-            final, ingested = steps.build(self.options)
+            final, ingested = steps.build(self.local.options)
         except Exception as e:  # rocksdict raises bare Exception; a local failure, nothing stored is touched
             log.warning("%s subtask %s: the materialization in steps of checkpoint %s could not be built (%s); "
-                        "it starts again", self.operator, self.subtask, steps.at, e)
+                        "it starts again", self.local.operator, self.local.subtask, steps.at, e)
             steps.drop()
             return None
         slices = {f.local_name: f for f in self._staged_now}
@@ -257,7 +333,7 @@ class Snapshotting(SubtaskState):
         for name, piece in sorted(ingested.items()):
             stored = slices[steps.name_of(piece)]
             materialized.append(FileHandle(name, stored.path, stored.size, stored.crc32, stored.created_by))
-        prefix = shared_dir(self.operator, self.subtask)
+        prefix = self._shared_dir()
         small = [(str(final / n), f"{prefix}/{uuid.uuid4().hex}{os.path.splitext(n)[1]}")
                  for n in sorted(os.listdir(final)) if n not in ingested]
         try:
@@ -265,18 +341,18 @@ class Snapshotting(SubtaskState):
         except BaseException:
             self._delete_quietly([rel for _, rel in small])
             raise
-        write_replacing(self.dir / SWITCHED, str(checkpoint_id).encode())
+        self.local.mark_switched(checkpoint_id)
         if self.local_recovery and not self._link_switched_copy(final, chain, local):
             shutil.rmtree(local, ignore_errors=True)
         elif self.local_recovery:
             record_fingerprints(local, list(ingested), {})  # the slices' bytes, checksummed when uploaded
         log.info("%s subtask %s: checkpoint %s switches to the materialization of checkpoint %s (%d slices)",
-                 self.operator, self.subtask, checkpoint_id, steps.at, len(ingested))
+                 self.local.operator, self.local.subtask, checkpoint_id, steps.at, len(ingested))
         self._staged_now = []
         return self._handle(checkpoint_id, materialized + chain, [])
 
     def _link_switched_copy(self, final: Path, chain: list[FileHandle], local: Path) -> bool:
-        previous = self.dir / f"chk-{self._base_id}"
+        previous = self.local.copy_dir(self.base_id)
         try:
             for name in os.listdir(final):
                 os.link(final / name, local / name)
@@ -287,11 +363,11 @@ class Snapshotting(SubtaskState):
         return True
 
     def _base_fingerprints(self) -> dict[str, list[int]]:
-        return read_fingerprints(self.dir / f"chk-{self._base_id}") if self._base_id is not None else {}
+        return read_fingerprints(self.local.copy_dir(self.base_id)) if self.base_id is not None else {}
 
     def _link_local_copy(self, base: SubtaskStateHandle, local: Path) -> bool:
         """The task-local copy of a changelog checkpoint: the base's copy, linked, plus the new file."""
-        previous = self.dir / f"chk-{self._base_id}"
+        previous = self.local.copy_dir(self.base_id)
         storage_step("write", str(local))
         try:
             for f in base.files():
@@ -306,11 +382,11 @@ class Snapshotting(SubtaskState):
         staged: list[FileHandle] | None = None,
     ) -> SubtaskStateHandle:
         return SubtaskStateHandle(
-            operator=self.operator,
-            subtask=self.subtask,
+            operator=self.local.operator,
+            subtask=self.local.subtask,
             checkpoint_id=checkpoint_id,
-            key_group_range=self.key_group_range,
-            max_parallelism=self.max_parallelism,
+            key_group_range=self.local.key_group_range,
+            max_parallelism=self.local.max_parallelism,
             shared=tuple(sorted(shared, key=lambda f: f.local_name)),
             private=tuple(private),
             staged=tuple(staged or ()),
@@ -323,53 +399,31 @@ class Snapshotting(SubtaskState):
         checks its local files against N's handle before taking them as the base.)
         """
         if checkpoint_id in self._pending:
-            self._confirm_base(checkpoint_id, self._pending[checkpoint_id])
+            self.rebase(checkpoint_id, self._pending[checkpoint_id])
             if checkpoint_id in self._native_pending:  # the base is the working database's own files again
-                (self.dir / SWITCHED).unlink(missing_ok=True)
+                self.local.unmark_switched()
             self._native_pending = {c for c in self._native_pending if c > checkpoint_id}
-        elif checkpoint_id != self._base_id:
-            raise CheckpointDeclined(f"{self}: checkpoint {checkpoint_id} is not pending here, cannot confirm it")
+        elif checkpoint_id != self.base_id:
+            raise CheckpointDeclined(f"{self.local}: checkpoint {checkpoint_id} is not pending here, cannot confirm it")
         self._pending = {k: v for k, v in self._pending.items() if k > checkpoint_id}
         keep = set(self._pending) | ({checkpoint_id} if self.local_recovery else set())
-        self._drop_local_checkpoints(keep=keep)
+        self.local.drop_local_checkpoints(keep=keep)
 
     def abort(self, checkpoint_id: int) -> None:
         """Checkpoint N will never complete: forget it (the coordinator deletes its uploads)."""
         self._pending.pop(checkpoint_id, None)
-        if self._log_base == checkpoint_id:  # the changes logged since are relative to nothing retained
-            self._log_base = None
-        if checkpoint_id != self._base_id:
-            shutil.rmtree(self.dir / f"chk-{checkpoint_id}", ignore_errors=True)
+        if self.log_base == checkpoint_id:  # the changes logged since are relative to nothing retained
+            self.log_base = None
+        if checkpoint_id != self.base_id:
+            shutil.rmtree(self.local.copy_dir(checkpoint_id), ignore_errors=True)
 
 
-def take_checkpoint(
-    coordinator: CheckpointCoordinator,
-    backends: Sequence[Snapshotting],
-    *,
-    source_offsets: Any = None,
-    kind: str = "checkpoint",
-    full: bool = False,
-    checkpoint_id: int | None = None,
-) -> CompletedCheckpoint:
-    """One whole checkpoint of in-process subtasks: trigger, snapshot, acknowledge, complete,
-    confirm; any failure aborts it everywhere. (Spark runs the snapshots in its tasks instead.)
-    `checkpoint_id`: take exactly that id (see `CheckpointCoordinator.trigger`)."""
-    expected: dict[str, int] = {}
-    for b in backends:
-        expected[b.operator] = b.parallelism
-    pending = coordinator.trigger(kind=kind, expected=expected, checkpoint_id=checkpoint_id)
-    cid = pending.checkpoint_id
-    try:
-        for b in backends:
-            coordinator.acknowledge(cid, b.snapshot(cid, full=full))
-        done = coordinator.complete(cid, source_offsets=source_offsets)
-    except BaseException as e:
-        coordinator.abort(cid, reason="a subtask failed to snapshot")
-        for b in backends:
-            b.abort(cid)
-            if isinstance(e, UnknownSharedState):  # declined reuse: re-upload next time (rule 2)
-                b.forget_base()
-        raise
-    for b in backends:
-        b.confirm(cid)
-    return done
+    def _shared_dir(self) -> str:
+        """Where this subtask's shared files go on stable storage (each under a fresh name)."""
+        return shared_dir(self.local.operator, self.local.subtask)
+
+    def _delete_quietly(self, rels: list[str]) -> None:
+        try:
+            self.storage.delete(rels)
+        except Exception as e:  # best effort: the orphan sweep gets what is left
+            log.warning("could not delete the uploads of a failed snapshot: %s", e)

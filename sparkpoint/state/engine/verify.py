@@ -11,7 +11,7 @@ from sparkpoint.checkpoint.files import FileProblem, mismatch
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle
 from sparkpoint.checkpoint.paths import is_changelog_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state.changelog import ChangelogFormatError, decode, raw_limit
+from sparkpoint.state.engine.changelog import ChangelogFormatError, decode, raw_limit
 
 _CHUNK = 4 * 1024 * 1024
 

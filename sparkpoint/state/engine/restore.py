@@ -27,7 +27,7 @@ from pathlib import Path
 from sparkpoint.checkpoint.files import FileProblem, mismatch
 from sparkpoint.checkpoint.metadata import SubtaskStateHandle
 from sparkpoint.checkpoint.storage import crc32_of_file
-from sparkpoint.state.localfiles import write_replacing
+from sparkpoint.state.engine.localfiles import write_replacing
 
 SHARED_SUFFIXES = (".sst", ".blob")
 
