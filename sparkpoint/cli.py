@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.catalog import existing_store, readable_size
 from sparkpoint.checkpoint.errors import OperatorStateMismatch, SparkpointError
@@ -26,6 +26,10 @@ from sparkpoint.checkpoint.progress import ProgressFn
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.settings import BY_NAME, flagged, positive_int, seconds
+
+if TYPE_CHECKING:
+    from sparkpoint.pipeline.spec import Pipeline
+    from sparkpoint.state.operators import KeyedOperator
 
 EXIT_BAD_FILES = 1
 EXIT_REFUSED = 1  # check-upgrade: the restore would be refused
@@ -417,7 +421,7 @@ def cmd_state(args: argparse.Namespace) -> int:
     with _progress(args, f"reading {args.operator}") as progress:
         # --raw needs no code: the operator may be gone from the pipeline (removed, renamed).
         pipeline = None if args.raw else _pipeline(args)
-        operator = pipeline.operator(args.operator) if pipeline is not None else args.operator
+        operator = args.operator if args.raw else _operator(pipeline, args.operator)
         meta, table = state_table(_storage(args), operator, args.checkpoint, progress=progress, raw=args.raw)
     if args.raw and args.format != "json":  # one column of mixed values: JSON text for csv and parquet
         table["value"] = [_json_text(v) for v in table["value"]]
@@ -437,6 +441,16 @@ def cmd_state(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(pipeline: Pipeline | None, name: str) -> KeyedOperator:
+    """The operator `name` of the `--pipeline` given, else of the sample pipeline (the commands'
+    documented default: `sparkpoint state --checkpoints ... --job-id clicks --operator user_totals`)."""
+    if pipeline is not None:
+        return pipeline.operator(name)
+    from sparkpoint.sample import operator as sample_operator
+
+    return sample_operator(name)
+
+
 def _json_text(value: Any) -> str:
     """A raw state value as JSON text (bytes as hex, timestamps in ISO 8601)."""
     def plain(v: Any) -> Any:
@@ -451,10 +465,9 @@ def _json_text(value: Any) -> str:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from sparkpoint.state.diff import diff_snapshots, locate
-    from sparkpoint.state.extract import resolve_operator
 
     pipeline = _pipeline(args)
-    operator = resolve_operator(pipeline.operator(args.operator) if pipeline is not None else args.operator)
+    operator = _operator(pipeline, args.operator)
     needs_job = any(str(ref).strip().removeprefix("chk-").isdigit() for ref in (args.from_, args.to))
     storage = _storage(args) if needs_job or pipeline is not None or args.checkpoints else None
     options = _storage_options(args.storage_options) if args.storage_options else (

@@ -17,6 +17,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import StructCodec
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 from sparkpoint.state.verify import verify_checkpoint
 
 COUNTS = StructCodec[tuple[int]]("<q")
@@ -99,7 +100,7 @@ def test_sparkpoint_run_checks_each_checkpoint_it_commits(spark, tmp_path: Path,
         input_url=str(tmp_path / "in"), checkpoints_url=f"file://{tmp_path}/ckpt", job_id="job", parallelism=2,
         local_dir=str(tmp_path / "local"), output_url=f"file://{tmp_path}/out", num_retained=2,
     )
-    pipeline = StatefulPipeline(spark, config)
+    pipeline = StatefulPipeline(spark, config, SAMPLE_OPERATORS)
     commit = pipeline.storage.commit_exclusive
 
     def lose_a_reused_file(rel: str, data: bytes) -> None:

@@ -42,7 +42,7 @@ from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.verify import verify_checkpoint
 
 if TYPE_CHECKING:
-    from sparkpoint.pipeline.runtime import PipelineCore
+    from sparkpoint.pipeline.driver import StatefulPipeline
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ def clear_failed_attempts(
 
 
 def recover(
-    pipeline: PipelineCore, *, failed_before: float | None = None, failed_attempts: tuple[str, ...] = (),
+    pipeline: StatefulPipeline, *, failed_before: float | None = None, failed_attempts: tuple[str, ...] = (),
     orphan_grace_seconds: float = 3600.0, attempt_id: str | None = None,
 ) -> RecoveryReport:
     """Heal the job after a failed batch, then process that batch again.
@@ -333,7 +333,7 @@ def recover(
         orphan_grace_seconds=orphan_grace_seconds,
     )
     counts = registry_counts(storage)
-    start, coordinator = pipeline._begin()
+    start, coordinator = pipeline.begin()
     fell_back: list[int] = []
     while start.metadata is not None:
         # A job started from a savepoint or another job's checkpoint (and with none of its own
@@ -347,7 +347,7 @@ def recover(
             f"chk-{start.metadata.checkpoint_id} fails verification: " + "; ".join(str(p) for p in problems[:3]),
             checkpoint_id=start.metadata.checkpoint_id,
         )
-        start = pipeline._fall_back(start, error)  # logs FALLING BACK, raises when none is left
+        start = pipeline.fall_back(start, error)  # logs FALLING BACK, raises when none is left
     restored_from = start.metadata.checkpoint_id if start.metadata else None
     redo, coordinator = spark_half_with_fallback(pipeline, attempt_id=attempt_id, start=(start, coordinator))
     batch, overtaken = None, None
