@@ -23,6 +23,7 @@ from sparkpoint.pipeline.attempt import (
     LOST_RACE,
     AbortOutcome,
     Overtaken,
+    PendingAttempt,
     abort_attempt,
     complete_attempt,
     consumed_files,
@@ -35,7 +36,7 @@ from sparkpoint.pipeline.attempt import (
     written_by,
 )
 from sparkpoint.pipeline.claims import fence, forget_fences
-from sparkpoint.pipeline.runtime import BatchReport
+from sparkpoint.pipeline.runtime import BatchReport, BatchStart
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
@@ -431,37 +432,10 @@ def recover(
     )
     counts = registry_counts(storage)
     start, coordinator = pipeline.begin()
-    fell_back: list[int] = []
-    while start.metadata is not None:
-        # A job started from a savepoint or another job's checkpoint (and with none of its own
-        # yet) restores from that checkpoint's directory: verify it there, not in ours.
-        home = CheckpointStorage(*start.restore_job) if start.restore_job is not None else storage
-        problems = verify_checkpoint(home, start.metadata)
-        if not problems:
-            break
-        fell_back.append(start.metadata.checkpoint_id)
-        error = CheckpointCorrupted(
-            f"chk-{start.metadata.checkpoint_id} fails verification: " + "; ".join(str(p) for p in problems[:3]),
-            checkpoint_id=start.metadata.checkpoint_id,
-        )
-        start = pipeline.fall_back(start, error)  # logs FALLING BACK, raises when none is left
+    start, fell_back = _verified_start(pipeline, start)
     restored_from = start.metadata.checkpoint_id if start.metadata else None
     redo, coordinator = spark_half_with_fallback(pipeline, attempt_id=attempt_id, start=(start, coordinator))
-    batch, overtaken = None, None
-    if redo is not None:
-        try:
-            batch = complete_attempt(pipeline, redo, coordinator=coordinator)
-        except LOST_RACE:  # the commit was refused and the attempt's uploads deleted
-            overtaken = overtaken_by(storage, redo)
-            if overtaken is None:
-                raise
-            if pipeline.sink is not None:
-                try:  # best effort: the next start discards staging at or below the latest checkpoint
-                    pipeline.sink.discard_staged(redo.checkpoint_id, list(redo.staged))
-                except OSError as e:
-                    log.warning("recovery: the staged output of the overtaken checkpoint %s stays (%s)",
-                                redo.checkpoint_id, e)
-            log.warning("recovery: %s", overtaken.line())
+    batch, overtaken = _complete_redo(pipeline, redo, coordinator) if redo is not None else (None, None)
     failed_batch = tuple(dict.fromkeys(f for o in settled.outcomes if o.attempt_id in failed_attempts
                                        for f in o.files))
     already = None  # the failed batch, when a checkpoint other than this recovery's consumed it
@@ -473,12 +447,52 @@ def recover(
     return RecoveryReport(
         aborted=settled.aborted + late.aborted, uploads_deleted=settled.uploads_deleted + late.uploads_deleted,
         orphans_deleted=len(sweep.orphans), registry=counts, restored_from=restored_from,
-        fell_back_from=tuple(fell_back), batch=batch,
+        fell_back_from=fell_back, batch=batch,
         left_to_completer=tuple(c for c in settled.left_to_completer if c not in late.aborted),
         set_aside=settled.set_aside, failed_batch=failed_batch,
         failed_batch_committed=already,
         overtaken=overtaken, found_committed=settled.committed,
     )
+
+
+def _verified_start(pipeline: StatefulPipeline, start: BatchStart) -> tuple[BatchStart, tuple[int, ...]]:
+    """`start`, or the newest older checkpoint that verifies, falling back loudly (step 4 of
+    `recover`); and the checkpoints fallen back from."""
+    fell_back: list[int] = []
+    while start.metadata is not None:
+        # A job started from a savepoint or another job's checkpoint (and with none of its own
+        # yet) restores from that checkpoint's directory: verify it there, not in ours.
+        home = CheckpointStorage(*start.restore_job) if start.restore_job is not None else pipeline.storage
+        problems = verify_checkpoint(home, start.metadata)
+        if not problems:
+            break
+        fell_back.append(start.metadata.checkpoint_id)
+        error = CheckpointCorrupted(
+            f"chk-{start.metadata.checkpoint_id} fails verification: " + "; ".join(str(p) for p in problems[:3]),
+            checkpoint_id=start.metadata.checkpoint_id,
+        )
+        start = pipeline.fall_back(start, error)  # logs FALLING BACK, raises when none is left
+    return start, tuple(fell_back)
+
+
+def _complete_redo(pipeline: StatefulPipeline, redo: PendingAttempt, coordinator: CheckpointCoordinator
+                   ) -> tuple[tuple[BatchReport, CheckpointMetadata] | None, Overtaken | None]:
+    """Complete the re-processed batch (step 6 of `recover`): its checkpoint, or how another
+    writer overtook it (its uploads are then deleted, and its staged output, best effort)."""
+    try:
+        return complete_attempt(pipeline, redo, coordinator=coordinator), None
+    except LOST_RACE:  # the commit was refused and the attempt's uploads deleted
+        overtaken = overtaken_by(pipeline.storage, redo)
+        if overtaken is None:
+            raise
+    if pipeline.sink is not None:
+        try:  # best effort: the next start discards staging at or below the latest checkpoint
+            pipeline.sink.discard_staged(redo.checkpoint_id, list(redo.staged))
+        except OSError as e:
+            log.warning("recovery: the staged output of the overtaken checkpoint %s stays (%s)",
+                        redo.checkpoint_id, e)
+    log.warning("recovery: %s", overtaken.line())
+    return None, overtaken
 
 
 # --- retention, savepoints ----------------------------------------------------------------------
