@@ -653,10 +653,10 @@ WORKER_FUNCS = [
     ("subtask.py", "close", "  close (flush, close db)"),
 ]
 DRIVER_FUNCS = [
-    ("attempt.py", "run_spark_half", "Spark half (trigger + Spark job)"),
-    ("runtime.py", "_run_spark", "  Spark job (plan, run, collect)"),
-    ("attempt.py", "complete_attempt", "completing half"),
-    ("attempt.py", "_check_uploads_present", "  check uploads present"),
+    ("protocol.py", "run_spark_half", "Spark half (trigger + Spark job)"),
+    ("driver.py", "run_spark", "  Spark job (plan, run, collect)"),
+    ("protocol.py", "complete_attempt", "completing half"),
+    ("protocol.py", "_check_uploads_present", "  check uploads present"),
     ("coordinator.py", "acknowledge", "  acknowledge handles"),
     ("coordinator.py", "complete", "  complete: _metadata, retention, deletes"),
     ("sink.py", "commit", "  sink commit (move staged files)"),
@@ -713,7 +713,7 @@ def profile_ours(spark: Any, system: System, workload: Workload, run_dir: Path, 
     per_batch: list[dict[str, Any]] = []
     jobs_known = {j["jobId"] for j in rest(spark, "jobs")}
     spark_calls: list[dict[str, Any]] = []
-    original = StatefulPipeline._run_spark
+    original = StatefulPipeline.run_spark
 
     def timed_run_spark(self: Any, spec: Any, urls: list[str], *route: Any) -> list[dict[str, Any]]:
         started = time.perf_counter()
@@ -735,12 +735,12 @@ def profile_ours(spark: Any, system: System, workload: Workload, run_dir: Path, 
             spark.conf.set("spark.sql.pyspark.udf.profiler", "perf")
         driver.enable()
 
-    StatefulPipeline._run_spark = timed_run_spark  # type: ignore[method-assign]  # only to read task seconds
+    StatefulPipeline.run_spark = timed_run_spark  # type: ignore[method-assign]  # only to read task seconds
     try:
         batches = run_ours(spark, system, workload, run_dir, on_batch=on_batch, files=1 + updates)
     finally:
         driver.disable()
-        StatefulPipeline._run_spark = original  # type: ignore[method-assign]
+        StatefulPipeline.run_spark = original  # type: ignore[method-assign]
         spark.conf.unset("spark.sql.pyspark.udf.profiler")
     n = max(1, len(per_batch))
     dump = run_dir / "udf-profiles"
@@ -769,7 +769,7 @@ def summarize_profile(system: System, batches: list[dict[str, Any]], per_batch: 
     phases = {
         "batch wall (pipeline generator resumed -> report)": mean([b["wall_s"] for b in batches]),
         "BatchReport.seconds (trigger -> completed)": mean([b["report_s"] for b in per_batch]),
-        "_run_spark (driver: plan, Spark job, collect)": run_spark,
+        "run_spark (driver: plan, Spark job, collect)": run_spark,
         "  Spark jobs (REST: submission -> completion)": sum(j["duration_s"] for j in jobs) / n,
         **{f"    stage {i} of {k}: {tasks} task(s)": seconds / n for (i, k, tasks), seconds in sorted(stage_s.items())},
         "  outside Spark jobs (plan, submit, collect)": run_spark - sum(j["duration_s"] for j in jobs) / n,

@@ -78,7 +78,8 @@ def read_state(
     Raises:
         OperatorStateMismatch: the checkpoint holds no such operator.
     """
-    return state_table(CheckpointStorage(url, job_id, storage_options), operator, checkpoint, raw=raw)[1]
+    code = operator if raw else _code_of(operator)
+    return state_table(CheckpointStorage(url, job_id, storage_options), code, checkpoint, raw=raw)[1]
 
 
 def registry(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -149,11 +150,19 @@ def diff_state(
             of the code given for a diff across an upgrade: give the newer one).
     """
     from sparkpoint.state.diff import diff_snapshots, locate
-    from sparkpoint.state.extract import resolve_operator
 
     storage = CheckpointStorage(url, job_id, storage_options)
     result = diff_snapshots(locate(from_, storage, storage_options), locate(to, storage, storage_options),
-                            resolve_operator(operator), local_dir=local_dir)
+                            _code_of(operator), local_dir=local_dir)
     table = result.table
     table.attrs.update(result.summary())
     return table
+
+
+def _code_of(operator: str | KeyedOperator) -> KeyedOperator:
+    """`operator`, or the sample pipeline's operator of that name (the documented shorthand)."""
+    if isinstance(operator, KeyedOperator):
+        return operator
+    from sparkpoint.sample import operator as sample_operator
+
+    return sample_operator(operator)

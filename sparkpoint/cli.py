@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.catalog import existing_store, readable_size
 from sparkpoint.checkpoint.errors import OperatorStateMismatch, SparkpointError
@@ -26,6 +26,10 @@ from sparkpoint.checkpoint.progress import ProgressFn
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.settings import BY_NAME, flagged, positive_int, seconds
+
+if TYPE_CHECKING:
+    from sparkpoint.pipeline.spec import Pipeline
+    from sparkpoint.state.operators import KeyedOperator
 
 EXIT_BAD_FILES = 1
 EXIT_REFUSED = 1  # check-upgrade: the restore would be refused
@@ -53,12 +57,13 @@ def _storage_options(text: str | None) -> dict[str, Any]:
 
 def _storage(args: argparse.Namespace) -> CheckpointStorage:
     pipeline = _pipeline(args)
-    if pipeline is None and not (args.checkpoints and args.job_id):
-        raise UsageError("--checkpoints and --job-id are required (or --pipeline MODULE:ATTR, which names them)")
+    if pipeline is None:
+        if not (args.checkpoints and args.job_id):
+            raise UsageError("--checkpoints and --job-id are required (or --pipeline MODULE:ATTR, which names them)")
+        return CheckpointStorage(args.checkpoints, args.job_id, _storage_options(args.storage_options))
     checkpoints = args.checkpoints or pipeline.location("checkpoints")
     job_id = args.job_id or pipeline.effective_job_id
-    options = _storage_options(args.storage_options) if args.storage_options or pipeline is None else dict(
-        pipeline.storage_options)
+    options = _storage_options(args.storage_options) if args.storage_options else dict(pipeline.storage_options)
     return CheckpointStorage(checkpoints, job_id, options)
 
 
@@ -179,9 +184,7 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
                                             ("--job-id", args.job_id)) if not value]
         if missing:
             raise UsageError(f"{', '.join(missing)} required (or --pipeline MODULE:ATTR, which names them)")
-        from sparkpoint.sample import pipeline as pipeline_spec
-
-        pipeline_spec = pipeline_spec.with_(local_dir=".sparkpoint/local", output_url=None)
+        pipeline_spec = _sample_pipeline()
     flag = {"input_url": "input", "checkpoints_url": "checkpoints", "job_id": "job_id", "output_url": "output",
             "max_batches": "max_batches", "local_dir": "local_dir",
             **{setting.name: setting.flag.dest for setting in flagged() if setting.flag}}
@@ -196,6 +199,14 @@ def _run_config(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         if chosen.get(key):
             chosen[key] = storage_url(chosen[key]) if key != "local_dir" else chosen[key]
     return pipeline_spec, pipeline_spec.config(**chosen), remote
+
+
+def _sample_pipeline() -> Pipeline:
+    """What `run` and `skip` run without `--pipeline` (the documented default): the sample
+    pipeline's operators, at the locations the flags give, without its output."""
+    from sparkpoint.sample import pipeline
+
+    return pipeline.with_(local_dir=".sparkpoint/local", output_url=None)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -376,7 +387,7 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
     (no Spark, no state file): the same plan `run` makes before it starts."""
     from sparkpoint.pipeline.runtime import load_external_checkpoint, plan_for, restore_plan, validate_config
 
-    pipeline = _pipeline(args)
+    pipeline = _given_pipeline(args)
     if args.source and (args.checkpoints or args.job_id):
         raise UsageError("give --from, or --checkpoints and --job-id, not both")
     if bool(args.checkpoints) != bool(args.job_id):
@@ -391,11 +402,8 @@ def cmd_check_upgrade(args: argparse.Namespace) -> int:
         overrides.update(checkpoints_url=storage_url(args.checkpoints), job_id=args.job_id, from_checkpoint=None)
     config = pipeline.config(**overrides)
     validate_config(config)
-    if args.source:
-        meta, _ = load_external_checkpoint(args.source, config.storage_options)
-        plan = plan_for(meta, config, pipeline.operators)
-    else:
-        plan = restore_plan(config, pipeline.operators)
+    plan = (plan_for(load_external_checkpoint(args.source, config.storage_options)[0], config, pipeline.operators)
+            if args.source else restore_plan(config, pipeline.operators))
     if plan is None:
         return _printed_plan(args, None, f"{config.checkpoints_url}/{config.job_id} holds no completed checkpoint "
                                          "(and no --from-checkpoint is set): the job starts empty")
@@ -417,7 +425,7 @@ def cmd_state(args: argparse.Namespace) -> int:
     with _progress(args, f"reading {args.operator}") as progress:
         # --raw needs no code: the operator may be gone from the pipeline (removed, renamed).
         pipeline = None if args.raw else _pipeline(args)
-        operator = pipeline.operator(args.operator) if pipeline is not None else args.operator
+        operator = args.operator if args.raw else _operator(pipeline, args.operator)
         meta, table = state_table(_storage(args), operator, args.checkpoint, progress=progress, raw=args.raw)
     if args.raw and args.format != "json":  # one column of mixed values: JSON text for csv and parquet
         table["value"] = [_json_text(v) for v in table["value"]]
@@ -437,6 +445,16 @@ def cmd_state(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(pipeline: Pipeline | None, name: str) -> KeyedOperator:
+    """The operator `name` of the `--pipeline` given, else of the sample pipeline (the commands'
+    documented default: `sparkpoint state --checkpoints ... --job-id clicks --operator user_totals`)."""
+    if pipeline is not None:
+        return pipeline.operator(name)
+    from sparkpoint.sample import operator as sample_operator
+
+    return sample_operator(name)
+
+
 def _json_text(value: Any) -> str:
     """A raw state value as JSON text (bytes as hex, timestamps in ISO 8601)."""
     def plain(v: Any) -> Any:
@@ -451,10 +469,9 @@ def _json_text(value: Any) -> str:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from sparkpoint.state.diff import diff_snapshots, locate
-    from sparkpoint.state.extract import resolve_operator
 
     pipeline = _pipeline(args)
-    operator = resolve_operator(pipeline.operator(args.operator) if pipeline is not None else args.operator)
+    operator = _operator(pipeline, args.operator)
     needs_job = any(str(ref).strip().removeprefix("chk-").isdigit() for ref in (args.from_, args.to))
     storage = _storage(args) if needs_job or pipeline is not None or args.checkpoints else None
     options = _storage_options(args.storage_options) if args.storage_options else (
@@ -490,34 +507,25 @@ def _format_of(path: str | None) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from sparkpoint.state.engine.verify import verify_checkpoint
+    from sparkpoint.pipeline.maintenance import verify_checkpoints
 
     store = _existing_store(args)
-    results = []
+    unreadable: dict[int, str] = {}
     if args.checkpoint is None:
         listing = store.load_all()
-        checkpoints = listing.checkpoints
-        results += [{"checkpoint_id": c, "ok": False, "problems": [f"_metadata: {why}"]}
-                    for c, why in sorted(listing.unreadable.items())]
-        if not checkpoints and not listing.unreadable:
+        checkpoints, unreadable = listing.checkpoints, listing.unreadable
+        if not checkpoints and not unreadable:
             raise UsageError(f"{store.storage.job_url} holds no completed checkpoint")
     else:
         checkpoints = [store.load(args.checkpoint)]
     repair = _repair(store, checkpoints, args) if args.repair else None
-    for meta in checkpoints:
-        problems = verify_checkpoint(store.storage, meta, deep=not args.shallow)
-        results.append({"checkpoint_id": meta.checkpoint_id, "ok": not problems, "files": len(meta.paths()),
-                        "problems": [str(p) for p in problems]})
-    results.sort(key=lambda r: -int(r["checkpoint_id"]))
+    report = verify_checkpoints(store.storage, checkpoints, unreadable, deep=not args.shallow)
     if args.json:
+        results = report.checkpoints_json()
         _print_json(results if repair is None else {"checkpoints": results, **repair})
     else:
-        for r in results:
-            status = "ok" if r["ok"] else "BAD"
-            print(f"chk-{r['checkpoint_id']}: {status}" + (f" ({r.get('files')} files)" if r["ok"] else ""))
-            for p in r["problems"]:
-                print(f"  {p}")
-    return 0 if all(r["ok"] for r in results) else EXIT_BAD_FILES
+        print("\n".join(report.lines()))
+    return 0 if report.ok else EXIT_BAD_FILES
 
 
 def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadata], args: argparse.Namespace) -> Any:
@@ -682,8 +690,7 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
         result = take_savepoint(storage, checkpoint_id=args.from_checkpoint, target=args.to, progress=progress)
     if _printed_json(args, result.to_json()):
         return 0
-    print(f"savepoint {result.url} of chk-{result.source_checkpoint}: {result.files} files, {_size(result.bytes)}, "
-          f"verified\n  start a job from it: sparkpoint run --from-checkpoint {result.url} "
+    print(f"{result.message}\n  start a job from it: sparkpoint run --from-checkpoint {result.url} "
           "--restore-mode CLAIM|NO_CLAIM ...")
     return 0
 
@@ -695,7 +702,7 @@ def _ttl(ttl: dict[str, Any] | None) -> str:
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from sparkpoint.pipeline.bootstrap import plan_bootstrap
 
-    pipeline = _pipeline(args)
+    pipeline = _given_pipeline(args)
     options = _storage_options(args.storage_options) if args.storage_options else None
     # Every check that needs no Spark (operator, table, target) before the JVM starts.
     plan = plan_bootstrap(pipeline, args.operator, args.source, args.to, parallelism=args.parallelism,
@@ -752,7 +759,7 @@ def _job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as a JSON object")
 
 
-def _pipeline(args: argparse.Namespace) -> Any:
+def _pipeline(args: argparse.Namespace) -> Pipeline | None:
     """The `--pipeline` given (None without one), loaded once."""
     if not getattr(args, "pipeline", None):
         return None
@@ -760,7 +767,16 @@ def _pipeline(args: argparse.Namespace) -> Any:
         from sparkpoint.pipeline.spec import load_pipeline
 
         args._loaded_pipeline = load_pipeline(args.pipeline)
-    return args._loaded_pipeline
+    loaded: Pipeline = args._loaded_pipeline
+    return loaded
+
+
+def _given_pipeline(args: argparse.Namespace) -> Pipeline:
+    """The `--pipeline` of a command that requires one."""
+    pipeline = _pipeline(args)
+    if pipeline is None:
+        raise UsageError("--pipeline MODULE:ATTR is required")
+    return pipeline
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -69,10 +69,7 @@ from sparkpoint.checkpoint.savepoint import SavepointResult
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import (
-    COMPLETE,
     PendingAttempt,
-    claim,
-    claim_path,
     complete_attempt,
     finish_step,
     load_attempt,
@@ -80,6 +77,7 @@ from sparkpoint.pipeline.attempt import (
     spark_half_with_fallback,
     start_step,
 )
+from sparkpoint.pipeline.claims import COMPLETE, claim, claim_path
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import clear_failed_attempts, prune, recover, settle_attempts
 from sparkpoint.pipeline.runtime import PipelineConfig
@@ -164,7 +162,7 @@ class InProcessPipeline(StatefulPipeline):
     whatever route the batch was given (the routes differ in how rows reach a subtask, not in
     what the subtask does with storage)."""
 
-    def _run_spark(self, spec: Any, urls: list[str], *route: Any) -> list[dict[str, Any]]:
+    def run_spark(self, spec: Any, urls: list[str], *route: Any) -> list[dict[str, Any]]:
         ids = iter([pd.DataFrame({"id": list(range(spec.parallelism))})])
         return [row for frame in run_slots(spec, urls, ids) for row in frame.to_dict("records")]
 

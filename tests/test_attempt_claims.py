@@ -23,17 +23,18 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import (
     AttemptAborted,
     PendingAttempt,
-    claim_path,
     complete_attempt,
     finish_step,
     list_attempts,
     save_attempt,
 )
+from sparkpoint.pipeline.claims import claim_path
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import settle_attempts
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.source import SourceOffsets
 from sparkpoint.state.engine.verify import verify_checkpoint
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 from tests.helpers import FakeSubtask
 
 OPERATORS = ("item_reach", "user_totals")
@@ -49,7 +50,7 @@ def pipeline(tmp_path: Path) -> StatefulPipeline:
         input_url=str(tmp_path / "in"), checkpoints_url=f"file://{tmp_path}/ckpt", job_id="job",
         output_url=f"file://{tmp_path}/out", num_retained=1, parallelism=1, local_dir=str(tmp_path / "local"),
     )
-    return StatefulPipeline(None, config)
+    return StatefulPipeline(None, config, SAMPLE_OPERATORS)
 
 
 def make_attempt(p: StatefulPipeline, subtasks: dict[str, FakeSubtask], cid: int, files: list[str]) -> PendingAttempt:
@@ -118,7 +119,7 @@ def assert_one_outcome(tmp_path: Path, attempt: PendingAttempt, where: str) -> s
     """Checkpoint 2 is complete and whole, with its output, or absent with checkpoint 1 whole."""
     check = pipeline(tmp_path)
     settle_attempts(check.storage, check.sink)  # a later recovery settles whatever is left
-    check._begin()  # and a later start finishes a sink commit that a completer left undone
+    check.begin()  # and a later start finishes a sink commit that a completer left undone
     store = CompletedCheckpointStore(check.storage)
     ids = store.checkpoint_ids()
     assert ids, where
@@ -180,7 +181,7 @@ def test_a_completer_that_finds_the_abort_claim_writes_nothing(tmp_path: Path):
 
 def test_an_abort_leaves_an_attempt_its_completer_claimed(tmp_path: Path):
     completer, aborter, attempt = setup_job(tmp_path)
-    from sparkpoint.pipeline.attempt import COMPLETE, claim
+    from sparkpoint.pipeline.claims import COMPLETE, claim
 
     assert claim(completer.storage, 2, attempt.attempt_id, COMPLETE)  # a completer is between its claim and its commit
     settlement = settle_attempts(aborter.storage, aborter.sink)

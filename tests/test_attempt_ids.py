@@ -27,8 +27,8 @@ def test_a_step_under_an_aborted_id_is_refused_before_spark_and_a_new_id_commits
     assert [a.attempt_id for a in list_attempts(driver.storage).attempts] == ["try-1"]
 
     spark_jobs = []
-    run_spark = driver._run_spark
-    driver._run_spark = lambda *args: spark_jobs.append(args) or run_spark(*args)  # type: ignore[method-assign]
+    run_spark = driver.run_spark
+    driver.run_spark = lambda *args: spark_jobs.append(args) or run_spark(*args)  # type: ignore[method-assign]
     with pytest.raises(AttemptIdReused, match="attempt try-1 was aborted at checkpoint 1"):
         start_step(driver, "try-1")
     assert spark_jobs == [], "refused before any Spark work"

@@ -101,4 +101,4 @@ def test_cold_restarts_and_profile_are_reported(quick_results: dict) -> None:
     functions = {f["function"]: f for f in profile["worker_functions"]}
     assert functions["run_subtask"]["calls"] > 0 and functions["run_subtask"]["seconds_per_batch"] > 0
     assert functions["snapshot"]["calls"] > 0
-    assert profile["phases_s"]["_run_spark (driver: plan, Spark job, collect)"] > 0
+    assert profile["phases_s"]["run_spark (driver: plan, Spark job, collect)"] > 0

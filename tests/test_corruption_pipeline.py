@@ -15,6 +15,7 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError
 from sparkpoint.spark.generate import generate
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 
 pytestmark = pytest.mark.spark
 
@@ -24,7 +25,7 @@ def test_a_bad_sst_every_checkpoint_needs_stops_the_run_and_verify_repair_lets_i
     url = f"file://{tmp_path}/ckpt"
     config = PipelineConfig(input_url=str(tmp_path / "in"), checkpoints_url=url, job_id="job", parallelism=2,
                             local_dir=str(tmp_path / "local"), output_url=f"file://{tmp_path}/out", num_retained=3)
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, config).run()] == [1, 2]
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, config, SAMPLE_OPERATORS).run()] == [1, 2]
     storage = CheckpointStorage(url, "job")
     store = CompletedCheckpointStore(storage)
     retained = store.load_all().checkpoints
@@ -38,7 +39,7 @@ def test_a_bad_sst_every_checkpoint_needs_stops_the_run_and_verify_repair_lets_i
 
     generate(str(tmp_path / "in"), batches=1, events_per_batch=300, users=100, items=20, seed=9, first=2)
     with pytest.raises(PipelineError) as err:
-        StatefulPipeline(spark, config).run()
+        StatefulPipeline(spark, config, SAMPLE_OPERATORS).run()
     message = str(err.value)
     assert victim.path in message and "every retained checkpoint (chk-2, chk-1) needs it" in message
     assert "no good copy exists" in message
@@ -46,5 +47,5 @@ def test_a_bad_sst_every_checkpoint_needs_stops_the_run_and_verify_repair_lets_i
 
     args = ["verify", "--checkpoints", url, "--job-id", "job"]
     assert main([*args, "--repair", "--local-dir", str(tmp_path / "saved-local")]) == 0
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, config).run()] == [3]
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, config, SAMPLE_OPERATORS).run()] == [3]
     assert main(args) == 0

@@ -211,7 +211,7 @@ def test_cli_writes_json_csv_and_parquet(local_storage: CheckpointStorage, tmp_p
     job = Job(local_storage, tmp_path / "local", 2)
     a, b = job.batch(workload(rng, 200, 60)), job.batch(workload(rng, 30, 60))
     job.close()
-    monkeypatch.setattr("sparkpoint.state.sample.operator_by_name", lambda name: WALLETS)
+    monkeypatch.setattr("sparkpoint.sample.operator", lambda name: WALLETS)
     base = ["diff", "--checkpoints", local_storage.url, "--job-id", "job", "--operator", "wallets",
             "--from", str(a), "--to", str(b)]
     assert main([*base, "--json"]) == 0

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import sparkpoint.checkpoint.savepoint as savepoint_module
-import sparkpoint.pipeline.attempt as attempt_module
+import sparkpoint.pipeline.attempt.protocol as attempt_module
 import sparkpoint.pipeline.maintenance as maintenance_module
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.savepoint import SavepointResult

@@ -27,6 +27,7 @@ from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.engine import restore as restore_module
 from sparkpoint.state.engine.restore import FINGERPRINTS
 from sparkpoint.state.engine.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 from tests import oracle
 from tests.test_backend import COUNTS, backend, read_all, write_random
 from tests.test_pipeline import config, export
@@ -182,7 +183,7 @@ def test_blocks_cached_by_an_earlier_open_answer_with_the_checked_content_and_a_
 def test_pipeline_heals_a_task_local_copy_rewritten_behind_rocksdbs_back(spark, tmp_path: Path):
     generate(str(tmp_path / "in"), batches=2, events_per_batch=2000, users=300, items=40, seed=12)
     cfg = config(tmp_path, parallelism=2)
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, cfg).run()] == [1, 2]
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, cfg, SAMPLE_OPERATORS).run()] == [1, 2]
     subtask_dir = tmp_path / "local" / "job" / "user_totals" / "0"
     ssts = sorted(subtask_dir.glob("chk-2/*.sst"))
     assert ssts and (subtask_dir / "chk-2" / FINGERPRINTS).is_file()
@@ -193,7 +194,7 @@ def test_pipeline_heals_a_task_local_copy_rewritten_behind_rocksdbs_back(spark, 
     # Workers that hold none of the blocks (a cache of another size is another cache): a worker that
     # still held them would answer right from them (the test above), and never read the damage.
     cold = dataclasses.replace(cfg, rocksdb=RocksDBOptions(block_cache_mb=RocksDBOptions().block_cache_mb - 2))
-    reports = StatefulPipeline(spark, cold).run()
+    reports = StatefulPipeline(spark, cold, SAMPLE_OPERATORS).run()
     assert [r.checkpoint_id for r in reports] == [3]
     assert sorted(reports[0].restored) == ["primary", "working", "working", "working"], reports[0].restored
     events = pd.concat(oracle.read_batches(str(tmp_path / "in")), ignore_index=True)

@@ -15,6 +15,7 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.generate import generate
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 
 pytestmark = pytest.mark.spark
 OPERATORS = ("user_totals", "item_reach")
@@ -35,14 +36,15 @@ def test_jobs_started_from_a_savepoint_reach_the_state_of_the_uninterrupted_run(
     generate(str(tmp_path / "in"), batches=3, events_per_batch=1000, users=300, items=40, seed=11)
     ckpt = f"file://{tmp_path}/ckpt"
     original = config(tmp_path, "orig")
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, replace(original, max_batches=2)).run()] == [1, 2]
+    first = StatefulPipeline(spark, replace(original, max_batches=2), SAMPLE_OPERATORS).run()
+    assert [r.checkpoint_id for r in first] == [1, 2]
 
     savepoints = f"file://{tmp_path}/savepoints"
     assert main(["savepoint", "--checkpoints", ckpt, "--job-id", "orig", "--to", f"{savepoints}/sp"]) == 0
     assert main(["savepoint", "--checkpoints", ckpt, "--job-id", "orig"]) == 0  # chk-3, in the job directory
 
     # The original goes on to the end; retention (one checkpoint) subsumes 1 and 2, never the savepoint.
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, original).run()] == [4]
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, original, SAMPLE_OPERATORS).run()] == [4]
     listed = sparkpoint.list_checkpoints(ckpt, "orig")
     assert list(zip(listed["checkpoint_id"], listed["kind"])) == [(4, "checkpoint"), (3, "savepoint")]
     expected = states(ckpt, "orig")
@@ -51,7 +53,7 @@ def test_jobs_started_from_a_savepoint_reach_the_state_of_the_uninterrupted_run(
     for mode in ("CLAIM", "NO_CLAIM"):
         job = f"from-savepoint-{mode.lower()}"
         started = config(tmp_path, job, from_checkpoint=f"{savepoints}/sp/chk-2", restore_mode=mode)
-        assert [r.checkpoint_id for r in StatefulPipeline(spark, started).run()] == [1], mode
+        assert [r.checkpoint_id for r in StatefulPipeline(spark, started, SAMPLE_OPERATORS).run()] == [1], mode
         for op, frame in states(ckpt, job).items():
             pd.testing.assert_frame_equal(frame, expected[op], obj=f"{op} after {mode}")
         lineage = sparkpoint.list_checkpoints(ckpt, job)[["restored_from", "claim_mode"]].to_dict("records")

@@ -16,6 +16,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.generate import generate
 from sparkpoint.state.engine.changelog import is_changelog
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 from tests import oracle
 
 pytestmark = pytest.mark.spark
@@ -46,7 +47,7 @@ def export(tmp_path: Path, operator: str, checkpoint: int | None = None) -> pd.D
 
 def test_state_matches_spark_sql_and_sink_holds_each_batch_once(spark, tmp_path: Path):
     input_dir = make_input(tmp_path)
-    reports = StatefulPipeline(spark, config(tmp_path)).run()
+    reports = StatefulPipeline(spark, config(tmp_path), SAMPLE_OPERATORS).run()
     assert [r.checkpoint_id for r in reports] == [1, 2, 3, 4]
     assert CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "job")).checkpoint_ids() == [4, 3]
 
@@ -69,13 +70,13 @@ def test_state_matches_spark_sql_and_sink_holds_each_batch_once(spark, tmp_path:
         oracle.assert_totals_equal(output[output["checkpoint_id"] == cid], expected)
 
     # Nothing left to do: a rerun resumes after the last consumed file and writes nothing.
-    assert StatefulPipeline(spark, config(tmp_path)).run() == []
+    assert StatefulPipeline(spark, config(tmp_path), SAMPLE_OPERATORS).run() == []
     assert len(pd.read_parquet(tmp_path / "out")) == len(output)
 
 
 def test_incremental_checkpoints_reuse_files_and_restore_from_the_working_db(spark, tmp_path: Path):
     make_input(tmp_path, batches=3)
-    reports = StatefulPipeline(spark, config(tmp_path)).run()
+    reports = StatefulPipeline(spark, config(tmp_path), SAMPLE_OPERATORS).run()
     assert reports[0].files_reused == 0 and all(r.files_reused > 0 for r in reports[1:])
     assert all(r.checkpointed_size < r.state_size for r in reports[1:])
     assert set(reports[1].restored) == {"working"}, "the next batch reuses each subtask's working database"
@@ -83,9 +84,9 @@ def test_incremental_checkpoints_reuse_files_and_restore_from_the_working_db(spa
 
 def test_rescale_4_then_2_then_3_keeps_exact_state(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=5)
-    StatefulPipeline(spark, config(tmp_path, parallelism=4, max_batches=2)).run()
-    StatefulPipeline(spark, config(tmp_path, parallelism=2, max_batches=2)).run()
-    reports = StatefulPipeline(spark, config(tmp_path, parallelism=3)).run()
+    StatefulPipeline(spark, config(tmp_path, parallelism=4, max_batches=2), SAMPLE_OPERATORS).run()
+    StatefulPipeline(spark, config(tmp_path, parallelism=2, max_batches=2), SAMPLE_OPERATORS).run()
+    reports = StatefulPipeline(spark, config(tmp_path, parallelism=3), SAMPLE_OPERATORS).run()
     assert [r.checkpoint_id for r in reports] == [5]
     assert set(reports[0].restored) == {"rescale"}
     events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
@@ -97,7 +98,7 @@ def test_rescale_4_then_2_then_3_keeps_exact_state(spark, tmp_path: Path):
 
 def test_corrupt_latest_checkpoint_falls_back_and_replays_exactly_once(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=4)
-    StatefulPipeline(spark, config(tmp_path, max_batches=3)).run()
+    StatefulPipeline(spark, config(tmp_path, max_batches=3), SAMPLE_OPERATORS).run()
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     store = CompletedCheckpointStore(storage)
     latest = store.load(3)
@@ -108,7 +109,8 @@ def test_corrupt_latest_checkpoint_falls_back_and_replays_exactly_once(spark, tm
     data[len(data) // 2] ^= 0xFF
     storage.fs.pipe_file(storage.abspath(victim.path), bytes(data))
     # A new machine: no task-local copies, every subtask restores from stable storage.
-    reports = StatefulPipeline(spark, replace(config(tmp_path), local_dir=str(tmp_path / "new-machine"))).run()
+    moved = replace(config(tmp_path), local_dir=str(tmp_path / "new-machine"))
+    reports = StatefulPipeline(spark, moved, SAMPLE_OPERATORS).run()
     assert [r.files for r in reports] == [("batch-000002.parquet",), ("batch-000003.parquet",)]
     events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
     oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
@@ -152,14 +154,14 @@ def test_failed_batch_leaves_nothing_that_breaks_the_rerun(spark, tmp_path: Path
 
 def test_new_job_started_from_another_jobs_checkpoint_never_touches_its_files(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=4)
-    StatefulPipeline(spark, config(tmp_path, max_batches=2)).run()
+    StatefulPipeline(spark, config(tmp_path, max_batches=2), SAMPLE_OPERATORS).run()
     old = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     old_files = {f.path: f.size for f in old.walk("shared")}
     forked = replace(
         config(tmp_path), job_id="forked", output_url=None, local_dir=str(tmp_path / "forked-local"),
         from_checkpoint=f"file://{tmp_path}/ckpt/job/chk-2", restore_mode="NO_CLAIM",
     )
-    reports = StatefulPipeline(spark, forked).run()
+    reports = StatefulPipeline(spark, forked, SAMPLE_OPERATORS).run()
     assert [r.files for r in reports] == [("batch-000002.parquet",), ("batch-000003.parquet",)]
     assert reports[0].files_reused == 0, "the first checkpoint after a NO_CLAIM restore is full"
     new = CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ckpt", "forked"))
@@ -187,7 +189,7 @@ def test_pipeline_checkpoints_and_output_on_s3(spark, tmp_path: Path, s3_endpoin
         config(tmp_path), checkpoints_url="s3://pipeline-bucket/ckpt", output_url="s3://pipeline-bucket/out",
         storage_options=options,
     )
-    reports = StatefulPipeline(spark, cfg).run()
+    reports = StatefulPipeline(spark, cfg, SAMPLE_OPERATORS).run()
     assert [r.checkpoint_id for r in reports] == [1, 2, 3]
     storage = CheckpointStorage("s3://pipeline-bucket/ckpt", "job", options)
     assert CompletedCheckpointStore(storage).checkpoint_ids() == [3, 2]
@@ -203,9 +205,9 @@ def test_pipeline_checkpoints_and_output_on_s3(spark, tmp_path: Path, s3_endpoin
 
 def test_zombie_driver_loses_the_race_and_output_stays_exactly_once(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=4)
-    StatefulPipeline(spark, config(tmp_path, max_batches=1)).run()
-    live = StatefulPipeline(spark, config(tmp_path)).batches()
-    zombie = StatefulPipeline(spark, config(tmp_path)).batches()
+    StatefulPipeline(spark, config(tmp_path, max_batches=1), SAMPLE_OPERATORS).run()
+    live = StatefulPipeline(spark, config(tmp_path), SAMPLE_OPERATORS).batches()
+    zombie = StatefulPipeline(spark, config(tmp_path), SAMPLE_OPERATORS).batches()
     assert next(live).checkpoint_id == 2  # both resumed from chk-1 and want chk-2; the live one wins
     late = next(zombie)  # the zombie's chk-2 is refused; it resumes from the live one's chk-2
     assert late.checkpoint_id == 3 and late.files == ("batch-000002.parquet",)

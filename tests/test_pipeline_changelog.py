@@ -16,6 +16,7 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.settings import resolve_settings
 from sparkpoint.state.engine import changelog as cl
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 from tests import oracle
 from tests.test_pipeline import config, export, make_input
 
@@ -37,7 +38,8 @@ def kinds(storage: CheckpointStorage, checkpoint_id: int) -> set[str]:
 
 def run(spark, config, storage: CheckpointStorage) -> tuple[list, list[set[str]]]:
     seen: list[set[str]] = []
-    reports = StatefulPipeline(spark, config).run(lambda r: seen.append(kinds(storage, r.checkpoint_id)))
+    reports = StatefulPipeline(spark, config, SAMPLE_OPERATORS).run(
+        lambda r: seen.append(kinds(storage, r.checkpoint_id)))
     return reports, seen
 
 
@@ -61,7 +63,8 @@ def test_changelog_pipeline_is_exact_through_materializations_a_new_machine_and_
     assert all(r.checkpointed_size < r.state_size / 2 for r in reports[1:3])
 
     # A new machine (no working database, no task-local copy) at a changelog checkpoint...
-    reports = StatefulPipeline(spark, replace(on, max_batches=1, local_dir=str(tmp_path / "m2"))).run()
+    reports = StatefulPipeline(spark, replace(on, max_batches=1, local_dir=str(tmp_path / "m2")),
+                               SAMPLE_OPERATORS).run()
     assert set(reports[0].restored) == {"primary"} and kinds(storage, 5) == {"log"}
     # ... then a rescale from a chain of one changelog file, and the chain goes on after it.
     reports, seen = run(spark, replace(on, max_batches=None, parallelism=2), storage)
@@ -84,13 +87,14 @@ def test_a_corrupt_changelog_file_falls_back_and_replays_exactly_once(spark, tmp
     input_dir = make_input(tmp_path, batches=4)
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     on = replace(config(tmp_path, max_batches=3), **resolve_settings(SETTINGS))
-    StatefulPipeline(spark, on).run()
+    StatefulPipeline(spark, on, SAMPLE_OPERATORS).run()
     victim = next(f for f in CompletedCheckpointStore(storage).load(3).files()
                   if f.created_by == 3 and cl.is_changelog(f.local_name))
     data = bytearray(storage.read_bytes(victim.path))
     data[len(data) // 2] ^= 0xFF
     storage.fs.pipe_file(storage.abspath(victim.path), bytes(data))
-    reports = StatefulPipeline(spark, replace(on, max_batches=None, local_dir=str(tmp_path / "new-machine"))).run()
+    reports = StatefulPipeline(spark, replace(on, max_batches=None, local_dir=str(tmp_path / "new-machine")),
+                               SAMPLE_OPERATORS).run()
     assert [r.files for r in reports] == [("batch-000002.parquet",), ("batch-000003.parquet",)]
     events = pd.concat(oracle.read_batches(input_dir), ignore_index=True)
     oracle.assert_totals_equal(export(tmp_path, "user_totals"), oracle.user_totals(events))
@@ -107,11 +111,12 @@ def test_a_materialization_in_steps_runs_in_the_spark_tasks(spark, tmp_path: Pat
     by_files = {**SETTINGS, "changelog-max-chain": "3", "changelog_materialize_share": "100"}
     on = replace(config(tmp_path, max_batches=7), **resolve_settings(by_files))
     seen: list[tuple[set[str], bool]] = []  # read as each checkpoint completes: retention drops the older ones
-    StatefulPipeline(spark, on).run(
+    StatefulPipeline(spark, on, SAMPLE_OPERATORS).run(
         lambda r: seen.append((kinds(storage, r.checkpoint_id), switched(storage, r.checkpoint_id))))
     assert {"files"} not in [k for k, _ in seen[1:]]  # never materialized at once
     assert any(s for _, s in seen), seen
-    reports = StatefulPipeline(spark, replace(on, max_batches=1, local_dir=str(tmp_path / "m2"))).run()
+    reports = StatefulPipeline(spark, replace(on, max_batches=1, local_dir=str(tmp_path / "m2")),
+                               SAMPLE_OPERATORS).run()
     assert set(reports[0].restored) == {"primary"}
     reports, _ = run(spark, replace(on, max_batches=None, parallelism=2), storage)
     assert set(reports[0].restored) == {"rescale"}

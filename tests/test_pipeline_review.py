@@ -20,7 +20,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.state.engine.changelog import is_changelog
-from sparkpoint.state.sample import item_reach, user_totals
+from sparkpoint.state.sample import SAMPLE_OPERATORS, item_reach, user_totals
 from tests import oracle
 from tests.test_pipeline import config as base_config
 from tests.test_pipeline import export, make_input
@@ -66,26 +66,27 @@ def test_output_survives_two_fallbacks_in_a_row(spark, tmp_path: Path):
     again and a newer checkpoint is corrupt: the restart must not fall back to N, whose output
     was rolled back."""
     input_dir = make_input(tmp_path, batches=5)
-    StatefulPipeline(spark, config(tmp_path, num_retained=3, max_batches=3)).run()
+    StatefulPipeline(spark, config(tmp_path, num_retained=3, max_batches=3), SAMPLE_OPERATORS).run()
     storage = storage_of(tmp_path)
     hidden = new_state_file(storage, 3)
     job_dir = tmp_path / CKPT / "job"
     (job_dir / hidden).rename(tmp_path / "hidden-file")  # a transient read error of checkpoint 3
     reports = StatefulPipeline(spark, config(tmp_path, num_retained=3, max_batches=1,
-                                             local_dir=str(tmp_path / "machine-2"))).run()
+                                             local_dir=str(tmp_path / "machine-2")), SAMPLE_OPERATORS).run()
     assert [r.files for r in reports] == [("batch-000002.parquet",)]
     (tmp_path / "hidden-file").rename(job_dir / hidden)  # checkpoint 3 would read fine again
     assert 3 not in CompletedCheckpointStore(storage).checkpoint_ids(), "a rolled-back checkpoint is discarded"
     latest = CompletedCheckpointStore(storage).checkpoint_ids()[0]
     flip(storage, new_state_file(storage, latest))
-    StatefulPipeline(spark, config(tmp_path, num_retained=3, local_dir=str(tmp_path / "machine-3"))).run()
+    StatefulPipeline(spark, config(tmp_path, num_retained=3, local_dir=str(tmp_path / "machine-3")),
+                     SAMPLE_OPERATORS).run()
     assert_exactly_once(tmp_path, input_dir)
 
 
 @pytest.mark.spark
 def test_fallback_late_in_a_run_finds_the_checkpoints_retained_since_it_began(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=5)
-    StatefulPipeline(spark, config(tmp_path, num_retained=3, max_batches=2)).run()
+    StatefulPipeline(spark, config(tmp_path, num_retained=3, max_batches=2), SAMPLE_OPERATORS).run()
     storage = storage_of(tmp_path)
     local = tmp_path / "local"
     corrupted: list[int] = []
@@ -96,7 +97,8 @@ def test_fallback_late_in_a_run_finds_the_checkpoints_retained_since_it_began(sp
             flip(storage, new_state_file(storage, report.checkpoint_id))
             shutil.rmtree(local)
 
-    reports = StatefulPipeline(spark, config(tmp_path, num_retained=3)).run(on_checkpoint=corrupt_once)
+    reports = StatefulPipeline(spark, config(tmp_path, num_retained=3), SAMPLE_OPERATORS).run(
+        on_checkpoint=corrupt_once)
     assert corrupted == [3]
     assert [r.files[0] for r in reports] == ["batch-000002.parquet", "batch-000002.parquet",
                                             "batch-000003.parquet", "batch-000004.parquet"]
@@ -107,7 +109,7 @@ def test_fallback_late_in_a_run_finds_the_checkpoints_retained_since_it_began(sp
 def test_rocksdb_refusing_a_restored_directory_in_a_task_falls_back(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=3)
     # RocksDB's own files only: a changelog checkpoint shares its MANIFEST with the one before it
-    StatefulPipeline(spark, config(tmp_path, max_batches=2, changelog=False)).run()
+    StatefulPipeline(spark, config(tmp_path, max_batches=2, changelog=False), SAMPLE_OPERATORS).run()
     storage = storage_of(tmp_path)
     meta_path = tmp_path / CKPT / "job" / "chk-2" / "_metadata"
     raw = json.loads(meta_path.read_bytes())
@@ -120,7 +122,8 @@ def test_rocksdb_refusing_a_restored_directory_in_a_task_falls_back(spark, tmp_p
                     f.update(size=len(garbage), crc32=zlib.crc32(garbage))
     raw["checksum"] = content_checksum(raw)
     meta_path.write_bytes(json.dumps(raw).encode())  # verifies, and RocksDB will not open it
-    reports = StatefulPipeline(spark, config(tmp_path, local_dir=str(tmp_path / "new"), changelog=False)).run()
+    reports = StatefulPipeline(spark, config(tmp_path, local_dir=str(tmp_path / "new"), changelog=False),
+                               SAMPLE_OPERATORS).run()
     assert [r.files[0] for r in reports] == ["batch-000001.parquet", "batch-000002.parquet"]
     assert_exactly_once(tmp_path, input_dir)
 
@@ -142,25 +145,25 @@ def test_a_checkpoint_with_other_operators_than_the_job_is_refused_unless_allowe
     _checkpoint_of(tmp_path, ["user_totals", "item_reach"])
     only_totals = StatefulPipeline(None, config(tmp_path), operators=(user_totals,))
     with pytest.raises(OperatorStateMismatch, match="item_reach.*--allow-non-restored-state"):
-        only_totals._begin()
-    StatefulPipeline(None, config(tmp_path, allow_non_restored_state=True), operators=(user_totals,))._begin()
+        only_totals.begin()
+    StatefulPipeline(None, config(tmp_path, allow_non_restored_state=True), operators=(user_totals,)).begin()
     with pytest.raises(OperatorStateMismatch, match="--max-parallelism 128"):
-        StatefulPipeline(None, config(tmp_path, max_parallelism=64))._begin()
+        StatefulPipeline(None, config(tmp_path, max_parallelism=64), SAMPLE_OPERATORS).begin()
 
     shutil.rmtree(tmp_path / CKPT)
     _checkpoint_of(tmp_path, ["user_totals"])
     both = StatefulPipeline(None, config(tmp_path), operators=(user_totals, item_reach))
     with pytest.raises(OperatorStateMismatch, match="no state for item_reach.*--allow-new-operators"):
-        both._begin()
-    StatefulPipeline(None, config(tmp_path, allow_new_operators=True), operators=(user_totals, item_reach))._begin()
+        both.begin()
+    StatefulPipeline(None, config(tmp_path, allow_new_operators=True), operators=(user_totals, item_reach)).begin()
 
 
 @pytest.mark.spark
 def test_a_checkpoints_directory_with_glob_characters_resumes_where_it_stopped(spark, tmp_path: Path):
     input_dir = make_input(tmp_path, batches=3)
     bracketed = replace(config(tmp_path), checkpoints_url=f"file://{tmp_path}/ck[prod]")
-    StatefulPipeline(spark, replace(bracketed, max_batches=2)).run()
-    reports = StatefulPipeline(spark, bracketed).run()
+    StatefulPipeline(spark, replace(bracketed, max_batches=2), SAMPLE_OPERATORS).run()
+    reports = StatefulPipeline(spark, bracketed, SAMPLE_OPERATORS).run()
     assert [r.files for r in reports] == [("batch-000002.parquet",)], "resumed, not restarted from empty state"
     assert CompletedCheckpointStore(CheckpointStorage(f"file://{tmp_path}/ck[prod]", "job")).checkpoint_ids() == [3, 2]
     output = pd.read_parquet(tmp_path / "out")
@@ -175,4 +178,4 @@ def test_a_flipped_letter_in_the_latest_metadata_stops_the_resume_instead_of_sta
     path = tmp_path / CKPT / "job" / "chk-1" / "_metadata"
     path.write_text(path.read_text().replace('"user_totals"', '"user_totalr"', 1))
     with pytest.raises(PipelineError, match=r"chk-1/_metadata cannot be read.*checksum"):
-        StatefulPipeline(None, config(tmp_path))._begin()
+        StatefulPipeline(None, config(tmp_path), SAMPLE_OPERATORS).begin()

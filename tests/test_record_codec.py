@@ -154,14 +154,14 @@ def test_the_pipeline_refuses_an_incompatible_schema_before_spark_starts(tmp_pat
     err = capsys.readouterr().err
     assert "operator loyalty, state totals: field clicks changed from int32 to int8" in err, err
     assert "refused before Spark starts" in err
-    from sparkpoint.pipeline.runtime import PipelineCore
+    from sparkpoint.pipeline.driver import StatefulPipeline
 
     config = pipeline.config(checkpoints_url=snap.checkpoints_url, job_id="harness")
     with pytest.raises(StateSchemaIncompatible) as e:
-        PipelineCore(None, config, (narrowed,)).check_start()
+        StatefulPipeline(None, config, (narrowed,)).check_start()
     assert "refused before Spark starts" in str(e.value)
     assert "operator loyalty, state totals: field clicks changed from int32 to int8" in str(e.value)
-    assert PipelineCore(None, config, (loy.loyalty_v2,)).check_start() is not None  # compatible: goes on
+    assert StatefulPipeline(None, config, (loy.loyalty_v2,)).check_start() is not None  # compatible: goes on
 
 
 @pytest.mark.parametrize(("old", "new", "verdict", "says"), [

@@ -14,6 +14,7 @@ from sparkpoint.pipeline.settings import parse_megabytes, resolve_settings
 from sparkpoint.resources import PipelineResources, ResourceConfigError, StateBackendResource
 from sparkpoint.sample import pipeline as sample
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 from tests.dagster_setup import by_role
 from tests.test_pipeline import config, make_input
 
@@ -67,7 +68,7 @@ def test_the_state_backend_resource_carries_the_cache_size(tmp_path: Path):
 def test_the_settings_reach_rocksdb_in_the_spark_tasks(spark, tmp_path: Path):
     make_input(tmp_path, batches=1)
     off = replace(config(tmp_path, parallelism=2), **resolve_settings({"rocksdb_cache_index_and_filter_blocks": "no"}))
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, off).run()] == [1]
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, off, SAMPLE_OPERATORS).run()] == [1]
     written = sorted((tmp_path / "local").glob("job/*/*/db/OPTIONS-*"))
     assert len(written) >= 4  # two operators x two subtasks
     for options_file in written:  # what RocksDB itself recorded for the open

@@ -21,6 +21,7 @@ from sparkpoint.state.keygroups import (
     subtask_for_key,
     subtasks_of,
 )
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 from tests.test_pipeline import config, make_input
 
 
@@ -75,7 +76,7 @@ def test_routing_keys_rows_the_way_the_state_keys_them():
 def test_a_checkpoint_is_one_stage_with_one_task_per_subtask_index(spark, tmp_path: Path):
     make_input(tmp_path, batches=2)
     job_id = f"plan-{uuid.uuid4().hex[:8]}"  # the session is shared: job groups from other tests differ
-    reports = StatefulPipeline(spark, replace(config(tmp_path, parallelism=3), job_id=job_id)).run()
+    reports = StatefulPipeline(spark, replace(config(tmp_path, parallelism=3), job_id=job_id), SAMPLE_OPERATORS).run()
     assert [len(r.restored) for r in reports] == [6, 6], "2 operators x 3 subtasks each ran and acknowledged"
     tracker = spark.sparkContext.statusTracker()
     for checkpoint_id in (1, 2):

@@ -18,6 +18,7 @@ from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback,
 from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.verify import verify_checkpoint
+from sparkpoint.state.sample import SAMPLE_OPERATORS
 
 COUNTS = StructCodec[tuple[int]]("<q")
 
@@ -99,7 +100,7 @@ def test_sparkpoint_run_checks_each_checkpoint_it_commits(spark, tmp_path: Path,
         input_url=str(tmp_path / "in"), checkpoints_url=f"file://{tmp_path}/ckpt", job_id="job", parallelism=2,
         local_dir=str(tmp_path / "local"), output_url=f"file://{tmp_path}/out", num_retained=2,
     )
-    pipeline = StatefulPipeline(spark, config)
+    pipeline = StatefulPipeline(spark, config, SAMPLE_OPERATORS)
     commit = pipeline.storage.commit_exclusive
 
     def lose_a_reused_file(rel: str, data: bytes) -> None:

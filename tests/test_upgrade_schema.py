@@ -18,7 +18,7 @@ import tests.loyalty_pipeline as loy
 from sparkpoint import JsonCodec, KeyedOperator, Pipeline, RecordCodec, StateDescriptor
 from sparkpoint.checkpoint.errors import OperatorStateMismatch
 from sparkpoint.cli import main
-from sparkpoint.pipeline.runtime import PipelineCore
+from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.schema import StateSchemaIncompatible
 from sparkpoint.testing import OperatorHarness
 
@@ -64,7 +64,7 @@ def test_check_upgrade_says_what_the_start_and_the_restore_then_do(snapshot, tmp
     config = loy.loyalty_pipeline(tmp_path, operator).config(checkpoints_url=snapshot.checkpoints_url,
                                                              job_id="harness")
     try:
-        PipelineCore(None, config, (operator,)).check_start()
+        StatefulPipeline(None, config, (operator,)).check_start()
         started = True
     except OperatorStateMismatch:
         started = False
@@ -161,7 +161,7 @@ def starts(snap: Any, tmp_path: Path, operator: KeyedOperator) -> None:
     (tmp_path / "in").mkdir(exist_ok=True)
     config = Pipeline("progress", [operator], input_url=str(tmp_path / "in"), checkpoints_url=snap.checkpoints_url,
                       job_id="harness", max_parallelism=32).config()
-    PipelineCore(None, config, (operator,)).check_start()
+    StatefulPipeline(None, config, (operator,)).check_start()
 
 
 @pytest.mark.parametrize("declared_as, rule, points", [

@@ -462,20 +462,14 @@ class SparkpointRecoverOperator(SparkpointOperator):
             report = maintenance.recover(driver, orphan_grace_seconds=self.orphan_grace_seconds)
         finally:
             spark.stop()
-        self.log.info("sparkpoint recovery: %s", report.summary())
+        self.log.info("sparkpoint recovery: %s", report.message)
         if driver.rescaling:
             self.log.info("sparkpoint: %s", driver.rescaling)
         if report.fell_back_from:
             self.log.error("FELL BACK: checkpoints %s failed verification", list(report.fell_back_from))
         events = self._unannounced(context, driver.storage, report)
         announce(context, driver.storage, events, alias=True)
-        out: dict[str, Any] = {"aborted": list(report.aborted), "uploads_deleted": report.uploads_deleted,
-                               "orphans_deleted": report.orphans_deleted, "restored_from": report.restored_from,
-                               "fell_back_from": list(report.fell_back_from), "summary": report.summary(),
-                               "announced": [e["checkpoint_id"] for e in events]}
-        if report.batch is not None:
-            out["checkpoint_id"] = report.batch[1].checkpoint_id
-        return out
+        return {**report.to_json(), "announced": [e["checkpoint_id"] for e in events]}
 
     def _skip_unless_an_upstream_task_failed(self, context: Context) -> None:
         """`one_failed` also fires on `upstream_failed`: a sensor or pre-flight that failed (or timed
@@ -533,12 +527,10 @@ class SparkpointPruneOperator(SparkpointOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         pipeline = self.resolved()
-        r = maintenance.prune(pipeline.storage(), num_retained=pipeline.num_retained,
-                              orphan_grace_seconds=self.orphan_grace_seconds)
-        self.log.info("sparkpoint prune: subsumed %s, %s files deleted, %s orphans (%s B), %s stale attempts",
-                      list(r.subsumed), r.files_deleted, r.orphans, r.orphan_bytes, r.stale_attempts)
-        return {"subsumed": list(r.subsumed), "files_deleted": r.files_deleted, "orphans_deleted": r.orphans,
-                "orphan_bytes": r.orphan_bytes, "stale_attempts": r.stale_attempts}
+        report = maintenance.prune(pipeline.storage(), num_retained=pipeline.num_retained,
+                                   orphan_grace_seconds=self.orphan_grace_seconds)
+        self.log.info("sparkpoint prune: %s", report.message)
+        return report.to_json()
 
 
 class SparkpointVerifyOperator(SparkpointOperator):
@@ -556,13 +548,11 @@ class SparkpointVerifyOperator(SparkpointOperator):
     """
 
     def execute(self, context: Context) -> dict[str, Any]:
-        problems = maintenance.verify_all(self.resolved().storage())
-        bad = {str(cid): [str(p) for p in ps] for cid, ps in problems.items() if ps}
-        if bad:
-            first = min(bad, key=int)
-            raise AirflowException(f"checkpoints {sorted(bad, key=int)} do not verify; chk-{first}: {bad[first][0]}")
-        self.log.info("sparkpoint verify: checkpoints %s verify", sorted(problems))
-        return {"verified": sorted(problems)}
+        report = maintenance.verify_all(self.resolved().storage())
+        if not report.ok:
+            raise AirflowException(report.message)
+        self.log.info("sparkpoint verify: %s", report.message)
+        return report.to_json()
 
 
 class SparkpointSavepointOperator(SparkpointOperator):
@@ -589,8 +579,7 @@ class SparkpointSavepointOperator(SparkpointOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         result = take_savepoint(self.resolved().storage(), target=self.target)
-        self.log.info("sparkpoint savepoint %s of checkpoint %s: %s", result.metadata.checkpoint_id,
-                      result.source_checkpoint, result.url)
+        self.log.info("sparkpoint %s (chk-%s)", result.message, result.metadata.checkpoint_id)
         return {"savepoint_id": result.metadata.checkpoint_id, "from_checkpoint": result.source_checkpoint,
                 "files": result.files, "path": f"{result.url}/_metadata"}
 

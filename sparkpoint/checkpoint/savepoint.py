@@ -39,6 +39,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.errors import (
     CheckpointAlreadyExists,
     CheckpointCorrupted,
@@ -78,6 +79,12 @@ class SavepointResult:
     url: str  # the savepoint's `chk-<N>` directory: what `run --from-checkpoint` takes
     files: int
     bytes: int
+
+    @property
+    def message(self) -> str:
+        """One line: where the savepoint is, what it copies, how big, verified."""
+        return (f"savepoint {self.url} of chk-{self.source_checkpoint}: {self.files} files, "
+                f"{readable_size(self.bytes)}, verified")
 
     def to_json(self) -> dict[str, Any]:
         return {"savepoint": self.url, "checkpoint_id": self.metadata.checkpoint_id, "kind": self.metadata.kind,

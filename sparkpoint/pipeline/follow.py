@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sparkpoint.pipeline.driver import Committed, StatefulPipeline
-from sparkpoint.pipeline.runtime import PipelineError, _Start
+from sparkpoint.pipeline.runtime import BatchStart, PipelineError
 from sparkpoint.spark.source import FULL_LISTING_SECONDS, DirectoryWatch, SourceError
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Inbox:
         self._consumed: set[str] = set()
         self._synced: int | None = -1  # the checkpoint id the consumed set is that of (-1: none yet)
 
-    def sync(self, start: _Start) -> None:
+    def sync(self, start: BatchStart) -> None:
         """Follow `start`: after our own last commit nothing to do; otherwise (the first batch,
         a fallback, a lost race) the consumed set is `start`'s offsets."""
         cid = start.metadata.checkpoint_id if start.metadata is not None else None
@@ -131,10 +131,10 @@ def follow(pipeline: StatefulPipeline, options: FollowOptions = FollowOptions(),
 
     def ready() -> list[str]:
         """Up to `cap` pending files to take now, in order, ending before one that fails its
-        checks while it may still be being written (`PipelineCore.ready_files`)."""
+        checks while it may still be being written (`StatefulPipeline.ready_files`)."""
         return pipeline.ready_files(inbox.pending[:cap], options.settle_seconds)
 
-    def next_files(start: _Start, done: int) -> list[str] | None:
+    def next_files(start: BatchStart, done: int) -> list[str] | None:
         nonlocal last_start, quiet_since, failing_since
         inbox.sync(start)
         while True:

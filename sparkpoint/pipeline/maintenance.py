@@ -8,8 +8,8 @@ calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
@@ -23,6 +23,7 @@ from sparkpoint.pipeline.attempt import (
     LOST_RACE,
     AbortOutcome,
     Overtaken,
+    PendingAttempt,
     abort_attempt,
     complete_attempt,
     consumed_files,
@@ -35,24 +36,37 @@ from sparkpoint.pipeline.attempt import (
     written_by,
 )
 from sparkpoint.pipeline.claims import fence, forget_fences
-from sparkpoint.pipeline.runtime import BatchReport
+from sparkpoint.pipeline.runtime import BatchReport, BatchStart
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
 
 if TYPE_CHECKING:
-    from sparkpoint.pipeline.runtime import PipelineCore
+    from sparkpoint.pipeline.driver import StatefulPipeline
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RegistryCounts:
+    """The shared-state registry rebuilt from the retained `_metadata` (or recounted), in numbers."""
+
     checkpoints: tuple[int, ...]  # retained, newest first
     files: int  # distinct files referenced
     references: int  # sum of reference counts
     blocked: tuple[str, ...]  # why deletion is blocked (unreadable `_metadata`)
+
+    @property
+    def message(self) -> str:
+        """One line: the files, references and retained checkpoints counted."""
+        blocked = f"; deletion blocked: {'; '.join(self.blocked)}" if self.blocked else ""
+        return (f"{self.files} files, {self.references} references, retained checkpoints "
+                f"{list(self.checkpoints)}{blocked}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"retained": list(self.checkpoints), "registry_files": self.files, "references": self.references,
+                "deletion_blocked": list(self.blocked)}
 
 
 def registry_counts(storage: CheckpointStorage) -> RegistryCounts:
@@ -135,6 +149,67 @@ def prune_due(storage: CheckpointStorage, *, num_retained: int) -> list[str]:
     return due
 
 
+@dataclass(frozen=True)
+class VerifyReport(Mapping[int, list[FileProblem]]):
+    """Every checkpoint verified, newest first, and its problems (none: it verifies). A mapping
+    of checkpoint id to problems as well, as `verify_all` returned before it was a report."""
+
+    problems: dict[int, list[FileProblem]]  # newest first; an unreadable `_metadata` is a problem too
+    files: dict[int, int] = field(default_factory=dict)  # the files each readable checkpoint lists
+    unreadable: dict[int, str] = field(default_factory=dict)  # why a `_metadata` cannot be read
+
+    @property
+    def bad(self) -> dict[int, list[str]]:
+        """The checkpoints that do not verify, and their problems as text."""
+        return {cid: [str(p) for p in ps] for cid, ps in self.problems.items() if ps}
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad
+
+    @property
+    def message(self) -> str:
+        """One line: which checkpoints verify, or which do not and the first problem."""
+        bad = self.bad
+        if not bad:
+            return f"checkpoints {sorted(self.problems)} verify"
+        first = min(bad)
+        return f"checkpoints {sorted(bad)} do not verify; chk-{first}: {bad[first][0]}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verified": sorted(self.problems)}
+
+    def problems_json(self) -> dict[str, list[str]]:
+        """The problems of the checkpoints that do not verify, by id as text (JSON keys)."""
+        return {str(cid): problems for cid, problems in self.bad.items()}
+
+    def checkpoints_json(self) -> list[dict[str, Any]]:
+        """One verdict per checkpoint, newest first (`sparkpoint verify --json`)."""
+        return [{"checkpoint_id": cid, "ok": False, "problems": [f"_metadata: {self.unreadable[cid]}"]}
+                if cid in self.unreadable else
+                {"checkpoint_id": cid, "ok": not ps, "files": self.files.get(cid), "problems": [str(p) for p in ps]}
+                for cid, ps in self.problems.items()]
+
+    def lines(self) -> list[str]:
+        """`chk-7: ok (12 files)`, or `chk-6: BAD` and a line per problem, newest first."""
+        out = []
+        for verdict in self.checkpoints_json():
+            out.append(f"chk-{verdict['checkpoint_id']}: " + (f"ok ({verdict['files']} files)" if verdict["ok"]
+                                                              else "BAD"))
+            out += [f"  {p}" for p in verdict["problems"]]
+        return out
+
+    # the mapping view: kept until the Dagster rooms move to the report's names
+    def __getitem__(self, checkpoint_id: int) -> list[FileProblem]:
+        return self.problems[checkpoint_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.problems)
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+
 def verify_latest(
     storage: CheckpointStorage, *, deep: bool = True
 ) -> tuple[CheckpointMetadata | None, list[FileProblem]]:
@@ -145,13 +220,22 @@ def verify_latest(
     return meta, verify_checkpoint(storage, meta, deep=deep)
 
 
-def verify_all(storage: CheckpointStorage, *, deep: bool = True) -> dict[int, list[FileProblem]]:
+def verify_all(storage: CheckpointStorage, *, deep: bool = True) -> VerifyReport:
     """Every retained checkpoint and its problems; unreadable `_metadata` is a problem too."""
     listing = CompletedCheckpointStore(storage).load_all()
-    out = {m.checkpoint_id: verify_checkpoint(storage, m, deep=deep) for m in listing.checkpoints}
-    for cid, why in listing.unreadable.items():
+    return verify_checkpoints(storage, listing.checkpoints, listing.unreadable, deep=deep)
+
+
+def verify_checkpoints(storage: CheckpointStorage, checkpoints: Iterable[CheckpointMetadata],
+                       unreadable: dict[int, str] | None = None, *, deep: bool = True) -> VerifyReport:
+    """`checkpoints`' files checked (present, size, and with `deep` CRC32), and the `unreadable`
+    `_metadata` (id -> why) as problems."""
+    checkpoints = list(checkpoints)
+    out = {m.checkpoint_id: verify_checkpoint(storage, m, deep=deep) for m in checkpoints}
+    for cid, why in (unreadable or {}).items():
         out[cid] = [FileProblem(f"chk-{cid}/_metadata", "_metadata", why)]
-    return dict(sorted(out.items(), reverse=True))
+    return VerifyReport(dict(sorted(out.items(), reverse=True)), {m.checkpoint_id: len(m.paths()) for m in checkpoints},
+                        dict(unreadable or {}))
 
 
 def interruption_summary(storage: CheckpointStorage) -> str:
@@ -170,6 +254,9 @@ def interruption_summary(storage: CheckpointStorage) -> str:
 
 @dataclass(frozen=True)
 class RecoveryReport:
+    """What `recover` did: the attempts it settled, the orphans swept, where it restored from,
+    the batch it processed again."""
+
     aborted: tuple[int, ...]  # checkpoint ids of the abandoned attempts
     uploads_deleted: int
     orphans_deleted: int
@@ -183,6 +270,17 @@ class RecoveryReport:
     failed_batch_committed: CommittedBy | None = None  # ... when a checkpoint has consumed it since
     overtaken: Overtaken | None = None  # the re-processing lost its commit to another writer
     found_committed: tuple[AbortOutcome, ...] = ()  # attempts it settled whose checkpoint their completer committed
+
+    @property
+    def message(self) -> str:
+        """`summary()` in the orchestrator-neutral words."""
+        return self.summary()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"aborted": list(self.aborted), "uploads_deleted": self.uploads_deleted,
+                "orphans_deleted": self.orphans_deleted, "restored_from": self.restored_from,
+                "fell_back_from": list(self.fell_back_from), "summary": self.summary(),
+                **({"checkpoint_id": self.batch[1].checkpoint_id} if self.batch is not None else {})}
 
     def summary(self, attempt_word: str = "attempt") -> str:
         """One readable paragraph for a log: what was aborted, restored, re-processed.
@@ -299,7 +397,7 @@ def clear_failed_attempts(
 
 
 def recover(
-    pipeline: PipelineCore, *, failed_before: float | None = None, failed_attempts: tuple[str, ...] = (),
+    pipeline: StatefulPipeline, *, failed_before: float | None = None, failed_attempts: tuple[str, ...] = (),
     orphan_grace_seconds: float = 3600.0, attempt_id: str | None = None,
 ) -> RecoveryReport:
     """Heal the job after a failed batch, then process that batch again.
@@ -333,38 +431,11 @@ def recover(
         orphan_grace_seconds=orphan_grace_seconds,
     )
     counts = registry_counts(storage)
-    start, coordinator = pipeline._begin()
-    fell_back: list[int] = []
-    while start.metadata is not None:
-        # A job started from a savepoint or another job's checkpoint (and with none of its own
-        # yet) restores from that checkpoint's directory: verify it there, not in ours.
-        home = CheckpointStorage(*start.restore_job) if start.restore_job is not None else storage
-        problems = verify_checkpoint(home, start.metadata)
-        if not problems:
-            break
-        fell_back.append(start.metadata.checkpoint_id)
-        error = CheckpointCorrupted(
-            f"chk-{start.metadata.checkpoint_id} fails verification: " + "; ".join(str(p) for p in problems[:3]),
-            checkpoint_id=start.metadata.checkpoint_id,
-        )
-        start = pipeline._fall_back(start, error)  # logs FALLING BACK, raises when none is left
+    start, coordinator = pipeline.begin()
+    start, fell_back = _verified_start(pipeline, start)
     restored_from = start.metadata.checkpoint_id if start.metadata else None
     redo, coordinator = spark_half_with_fallback(pipeline, attempt_id=attempt_id, start=(start, coordinator))
-    batch, overtaken = None, None
-    if redo is not None:
-        try:
-            batch = complete_attempt(pipeline, redo, coordinator=coordinator)
-        except LOST_RACE:  # the commit was refused and the attempt's uploads deleted
-            overtaken = overtaken_by(storage, redo)
-            if overtaken is None:
-                raise
-            if pipeline.sink is not None:
-                try:  # best effort: the next start discards staging at or below the latest checkpoint
-                    pipeline.sink.discard_staged(redo.checkpoint_id, list(redo.staged))
-                except OSError as e:
-                    log.warning("recovery: the staged output of the overtaken checkpoint %s stays (%s)",
-                                redo.checkpoint_id, e)
-            log.warning("recovery: %s", overtaken.line())
+    batch, overtaken = _complete_redo(pipeline, redo, coordinator) if redo is not None else (None, None)
     failed_batch = tuple(dict.fromkeys(f for o in settled.outcomes if o.attempt_id in failed_attempts
                                        for f in o.files))
     already = None  # the failed batch, when a checkpoint other than this recovery's consumed it
@@ -376,7 +447,7 @@ def recover(
     return RecoveryReport(
         aborted=settled.aborted + late.aborted, uploads_deleted=settled.uploads_deleted + late.uploads_deleted,
         orphans_deleted=len(sweep.orphans), registry=counts, restored_from=restored_from,
-        fell_back_from=tuple(fell_back), batch=batch,
+        fell_back_from=fell_back, batch=batch,
         left_to_completer=tuple(c for c in settled.left_to_completer if c not in late.aborted),
         set_aside=settled.set_aside, failed_batch=failed_batch,
         failed_batch_committed=already,
@@ -384,16 +455,67 @@ def recover(
     )
 
 
+def _verified_start(pipeline: StatefulPipeline, start: BatchStart) -> tuple[BatchStart, tuple[int, ...]]:
+    """`start`, or the newest older checkpoint that verifies, falling back loudly (step 4 of
+    `recover`); and the checkpoints fallen back from."""
+    fell_back: list[int] = []
+    while start.metadata is not None:
+        # A job started from a savepoint or another job's checkpoint (and with none of its own
+        # yet) restores from that checkpoint's directory: verify it there, not in ours.
+        home = CheckpointStorage(*start.restore_job) if start.restore_job is not None else pipeline.storage
+        problems = verify_checkpoint(home, start.metadata)
+        if not problems:
+            break
+        fell_back.append(start.metadata.checkpoint_id)
+        error = CheckpointCorrupted(
+            f"chk-{start.metadata.checkpoint_id} fails verification: " + "; ".join(str(p) for p in problems[:3]),
+            checkpoint_id=start.metadata.checkpoint_id,
+        )
+        start = pipeline.fall_back(start, error)  # logs FALLING BACK, raises when none is left
+    return start, tuple(fell_back)
+
+
+def _complete_redo(pipeline: StatefulPipeline, redo: PendingAttempt, coordinator: CheckpointCoordinator
+                   ) -> tuple[tuple[BatchReport, CheckpointMetadata] | None, Overtaken | None]:
+    """Complete the re-processed batch (step 6 of `recover`): its checkpoint, or how another
+    writer overtook it (its uploads are then deleted, and its staged output, best effort)."""
+    try:
+        return complete_attempt(pipeline, redo, coordinator=coordinator), None
+    except LOST_RACE:  # the commit was refused and the attempt's uploads deleted
+        overtaken = overtaken_by(pipeline.storage, redo)
+        if overtaken is None:
+            raise
+    if pipeline.sink is not None:
+        try:  # best effort: the next start discards staging at or below the latest checkpoint
+            pipeline.sink.discard_staged(redo.checkpoint_id, list(redo.staged))
+        except OSError as e:
+            log.warning("recovery: the staged output of the overtaken checkpoint %s stays (%s)",
+                        redo.checkpoint_id, e)
+    log.warning("recovery: %s", overtaken.line())
+    return None, overtaken
+
+
 # --- retention, savepoints ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class PruneReport:
+    """What `prune` did: checkpoints subsumed, files deleted, orphans swept, stale attempts settled."""
+
     subsumed: tuple[int, ...]
     files_deleted: int
     orphans: int
     orphan_bytes: int
     stale_attempts: int
+
+    @property
+    def message(self) -> str:
+        return (f"subsumed {list(self.subsumed)}, {self.files_deleted} files deleted, {self.orphans} orphans "
+                f"({self.orphan_bytes} B), {self.stale_attempts} stale attempts")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subsumed": list(self.subsumed), "files_deleted": self.files_deleted, "orphans_deleted": self.orphans,
+                "orphan_bytes": self.orphan_bytes, "stale_attempts": self.stale_attempts}
 
 
 def prune(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, skip_problem
-from sparkpoint.pipeline.attempt import complete_attempt, run_spark_half
+from sparkpoint.pipeline.attempt.protocol import complete_attempt, run_spark_half
 from sparkpoint.pipeline.badfiles import MANUAL, carried_skips
-from sparkpoint.pipeline.runtime import BatchReport, PipelineCore, PipelineError
+from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.runtime import BatchReport, PipelineError
 
 
-def skip_file(pipeline: PipelineCore, name: str, reason: str) -> tuple[BatchReport, CheckpointMetadata]:
+def skip_file(pipeline: StatefulPipeline, name: str, reason: str) -> tuple[BatchReport, CheckpointMetadata]:
     """Commit one checkpoint that consumes input file `name` without processing it, recorded as
     skipped with `reason`: the same protocol as a batch (trigger, every subtask snapshots its
     unchanged state, exclusive `_metadata`, registry, retention, the sink's commit), over no
@@ -21,7 +22,7 @@ def skip_file(pipeline: PipelineCore, name: str, reason: str) -> tuple[BatchRepo
     problem = skip_problem(name, MANUAL, reason)
     if problem:
         raise PipelineError(f"cannot skip {name!r}: {problem}")
-    start, coordinator = pipeline._begin()
+    start, coordinator = pipeline.begin()
     if name in start.offsets.consumed:
         previous = {s.file: s for s in carried_skips(start.metadata)}.get(name)
         how = f"skipped by chk-{previous.checkpoint_id} ({previous.check}: {previous.reason})" if previous \

@@ -1,6 +1,6 @@
 """Mapping a checkpoint's state onto a job's operators: what a restore would keep, rename, start
 empty or drop, and whether it is allowed. One pure function of plain data (`plan_restore`), used by
-every start (`PipelineCore._check_operators`, which refuses a plan that is not `ok`) and by the
+every start (`sparkpoint.pipeline.runtime.check_operators`, which refuses a plan that is not `ok`) and by the
 pre-flight `sparkpoint check-upgrade`, the Dagster blocking check and the Airflow first task, so
 what a pre-flight says is what the restore then does.
 

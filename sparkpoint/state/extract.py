@@ -147,7 +147,12 @@ def state_table(
                 return meta, raw_table(meta, name, backends)
         except CheckpointCorrupted as e:
             raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
-    op = resolve_operator(operator)
+    if not isinstance(operator, KeyedOperator):
+        raise OperatorStateMismatch(
+            f"reading {operator!r} through its code needs its KeyedOperator (or --pipeline MODULE:ATTR); "
+            "its raw state needs none (raw=True, --raw)"
+        )
+    op = operator
     meta = _load(storage, checkpoint)
     try:
         with operator_states(storage, meta, op.uid, progress=progress, code=op) as backends:
@@ -155,20 +160,6 @@ def state_table(
     except CheckpointCorrupted as e:
         raise CheckpointCorrupted(f"{e}. {restore_hint(storage, meta.checkpoint_id)}") from e
     return meta, table
-
-
-def resolve_operator(operator: str | KeyedOperator) -> KeyedOperator:
-    """The operator itself, or the sample operator of that name."""
-    from sparkpoint.state.sample import operator_by_name
-
-    if isinstance(operator, KeyedOperator):
-        return operator
-    try:
-        return operator_by_name(operator)
-    except KeyError as e:
-        raise OperatorStateMismatch(
-            f"{e.args[0]}; for your own operator pass the KeyedOperator (or --pipeline MODULE:ATTR)"
-        ) from e
 
 
 def export_table(op: KeyedOperator, backends: list[RocksDBStateBackend]) -> pd.DataFrame:
