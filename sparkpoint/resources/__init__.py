@@ -11,10 +11,10 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import dagster as dg
 import pydantic
@@ -36,9 +36,7 @@ DEFAULT_INPUT = ".sparkpoint/demo/input"
 DEFAULT_OUTPUT = ".sparkpoint/demo/output"
 DEFAULT_LOCAL_DIR = ".sparkpoint/local"
 DEFAULT_JOB_ID = "demo"
-_SAMPLE_NAME = re.compile(r"batch-(\d{6})\.parquet")
 R = TypeVar("R", bound=dg.ConfigurableResource)  # type: ignore[type-arg]
-SAMPLE_STREAM = {"events_per_batch": 20_000, "users": 5_000, "items": 500, "seed": 42}
 
 
 class ResourceConfigError(SparkpointError, ValueError):
@@ -60,18 +58,29 @@ _LABELS = {"storage": "checkpoint storage", "registry": "registry", "state_backe
            "source": "input"}
 
 
-def _with_settings(base: type[R], role: str) -> type[R]:
-    """`base` with a field for every setting of `role` in `sparkpoint.pipeline.settings.SETTINGS`
-    (the name, type and default declared there), under the name `base` gives without its
-    leading underscore."""
-    fields: dict[str, Any] = {}
-    for setting in of_role(role):
-        none_as = setting.resource.none_as if setting.resource else None
-        annotation, default = (str, none_as) if none_as is not None else (setting.type, setting.default)
-        fields[setting.resource_field or setting.name] = (annotation, default)
-    made = pydantic.create_model(base.__name__.lstrip("_"), __base__=base, __module__=base.__module__, **fields)
-    made.__doc__ = base.__doc__
-    return made  # type: ignore[return-value]
+class SettingFields:
+    """A resource whose fields include those `SETTINGS` gives its role (`with_settings`): made at
+    import from the table, so mypy, which cannot see them, reads each as `Any`."""
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def with_settings(role: str) -> Callable[[type[R]], type[R]]:
+    """A class decorator: the resource with a field for every setting of `role` in
+    `sparkpoint.pipeline.settings.SETTINGS` (the name, type and default declared there)."""
+
+    def made(base: type[R]) -> type[R]:
+        fields: dict[str, Any] = {}
+        for setting in of_role(role):
+            none_as = setting.resource.none_as if setting.resource else None
+            annotation, default = (str, none_as) if none_as is not None else (setting.type, setting.default)
+            fields[setting.resource_field or setting.name] = (annotation, default)
+        cls: type[R] = pydantic.create_model(base.__name__, __base__=base, __module__=base.__module__, **fields)
+        cls.__doc__, cls.__qualname__ = base.__doc__, base.__qualname__
+        return cls
+
+    return made
 
 
 def _resource_value(setting: Setting, resource: Any) -> Any:
@@ -130,7 +139,8 @@ class CheckpointStorageResource(dg.ConfigurableResource):  # type: ignore[type-a
             raise ResourceConfigError(f"checkpoint storage (checkpoints_url, storage_options): {e}") from e
 
 
-class _CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+@with_settings("registry")
+class CheckpointRegistryResource(SettingFields, dg.ConfigurableResource):  # type: ignore[type-arg]
     """Retention and claim mode; the shared-state registry is rebuilt from storage at setup.
     Its settings' fields (`num_retained`, `retention`, `claim_mode`, `from_checkpoint`) are those
     `sparkpoint.pipeline.settings.SETTINGS` gives the role "registry"."""
@@ -158,9 +168,6 @@ class _CheckpointRegistryResource(dg.ConfigurableResource):  # type: ignore[type
     @property
     def counts(self) -> RegistryCounts:
         return self._counts if self._counts is not None else registry_counts(self.storage.open())
-
-
-CheckpointRegistryResource = _with_settings(_CheckpointRegistryResource, "registry")
 
 
 class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -239,7 +246,8 @@ class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
         return self._session
 
 
-class _StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+@with_settings("state_backend")
+class StateBackendResource(SettingFields, dg.ConfigurableResource):  # type: ignore[type-arg]
     """The RocksDB state backend of every subtask. Its settings' fields (`local_recovery`,
     `incremental`, `changelog`, `parallelism`, `max_parallelism`, `rocksdb_block_cache_mb`,
     `allow_non_restored_state`, `allow_new_operators`, `routing`) are those
@@ -267,45 +275,21 @@ class _StateBackendResource(dg.ConfigurableResource):  # type: ignore[type-arg]
             raise ResourceConfigError(f"state backend: {e}") from e
 
 
-StateBackendResource = _with_settings(_StateBackendResource, "state_backend")
-
-
-class _InputResource(dg.ConfigurableResource):  # type: ignore[type-arg]
+@with_settings("source")
+class InputResource(SettingFields, dg.ConfigurableResource):  # type: ignore[type-arg]
     """The input directory (one Parquet file per batch) and the exactly-once output directory.
-
-    With `sample_stream` (the sample pipeline's default), a step that finds no unconsumed batch
-    first lands the next batch of the sample stream, so materializing always makes progress on a
-    fresh checkout. Its settings' fields (`files_per_checkpoint`, `on_bad_file`,
-    `max_future_event_time`) are those `sparkpoint.pipeline.settings.SETTINGS` gives the role "source".
-    """
+    Its settings' fields (`files_per_checkpoint`, `on_bad_file`, `max_future_event_time`,
+    `settle_seconds`) are those `sparkpoint.pipeline.settings.SETTINGS` gives the role "source"."""
 
     input_url: str = DEFAULT_INPUT
     input_options: str = "{}"  # JSON
     output_url: str = DEFAULT_OUTPUT  # "" for no sink
-    sample_stream: bool = False
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         _json_object(self.input_options, "input: input_options")
         if self.files_per_checkpoint < 1:
             raise ResourceConfigError(f"input: files_per_checkpoint must be >= 1, got {self.files_per_checkpoint}")
         _check_settings(self, "source")
-        if self.sample_stream:
-            Path(self.input_url).mkdir(parents=True, exist_ok=True)
-
-    def land_sample_batch(self, consumed: Iterable[str] = ()) -> str | None:
-        """With `sample_stream`: write the next batch of the sample stream (else None), numbered
-        after every batch present or consumed: a consumed file that was removed must not be
-        written again under its name (the source would skip it for ever)."""
-        if not self.sample_stream:
-            return None
-        from sparkpoint.spark.generate import generate
-
-        names = [p.name for p in Path(self.input_url).iterdir()] + list(consumed)
-        numbers = [int(m.group(1)) for n in names if (m := _SAMPLE_NAME.fullmatch(n))]
-        return generate(self.input_url, batches=1, first=max(numbers, default=-1) + 1, **SAMPLE_STREAM)[0]
-
-
-InputResource = _with_settings(_InputResource, "source")
 
 
 @dataclass(frozen=True)
@@ -363,7 +347,7 @@ class PipelineResources:
             raise ResourceConfigError(str(e)) from e
 
 
-def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[str, dg.ConfigurableResource]:  # type: ignore[type-arg]
+def resources_for(pipeline: Pipeline) -> dict[str, dg.ConfigurableResource]:  # type: ignore[type-arg]
     """The resources of `pipeline`, by role; the launchpad (or `EnvVar`s) override any field.
 
     The pipeline's settings are the *defaults* of resource classes of its own, not values given
@@ -382,7 +366,7 @@ def resources_for(pipeline: Pipeline, *, sample_stream: bool = False) -> dict[st
                               **_settings_of(pipeline, "state_backend")),
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
-                       output_url=pipeline.output_url or "", sample_stream=sample_stream,
+                       output_url=pipeline.output_url or "",
                        **_settings_of(pipeline, "source")),
     }
 
@@ -399,4 +383,4 @@ def _own(cls: type[R], pipeline: Pipeline, **defaults: Any) -> R:
     name = re.sub(r"[^0-9A-Za-z_]", "_", pipeline.name)
     fields: dict[str, Any] = {k: (cls.model_fields[k].annotation, v) for k, v in defaults.items()}
     own = pydantic.create_model(f"{name}_{cls.__name__}", __base__=cls, __module__=cls.__module__, **fields)
-    return own(**nested)  # type: ignore[no-any-return]
+    return own(**nested)
