@@ -24,17 +24,20 @@ commented out with an example (`PipelineScaffolder`).
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from pydantic import BaseModel
 
-from sparkpoint.factory import build_pipeline_defs
+from sparkpoint.factory import pipeline_defs
 from sparkpoint.pipeline.runtime import PipelineError
+from sparkpoint.pipeline.settings import BY_NAME
 from sparkpoint.pipeline.spec import Pipeline, load_operator, load_pipeline
-from sparkpoint.sensors.landing import RETRY_SECONDS
-from sparkpoint.spark.settling import SETTLE_SECONDS
+from sparkpoint.resources.options import PipelineDefsOptions
+
+_DEFAULTS = PipelineDefsOptions()
 
 _LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id")
 
@@ -94,7 +97,7 @@ def defs_yaml(type_name: str, name: str, module: str, pipeline: str | None = Non
     """The `defs.yaml` `dg scaffold defs` writes for a pipeline named `name` in project `module`."""
     return DEFS_YAML.format(type_name=type_name, name=name, module=module,
                             pipeline=pipeline or f"{module}.pipelines:{name}",
-                            settle=SETTLE_SECONDS, retry=RETRY_SECONDS)
+                            settle=BY_NAME["settle_seconds"].default, retry=_DEFAULTS.landing_retry_seconds)
 
 
 def _project_module(request: dg.ScaffoldRequest[Any]) -> str:
@@ -186,18 +189,18 @@ class PipelineComponent(dg.Component, dg.Model, dg.Resolvable):
     owners: list[str] = []
     tags: dict[str, str] = {}
     schedule: str | None = None  # cron for the checkpoint job
-    landing_sensor: bool = True  # run the checkpoint job when a batch file lands
+    landing_sensor: bool = _DEFAULTS.landing_sensor  # run the checkpoint job when a batch file lands
     landing_settle_seconds: float | None = None  # ... unchanged this long (None: the pipeline's settle_seconds)
-    landing_retry_seconds: float = RETRY_SECONDS  # a file a run did not consume: again after this (doubling)
-    tick: bool = False  # a scheduled run with no batch to read makes a checkpoint of no input (timers, TTL)
+    landing_retry_seconds: float = _DEFAULTS.landing_retry_seconds  # a file a run did not consume: again after this
+    tick: bool = _DEFAULTS.tick  # a scheduled run with no batch to read makes a checkpoint of no input (timers, TTL)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        return build_pipeline_defs(
-            self.resolve_pipeline(), key_prefix=self.key_prefix, group_name=self.group_name, owners=self.owners,
-            tags=self.tags, schedule=self.schedule, landing_sensor=self.landing_sensor,
-            landing_settle_seconds=self.landing_settle_seconds, landing_retry_seconds=self.landing_retry_seconds,
-            tick=self.tick,
-        )
+        return pipeline_defs(self.resolve_pipeline(), self.defs_options()).definitions()
+
+    def defs_options(self) -> PipelineDefsOptions:
+        """The factory's options this component sets: its attributes named as the options' fields."""
+        names = {f.name for f in fields(PipelineDefsOptions)} & set(type(self).model_fields)
+        return PipelineDefsOptions(**{name: getattr(self, name) for name in names})
 
     def resolve_pipeline(self) -> Pipeline:
         """The Pipeline this component declares: the referenced one with what is set here on top,

@@ -27,11 +27,11 @@ import pandas as pd
 from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.factory import pipeline_defs
+from sparkpoint.definitions import sample_defs
 from sparkpoint.ops.instance import prepare_dagster_home
 from sparkpoint.pipeline.maintenance import interruption_summary
 from sparkpoint.pipeline.spec import Pipeline
-from sparkpoint.resources import DEFAULT_INPUT, SparkResource
+from sparkpoint.resources import SparkResource
 from sparkpoint.resources.scope import INJECT_TAG
 from sparkpoint.sample import pipeline
 from sparkpoint.spark.session import interrupted, request_interrupt, stop_quietly
@@ -43,6 +43,7 @@ RUNS: list[dict[str, str]] = [{}, {INJECT_TAG: "after-upload"}, {}]
 
 
 WORKER = "SPARKPOINT_DEMO_WORKER"
+INPUT = Path(pipeline.location("input"))
 
 
 def main() -> int:
@@ -77,11 +78,10 @@ def run_demo() -> int:
     # Dagster 1.13 warns that sensors' `owners` is beta when it copies a run-failure sensor (we set none).
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     # The code location's sample pipeline, with one JVM for the whole demo.
-    sample = pipeline_defs(pipeline, sample_stream=True, landing_sensor=False,
-                           resources={"spark": SparkResource(app_name=pipeline.name, stop_on_teardown=False)})
+    sample = sample_defs(resources={"spark": SparkResource(app_name=pipeline.name, stop_on_teardown=False)})
     defs, scope = sample.definitions(), sample.scope
     storage: CheckpointStorage = pipeline.storage()
-    print(f"sparkpoint demo: input {Path(DEFAULT_INPUT).resolve()}, checkpoints {storage.job_url}, "
+    print(f"sparkpoint demo: input {INPUT.resolve()}, checkpoints {storage.job_url}, "
           f"Dagster instance {os.environ['DAGSTER_HOME']}")
     try:
         with dg.DagsterInstance.get() as instance:
@@ -179,7 +179,7 @@ def check_latest(storage: CheckpointStorage) -> int:
     store = CompletedCheckpointStore(storage)
     meta = store.load(store.checkpoint_ids()[0])
     consumed = meta.source_offsets["source"]["consumed"]
-    events = pd.concat([pd.read_parquet(Path(DEFAULT_INPUT) / name) for name in consumed], ignore_index=True)
+    events = pd.concat([pd.read_parquet(INPUT / name) for name in consumed], ignore_index=True)
     ok = True
     for op, expected in [(user_totals, _totals(events)), (item_reach, _reach(events))]:
         with operator_states(storage, meta, op.uid) as backends:

@@ -36,9 +36,9 @@ from sparkpoint.ops.instance import warn_if_pool_unlimited
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.resources import resources_for
+from sparkpoint.resources.options import RETRY_SECONDS, PipelineDefsOptions
 from sparkpoint.resources.scope import ROLES, PipelineScope
 from sparkpoint.sensors import build_sensors
-from sparkpoint.sensors.landing import RETRY_SECONDS
 
 # (checkpoints URL, job id) -> the name of the pipeline whose definitions this process built for
 # it. For the process's life: how long definitions live says nothing (Dagster's own caches keep
@@ -69,39 +69,23 @@ class PipelineDefs:
         return next(s for s in self.sensors if s.name == name)
 
 
-def pipeline_defs(
-    pipeline: Pipeline,
-    *,
-    key_prefix: str | Sequence[str] | None = None,
-    group_name: str | None = None,
-    owners: Sequence[str] = (),
-    tags: Mapping[str, str] | None = None,
-    schedule: str | None = None,
-    schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.RUNNING,
-    landing_sensor: bool = True,
-    resources: Mapping[str, dg.ConfigurableResource] | None = None,  # type: ignore[type-arg]
-    sample_stream: bool = False,
-    landing_settle_seconds: float | None = None,
-    landing_retry_seconds: float = RETRY_SECONDS,
-    tick: bool = False,
-) -> PipelineDefs:
-    """The parts of `build_pipeline_defs` (same arguments)."""
-    if landing_settle_seconds is not None:  # the sensor's wait and the runs' are one setting
-        pipeline = pipeline.with_(settle_seconds=landing_settle_seconds)
-    scope = PipelineScope.of(pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags)
-    by_role: dict[str, Any] = resources_for(pipeline, sample_stream=sample_stream)
-    unknown = set(resources or {}) - set(ROLES)
+def pipeline_defs(pipeline: Pipeline, options: PipelineDefsOptions | None = None, **keywords: Any) -> PipelineDefs:
+    """The parts of `build_pipeline_defs`: `options`, with `keywords` (its keywords) on top."""
+    options = (options or PipelineDefsOptions()).with_(**keywords)
+    if options.landing_settle_seconds is not None:  # the sensor's wait and the runs' are one setting
+        pipeline = pipeline.with_(settle_seconds=options.landing_settle_seconds)
+    scope = PipelineScope.of(pipeline, options)
+    by_role: dict[str, Any] = resources_for(pipeline)
+    unknown = set(options.resources or {}) - set(ROLES)
     if unknown:
         raise ValueError(f"resources: unknown role(s) {sorted(unknown)}; the roles are {', '.join(ROLES)}")
-    by_role.update(resources or {})
+    by_role.update(options.resources or {})
     claim_job_dir(pipeline, by_role["storage"])
     warn_if_pool_unlimited(pipeline.name, scope.pool)
-    jobs = build_jobs(scope, schedule=schedule, schedule_status=schedule_status, tick=tick)
+    jobs = build_jobs(scope)
     return PipelineDefs(
         scope=scope, assets=build_assets(scope), checks=build_checks(scope), jobs=jobs,
-        sensors=build_sensors(scope, jobs, landing_sensor=landing_sensor,
-                              orphan_grace_seconds=by_role["registry"].orphan_grace_seconds,
-                              settle_seconds=pipeline.settle_seconds, retry_seconds=landing_retry_seconds),
+        sensors=build_sensors(scope, jobs, orphan_grace_seconds=by_role["registry"].orphan_grace_seconds),
         resources=scope.keyed(by_role),
     )
 
@@ -192,8 +176,5 @@ def build_pipeline_defs(
             directory (checkpoints location and job id); the message names both.
         ValueError: an unknown resource role.
     """
-    return pipeline_defs(
-        pipeline, key_prefix=key_prefix, group_name=group_name, owners=owners, tags=tags, schedule=schedule,
-        schedule_status=schedule_status, landing_sensor=landing_sensor, resources=resources,
-        landing_settle_seconds=landing_settle_seconds, landing_retry_seconds=landing_retry_seconds, tick=tick,
-    ).definitions()
+    keywords = {name: value for name, value in locals().items() if name != "pipeline"}  # the options' fields
+    return pipeline_defs(pipeline, PipelineDefsOptions(**keywords)).definitions()

@@ -33,13 +33,13 @@ def failing_checkpoint_run(
 ) -> dg.ExecuteInProcessResult:
     """A run of the UI's kind (asset job) whose checkpoint step starts and fails while it works
     (storage answers with an I/O error)."""
-    import sparkpoint.assets
+    import sparkpoint.assets.steps
 
     def storage_fails(*args: object, **kwargs: object) -> None:
         raise OSError(5, "Input/output error")
 
     (tmp_path / "in").mkdir(exist_ok=True)
-    monkeypatch.setattr(sparkpoint.assets, "finish_step_or_overtaken", storage_fails)
+    monkeypatch.setattr(sparkpoint.assets.steps, "finish_step_or_overtaken", storage_fails)
     return dg.materialize([*ASSETS], selection=[CHECKPOINT_KEY], resources=resources(tmp_path), instance=instance,
                           tags=tags or None, raise_on_error=False)
 

@@ -28,6 +28,10 @@ METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "state_
                  "routing", "input_read", "input_read_bytes", "batch_size", "batch_size_bytes", "read_amplification"}
 
 
+# Where a retained checkpoint precedes it (every committing step reports them, a recovery's too).
+SINCE_PREVIOUS = {"previous_checkpoint", "previous_checkpoint_id", "keys_added", "keys_removed", "keys_changed"}
+
+
 def export(server: DagsterServer, tmp_path: Path, operator: str) -> pd.DataFrame:
     out = tmp_path / f"{operator}.parquet"
     assert main(["state", "--checkpoints", server.checkpoints_url, "--job-id", JOB, "--operator", operator,
@@ -37,7 +41,7 @@ def export(server: DagsterServer, tmp_path: Path, operator: str) -> pd.DataFrame
 
 def assert_metadata_matches_storage(storage: CheckpointStorage, metadata: dict[str, Any], *,
                                     registry_now: bool) -> None:
-    assert set(metadata) - {"recovered_run"} == METADATA_KEYS, sorted(metadata)
+    assert set(metadata) - {"recovered_run", *SINCE_PREVIOUS} == METADATA_KEYS, sorted(metadata)
     cid = metadata["checkpoint_id"]
     assert isinstance(cid, int)
     meta = CompletedCheckpointStore(storage).load(cid)

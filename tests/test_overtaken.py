@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-import sparkpoint.assets
+import sparkpoint.assets.steps
 import sparkpoint.pipeline.maintenance
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
@@ -72,13 +72,13 @@ def recovery_summary(run: dg.ExecuteInProcessResult) -> dict[str, Any]:
 def test_a_run_whose_checkpoint_another_run_committed_first_ends_green_and_says_so(spark, tmp_path: Path,
                                                                                    monkeypatch: pytest.MonkeyPatch):
     setup = Setup(spark, tmp_path)
-    real = sparkpoint.assets.finish_step_or_overtaken
+    real = sparkpoint.assets.steps.finish_step_or_overtaken
 
     def another_run_commits_first(*args: Any, **kwargs: Any) -> Any:
         assert setup.other_run_commits() == 1  # the same batch, from the same (empty) start
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sparkpoint.assets, "finish_step_or_overtaken", another_run_commits_first)
+    monkeypatch.setattr(sparkpoint.assets.steps, "finish_step_or_overtaken", another_run_commits_first)
     result = setup.materialize()
     assert result.success
     line = "overtaken by chk-1 of run run-b; nothing committed"
@@ -96,7 +96,7 @@ def test_a_run_whose_checkpoint_another_run_committed_first_ends_green_and_says_
     assert CompletedCheckpointStore(storage).load(1).source_offsets["attempt"] == "run-b"
     setup.assert_exactly_once(1)
 
-    monkeypatch.setattr(sparkpoint.assets, "finish_step_or_overtaken", real)
+    monkeypatch.setattr(sparkpoint.assets.steps, "finish_step_or_overtaken", real)
     assert setup.materialize().success  # and the pipeline goes on with the next batch
     setup.assert_exactly_once(2)
 

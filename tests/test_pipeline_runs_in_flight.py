@@ -73,7 +73,7 @@ def test_the_input_sensor_waits_for_any_run_of_its_pipeline_in_flight(tmp_path: 
 
 def test_the_recovery_sensor_waits_for_runs_in_flight_and_keeps_the_failure(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch):
-    import sparkpoint.assets
+    import sparkpoint.assets.steps
 
     parts = orders(tmp_path)
     instance = dg.DagsterInstance.ephemeral()
@@ -81,7 +81,7 @@ def test_the_recovery_sensor_waits_for_runs_in_flight_and_keeps_the_failure(tmp_
     def storage_fails(*args: object, **kwargs: object) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(sparkpoint.assets, "finish_step_or_overtaken", storage_fails)
+    monkeypatch.setattr(sparkpoint.assets.steps, "finish_step_or_overtaken", storage_fails)
     failed = dg.materialize(parts.assets, selection=[parts.scope.checkpoint_key], resources=parts.resources,
                             instance=instance, raise_on_error=False)
     assert not failed.success
@@ -109,11 +109,11 @@ def test_the_recovery_sensor_waits_for_runs_in_flight_and_keeps_the_failure(tmp_
 
 
 def test_two_failures_are_recovered_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import sparkpoint.assets
+    import sparkpoint.assets.steps
 
     parts = orders(tmp_path)
     instance = dg.DagsterInstance.ephemeral()
-    monkeypatch.setattr(sparkpoint.assets, "finish_step_or_overtaken",
+    monkeypatch.setattr(sparkpoint.assets.steps, "finish_step_or_overtaken",
                         lambda *a, **k: (_ for _ in ()).throw(OSError(5, "Input/output error")))
     first, second = (dg.materialize(parts.assets, selection=[parts.scope.checkpoint_key], resources=parts.resources,
                                     instance=instance, raise_on_error=False) for _ in range(2))

@@ -10,17 +10,17 @@ import pytest
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import StorageError
-from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
 from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
 from sparkpoint.resources import (
-    DEFAULT_INPUT,
     CheckpointRegistryResource,
     CheckpointStorageResource,
-    InputResource,
     ResourceConfigError,
     StateBackendResource,
 )
+from sparkpoint.sample import land_sample_batch
+from sparkpoint.sample import pipeline as sample
 from tests.helpers import FakeSubtask
 
 
@@ -94,11 +94,10 @@ def test_parallelism_through_conf_is_checked_like_the_flag(tmp_path: Path, capsy
 
 def test_the_demo_never_lands_a_batch_under_a_consumed_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
-    source = InputResource(sample_stream=True)
-    init(source)
-    first = source.land_sample_batch()
-    second = source.land_sample_batch()
+    input_url = storage_url(sample.location("input"))
+    first = land_sample_batch(input_url)
+    second = land_sample_batch(input_url)
     assert first and second and first.endswith("batch-000000.parquet") and second.endswith("batch-000001.parquet")
-    (Path(DEFAULT_INPUT) / "batch-000000.parquet").unlink()  # consumed, then cleaned up by the user
-    third = source.land_sample_batch(consumed=["batch-000000.parquet", "batch-000001.parquet"])
+    (Path(sample.location("input")) / "batch-000000.parquet").unlink()  # consumed, then cleaned up by the user
+    third = land_sample_batch(input_url, consumed=["batch-000000.parquet", "batch-000001.parquet"])
     assert third is not None and third.endswith("batch-000002.parquet")

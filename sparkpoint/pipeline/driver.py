@@ -325,9 +325,6 @@ class StatefulPipeline:
             # one stage, task i reads the batch and runs subtask i of every operator
             return list(one_task_per_index(self.spark, spec.parallelism, run, RESULT_SCHEMA))
 
-    # kept until the Dagster rooms move to the public names
-    _begin, _fall_back, _spec, _run_spark = begin, fall_back, task_spec, run_spark
-
     # --- the loop ----------------------------------------------------------------------------------
 
     def run(self, on_checkpoint: Callable[[BatchReport], None] | None = None, *, tick: bool = False

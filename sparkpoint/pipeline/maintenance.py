@@ -8,7 +8,7 @@ calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -150,9 +150,8 @@ def prune_due(storage: CheckpointStorage, *, num_retained: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class VerifyReport(Mapping[int, list[FileProblem]]):
-    """Every checkpoint verified, newest first, and its problems (none: it verifies). A mapping
-    of checkpoint id to problems as well, as `verify_all` returned before it was a report."""
+class VerifyReport:
+    """Every checkpoint verified, newest first, and its problems (none: it verifies)."""
 
     problems: dict[int, list[FileProblem]]  # newest first; an unreadable `_metadata` is a problem too
     files: dict[int, int] = field(default_factory=dict)  # the files each readable checkpoint lists
@@ -199,15 +198,6 @@ class VerifyReport(Mapping[int, list[FileProblem]]):
             out += [f"  {p}" for p in verdict["problems"]]
         return out
 
-    # the mapping view: kept until the Dagster rooms move to the report's names
-    def __getitem__(self, checkpoint_id: int) -> list[FileProblem]:
-        return self.problems[checkpoint_id]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.problems)
-
-    def __len__(self) -> int:
-        return len(self.problems)
 
 
 def verify_latest(

@@ -199,9 +199,6 @@ class BatchStart:
         return BatchStart(metadata, self.offsets.after(files), next_id=metadata.checkpoint_id + 1)
 
 
-_Start = BatchStart  # kept until the Dagster rooms move to the public names
-
-
 class BatchDriver(Protocol):
     """What the two halves of a batch (`sparkpoint.pipeline.attempt`) use of a pipeline's driver:
     the public seam of `sparkpoint.pipeline.driver.StatefulPipeline`, whose loop runs those halves

@@ -6,7 +6,7 @@ which runs of the instance are the pipeline's (what its sensors and schedule wai
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from sparkpoint.resources import (
     SparkResource,
     StateBackendResource,
 )
+from sparkpoint.resources.options import PipelineDefsOptions
 
 ROLES = ("storage", "registry", "spark", "state_backend", "source")
 _DAGSTER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -39,28 +40,44 @@ IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.Dag
 
 @dataclass(frozen=True)
 class PipelineScope:
+    """One pipeline's names in Dagster, and the options its definitions are built with."""
+
     pipeline: Pipeline
-    prefix: str
-    key_prefix: tuple[str, ...]
-    group_name: str
-    owners: tuple[str, ...] = ()
-    tags: Mapping[str, str] = field(default_factory=dict)
+    options: PipelineDefsOptions = field(default_factory=PipelineDefsOptions)
 
     @classmethod
-    def of(cls, pipeline: Pipeline, *, key_prefix: str | Sequence[str] | None = None, group_name: str | None = None,
-           owners: Sequence[str] = (), tags: Mapping[str, str] | None = None) -> PipelineScope:
+    def of(cls, pipeline: Pipeline, options: PipelineDefsOptions | None = None) -> PipelineScope:
+        scope = cls(pipeline, options or PipelineDefsOptions())
         if not _DAGSTER_NAME.fullmatch(pipeline.name):
             raise PipelineError(
                 f"pipeline name {pipeline.name!r} cannot prefix Dagster job, sensor and resource names "
                 "(letters, digits and _ only, not starting with a digit): rename the pipeline "
                 "(its job id can stay: job_id=...)"
             )
-        prefix_keys = (pipeline.name,) if key_prefix is None else (
-            (key_prefix,) if isinstance(key_prefix, str) else tuple(key_prefix))
-        group = group_name or pipeline.name
-        if not _DAGSTER_NAME.fullmatch(group):
-            raise PipelineError(f"group_name {group!r} must be letters, digits and _ only")
-        return cls(pipeline, pipeline.name, prefix_keys, group, tuple(owners), dict(tags or {}))
+        if not _DAGSTER_NAME.fullmatch(scope.group_name):
+            raise PipelineError(f"group_name {scope.group_name!r} must be letters, digits and _ only")
+        return scope
+
+    @property
+    def prefix(self) -> str:
+        return self.pipeline.name
+
+    @property
+    def key_prefix(self) -> tuple[str, ...]:
+        given = self.options.key_prefix
+        return (self.pipeline.name,) if given is None else (given,) if isinstance(given, str) else tuple(given)
+
+    @property
+    def group_name(self) -> str:
+        return self.options.group_name or self.pipeline.name
+
+    @property
+    def owners(self) -> list[str]:
+        return list(self.options.owners)
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self.options.tags or {})
 
     # --- names -------------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import dagster as dg
 
+from sparkpoint.resources.options import RETRY_SECONDS
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG
 from sparkpoint.spark.faults import INJECTION_POINTS
 from sparkpoint.spark.settling import FileSeen
@@ -47,8 +48,7 @@ from sparkpoint.spark.source import BatchStat
 
 LANDED_TAG = "sparkpoint/landed"
 SIZE_TAG, MODIFIED_TAG = "sparkpoint/landed-size", "sparkpoint/landed-modified"
-RETRY_SECONDS = 30.0  # the first re-offer of an unchanged file; doubles with each run, up to:
-RETRY_MAX_SECONDS = 1800.0
+RETRY_MAX_SECONDS = 1800.0  # the re-offer of an unchanged file: RETRY_SECONDS, doubling with each run, up to this
 OBSERVE_EVERY_SECONDS = 300.0  # an unchanged input is observed again after this (the UI shows when)
 _FINISHED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
