@@ -147,8 +147,8 @@ def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: 
 
 
 def measure_ours(root: Path, loads: list[Workload]) -> dict[str, list[dict[str, Any]]]:
-    from tests.connect_server import connect_server
-    from tests.dagster_server import DagsterServer
+    from tests.support.connect_server import connect_server
+    from tests.support.dagster_server import DagsterServer
 
     rows: dict[str, list[dict[str, Any]]] = {}
     with connect_server(root / "connect") as connect:

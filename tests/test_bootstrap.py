@@ -2,7 +2,7 @@
 through Spark that a job starts from with `--from-checkpoint`, at another parallelism, and whose
 bootstrapped value state, list state and timers carry on as if the job had processed the table.
 
-A user's own operator (`tests.accounts_pipeline`: balances with a history and a welcome timer),
+A user's own operator (`tests.support.accounts_pipeline`: balances with a history and a welcome timer),
 real local Spark, real RocksDB, real files. Bad input is refused before any Spark work."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from sparkpoint.pipeline.bootstrap import CLAIM_FILE, bootstrap_savepoint
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.operators import KeyedOperator, run_bootstrap
-from tests import accounts_pipeline as acc
-from tests.docs_text import page, python_blocks
+from tests.support import accounts_pipeline as acc
+from tests.support.docs_text import page, python_blocks
 
-PIPELINE = "tests.accounts_pipeline:accounts"
+PIPELINE = "tests.support.accounts_pipeline:accounts"
 
 
 def opening_table(directory: Path) -> pd.DataFrame:

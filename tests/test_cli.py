@@ -119,8 +119,8 @@ def test_the_run_line_of_a_big_batch_counts_its_files_and_names_the_first_and_la
     """`--files-per-checkpoint 1000` made a line of 1,000 names; `--json` keeps every name."""
     from dataclasses import replace
 
-    from tests.interleavings import InProcessPipeline
-    from tests.meters_pipeline import bad, good, meters
+    from tests.support.interleavings import InProcessPipeline
+    from tests.support.meters_pipeline import bad, good, meters
 
     pipeline = meters(tmp_path, files_per_checkpoint=1000, on_bad_file="skip")
     names = [f"r-{i:04d}.parquet" for i in range(12)]

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.spark.generate import generate
-from tests.cluster import standalone_cluster
-from tests.crashkit import assert_pipeline_result, assert_storage_settled, run_command
+from tests.support.cluster import standalone_cluster
+from tests.support.crashkit import assert_pipeline_result, assert_storage_settled, run_command
 
 pytestmark = pytest.mark.spark
 

@@ -12,7 +12,7 @@ from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointDecl
 from sparkpoint.checkpoint.metadata import RestoreLineage, metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 
 
 def shared_counts(coord: CheckpointCoordinator, sub: FakeSubtask, names: list[str]) -> dict[str, int]:

@@ -23,7 +23,7 @@ from sparkpoint.cli import main
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.verify import verify_checkpoint
-from tests.reliability import count_round, counts, report, scale
+from tests.support.reliability import count_round, counts, report, scale
 
 MAX_P = 16
 

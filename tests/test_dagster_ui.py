@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sparkpoint.assets.metadata import readable_size
-from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
+from tests.support.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
 
 pytestmark = pytest.mark.e2e
 

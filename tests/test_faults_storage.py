@@ -26,7 +26,7 @@ from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.state.verify import verify_checkpoint
 from sparkpoint.testing import FaultyFileSystem, faulty_storage
 from tests.conftest import s3_options
-from tests.reliability import count_round, counts, report, scale
+from tests.support.reliability import count_round, counts, report, scale
 
 MAX_P = 16
 FAST_RETRY = RetryPolicy(attempts=2, first_wait=0.0005, max_wait=0.002)

@@ -2,7 +2,7 @@
 exactly once under kill -9 at random moments and under Ctrl-C (one line, exit 130, a rerun resumes
 exactly); files that land faster than `--checkpoint-interval` share a checkpoint; a file still
 being copied is waited for; a poll does not re-list what it has seen (S3: only names after the
-newest one). A user's own pipeline (`tests.follow_pipeline`), real Spark, real files, real S3 API."""
+newest one). A user's own pipeline (`tests.support.follow_pipeline`), real Spark, real files, real S3 API."""
 
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.follow import FollowOptions, follow
 from sparkpoint.spark.source import BadInputFile, ParquetDirectorySource
-from tests import follow_pipeline as rain
 from tests.conftest import s3_options
-from tests.crashkit import assert_storage_settled
+from tests.support import follow_pipeline as rain
+from tests.support.crashkit import assert_storage_settled
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def command(tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "tests.follow_pipeline:rain",
+    return [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "tests.support.follow_pipeline:rain",
             "--input", str(tmp_path / "in"), "--checkpoints", str(tmp_path / "ckpt"), "--output",
             str(tmp_path / "out"), "--local-dir", str(tmp_path / "local"), "--master", "local[2]", "--follow",
             "--poll-interval", "0.05", *extra]
@@ -87,7 +87,7 @@ def finish(tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 def state(tmp_path: Path) -> pd.DataFrame:
     out = tmp_path / "state.parquet"
-    assert main(["state", "--pipeline", "tests.follow_pipeline:rain", "--checkpoints", str(tmp_path / "ckpt"),
+    assert main(["state", "--pipeline", "tests.support.follow_pipeline:rain", "--checkpoints", str(tmp_path / "ckpt"),
                  "--job-id", "rain", "--operator", "rain_per_station", "--format", "parquet", "--out", str(out)]) == 0
     return pd.read_parquet(out)
 

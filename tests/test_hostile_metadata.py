@@ -33,7 +33,7 @@ from sparkpoint.state.extract import operator_states
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.sample import TOTALS
 from sparkpoint.state.verify import verify_checkpoint
-from tests.reliability import scale
+from tests.support.reliability import scale
 
 PAST = 946_684_800 * 10**9  # 2000-01-01: any read moves a file's access time past its modification time
 NAMES_A_FIELD = re.compile(r"field `[^`]+`|not valid UTF-8 JSON|bytes, more than")
@@ -274,7 +274,7 @@ def test_hostile_metadata_gets_a_specific_error_and_nothing_outside_the_job_is_t
 @pytest.mark.soak
 @pytest.mark.timeout(6 * 3600)  # the scale comes from the environment
 def test_hostile_metadata_soak(tmp_path: Path, capsys):
-    from tests.reliability import report
+    from tests.support.reliability import report
 
     n = check_hostile_metadata(tmp_path, capsys, max_examples=scale("hostile_examples", 1000))
     with capsys.disabled():
@@ -312,7 +312,7 @@ def test_the_dagster_maintenance_jobs_refuse_hostile_metadata_and_touch_nothing_
     import dagster as dg
 
     from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource
-    from tests.dagster_setup import JOBS, SCOPE
+    from tests.support.dagster_setup import JOBS, SCOPE
 
     world = World(tmp_path / "w")
     raw = json.loads(json.dumps(world.raw))

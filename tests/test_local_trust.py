@@ -27,7 +27,7 @@ from sparkpoint.state import restore as restore_module
 from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.restore import FINGERPRINTS
 from sparkpoint.state.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
-from tests import oracle
+from tests.support import oracle
 from tests.test_backend import COUNTS, backend, read_all, write_random
 from tests.test_pipeline import config, export
 

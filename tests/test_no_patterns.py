@@ -14,7 +14,7 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointCorrupted
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sparkpoint"
 # fsspec calls that expand patterns in the paths they are given.

@@ -131,7 +131,7 @@ def test_your_own_pipeline_through_the_cli_and_the_api(tmp_path: Path, monkeypat
 def test_the_guide_pipeline_example_computes_what_it_says(tmp_path: Path):
     from sparkpoint.checkpoint.storage import CheckpointStorage
     from sparkpoint.state.backend import RocksDBStateBackend
-    from tests.docs_text import page, python_blocks
+    from tests.support.docs_text import page, python_blocks
 
     namespace: dict[str, object] = {}
     exec(compile(python_blocks(page("pipeline.md"))[0], "docs/pipeline.md", "exec"), namespace)

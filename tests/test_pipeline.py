@@ -16,7 +16,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.generate import generate
 from sparkpoint.state.changelog import is_changelog
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = pytest.mark.spark
 

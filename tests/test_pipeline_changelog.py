@@ -16,7 +16,7 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.settings import resolve_settings
 from sparkpoint.state import changelog as cl
-from tests import oracle
+from tests.support import oracle
 from tests.test_pipeline import config, export, make_input
 
 pytestmark = pytest.mark.spark

@@ -21,7 +21,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.state.changelog import is_changelog
 from sparkpoint.state.sample import item_reach, user_totals
-from tests import oracle
+from tests.support import oracle
 from tests.test_pipeline import config as base_config
 from tests.test_pipeline import export, make_input
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend
-from tests.docs_text import python_blocks, section
+from tests.support.docs_text import python_blocks, section
 
 
 def operator_examples() -> dict[str, object]:

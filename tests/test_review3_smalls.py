@@ -21,7 +21,7 @@ from sparkpoint.resources import (
     ResourceConfigError,
     StateBackendResource,
 )
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 
 
 def test_a_metadata_that_is_a_directory_is_bad_input_with_what_to_do(tmp_path: Path, capsys):

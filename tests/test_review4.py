@@ -5,7 +5,7 @@ safe underneath (a sink commit that finds nothing is an error, retention that ne
 a checkpoint with missing files, two completers of one attempt).
 
 The stories run real code (`complete_attempt`, `settle_attempts`, `clear_failed_attempts`,
-`finish_step`) as actors of the interleaving checker (`tests/interleavings.py`), with the one
+`finish_step`) as actors of the interleaving checker (`tests/support/interleavings.py`), with the one
 schedule each defect needs; the checker's own tests explore all of them."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from sparkpoint.pipeline.claims import ABORT, COMPLETE, Claim, claim, claim_path
 from sparkpoint.pipeline.maintenance import settle_attempts
 from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkOutputLost
 from sparkpoint.state.verify import verify_checkpoint
-from tests.helpers import FakeSubtask
-from tests.interleavings import (
+from tests.support.helpers import FakeSubtask
+from tests.support.interleavings import (
     SCENARIOS,
     Checker,
     Run,
@@ -138,7 +138,7 @@ def assert_exact(run: Run) -> None:
     want_rows, want_totals = expected(run)
     assert visible_output(run) == want_rows
     from sparkpoint.state.extract import state_table
-    from tests.interleavings import BALANCES
+    from tests.support.interleavings import BALANCES
 
     _, state = state_table(run.storage(), BALANCES)
     assert dict(zip(state["acct"], state["balance"].astype(int))) == want_totals

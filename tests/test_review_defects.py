@@ -22,7 +22,7 @@ from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback,
 from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.verify import verify_checkpoint
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 
 COUNT = StructCodec[tuple[int]]("<q")
 

@@ -14,7 +14,7 @@ from sparkpoint.pipeline.settings import parse_megabytes, resolve_settings
 from sparkpoint.resources import PipelineResources, ResourceConfigError, StateBackendResource
 from sparkpoint.sample import pipeline as sample
 from sparkpoint.state.rocksdb import RocksDBOptions
-from tests.dagster_setup import by_role
+from tests.support.dagster_setup import by_role
 from tests.test_pipeline import config, make_input
 
 

@@ -92,7 +92,7 @@ def test_sparkpoint_run_checks_each_checkpoint_it_commits(spark, tmp_path: Path,
     from sparkpoint.spark.generate import generate
     from sparkpoint.state.extract import operator_states
     from sparkpoint.state.sample import user_totals
-    from tests import oracle
+    from tests.support import oracle
 
     generate(str(tmp_path / "in"), batches=4, events_per_batch=2000, users=300, items=40, seed=11)
     config = PipelineConfig(

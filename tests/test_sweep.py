@@ -12,7 +12,7 @@ from sparkpoint.checkpoint.errors import DeletionBlocked
 from sparkpoint.checkpoint.metadata import metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile
 from sparkpoint.checkpoint.sweep import select_orphans, sweep_orphans
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 from tests.test_coordinator import run_checkpoint
 
 

@@ -152,7 +152,7 @@ def test_what_timers_emit_is_committed_with_the_batch_that_fired_them(tmp_path: 
     """Through the pipeline's own batch (the subtasks in this process, no JVM): the fired rows land
     in the sink with the checkpoint of the batch whose time made them due, exactly once."""
     from sparkpoint.pipeline.runtime import PipelineConfig
-    from tests.interleavings import InProcessPipeline
+    from tests.support.interleavings import InProcessPipeline
 
     (tmp_path / "in").mkdir()
     now = int(pd.Timestamp.now(tz="UTC").value // 1000)

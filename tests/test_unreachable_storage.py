@@ -15,7 +15,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.verify import verify_checkpoint
 from tests.conftest import s3_options
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 
 pytestmark = pytest.mark.s3
 

@@ -2,7 +2,7 @@
 state onto a changed pipeline (kept, renamed, new, dropped), said before Spark starts, and the
 pre-flight `sparkpoint check-upgrade`, which agrees with what `run` then does.
 
-The pipelines are a user's own (`tests.shop_pipelines`), in versions."""
+The pipelines are a user's own (`tests.support.shop_pipelines`), in versions."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from sparkpoint.pipeline.upgrade import plan_restore
 from sparkpoint.spark.source import SourceOffsets
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.keygroups import key_group_for
-from tests import shop_pipelines as shop
+from tests.support import shop_pipelines as shop
 
-MODULE = "tests.shop_pipelines"
+MODULE = "tests.support.shop_pipelines"
 PURCHASES = [[("ann", 10.0), ("bob", 5.0), ("cy", 7.5), ("ann", 2.0)],
              [("bob", 20.0), ("dee", 1.0), ("ann", 3.0)],
              [("cy", 30.0), ("eve", 4.0), ("bob", 1.0)]]
@@ -333,7 +333,7 @@ def test_the_dagster_preflight_blocks_a_refused_upgrade_before_the_sstable_step(
 
 
 def test_the_guide_rename_example_keeps_the_uid():
-    from tests.docs_text import python_blocks, section
+    from tests.support.docs_text import python_blocks, section
 
     (block,) = python_blocks(section("upgrading.md", "## Operator identity (`uid`)"))
     namespace: dict[str, Any] = {"KeyedOperator": KeyedOperator, "add_spend": shop.add_spend,

@@ -174,7 +174,7 @@ def test_a_server_of_another_venv_or_version_is_never_reused(monkeypatch: pytest
 
 def test_a_users_pipeline_run_without_a_master_attaches_to_the_warm_server(tmp_path: Path,
                                                                           warm_env: dict[str, str]):
-    from tests.clickstream_project import clicks_state, copy_project
+    from tests.support.clickstream_project import clicks_state, copy_project
 
     project, project_env = copy_project(tmp_path, landed=2)
     env = {**project_env, **{k: v for k, v in warm_env.items() if k.startswith("SPARKPOINT_WARM")}}
@@ -201,7 +201,7 @@ def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[
     import select
     import urllib.request
 
-    from tests.cluster import free_port
+    from tests.support.cluster import free_port
 
     _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
     server = _server(warm_env)

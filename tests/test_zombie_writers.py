@@ -23,8 +23,8 @@ from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.verify import verify_checkpoint
 from tests.conftest import s3_options
-from tests.reliability import counts, report, scale
-from tests.zombie_writer import batch, model_at
+from tests.support.reliability import counts, report, scale
+from tests.support.zombie_writer import batch, model_at
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def race(tmp_path: Path, url: str, options: dict[str, Any], batches: int, seed: 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "tests.zombie_writer", "--checkpoints", url, "--storage-options",
+            [sys.executable, "-m", "tests.support.zombie_writer", "--checkpoints", url, "--storage-options",
              json.dumps(options), "--local", str(tmp_path / f"local-{name}"), "--name", name, "--batches",
              str(batches), "--barrier", str(tmp_path / "barrier"), "--out", str(tmp_path / "out"), "--seed",
              str(seed)],

@@ -2,7 +2,7 @@
 core API alone (restore the latest checkpoint, apply seeded batches, one checkpoint each), so a
 test can kill and resume it dozens of times in the time one JVM takes to start.
 
-    python -m tests.crash_driver ROOT --seed S --batches B
+    python -m tests.support.crash_driver ROOT --seed S --batches B
 
 State: one operator `totals`, parallelism 2, the changelog on with short chains (so both native
 checkpoints and changelog checkpoints happen), task-local recovery on, 2 retained checkpoints.

@@ -14,7 +14,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster import SPARK_HOME, _wait_for, free_port
+from tests.support.cluster import SPARK_HOME, _wait_for, free_port
 
 
 @dataclass

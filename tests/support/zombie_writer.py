@@ -19,7 +19,7 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, SparkpointError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from tests.reliability import count_round
+from tests.support.reliability import count_round
 
 
 def batch(n: int) -> list[str]:

@@ -24,7 +24,7 @@ import pytest
 
 from sparkpoint.ops.instance import prepare_dagster_home
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PREFIX = "sparkpoint"
 ASSET_NAMES = ("user_totals", "item_reach", "checkpoint", "output")
@@ -129,7 +129,7 @@ class DagsterServer:
     serving `module`'s `attribute` (the tests' location by default) with `env` added, on an
     instance configured by sparkpoint's `dagster.yaml` or by `instance_yaml`."""
 
-    def __init__(self, root: Path, *, module: str = "tests.ui_location", attribute: str = "defs",
+    def __init__(self, root: Path, *, module: str = "tests.support.ui_location", attribute: str = "defs",
                  env: dict[str, str] | None = None, instance_yaml: str | None = None) -> None:
         self.root = root
         self.module, self.attribute, self.extra_env = module, attribute, dict(env or {})

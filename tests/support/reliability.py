@@ -12,7 +12,7 @@ from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.keygroups import key_group_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COUNT = StructCodec[tuple[int]]("<q")
 
 
