@@ -29,6 +29,7 @@ from sparkpoint.spark.generate import generate
 from sparkpoint.state.extract import operator_states, state_table
 from sparkpoint.state.sample import user_totals
 from tests.support import oracle
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,16 +121,10 @@ class Airflow:
                                                                         in DONE else None), timeout))
 
     def wait_for(self, what: str, probe: Any, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"airflow standalone exited while waiting for {what}\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.tail()}")
-            time.sleep(2)
+        return wait_for(probe, timeout, 2, what, stop=self.exited, last=self.tail)
+
+    def exited(self) -> str | None:
+        return "airflow standalone exited" if self.proc is not None and self.proc.poll() is not None else None
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""

@@ -28,6 +28,7 @@ from sparkpoint.spark.source import BadInputFile, ParquetDirectorySource
 from tests.conftest import s3_options
 from tests.support import follow_pipeline as rain
 from tests.support.crashkit import assert_storage_settled
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,8 +157,7 @@ def test_files_that_land_faster_than_the_interval_share_a_checkpoint(spark, tmp_
     storage = rain.rain_in(tmp_path).storage()
 
     def land_fast() -> None:  # eight files, 0.15 s apart, once the first checkpoint is committed
-        while not storage.completed_checkpoint_ids():
-            time.sleep(0.05)
+        wait_for(storage.completed_checkpoint_ids, 300, 0.05, "a first checkpoint")
         for i in range(1, 9):
             time.sleep(0.15)
             rain.land(tmp_path, i)

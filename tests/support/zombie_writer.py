@@ -20,6 +20,7 @@ from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, SparkpointErro
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from tests.support.reliability import count_round
+from tests.support.waiting import wait_for
 
 
 def batch(n: int) -> list[str]:
@@ -37,11 +38,7 @@ def model_at(n: int) -> dict[str, int]:
 
 def barrier(directory: Path, n: int, name: str, writers: int) -> None:
     (directory / f"{n}.{name}").touch()
-    deadline = time.monotonic() + 60
-    while len(list(directory.glob(f"{n}.*"))) < writers:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the other writer never reached checkpoint {n}")
-        time.sleep(0.001)
+    wait_for(lambda: len(list(directory.glob(f"{n}.*"))) >= writers, 60, 0.001, f"the other writer at checkpoint {n}")
 
 
 def main() -> None:
