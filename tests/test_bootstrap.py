@@ -23,6 +23,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.operators import KeyedOperator, run_bootstrap
 from tests.support import accounts_pipeline as acc
+from tests.support.backends import make_backend
 from tests.support.docs_text import page, python_blocks
 
 PIPELINE = "tests.support.accounts_pipeline:accounts"
@@ -216,7 +217,7 @@ def test_timers_registered_in_bootstrap_need_on_timer(tmp_path: Path):
 
     op = KeyedOperator("reminders", key="account", process=acc.process, export=acc.export, bootstrap=remind)
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
-    with RocksDBStateBackend(storage, "reminders", 0, parallelism=1, local_dir=tmp_path / "local") as state:
+    with make_backend(storage, tmp_path / "local", operator="reminders") as state:
         state.restore(None)
         with pytest.raises(StateBackendError, match="registered 2 timer.*has no on_timer"):
             run_bootstrap(op, state, GOOD, processing_us=0)
@@ -262,7 +263,7 @@ def test_the_guide_bootstrap_example_writes_the_initial_clicks(tmp_path: Path):
     op = namespace["clicks"].operator("clicks_per_user")  # type: ignore[attr-defined]
     table = pd.DataFrame({"user": ["u1", "u2", "u1"], "clicks": [3, 4, 5]})
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
-    with RocksDBStateBackend(storage, op.name, 0, parallelism=1, local_dir=tmp_path / "local") as state:
+    with make_backend(storage, tmp_path / "local", operator=op.name) as state:
         state.restore(None)
         run_bootstrap(op, state, table, processing_us=0)
         assert op.export(state).set_index("user")["clicks"].to_dict() == {"u1": 8, "u2": 4}

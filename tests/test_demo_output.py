@@ -17,7 +17,8 @@ from sparkpoint import Pipeline
 from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.backend import take_checkpoint
+from tests.support.backends import make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "clickstream"))
@@ -35,7 +36,7 @@ def test_the_demo_prints_one_unit_style_and_ends_with_what_to_look_at_next(
     clicks = Pipeline("clicks", [clicks_per_user], job_id="click-job", checkpoints_url=".sparkpoint/ckpt")
     storage = clicks.storage()
     coordinator = CheckpointCoordinator(storage, num_retained=2)
-    with RocksDBStateBackend(storage, clicks_per_user.uid, 0, parallelism=1, local_dir=tmp_path / "w") as state:
+    with make_backend(storage, tmp_path / "w", operator=clicks_per_user.uid) as state:
         state.restore(None)
         for batch, users in enumerate((3000, 200)):  # a first checkpoint of some KiB, a small second one
             state.value_state("clicks", CLICKS).put_many((f"user-{batch}-{i}", (i, i)) for i in range(users))

@@ -31,6 +31,7 @@ from sparkpoint.spark.faults import InjectedFailure
 from sparkpoint.state import changelog as cl
 from sparkpoint.state.eventtime import iso_micros
 from tests.support import crashkit
+from tests.support.backends import make_backend
 from tests.support.visits_oracle import Expected, expected, read_batches
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +123,6 @@ def test_the_guide_quotes_the_example_as_it_is():
 def test_the_operators_on_one_subtask_equal_the_recomputation(tmp_path: Path, example: Any):
     """No Spark: each operator on one subtask over the batches, with the oracle's watermarks."""
     from sparkpoint.checkpoint.storage import CheckpointStorage
-    from sparkpoint.state.backend import RocksDBStateBackend
     from sparkpoint.state.operators import run_batch
 
     batches = [example.land.clicks_batch(n, seed=7) for n in range(9)]
@@ -132,7 +132,7 @@ def test_the_operators_on_one_subtask_equal_the_recomputation(tmp_path: Path, ex
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     for op in (ops.sessions, ops.first_clicks):
         emitted = []
-        with RocksDBStateBackend(storage, op.name, 0, parallelism=1, local_dir=tmp_path / "local") as state:
+        with make_backend(storage, tmp_path / "local", operator=op.name) as state:
             state.restore(None)
             for n, batch in enumerate(batches):
                 if n:

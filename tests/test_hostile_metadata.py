@@ -28,11 +28,11 @@ from sparkpoint.checkpoint.metadata import content_checksum
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.backend import restore_with_fallback, take_checkpoint
 from sparkpoint.state.extract import operator_states
-from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.sample import TOTALS
 from sparkpoint.state.verify import verify_checkpoint
+from tests.support.backends import make_backends, owned
 from tests.support.reliability import scale
 
 PAST = 946_684_800 * 10**9  # 2000-01-01: any read moves a file's access time past its modification time
@@ -43,14 +43,12 @@ def write_job(url: str, job_id: str, local: Path) -> None:
     """Two checkpoints of `user_totals` (the sample operator, so that `sparkpoint state` exports it)."""
     storage = CheckpointStorage(url, job_id)
     coord = CheckpointCoordinator(storage, num_retained=2)
-    subtasks = [RocksDBStateBackend(storage, "user_totals", i, parallelism=2, max_parallelism=16, local_dir=local)
-                for i in range(2)]
+    subtasks = make_backends(storage, local, operator="user_totals", max_parallelism=16)
     for b in subtasks:
         b.restore(None)
     for ts, users in enumerate([[f"u{i}" for i in range(40)], [f"u{i}" for i in range(40, 80)]]):
         for b in subtasks:
-            owned = [u for u in users if key_group_for(u, 16) in b.key_group_range]
-            b.value_state("totals", TOTALS).put_many((u, (1, 1.0, 1.0, 1.0, ts)) for u in owned)
+            b.value_state("totals", TOTALS).put_many((u, (1, 1.0, 1.0, 1.0, ts)) for u in owned(b, users))
         take_checkpoint(coord, subtasks)
         if ts == 1:
             for b in subtasks:
@@ -234,8 +232,8 @@ def exercise_every_consumer(world: World, capsys: pytest.CaptureFixture[str], wo
     except SparkpointError:
         pass
     listing = store.load_all()
-    subtasks = [RocksDBStateBackend(storage, "user_totals", i, parallelism=2, max_parallelism=16,
-                                    local_dir=work / "restore", local_recovery=False) for i in range(2)]
+    subtasks = make_backends(storage, work / "restore", operator="user_totals", max_parallelism=16,
+                             local_recovery=False)
     try:
         restore_with_fallback(subtasks, listing.checkpoints)
     except SparkpointError:

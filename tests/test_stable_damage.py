@@ -18,13 +18,13 @@ from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback,
 from sparkpoint.state.changelog import ChangelogOptions
 from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.verify import verify_checkpoint
+from tests.support.backends import make_backend
 
 COUNTS = StructCodec[tuple[int]]("<q")
 
 
 def backend(storage: CheckpointStorage, local: Path, changelog: bool) -> RocksDBStateBackend:
-    return RocksDBStateBackend(storage, "counts", 0, parallelism=1, local_dir=local, max_parallelism=32,
-                               changelog=ChangelogOptions(enabled=changelog))
+    return make_backend(storage, local, max_parallelism=32, changelog=ChangelogOptions(enabled=changelog))
 
 
 def update(b: RocksDBStateBackend, model: dict[str, int], rng: random.Random) -> None:

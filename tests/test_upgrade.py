@@ -24,9 +24,9 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.upgrade import plan_restore
 from sparkpoint.spark.source import SourceOffsets
-from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.keygroups import key_group_for
 from tests.support import shop_pipelines as shop
+from tests.support.backends import make_backend
 
 MODULE = "tests.support.shop_pipelines"
 PURCHASES = [[("ann", 10.0), ("bob", 5.0), ("cy", 7.5), ("ann", 2.0)],
@@ -52,8 +52,7 @@ def checkpoint_of(url: str, pipeline: Pipeline, rows: pd.DataFrame, local: Path,
     backends = []
     for op in pipeline.operators:
         for i in range(parallelism):
-            b = RocksDBStateBackend(storage, op.uid, i, parallelism=parallelism, max_parallelism=max_parallelism,
-                                    local_dir=local)
+            b = make_backend(storage, local, i, parallelism, operator=op.uid, max_parallelism=max_parallelism)
             b.restore(None)
             mine = rows[[key_group_for(k, max_parallelism) in b.key_group_range for k in rows["customer"]]]
             if len(mine):

@@ -18,7 +18,8 @@ from pathlib import Path
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, SparkpointError
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.backend import take_checkpoint
+from tests.support.backends import make_backends
 from tests.support.reliability import count_round
 from tests.support.waiting import wait_for
 
@@ -56,8 +57,7 @@ def main() -> None:
     rng = random.Random(f"{args.seed}-{args.name}")
     storage = CheckpointStorage(args.checkpoints, args.job_id, json.loads(args.storage_options))
     coord = CheckpointCoordinator(storage, num_retained=2)
-    subtasks = [RocksDBStateBackend(storage, "counts", i, parallelism=2, max_parallelism=16, local_dir=args.local)
-                for i in range(2)]
+    subtasks = make_backends(storage, args.local, max_parallelism=16)
     for b in subtasks:
         b.restore(None)
     model: dict[str, int] = {}

@@ -18,10 +18,11 @@ from sparkpoint.checkpoint.metadata import content_checksum
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.driver import StatefulPipeline
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.changelog import is_changelog
 from sparkpoint.state.sample import item_reach, user_totals
 from tests.support import oracle
+from tests.support.backends import make_backends
 from tests.test_pipeline import config as base_config
 from tests.test_pipeline import export, make_input
 
@@ -128,8 +129,7 @@ def test_rocksdb_refusing_a_restored_directory_in_a_task_falls_back(spark, tmp_p
 def _checkpoint_of(tmp_path: Path, operators: list[str]) -> None:
     storage = storage_of(tmp_path)
     coord = CheckpointCoordinator(storage)
-    backends = [RocksDBStateBackend(storage, name, i, parallelism=3, local_dir=tmp_path / "core")
-                for name in operators for i in range(3)]
+    backends = [b for name in operators for b in make_backends(storage, tmp_path / "core", 3, operator=name)]
     for b in backends:
         b.restore(None)
     take_checkpoint(coord, backends, source_offsets={"source": {"version": 1, "consumed": []}, "sink": []})
