@@ -17,8 +17,10 @@ from sparkpoint import Pipeline
 from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.resources import DEFAULT_INPUT, InputResource
 from sparkpoint.state.backend import take_checkpoint
 from tests.support.backends import make_backend
+from tests.support.dagster_setup import init_resource
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "clickstream"))
@@ -69,3 +71,15 @@ def test_the_demo_prints_one_unit_style_and_ends_with_what_to_look_at_next(
     assert listed.returncode == 0, listed.stderr
     assert "2 retained checkpoint(s) of click-job" in listed.stdout
     assert "chk-2" in listed.stdout and "chk-1" in listed.stdout
+
+
+def test_the_demo_never_lands_a_batch_under_a_consumed_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    source = InputResource(sample_stream=True)
+    init_resource(source)
+    first = source.land_sample_batch()
+    second = source.land_sample_batch()
+    assert first and second and first.endswith("batch-000000.parquet") and second.endswith("batch-000001.parquet")
+    (Path(DEFAULT_INPUT) / "batch-000000.parquet").unlink()  # consumed, then cleaned up by the user
+    third = source.land_sample_batch(consumed=["batch-000000.parquet", "batch-000001.parquet"])
+    assert third is not None and third.endswith("batch-000002.parquet")

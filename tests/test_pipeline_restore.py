@@ -1,5 +1,8 @@
-"""Review defects reachable through the pipeline (issue 8): two fallbacks in a row, a fallback
-late in a long run, RocksDB refusing a restored directory in a Spark task, operator sets."""
+"""What a pipeline restores from: its output survives two fallbacks in a row and a fallback late
+in a long run, RocksDB refusing a restored directory in a Spark task falls back too, a checkpoint
+of other operators than the job's is refused unless allowed, a checkpoints directory with glob
+characters resumes where it stopped, and a flipped letter in the latest `_metadata` stops the
+resume instead of starting empty."""
 
 from __future__ import annotations
 
