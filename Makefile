@@ -57,7 +57,7 @@ docs: $(DEV_STAMP)
 # Long reliability variants (crash points x seeds, storage faults over hundreds of checkpoints, load).
 soak: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m soak -s
-	@$(BIN)/python -m tests.soak_summary build/soak
+	@$(BIN)/python -m tests.support.soak_summary build/soak
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check sparkpoint tests benchmarks docs

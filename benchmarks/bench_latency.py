@@ -74,6 +74,7 @@ from benchmarks.bench_vs_spark import (
     spark_query,
 )
 from benchmarks.latency_location import REMOTE_ENV, ROOT_ENV, WORKLOADS_ENV, pipeline_name
+from tests.support.waiting import wait_for
 
 RESULTS = Path(__file__).parent / "results"
 USERS, ITEMS = 200_000, 5_000
@@ -95,15 +96,6 @@ def workloads(root: Path, updates: int) -> list[Workload]:
     ]
 
 
-def wait(what: str, probe: Callable[[], Any], timeout: float, every: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := probe()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout:.0f} s")
-        time.sleep(every)
-    return value
-
-
 # --- ours: Dagster on Spark Connect ----------------------------------------------------------------
 
 
@@ -121,7 +113,7 @@ def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: 
     # Files land at any moment of the sensor daemon's 5 s loop, not in step with it.
     time.sleep(PHASES.uniform(0, SENSOR_LOOP_S))
     landed = land(f, where / "in")
-    committed = wait(f"chk-{checkpoint_id}/_metadata", lambda: metadata.exists() and time.time(), timeout, 0.02)
+    committed = wait_for(lambda: metadata.exists() and time.time(), timeout, 0.02, f"chk-{checkpoint_id}/_metadata")
 
     def materialized() -> float | None:
         for m in server.materializations("checkpoint", prefix=name):
@@ -129,7 +121,7 @@ def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: 
                 return int(m["timestamp"]) / 1000
         return None
 
-    materialized_at = wait(f"the materialization of chk-{checkpoint_id}", materialized, timeout, 0.1)
+    materialized_at = wait_for(materialized, timeout, 0.1, f"the materialization of chk-{checkpoint_id}")
     (run,) = [r for r in server.runs({"sparkpoint/landed": f.name}) if r["jobName"] == f"{name}_checkpoint"]
     run = server.wait_run(run["runId"])
     assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
@@ -147,8 +139,8 @@ def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: 
 
 
 def measure_ours(root: Path, loads: list[Workload]) -> dict[str, list[dict[str, Any]]]:
-    from tests.connect_server import connect_server
-    from tests.dagster_server import DagsterServer
+    from tests.support.connect_server import connect_server
+    from tests.support.dagster_server import DagsterServer
 
     rows: dict[str, list[dict[str, Any]]] = {}
     with connect_server(root / "connect") as connect:
@@ -189,8 +181,8 @@ def measure_spark(root: Path, loads: list[Workload]) -> dict[str, dict[str, list
                     for batch_id, f in enumerate(w.files):
                         landed = land(f, run_dir / "in")
                         marker = commits / str(batch_id)
-                        committed = wait(f"{label} commit {batch_id}", lambda m=marker: m.exists() and time.time(),
-                                         600, 0.01)
+                        committed = wait_for(lambda m=marker: m.exists() and time.time(), 600, 0.01,
+                                             f"{label} commit {batch_id}")
                         if query.exception() is not None:
                             raise RuntimeError(f"{label}: {query.exception()}")
                         if batch_id:  # the first batch is not timed, as for ours
@@ -249,7 +241,7 @@ class CommitWatch:
                 self.pending.remove(i)
 
     def times(self, timeout: float = 600) -> list[float]:
-        wait("every commit", lambda: not self.pending, timeout, 0.05)
+        wait_for(lambda: not self.pending, timeout, 0.05, "every commit")
         self._stop.set()
         return [self.seen[i] for i in sorted(self.seen)]
 

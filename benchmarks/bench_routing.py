@@ -14,7 +14,7 @@ first restores nothing and starts the Python workers and the query).
 
 Sections (each in a process of its own with a Spark of its own; `--only` picks some):
 
-* cluster: a Spark standalone cluster on 127.0.0.1 (`tests/cluster.py`: a master and `--workers`
+* cluster: a Spark standalone cluster on 127.0.0.1 (`tests/support/cluster.py`: a master and `--workers`
   workers of 1 core each, executors of 512 MB). For each parallelism in PARALLELISMS: ours on
   read-all, ours on the shuffle, and Spark Structured Streaming on the same files: readStream
   parquet over a glob of batch directories, each renamed into place whole (so that a trigger
@@ -325,7 +325,7 @@ def summarize(batches: list[dict[str, Any]]) -> dict[str, Any]:
 
 def section_cluster(args: argparse.Namespace, work: Path, meter: LoadMeter) -> dict[str, Any]:
     from sparkpoint.spark.session import spark_session
-    from tests.cluster import standalone_cluster
+    from tests.support.cluster import standalone_cluster
 
     sizes = [args.cluster_events] * args.cluster_batches
     log(f"cluster: generating {len(sizes)} batches of {args.cluster_events:,} events")

@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    from tests.connect_server import connect_server
+    from tests.support.connect_server import connect_server
 
     root = Path(tempfile.mkdtemp(prefix="sparkpoint-startup-"))
     try:

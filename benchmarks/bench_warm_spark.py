@@ -59,7 +59,7 @@ def stop_warm(env: dict[str, str]) -> None:
 
 
 def dagster_mode(root: Path, mode: str, files: list[Path], env: dict[str, str]) -> list[dict[str, Any]]:
-    from tests.dagster_server import DagsterServer
+    from tests.support.dagster_server import DagsterServer
 
     workload = f"warm-{mode}"
     name = pipeline_name(workload)

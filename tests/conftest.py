@@ -12,7 +12,7 @@ import fsspec
 import pytest
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from tests.dagster_server import dagster_server  # noqa: F401  (session fixture: webserver + daemon)
+from tests.support.dagster_server import dagster_server  # noqa: F401  (session fixture: webserver + daemon)
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")

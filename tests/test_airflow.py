@@ -31,8 +31,8 @@ from sparkpoint.sample import pipeline as sample  # noqa: E402
 from sparkpoint.spark.generate import generate  # noqa: E402
 from sparkpoint.state.extract import operator_states, state_table  # noqa: E402
 from sparkpoint.state.sample import item_reach, user_totals  # noqa: E402
-from tests import oracle  # noqa: E402
-from tests.helpers import empty_checkpoint  # noqa: E402
+from tests.support import oracle  # noqa: E402
+from tests.support.helpers import empty_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,7 +238,7 @@ def test_the_landing_sensor_waits_in_one_task_and_refuses_an_interval_that_canno
     is built, naming the bound."""
     from sparkpoint.airflow import SparkpointLandingSensor, sparkpoint_dag
     from sparkpoint.airflow.operators import PokeIntervalError
-    from tests.meters_pipeline import meters
+    from tests.support.meters_pipeline import meters
 
     pipeline = meters(tmp_path)
     sensor = sparkpoint_dag(pipeline, on_landing=True, poke_interval=5).get_task("wait_for_batch")
@@ -254,13 +254,13 @@ def test_a_landing_sensor_that_times_out_fails_its_run_without_running_recover(t
     """A user's pipeline (smart meters) waiting for a file that never lands: the sensor times out,
     the run fails, and `recover` skips (no batch task failed: they are `upstream_failed`) instead
     of starting Spark to recover a batch that never ran."""
-    from tests.meters_pipeline import meters
+    from tests.support.meters_pipeline import meters
 
     meters(tmp_path)
     run = dag_from_file("meters_af_idle", (
         "from pathlib import Path\n"
         "from sparkpoint.airflow import sparkpoint_dag\n"
-        "from tests.meters_pipeline import meters\n"
+        "from tests.support.meters_pipeline import meters\n"
         f"dag = sparkpoint_dag(meters(Path({str(tmp_path)!r})), dag_id='meters_af_idle', on_landing=True, "
         "poke_interval=1, default_args={'timeout': 0})\n"
     )).test()
@@ -272,11 +272,11 @@ def test_a_landing_sensor_that_times_out_fails_its_run_without_running_recover(t
 
 
 def meters_dag(name: str, tmp_path: Path, **overrides: object):  # type: ignore[no-untyped-def]
-    """A DAG file for the smart-meters pipeline (tests.meters_pipeline) at `tmp_path`; its DAG."""
+    """A DAG file for the smart-meters pipeline (tests.support.meters_pipeline) at `tmp_path`; its DAG."""
     return dag_from_file(name, (
         "from pathlib import Path\n"
         "from sparkpoint.airflow import sparkpoint_dag\n"
-        "from tests.meters_pipeline import meters\n"
+        "from tests.support.meters_pipeline import meters\n"
         f"dag = sparkpoint_dag(meters(Path({str(tmp_path)!r})), dag_id={name!r}, overrides={overrides!r})\n"
     ))
 
@@ -287,7 +287,7 @@ def test_a_bad_file_fails_the_batch_before_spark_or_is_skipped_with_a_warning(tm
     that committed its checkpoint (the batch task: the run takes the backlog) logs a warning naming
     it, no row of it in the state, the good file after it processed."""
     from sparkpoint.pipeline.driver import StatefulPipeline
-    from tests.meters_pipeline import bad, good, meters, state_of, totals
+    from tests.support.meters_pipeline import bad, good, meters, state_of, totals
 
     pipeline = meters(tmp_path)
     bad(tmp_path, "r-000.parquet", "null keys")

@@ -28,7 +28,8 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.spark.generate import generate
 from sparkpoint.state.extract import operator_states, state_table
 from sparkpoint.state.sample import user_totals
-from tests import oracle
+from tests.support import oracle
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,16 +121,10 @@ class Airflow:
                                                                         in DONE else None), timeout))
 
     def wait_for(self, what: str, probe: Any, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"airflow standalone exited while waiting for {what}\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{self.tail()}")
-            time.sleep(2)
+        return wait_for(probe, timeout, 2, what, stop=self.exited, last=self.tail)
+
+    def exited(self) -> str | None:
+        return "airflow standalone exited" if self.proc is not None and self.proc.poll() is not None else None
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
@@ -197,7 +192,7 @@ def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow)
 LANDING_DAG = """\
 from pathlib import Path
 from sparkpoint.airflow import sparkpoint_dag
-from tests.meters_pipeline import meters
+from tests.support.meters_pipeline import meters
 
 dag = sparkpoint_dag(meters(Path({data!r})), dag_id="meters_landing", on_landing=True, poke_interval=5)
 """
@@ -208,7 +203,7 @@ def test_a_landing_dag_waits_idle_at_a_short_poke_interval_and_runs_when_a_file_
     fail no run (in reschedule mode Airflow's scheduler failed the sensor when its next poke fell
     due before it saw the previous poke's exit, apache/airflow#71172, and `recover` ran after it),
     and the file that lands is committed by the run that waited for it."""
-    from tests.meters_pipeline import good, meters, state_of, totals
+    from tests.support.meters_pipeline import good, meters, state_of, totals
 
     data = tmp_path / "data"
     data.mkdir()

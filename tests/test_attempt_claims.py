@@ -3,7 +3,7 @@ storage operation of either side: they exclude each other through the attempt's 
 ends either with checkpoint 2 complete (every file present, its output committed once) or without
 it (checkpoint 1 intact, no output of 2), never with a checkpoint that references deleted files.
 
-No Spark: the subtasks' uploads are made by `tests.helpers.FakeSubtask`, the sink rows by the
+No Spark: the subtasks' uploads are made by `tests.support.helpers.FakeSubtask`, the sink rows by the
 real exactly-once sink, and both sides are the real `complete_attempt` and `settle_attempts`,
 each with its own storage object, as two processes would have.
 """
@@ -35,7 +35,7 @@ from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.source import SourceOffsets
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.sample import SAMPLE_OPERATORS
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 
 OPERATORS = ("item_reach", "user_totals")
 STORAGE_CALLS = (

@@ -39,3 +39,14 @@ def test_a_step_under_an_aborted_id_is_refused_before_spark_and_a_new_id_commits
     done = finish_step(driver, ["try-2"])
     assert done is not None and done[1].checkpoint_id == 1
     assert start_step(driver, "try-1") is not None, "past that checkpoint the id is free again"
+
+
+def test_a_pending_attempt_whose_id_is_a_path_is_refused():
+    from sparkpoint.pipeline.attempt import AttemptError, PendingAttempt
+
+    raw = {"format": "sparkpoint-pending-attempt", "version": 1, "job_id": "job", "checkpoint_id": 3,
+           "attempt_id": "x/../../chk-2/_metadata", "expected": {}, "handles": [], "staged": [],
+           "source_offsets": {"version": 1, "consumed": []}, "files": [], "subtasks": [], "rows": 0,
+           "started_at": 0.0}
+    with pytest.raises(AttemptError, match="attempt id"):
+        PendingAttempt.from_json(raw)

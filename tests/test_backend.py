@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,12 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
 from sparkpoint.state.codecs import JsonCodec, StructCodec
 from sparkpoint.state.keygroups import key_group_for
+from tests.support.backends import make_backend
 
 COUNTS = StructCodec[tuple[int]]("<q")
 
 
-def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1, **kw):
-    kw.setdefault("max_parallelism", 32)
-    return RocksDBStateBackend(storage, "counts", subtask, parallelism=parallelism, local_dir=local, **kw)
+backend = partial(make_backend, operator="counts", max_parallelism=32)
 
 
 def write_random(b: RocksDBStateBackend, model: dict[str, int], rng: random.Random, n: int, keyspace: int) -> None:

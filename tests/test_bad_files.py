@@ -1,4 +1,4 @@
-"""Bad input files (issue 34, item 2), on a user's own pipeline (smart meters, `tests.meters_pipeline`):
+"""Bad input files (issue 34, item 2), on a user's own pipeline (smart meters, `tests.support.meters_pipeline`):
 every check of a file (readable Parquet, columns, the declared key type, null keys, the event-time
 column) runs before any Spark work; `on_bad_file="fail"` stops before any upload naming the file,
 the check and the fix; `"skip"` consumes a bad file exactly once, recorded in `_metadata`, and the
@@ -29,7 +29,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.skipping import skip_file
 from sparkpoint.spark.source import BadInputFile, SourceError
-from tests.meters_pipeline import BAD, bad, good, meters, settled, state_of, totals
+from tests.support.meters_pipeline import BAD, bad, good, meters, settled, state_of, totals
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -308,7 +308,7 @@ MODULE = textwrap.dedent('''
     """meters_app: a user's module naming the meters pipeline, importable where the command runs."""
     from pathlib import Path
 
-    from tests.meters_pipeline import meters
+    from tests.support.meters_pipeline import meters
 
     pipeline = meters(Path(__file__).resolve().parent)
 ''')

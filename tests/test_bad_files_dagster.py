@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 
 from sparkpoint.factory import pipeline_defs
-from tests.meters_pipeline import bad, good, meters, state_of, totals
+from tests.support.meters_pipeline import bad, good, meters, state_of, totals
 
 pytestmark = pytest.mark.spark
 

@@ -2,7 +2,7 @@
 through Spark that a job starts from with `--from-checkpoint`, at another parallelism, and whose
 bootstrapped value state, list state and timers carry on as if the job had processed the table.
 
-A user's own operator (`tests.accounts_pipeline`: balances with a history and a welcome timer),
+A user's own operator (`tests.support.accounts_pipeline`: balances with a history and a welcome timer),
 real local Spark, real RocksDB, real files. Bad input is refused before any Spark work."""
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from sparkpoint.pipeline.bootstrap import CLAIM_FILE, bootstrap_savepoint
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.operators import KeyedOperator, run_bootstrap
-from tests import accounts_pipeline as acc
-from tests.docs_text import page, python_blocks
+from tests.support import accounts_pipeline as acc
+from tests.support.backends import make_backend
+from tests.support.docs_text import page, python_blocks
 
-PIPELINE = "tests.accounts_pipeline:accounts"
+PIPELINE = "tests.support.accounts_pipeline:accounts"
 
 
 def opening_table(directory: Path) -> pd.DataFrame:
@@ -216,7 +217,7 @@ def test_timers_registered_in_bootstrap_need_on_timer(tmp_path: Path):
 
     op = KeyedOperator("reminders", key="account", process=acc.process, export=acc.export, bootstrap=remind)
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
-    with RocksDBStateBackend(storage, "reminders", 0, parallelism=1, local_dir=tmp_path / "local") as state:
+    with make_backend(storage, tmp_path / "local", operator="reminders") as state:
         state.restore(None)
         with pytest.raises(StateBackendError, match="registered 2 timer.*has no on_timer"):
             run_bootstrap(op, state, GOOD, processing_us=0)
@@ -262,7 +263,7 @@ def test_the_guide_bootstrap_example_writes_the_initial_clicks(tmp_path: Path):
     op = namespace["clicks"].operator("clicks_per_user")  # type: ignore[attr-defined]
     table = pd.DataFrame({"user": ["u1", "u2", "u1"], "clicks": [3, 4, 5]})
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
-    with RocksDBStateBackend(storage, op.name, 0, parallelism=1, local_dir=tmp_path / "local") as state:
+    with make_backend(storage, tmp_path / "local", operator=op.name) as state:
         state.restore(None)
         run_bootstrap(op, state, table, processing_us=0)
         assert op.export(state).set_index("user")["clicks"].to_dict() == {"u1": 8, "u2": 4}

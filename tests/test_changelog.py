@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,22 +19,20 @@ from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.engine import changelog as cl
 from sparkpoint.state.engine.changelog import ChangeLog, ChangelogFormatError, ChangelogOptions
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
-from sparkpoint.state.keygroups import key_group_for
+from tests.support.backends import make_backend, owned
 
 COUNTS = StructCodec[tuple[int]]("<q")
 Model = dict[tuple[str, str, str], int]  # (state, key, user key or "") -> value
 
 
-def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1, **kw):
-    kw.setdefault("max_parallelism", 32)
-    kw.setdefault("changelog", ChangelogOptions(enabled=True, materialize_share=10.0, max_chain=4))
-    return RocksDBStateBackend(storage, "ops", subtask, parallelism=parallelism, local_dir=local, **kw)
+backend = partial(make_backend, operator="ops", max_parallelism=32,
+                  changelog=ChangelogOptions(enabled=True, materialize_share=10.0, max_chain=4))
 
 
 def mutate(b: RocksDBStateBackend, model: Model, rng: random.Random, n: int = 400, keyspace: int = 3000) -> None:
     """Random puts, deletes, map entries, whole-map removals and an occasional clear."""
     values, maps = b.value_state("values", COUNTS), b.map_state("maps", COUNTS)
-    mine = [k for k in (f"k{i}" for i in range(keyspace)) if key_group_for(k, b.max_parallelism) in b.key_group_range]
+    mine = owned(b, (f"k{i}" for i in range(keyspace)))
     for _ in range(n):
         key = rng.choice(mine)
         op = rng.random()

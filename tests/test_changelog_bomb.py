@@ -18,10 +18,11 @@ from sparkpoint.checkpoint.errors import CheckpointCorrupted
 from sparkpoint.checkpoint.metadata import metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.backend import restore_with_fallback, take_checkpoint
 from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.engine.changelog import MAGIC, ChangelogFormatError, ChangelogOptions, decode
 from sparkpoint.state.engine.verify import verify_checkpoint
+from tests.support.backends import make_backend
 
 COUNTS = StructCodec[tuple[int]]("<q")
 FRAME = 16 * 1024 * 1024
@@ -46,8 +47,7 @@ def test_decode_refuses_a_body_larger_than_allowed_before_decompressing():
 def test_a_checksum_valid_bomb_in_a_checkpoint_is_reported_by_verify_and_refused_by_restore(tmp_path: Path):
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     coord = CheckpointCoordinator(storage, num_retained=2)
-    with RocksDBStateBackend(storage, "counts", 0, parallelism=1, local_dir=tmp_path / "local",
-                             max_parallelism=32, changelog=ChangelogOptions(enabled=True)) as b:
+    with make_backend(storage, tmp_path / "local", max_parallelism=32, changelog=ChangelogOptions(enabled=True)) as b:
         b.restore(None)
         for n in range(2):
             b.value_state("count", COUNTS).put_many((f"k{i}", (i + n,)) for i in range(300))
@@ -67,8 +67,8 @@ def test_a_checksum_valid_bomb_in_a_checkpoint_is_reported_by_verify_and_refused
 
     problems = verify_checkpoint(storage, store.load(2))
     assert [p.path for p in problems] == [victim.path] and "decompression bomb" in problems[0].problem
-    with RocksDBStateBackend(storage, "counts", 0, parallelism=1, local_dir=tmp_path / "fresh",
-                             max_parallelism=32, changelog=ChangelogOptions(enabled=True)) as fresh:
+    with make_backend(storage, tmp_path / "fresh", max_parallelism=32,
+                      changelog=ChangelogOptions(enabled=True)) as fresh:
         with pytest.raises(CheckpointCorrupted, match="does not decode"):
             fresh.restore(store.load(2))
         restored = restore_with_fallback([fresh], store.load_all().checkpoints)  # falls back to chk-1

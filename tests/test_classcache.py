@@ -14,6 +14,7 @@ import pytest
 
 from sparkpoint.spark import classcache
 from sparkpoint.spark.classcache import WRITTEN, ClassArchive, archive_key, usable_archive
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "k" * 24
@@ -41,12 +42,9 @@ def start_spark(cache: Path) -> tuple[dict[str, object], str]:
 
 
 def wait_for_recording(cache: Path) -> None:
-    deadline = time.monotonic() + 240  # the JVM writes it after the driver has exited
-    while time.monotonic() < deadline:
-        if any(WRITTEN in p.read_bytes() for p in cache.glob("*.log")):
-            return
-        time.sleep(1)
-    raise AssertionError(f"no recording was written: {sorted(p.name for p in cache.iterdir())}")
+    wait_for(lambda: any(WRITTEN in p.read_bytes() for p in cache.glob("*.log")),
+             240, 1, "a recording (the JVM writes it after the driver has exited)",
+             last=lambda: sorted(p.name for p in cache.iterdir()))
 
 
 @pytest.mark.spark

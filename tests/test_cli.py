@@ -12,9 +12,9 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from sparkpoint.state.keygroups import key_group_for
+from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.sample import TOTALS
+from tests.support.backends import make_backends, owned
 
 
 @pytest.fixture
@@ -23,14 +23,13 @@ def job(tmp_path: Path) -> str:
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     coord = CheckpointCoordinator(storage, num_retained=2)
     rng = random.Random(0)
-    backends = [RocksDBStateBackend(storage, "user_totals", i, parallelism=2, local_dir=tmp_path / "local")
-                for i in range(2)]
+    backends = make_backends(storage, tmp_path / "local", operator="user_totals")
     for b in backends:
         b.restore(None)
     for _ in range(2):
         keys = {f"u{rng.randrange(300):04d}" for _ in range(200)}
         for b in backends:
-            mine = [k for k in sorted(keys) if key_group_for(k, b.max_parallelism) in b.key_group_range]
+            mine = owned(b, sorted(keys))
             b.value_state("totals", TOTALS).put_many((k, (1, 2.0, 2.0, 2.0, 1_000_000)) for k in mine)
         take_checkpoint(coord, backends)
     for b in backends:
@@ -119,8 +118,8 @@ def test_the_run_line_of_a_big_batch_counts_its_files_and_names_the_first_and_la
     """`--files-per-checkpoint 1000` made a line of 1,000 names; `--json` keeps every name."""
     from dataclasses import replace
 
-    from tests.interleavings import InProcessPipeline
-    from tests.meters_pipeline import bad, good, meters
+    from tests.support.interleavings import InProcessPipeline
+    from tests.support.meters_pipeline import bad, good, meters
 
     pipeline = meters(tmp_path, files_per_checkpoint=1000, on_bad_file="skip")
     names = [f"r-{i:04d}.parquet" for i in range(12)]

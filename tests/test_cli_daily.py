@@ -1,6 +1,6 @@
 """Rough edges a new user hit in the CLI: `list --pipeline` names the pipeline's job, and `gc
 --dry-run` says how many unreferenced files it kept for being younger than the grace period and
-how to include them. A user's own pipeline (tests.interleavings' balances), not the sample's."""
+how to include them. A user's own pipeline (tests.support.interleavings' balances), not the sample's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 
 from sparkpoint import Pipeline
 from sparkpoint.cli import main
-from tests.interleavings import BALANCES, InProcessPipeline
+from tests.support.interleavings import BALANCES, InProcessPipeline
 
 
 def test_list_with_a_pipeline_names_its_job_and_gc_says_what_the_grace_period_kept(tmp_path: Path, capsys,
@@ -22,7 +22,7 @@ def test_list_with_a_pipeline_names_its_job_and_gc_says_what_the_grace_period_ke
                     local_dir=str(tmp_path / "local"), parallelism=1, max_parallelism=8)
     InProcessPipeline(None, spec.config(), spec.operators).run()
     (tmp_path / "ledger_module.py").write_text(
-        "from sparkpoint import Pipeline\nfrom tests.interleavings import BALANCES\n"
+        "from sparkpoint import Pipeline\nfrom tests.support.interleavings import BALANCES\n"
         f"ledger = Pipeline('ledger', [BALANCES], checkpoints_url={str(tmp_path / 'ckpt')!r}, max_parallelism=8)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
 

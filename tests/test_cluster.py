@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.spark.generate import generate
-from tests.cluster import standalone_cluster
-from tests.crashkit import assert_pipeline_result, assert_storage_settled, run_command
+from tests.support.cluster import standalone_cluster
+from tests.support.crashkit import assert_pipeline_result, assert_storage_settled, run_command
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -91,14 +92,14 @@ def wait_and_kill(cluster, proc, reports, kill_after: int) -> int:  # type: igno
     """Once `kill_after` checkpoints completed, kill worker 1 while it runs a subtask; returns the
     id of the checkpoint that was in flight."""
     deadline = time.monotonic() + 600
-    while len(reports) < kill_after:
-        assert proc.poll() is None, f"the run ended early ({proc.returncode}) after {len(reports)} checkpoints"
-        assert time.monotonic() < deadline, "no progress on the cluster"
-        time.sleep(0.2)
-    while not cluster.busy("worker1"):
-        assert proc.poll() is None, "the run ended before worker 1 ran another subtask"
-        assert time.monotonic() < deadline, "worker 1 never ran another subtask"
-        time.sleep(0.01)
+
+    def ended() -> str | None:
+        return None if proc.poll() is None else f"the run ended ({proc.returncode}) after {len(reports)} checkpoints"
+
+    wait_for(lambda: len(reports) >= kill_after, deadline - time.monotonic(), 0.2, f"{kill_after} checkpoints",
+             stop=ended)
+    wait_for(lambda: cluster.busy("worker1"), deadline - time.monotonic(), 0.01, "worker 1 to run another subtask",
+             stop=ended)
     in_flight = int(reports[-1]["checkpoint_id"]) + 1
     cluster.kill_machine("worker1")
     return in_flight

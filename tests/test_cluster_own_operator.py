@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.clickstream_project import clicks_state, copy_project
-from tests.cluster import standalone_cluster
+from tests.support.clickstream_project import clicks_state, copy_project
+from tests.support.cluster import standalone_cluster
 
 pytestmark = pytest.mark.spark
 

@@ -22,9 +22,9 @@ import pytest
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark.generate import generate
 from sparkpoint.spark.session import connect_session, job_group, shared_session_id
-from tests.clickstream_project import clicks_state, copy_project
-from tests.connect_server import ConnectServer, connect_server
-from tests.crashkit import assert_pipeline_result, assert_storage_settled, run_command
+from tests.support.clickstream_project import clicks_state, copy_project
+from tests.support.connect_server import ConnectServer, connect_server
+from tests.support.crashkit import assert_pipeline_result, assert_storage_settled, run_command
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent

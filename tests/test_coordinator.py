@@ -12,7 +12,9 @@ from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointDecl
 from sparkpoint.checkpoint.metadata import RestoreLineage, metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from tests.helpers import FakeSubtask
+from sparkpoint.checkpoint.sweep import sweep_orphans
+from sparkpoint.state.engine.verify import verify_checkpoint
+from tests.support.helpers import FakeSubtask
 
 
 def shared_counts(coord: CheckpointCoordinator, sub: FakeSubtask, names: list[str]) -> dict[str, int]:
@@ -505,3 +507,160 @@ def test_a_savepoint_whose_copies_a_sweep_took_while_it_copied_commits_nothing(
         set_step_hook(previous)
     assert swept[-1] == "done", "the sweep ran while the savepoint copied"
     assert CompletedCheckpointStore(storage).checkpoint_ids() == [1], "no savepoint without its files"
+
+
+def test_second_coordinator_cannot_reuse_a_file_the_first_one_deleted(local_storage: CheckpointStorage, tmp_path: Path):
+    """A completes 2 and deletes an SST of 1; B, resumed from 1, must not commit 3 reusing it."""
+    storage = local_storage
+    a = CheckpointCoordinator(storage, num_retained=1)
+    sa = FakeSubtask(storage, tmp_path / "a")
+    sa.write("000007.sst")
+    sa.write("000008.sst")
+    run_checkpoint(a, sa, ["000007.sst"])
+    reused = sa.confirmed["000007.sst"].path
+
+    b = CheckpointCoordinator(storage, num_retained=1)  # resumed from 1: its registry knows `reused`
+    sb = FakeSubtask(storage, tmp_path / "b")
+    sb.confirmed = dict(sa.confirmed)
+
+    p2 = a.trigger(expected={"op": 1}).checkpoint_id
+    a.acknowledge(p2, sa.snapshot(p2, ["000008.sst"]))
+    a.complete(p2)  # subsumes 1: `reused` is deleted
+    assert not storage.exists(reused)
+
+    p3 = b.trigger(expected={"op": 1}).checkpoint_id  # next_id None: the highest known + 1
+    b.acknowledge(p3, sb.snapshot(p3, ["000007.sst"]))
+    with pytest.raises(UnknownSharedState, match="re-upload"):
+        b.complete(p3)
+    store = CompletedCheckpointStore(storage)
+    assert store.checkpoint_ids() == [2], "A's good checkpoint survives, B's never commits"
+    assert verify_checkpoint(storage, store.load(2)) == []
+
+
+class CommitHook(CheckpointStorage):
+    """Runs `before_commit` once, right before `_metadata` is created: another writer acts there."""
+
+    before_commit = None
+
+    def commit_exclusive(self, rel: str, data: bytes) -> None:
+        hook, type(self).before_commit = type(self).before_commit, None
+        if hook:
+            hook()
+        super().commit_exclusive(rel, data)
+
+
+def test_file_deleted_by_another_writer_between_check_and_commit_withdraws_the_checkpoint(tmp_path: Path):
+    url = f"file://{tmp_path}/ck"
+    storage = CommitHook(url, "job")
+    a = CheckpointCoordinator(CheckpointStorage(url, "job"), num_retained=1)
+    sa = FakeSubtask(a.storage, tmp_path / "a")
+    sa.write("000007.sst")
+    sa.write("000008.sst")
+    run_checkpoint(a, sa, ["000007.sst"])
+
+    b = CheckpointCoordinator(storage, num_retained=1)
+    sb = FakeSubtask(storage, tmp_path / "b")
+    sb.confirmed = dict(sa.confirmed)
+    p3 = b.trigger(expected={"op": 1}, checkpoint_id=3).checkpoint_id
+    b.acknowledge(p3, sb.snapshot(p3, ["000007.sst"]))
+
+    def a_completes_2() -> None:
+        p2 = a.trigger(expected={"op": 1}, checkpoint_id=2).checkpoint_id
+        a.acknowledge(p2, sa.snapshot(p2, ["000008.sst"]))
+        a.complete(p2)
+
+    CommitHook.before_commit = a_completes_2
+    with pytest.raises(UnknownSharedState, match="withdrawn"):
+        b.complete(p3)
+    store = CompletedCheckpointStore(storage)
+    assert store.checkpoint_ids() == [2]
+    assert verify_checkpoint(storage, store.load(2)) == []
+
+
+class FlakyDeletes(CheckpointStorage):
+    failures = 0
+
+    def delete(self, rels):  # type: ignore[no-untyped-def]
+        rels = list(rels)
+        if rels and type(self).failures:
+            type(self).failures -= 1
+            raise OSError("503 Slow Down")
+        return super().delete(rels)
+
+
+def test_subsumption_delete_failing_after_the_commit_leaves_the_checkpoint_complete(tmp_path: Path):
+    storage = FlakyDeletes(f"file://{tmp_path}/ck", "job")
+    coord = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    for name in ("a.sst", "b.sst", "c.sst"):
+        sub.write(name)
+    for names in (["a.sst"], ["b.sst"]):
+        cid = coord.trigger(expected={"op": 1}).checkpoint_id
+        coord.acknowledge(cid, sub.snapshot(cid, names))
+        if cid == 2:
+            FlakyDeletes.failures = 1
+        done = coord.complete(cid)
+        sub.confirm(cid)
+    assert done.checkpoint_id == 2 and done.deletion_blocked and "503" in done.deletion_blocked
+    assert storage.exists(metadata_path(2))
+    cid = coord.trigger(expected={"op": 1}).checkpoint_id
+    coord.acknowledge(cid, sub.snapshot(cid, ["c.sst"]))
+    done = coord.complete(cid)
+    assert done.deletion_blocked is None
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [3]
+    sweep = sweep_orphans(storage, grace_seconds=0)
+    stored = {f.path for f in storage.walk("shared")} | {f.path for c in storage.checkpoint_dirs()
+                                                         for f in storage.walk(f"chk-{c}")}
+    assert stored == CompletedCheckpointStore(storage).load(3).paths() | {metadata_path(3)}
+    assert sweep.deleted
+
+
+class FlakyListing(CheckpointStorage):
+    """The `fail_on`-th listing of the checkpoints fails (a 503 right after a commit)."""
+
+    calls = 0
+    fail_on = 0
+
+    def completed_checkpoint_ids(self) -> list[int]:
+        type(self).calls += 1
+        if type(self).calls == type(self).fail_on:
+            raise OSError("503 Slow Down")
+        return super().completed_checkpoint_ids()
+
+
+def test_a_listing_error_right_after_the_commit_leaves_the_checkpoint_complete(tmp_path: Path):
+    storage = FlakyListing(f"file://{tmp_path}/ck", "job")
+    coord = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("a.sst")
+    sub.write("b.sst")
+    first = coord.trigger(expected={"op": 1}).checkpoint_id
+    coord.acknowledge(first, sub.snapshot(first, ["a.sst"]))
+    coord.complete(first)
+    sub.confirm(first)
+    cid = coord.trigger(expected={"op": 1}).checkpoint_id
+    coord.acknowledge(cid, sub.snapshot(cid, ["b.sst"]))
+    FlakyListing.calls, FlakyListing.fail_on = 0, 2  # the first listing is the check before the commit
+    done = coord.complete(cid)
+    assert FlakyListing.calls >= 2
+    assert done.checkpoint_id == cid and done.deletion_blocked and "503" in done.deletion_blocked
+    assert done.subsumed == (), "in doubt about other writers: nothing is subsumed"
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [cid, first]
+    assert verify_checkpoint(storage, CompletedCheckpointStore(storage).load(cid)) == []
+
+
+def test_registry_created_by_equals_a_recount_after_subsumption(local_storage: CheckpointStorage, tmp_path: Path):
+    coord = CheckpointCoordinator(local_storage, num_retained=1)
+    sub = FakeSubtask(local_storage, tmp_path / "db")
+    sub.write("000007.sst")
+    for _ in range(3):
+        cid = coord.trigger(expected={"op": 1}).checkpoint_id
+        coord.acknowledge(cid, sub.snapshot(cid, ["000007.sst"]))
+        coord.complete(cid)
+        sub.confirm(cid)
+    path = sub.confirmed["000007.sst"].path
+    live = coord.registry.entry(path)
+    rebuilt = CompletedCheckpointStore(local_storage).rebuild_registry().entry(path)
+    assert live is not None and rebuilt is not None
+    assert (live.created_by, live.last_used, live.count) == (rebuilt.created_by, rebuilt.last_used, rebuilt.count)
+    assert rebuilt.created_by == 1 and rebuilt.last_used == 3

@@ -23,7 +23,8 @@ from sparkpoint.cli import main
 from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.verify import verify_checkpoint
-from tests.reliability import count_round, counts, report, scale
+from tests.support.backends import make_backends
+from tests.support.reliability import count_round, counts, report, scale
 
 MAX_P = 16
 
@@ -41,8 +42,8 @@ class Job:
 
 
 def backends(storage: CheckpointStorage, local: Path, *, changelog: bool = False, **kw) -> list[RocksDBStateBackend]:
-    return [RocksDBStateBackend(storage, "counts", i, parallelism=2, max_parallelism=MAX_P, local_dir=local,
-                                changelog=ChangelogOptions(enabled=changelog, max_chain=3), **kw) for i in range(2)]
+    return make_backends(storage, local, max_parallelism=MAX_P,
+                         changelog=ChangelogOptions(enabled=changelog, max_chain=3), **kw)
 
 
 def write_job(base: Path, *, rounds: int, retained: int, changelog: bool = False, compact_at: int = -1) -> Job:

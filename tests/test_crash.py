@@ -18,7 +18,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
 from sparkpoint.spark.generate import generate
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = pytest.mark.spark
 

@@ -4,7 +4,7 @@ After every crash and resume: the state (and for `sparkpoint run`, the sink outp
 recomputation from the input, every retained checkpoint verifies, and after `gc --grace 0`
 storage holds exactly what the retained checkpoints reference.
 
-Two drivers are killed: `tests.crash_driver` (the core protocol without Spark: a process starts
+Two drivers are killed: `tests.support.crash_driver` (the core protocol without Spark: a process starts
 in ~1 s, so every point x several seeds fits in `make test`), and `sparkpoint run` on local Spark
 (a JVM per run: every point, chained in a seeded order, x 5 seeds in `make soak`; in `make test`
 `tests/test_s3_e2e.py` kills it at three points on S3).
@@ -25,8 +25,8 @@ import pytest
 from sparkpoint.checkpoint.crash import CRASH_POINTS, crash_point, parse
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from tests import crash_driver
-from tests.crashkit import (
+from tests.support import crash_driver
+from tests.support.crashkit import (
     assert_died_at,
     assert_finished,
     assert_storage_settled,
@@ -67,7 +67,8 @@ def core_hit(point: str, rng: random.Random) -> int:
 def core_scenario(tmp_path: Path, point: str, seed: int) -> dict[str, object]:
     rng = random.Random(f"{point}/{seed}")
     root = tmp_path / f"{point}-{seed}"
-    cmd = [sys.executable, "-m", "tests.crash_driver", str(root), "--seed", str(seed), "--batches", str(CORE_BATCHES)]
+    cmd = [sys.executable, "-m", "tests.support.crash_driver", str(root), "--seed", str(seed),
+           "--batches", str(CORE_BATCHES)]
     runs = 0
     if point == "mid-restore":  # first leave a subtask ahead of its checkpoint, maybe lose the local disk too
         per_checkpoint = {"after-native-checkpoint": 2, "after-upload": 2, "before-metadata": 1}  # exactly

@@ -11,7 +11,7 @@ import pytest
 from sparkpoint.assets import registry_matches, verifies
 from sparkpoint.assets.metadata import readable_size
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from tests.dagster_setup import (
+from tests.support.dagster_setup import (
     CHECKPOINT_KEY,
     JOB,
     OUTPUT_KEY,
@@ -130,7 +130,7 @@ def test_verify_check_fails_on_a_corrupted_file_and_registry_check_passes(spark,
 
 
 def test_the_savepoint_job_writes_a_self_contained_savepoint_the_pipeline_resumes_from(spark, tmp_path: Path):
-    from tests.dagster_setup import JOBS, resources
+    from tests.support.dagster_setup import JOBS, resources
 
     make_input(tmp_path, batches=2)
     instance = dg.DagsterInstance.ephemeral()

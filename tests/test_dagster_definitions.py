@@ -13,7 +13,7 @@ from sparkpoint.ops.instance import prepare_dagster_home
 from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource, InputResource
 from sparkpoint.resources.scope import FAILED_RUN_TAG
 from sparkpoint.sensors import recovery_decision
-from tests.dagster_setup import (
+from tests.support.dagster_setup import (
     ASSET_CHECKS,
     ASSETS,
     CHECKPOINT_KEY,

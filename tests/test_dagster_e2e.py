@@ -15,8 +15,8 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.pipeline.maintenance import registry_counts
-from tests import oracle
-from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
+from tests.support import oracle
+from tests.support.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 

@@ -17,7 +17,7 @@ import pytest
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.ops.instance import INSTANCE_YAML
-from tests.dagster_server import DONE, INJECT_TAG, RECOVERS_TAG, DagsterServer
+from tests.support.dagster_server import DONE, INJECT_TAG, RECOVERS_TAG, DagsterServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
@@ -61,7 +61,7 @@ def read_clicks(checkpoints: Path) -> dict[str, int]:
 @pytest.mark.parametrize("instance_yaml", [NO_POOLS, INSTANCE_YAML], ids=["without-pool-config", "with-pool-config"])
 def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_run_at_a_time(
         tmp_path: Path, instance_yaml: str):
-    server = DagsterServer(tmp_path, module="tests.one_run_location", instance_yaml=instance_yaml)
+    server = DagsterServer(tmp_path, module="tests.support.one_run_location", instance_yaml=instance_yaml)
     base = tmp_path / ".sparkpoint" / "clicks"
     files = [f"clicks-{i:06d}.parquet" for i in range(3)]
     try:

@@ -14,8 +14,8 @@ from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, RECOVERED_BY_
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.extract import operator_states
 from sparkpoint.state.sample import item_reach, user_totals
-from tests import oracle
-from tests.dagster_setup import (
+from tests.support import oracle
+from tests.support.dagster_setup import (
     CHECKPOINT_KEY,
     JOB,
     OUTPUT_KEY,

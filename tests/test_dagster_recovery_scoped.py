@@ -12,7 +12,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import list_attempts
 from sparkpoint.resources.scope import INJECT_TAG
-from tests.dagster_setup import (
+from tests.support.dagster_setup import (
     JOB,
     SCOPE,
     make_input,
@@ -107,7 +107,7 @@ def test_recovery_heals_a_job_started_from_a_savepoint(spark, tmp_path: Path):
     from sparkpoint.checkpoint.savepoint import take_savepoint
     from sparkpoint.state.extract import operator_states
     from sparkpoint.state.sample import user_totals
-    from tests import oracle
+    from tests.support import oracle
 
     input_dir = make_input(tmp_path, batches=3)
     instance = dg.DagsterInstance.ephemeral()

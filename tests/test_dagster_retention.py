@@ -12,7 +12,7 @@ import pytest
 from sparkpoint.assets.metadata import readable_size
 from sparkpoint.pipeline.attempt import list_attempts
 from sparkpoint.resources.scope import INJECT_TAG
-from tests.dagster_setup import (
+from tests.support.dagster_setup import (
     CHECKPOINT_KEY,
     JOBS,
     SCOPE,

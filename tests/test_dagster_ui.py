@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from sparkpoint.assets.metadata import readable_size
-from tests.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
+from tests.support.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -73,10 +74,8 @@ class DevTools:
 
     def _connect(self, profile: Path) -> None:
         active = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while not (active.exists() and active.read_text().strip()):
-            assert time.monotonic() < deadline and self.proc.poll() is None, "chromium did not start its DevTools"
-            time.sleep(0.2)
+        wait_for(lambda: active.exists() and active.read_text().strip(), 30, 0.2, "chromium to start its DevTools",
+                 stop=lambda: None if self.proc.poll() is None else "chromium exited")
         port = active.read_text().split()[0]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             page = next(t for t in json.load(r) if t["type"] == "page")
@@ -98,12 +97,8 @@ class DevTools:
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
     def wait(self, expression: str, what: str, timeout: float = 45) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.evaluate(expression):
-            if time.monotonic() > deadline:
-                text = self.evaluate("document.body ? document.body.innerText : ''")
-                raise AssertionError(f"timed out waiting for {what}; page text: {str(text)[:1500]}")
-            time.sleep(0.5)
+        wait_for(lambda: self.evaluate(expression), timeout, 0.5, what,
+                 last=lambda: str(self.evaluate("document.body ? document.body.innerText : ''"))[:1500])
 
     def _stop_chromium(self) -> None:
         self.proc.terminate()

@@ -16,8 +16,12 @@ import pytest
 from sparkpoint import Pipeline
 from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.sample import land_sample_batch
+from sparkpoint.sample import pipeline as sample
+from sparkpoint.state.backend import take_checkpoint
+from tests.support.backends import make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "clickstream"))
@@ -35,7 +39,7 @@ def test_the_demo_prints_one_unit_style_and_ends_with_what_to_look_at_next(
     clicks = Pipeline("clicks", [clicks_per_user], job_id="click-job", checkpoints_url=".sparkpoint/ckpt")
     storage = clicks.storage()
     coordinator = CheckpointCoordinator(storage, num_retained=2)
-    with RocksDBStateBackend(storage, clicks_per_user.uid, 0, parallelism=1, local_dir=tmp_path / "w") as state:
+    with make_backend(storage, tmp_path / "w", operator=clicks_per_user.uid) as state:
         state.restore(None)
         for batch, users in enumerate((3000, 200)):  # a first checkpoint of some KiB, a small second one
             state.value_state("clicks", CLICKS).put_many((f"user-{batch}-{i}", (i, i)) for i in range(users))
@@ -68,3 +72,14 @@ def test_the_demo_prints_one_unit_style_and_ends_with_what_to_look_at_next(
     assert listed.returncode == 0, listed.stderr
     assert "2 retained checkpoint(s) of click-job" in listed.stdout
     assert "chk-2" in listed.stdout and "chk-1" in listed.stdout
+
+
+def test_the_demo_never_lands_a_batch_under_a_consumed_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    input_url = storage_url(sample.location("input"))
+    first = land_sample_batch(input_url)
+    second = land_sample_batch(input_url)
+    assert first and second and first.endswith("batch-000000.parquet") and second.endswith("batch-000001.parquet")
+    (Path(sample.location("input")) / "batch-000000.parquet").unlink()  # consumed, then cleaned up by the user
+    third = land_sample_batch(input_url, consumed=["batch-000000.parquet", "batch-000001.parquet"])
+    assert third is not None and third.endswith("batch-000002.parquet")

@@ -28,6 +28,7 @@ from sparkpoint.state.engine.sstfile import read_sst_keys
 from sparkpoint.state.keygroups import subtasks_of
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.schema import StateSchemaIncompatible
+from tests.support.backends import make_backends
 
 CODEC = JsonCodec()
 
@@ -78,9 +79,8 @@ class Job:
                  restore_from=None, source=None):
         self.storage, self.local, self.parallelism = storage, local, parallelism
         self.coordinator = CheckpointCoordinator(storage, num_retained=100)
-        self.backends = [RocksDBStateBackend(storage, "wallets", i, parallelism=parallelism, max_parallelism=32,
-                                             local_dir=local, changelog=ChangelogOptions(enabled=changelog))
-                         for i in range(parallelism)]
+        self.backends = make_backends(storage, local, parallelism, operator="wallets", max_parallelism=32,
+                                      changelog=ChangelogOptions(enabled=changelog))
         for b in self.backends:
             b.restore(restore_from, source=source, claim_mode="NO_CLAIM" if source else "CLAIM")
 
@@ -317,8 +317,8 @@ class PagesJob:
     def __init__(self, storage: CheckpointStorage, local: Path, op: KeyedOperator, restore_from: int | None = None):
         self.storage, self.op = storage, op
         self.coordinator = CheckpointCoordinator(storage, num_retained=100)
-        self.backends = [RocksDBStateBackend(storage, "pages", i, parallelism=2, max_parallelism=32, local_dir=local,
-                                             states=op.states, key_type=op.key_type) for i in range(2)]
+        self.backends = make_backends(storage, local, operator="pages", max_parallelism=32, states=op.states,
+                                      key_type=op.key_type)
         meta = locate(restore_from, storage).meta if restore_from is not None else None
         for b in self.backends:
             b.restore(meta)

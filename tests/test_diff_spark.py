@@ -1,6 +1,6 @@
 """`sparkpoint diff` on a pipeline run on Spark: between two checkpoints of random batches, across a
 rescale, and between a savepoint and a later checkpoint, it equals a pandas comparison of the two
-exports. A user's own pipeline (tests.shop_pipelines), not the sample's."""
+exports. A user's own pipeline (tests.support.shop_pipelines), not the sample's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import tests.shop_pipelines as shop
+import tests.support.shop_pipelines as shop
 from sparkpoint import diff_state, read_state
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.cli import main
@@ -58,7 +58,7 @@ def test_diff_on_spark_checkpoints_across_a_rescale_and_against_a_savepoint(spar
     latest = max(spec.storage().completed_checkpoint_ids())
     rescaled = diff_state(url, "shop", shop.spend, 4, latest)
     assert sorted(zip(rescaled["customer"], rescaled["change"])) == expected(url, 4, latest)
-    assert main(["diff", "--checkpoints", url, "--job-id", "shop", "--pipeline", "tests.shop_pipelines:shop",
+    assert main(["diff", "--checkpoints", url, "--job-id", "shop", "--pipeline", "tests.support.shop_pipelines:shop",
                  "--operator", "spend", "--from", saved.url, "--to", str(latest), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["method"] == "full" and report["from"]["kind"] == "savepoint"

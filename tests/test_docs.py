@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.docs_text import DOCS, ROOT, page, python_blocks
+from tests.support.docs_text import DOCS, ROOT, page, python_blocks
 
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 QUIET = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}

@@ -29,8 +29,8 @@ from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.spark.source import BadInputFile, SourceError
 from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.operators import KeyedOperator
-from tests.interleavings import InProcessPipeline
-from tests.meters_pipeline import settled
+from tests.support.interleavings import InProcessPipeline
+from tests.support.meters_pipeline import settled
 
 SILENCE = 60  # seconds of event time without a report: an alert
 T0 = pd.Timestamp("2026-03-01 08:00:00", tz="UTC")

@@ -2,7 +2,7 @@
 state closed by event-time timers, first clicks deduplicated with an event-time TTL) over batches
 with late, out-of-order and redelivered clicks. The sink's rows, the state left open (clicks and
 the timer of each user, the ids still remembered), each batch's late rows and watermark equal
-`tests.visits_oracle`'s recomputation: at parallelism 2 then rescaled to 3, after `sparkpoint run`
+`tests.support.visits_oracle`'s recomputation: at parallelism 2 then rescaled to 3, after `sparkpoint run`
 is killed (SIGKILL) at seeded points, after failures injected at each point of the protocol and
 healed by recovery, and through changelog checkpoints materialized in steps, a task-local
 recovery and a savepoint restored as a new job."""
@@ -30,8 +30,9 @@ from sparkpoint.pipeline.maintenance import recover
 from sparkpoint.spark.faults import InjectedFailure
 from sparkpoint.state.engine import changelog as cl
 from sparkpoint.state.eventtime import iso_micros
-from tests import crashkit
-from tests.visits_oracle import Expected, expected, read_batches
+from tests.support import crashkit
+from tests.support.backends import make_backend
+from tests.support.visits_oracle import Expected, expected, read_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "sessions"
@@ -109,7 +110,7 @@ def covers_every_case(want: Expected) -> None:
 
 def test_the_guide_quotes_the_example_as_it_is():
     """Every line of the guide's excerpts of the example is a line of its files (so they cannot rot)."""
-    from tests.docs_text import python_blocks, section
+    from tests.support.docs_text import python_blocks, section
 
     text = section("pipeline.md", "### Sessions and deduplication on event time (`examples/sessions/`)")
     code = "\n".join(p.read_text() for p in (EXAMPLE / "sessions").glob("*.py")).splitlines()
@@ -122,7 +123,6 @@ def test_the_guide_quotes_the_example_as_it_is():
 def test_the_operators_on_one_subtask_equal_the_recomputation(tmp_path: Path, example: Any):
     """No Spark: each operator on one subtask over the batches, with the oracle's watermarks."""
     from sparkpoint.checkpoint.storage import CheckpointStorage
-    from sparkpoint.state.backend import RocksDBStateBackend
     from sparkpoint.state.operators import run_batch
 
     batches = [example.land.clicks_batch(n, seed=7) for n in range(9)]
@@ -132,7 +132,7 @@ def test_the_operators_on_one_subtask_equal_the_recomputation(tmp_path: Path, ex
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     for op in (ops.sessions, ops.first_clicks):
         emitted = []
-        with RocksDBStateBackend(storage, op.name, 0, parallelism=1, local_dir=tmp_path / "local") as state:
+        with make_backend(storage, tmp_path / "local", operator=op.name) as state:
             state.restore(None)
             for n, batch in enumerate(batches):
                 if n:

@@ -26,7 +26,8 @@ from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.testing import FaultyFileSystem, faulty_storage
 from tests.conftest import s3_options
-from tests.reliability import count_round, counts, report, scale
+from tests.support.backends import make_backends
+from tests.support.reliability import count_round, counts, report, scale
 
 MAX_P = 16
 FAST_RETRY = RetryPolicy(attempts=2, first_wait=0.0005, max_wait=0.002)
@@ -45,8 +46,7 @@ class RecordingCoordinator(CheckpointCoordinator):
 
 
 def backends(storage: CheckpointStorage, local: Path, **kw: Any) -> list[RocksDBStateBackend]:
-    return [RocksDBStateBackend(storage, "counts", i, parallelism=2, max_parallelism=MAX_P, local_dir=local, **kw)
-            for i in range(2)]
+    return make_backends(storage, local, max_parallelism=MAX_P, **kw)
 
 
 def restored_state(storage: CheckpointStorage, meta: Any, local: Path) -> dict[str, int]:

@@ -2,7 +2,7 @@
 exactly once under kill -9 at random moments and under Ctrl-C (one line, exit 130, a rerun resumes
 exactly); files that land faster than `--checkpoint-interval` share a checkpoint; a file still
 being copied is waited for; a poll does not re-list what it has seen (S3: only names after the
-newest one). A user's own pipeline (`tests.follow_pipeline`), real Spark, real files, real S3 API."""
+newest one). A user's own pipeline (`tests.support.follow_pipeline`), real Spark, real files, real S3 API."""
 
 from __future__ import annotations
 
@@ -25,15 +25,16 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.follow import FollowOptions, follow
 from sparkpoint.spark.source import BadInputFile, ParquetDirectorySource
-from tests import follow_pipeline as rain
 from tests.conftest import s3_options
-from tests.crashkit import assert_storage_settled
+from tests.support import follow_pipeline as rain
+from tests.support.crashkit import assert_storage_settled
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def command(tmp_path: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "tests.follow_pipeline:rain",
+    return [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "tests.support.follow_pipeline:rain",
             "--input", str(tmp_path / "in"), "--checkpoints", str(tmp_path / "ckpt"), "--output",
             str(tmp_path / "out"), "--local-dir", str(tmp_path / "local"), "--master", "local[2]", "--follow",
             "--poll-interval", "0.05", *extra]
@@ -87,7 +88,7 @@ def finish(tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 def state(tmp_path: Path) -> pd.DataFrame:
     out = tmp_path / "state.parquet"
-    assert main(["state", "--pipeline", "tests.follow_pipeline:rain", "--checkpoints", str(tmp_path / "ckpt"),
+    assert main(["state", "--pipeline", "tests.support.follow_pipeline:rain", "--checkpoints", str(tmp_path / "ckpt"),
                  "--job-id", "rain", "--operator", "rain_per_station", "--format", "parquet", "--out", str(out)]) == 0
     return pd.read_parquet(out)
 
@@ -156,8 +157,7 @@ def test_files_that_land_faster_than_the_interval_share_a_checkpoint(spark, tmp_
     storage = rain.rain_in(tmp_path).storage()
 
     def land_fast() -> None:  # eight files, 0.15 s apart, once the first checkpoint is committed
-        while not storage.completed_checkpoint_ids():
-            time.sleep(0.05)
+        wait_for(storage.completed_checkpoint_ids, 300, 0.05, "a first checkpoint")
         for i in range(1, 9):
             time.sleep(0.15)
             rain.land(tmp_path, i)

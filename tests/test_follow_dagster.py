@@ -1,7 +1,7 @@
 """The Dagster follow job (issue 35, part 2): one step checkpoints each batch as it lands and reports
 every checkpoint on the pipeline's assets as the checkpoint job does; its failure is healed by the
 recovery sensor (recover, then the follow job again); the input sensor launches no batch run while
-a follow run of the pipeline is in progress. A user's own pipeline (`tests.follow_pipeline`),
+a follow run of the pipeline is in progress. A user's own pipeline (`tests.support.follow_pipeline`),
 real Dagster instances, real Spark (the session fixture's `local[2]`)."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from sparkpoint.resources import SparkResource
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG
 from sparkpoint.sensors import FOLLOWS_AFTER_TAG
 from sparkpoint.state.extract import operator_states
-from tests import follow_pipeline as rain
+from tests.support import follow_pipeline as rain
+from tests.support.waiting import wait_for
 from tests.test_pipeline_runs_in_flight import in_flight
 
 pytestmark = pytest.mark.spark
@@ -52,10 +53,7 @@ def in_background(work: Callable[[], None]) -> threading.Thread:
 
 
 def wait_for_checkpoint(storage: CheckpointStorage, checkpoint_id: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while checkpoint_id not in storage.completed_checkpoint_ids():
-        assert time.monotonic() < deadline, f"no chk-{checkpoint_id} within {timeout} s"
-        time.sleep(0.05)
+    wait_for(lambda: checkpoint_id in storage.completed_checkpoint_ids(), timeout, 0.05, f"chk-{checkpoint_id}")
 
 
 def materialized(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> list[dg.AssetMaterialization]:

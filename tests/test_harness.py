@@ -474,7 +474,7 @@ def test_the_test_tools_import_no_spark_or_orchestrator():
 
 
 def test_the_guide_example_runs():
-    from tests.docs_text import python_blocks, section
+    from tests.support.docs_text import python_blocks, section
 
     blocks = python_blocks(section("writing-operators.md", "## Testing an operator"))
     assert blocks

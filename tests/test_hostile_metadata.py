@@ -18,22 +18,26 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
-from sparkpoint.checkpoint.errors import MetadataError, SparkpointError
+from sparkpoint.checkpoint.errors import DeletionBlocked, MetadataError, SparkpointError
 from sparkpoint.checkpoint.metadata import content_checksum
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
-from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource
+from sparkpoint.state.backend import restore_with_fallback, take_checkpoint
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.extract import operator_states
-from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.sample import TOTALS
-from tests.reliability import scale
+from tests.support.backends import make_backend, make_backends, owned, write_checkpoints
+from tests.support.helpers import FakeSubtask
+from tests.support.reliability import scale
 
 PAST = 946_684_800 * 10**9  # 2000-01-01: any read moves a file's access time past its modification time
 NAMES_A_FIELD = re.compile(r"field `[^`]+`|not valid UTF-8 JSON|bytes, more than")
@@ -43,14 +47,12 @@ def write_job(url: str, job_id: str, local: Path) -> None:
     """Two checkpoints of `user_totals` (the sample operator, so that `sparkpoint state` exports it)."""
     storage = CheckpointStorage(url, job_id)
     coord = CheckpointCoordinator(storage, num_retained=2)
-    subtasks = [RocksDBStateBackend(storage, "user_totals", i, parallelism=2, max_parallelism=16, local_dir=local)
-                for i in range(2)]
+    subtasks = make_backends(storage, local, operator="user_totals", max_parallelism=16)
     for b in subtasks:
         b.restore(None)
     for ts, users in enumerate([[f"u{i}" for i in range(40)], [f"u{i}" for i in range(40, 80)]]):
         for b in subtasks:
-            owned = [u for u in users if key_group_for(u, 16) in b.key_group_range]
-            b.value_state("totals", TOTALS).put_many((u, (1, 1.0, 1.0, 1.0, ts)) for u in owned)
+            b.value_state("totals", TOTALS).put_many((u, (1, 1.0, 1.0, 1.0, ts)) for u in owned(b, users))
         take_checkpoint(coord, subtasks)
         if ts == 1:
             for b in subtasks:
@@ -234,8 +236,8 @@ def exercise_every_consumer(world: World, capsys: pytest.CaptureFixture[str], wo
     except SparkpointError:
         pass
     listing = store.load_all()
-    subtasks = [RocksDBStateBackend(storage, "user_totals", i, parallelism=2, max_parallelism=16,
-                                    local_dir=work / "restore", local_recovery=False) for i in range(2)]
+    subtasks = make_backends(storage, work / "restore", operator="user_totals", max_parallelism=16,
+                             local_recovery=False)
     try:
         restore_with_fallback(subtasks, listing.checkpoints)
     except SparkpointError:
@@ -274,7 +276,7 @@ def test_hostile_metadata_gets_a_specific_error_and_nothing_outside_the_job_is_t
 @pytest.mark.soak
 @pytest.mark.timeout(6 * 3600)  # the scale comes from the environment
 def test_hostile_metadata_soak(tmp_path: Path, capsys):
-    from tests.reliability import report
+    from tests.support.reliability import report
 
     n = check_hostile_metadata(tmp_path, capsys, max_examples=scale("hostile_examples", 1000))
     with capsys.disabled():
@@ -309,10 +311,8 @@ def error_text(error: Any) -> str:
 )
 def test_the_dagster_maintenance_jobs_refuse_hostile_metadata_and_touch_nothing_outside(tmp_path: Path, path: str):
     """verify, prune (retention + sweep), rebuild_registry and savepoint, as Dagster runs them."""
-    import dagster as dg
 
-    from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource
-    from tests.dagster_setup import JOBS, SCOPE
+    from tests.support.dagster_setup import JOBS, SCOPE
 
     world = World(tmp_path / "w")
     raw = json.loads(json.dumps(world.raw))
@@ -333,3 +333,178 @@ def test_the_dagster_maintenance_jobs_refuse_hostile_metadata_and_touch_nothing_
     assert not outcomes["verify"][0], "a checkpoint naming a file outside the job does not verify"
     assert not outcomes["savepoint"][0], "no savepoint is taken of it"
     assert world.snapshot() == world.before, "something outside the job directory was read or changed"
+
+
+def resign(raw: dict) -> bytes:
+    """A hostile `_metadata` with a checksum that matches, so validation must name the field."""
+    raw["checksum"] = content_checksum(raw)
+    return json.dumps(raw).encode()
+
+
+def test_a_flipped_letter_in_metadata_is_detected_everywhere(tmp_path: Path, capsys):
+    url = f"file://{tmp_path}/ck"
+    storage = CheckpointStorage(url, "job")
+    write_checkpoints(storage, tmp_path / "local", 2)
+    path = tmp_path / "ck" / "job" / "chk-2" / "_metadata"
+    text = path.read_text()
+    assert '"counts"' in text
+    path.write_text(text.replace('"counts"', '"countz"', 1))  # still valid JSON
+    with pytest.raises(MetadataError, match="checksum"):
+        CompletedCheckpointStore(storage).load(2)
+    assert main(["verify", "--checkpoints", url, "--job-id", "job"]) == 1
+    assert "checksum" in capsys.readouterr().out
+    # restoring: the flipped checkpoint is unreadable, so nothing restores it from empty state
+    assert CompletedCheckpointStore(storage).load_all().ids == [1]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda raw: raw["operators"]["counts"].update(subtasks=[]), "has no subtask"),
+        (lambda raw: raw["operators"]["counts"]["subtasks"].pop(), "does not cover key groups"),
+        (lambda raw: raw["operators"]["counts"]["subtasks"][1]["key_group_range"].update(start=5), "overlaps"),
+        (lambda raw: raw.update(operators={}), "`operators` is empty"),
+    ],
+)
+def test_metadata_that_would_restore_part_of_the_state_is_refused(tmp_path: Path, mutate, field):
+    storage = CheckpointStorage(f"file://{tmp_path}/ck", "job")
+    write_checkpoints(storage, tmp_path / "local", 1)
+    path = tmp_path / "ck" / "job" / "chk-1" / "_metadata"
+    raw = json.loads(path.read_bytes())
+    mutate(raw)
+    path.write_bytes(resign(raw))
+    with pytest.raises(MetadataError, match=field):
+        CompletedCheckpointStore(storage).load(1)
+
+
+def test_restoring_a_checkpoint_without_the_backends_operator_is_an_error(tmp_path: Path):
+    from sparkpoint.checkpoint.errors import OperatorStateMismatch
+
+    storage = CheckpointStorage(f"file://{tmp_path}/ck", "job")
+    write_checkpoints(storage, tmp_path / "local", 1)
+    meta = CompletedCheckpointStore(storage).load(1)
+    with make_backend(storage, tmp_path / "l", operator="other", max_parallelism=16) as b:
+        with pytest.raises(OperatorStateMismatch, match="other"):
+            b.restore(meta)
+        assert b.restore(meta, allow_missing=True).source == "empty"
+
+
+def _nested(depth: int) -> object:
+    """A marker the test replaces by `depth` nested arrays (json.dumps itself cannot write them)."""
+    return f"__NESTED_{depth}__"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda raw: raw.update(source_offsets=_nested(300)), "source_offsets"),
+        (lambda raw: raw.update(source_offsets=_nested(100_000)), "not valid UTF-8 JSON"),
+        (lambda raw: raw["operators"]["counts"]["subtasks"][0]["private"][0].update(local_name="CUR\x00RENT"),
+         "local_name"),
+        (lambda raw: raw["operators"]["counts"]["subtasks"][0]["private"][0].update(local_name="x" * 300),
+         "local_name"),
+        (lambda raw: raw["operators"]["counts"]["subtasks"][0]["shared"][0].update(path="shared/counts/0/\ud800.sst"),
+         "shared[0].path"),
+        (lambda raw: raw.update(job_id="\udcff"), "job_id"),
+    ],
+)
+def test_malformed_metadata_is_a_metadata_error_and_blocks_deletion(tmp_path: Path, mutate, field, capsys):
+    url = f"file://{tmp_path}/ck"
+    storage = CheckpointStorage(url, "job")
+    write_checkpoints(storage, tmp_path / "local", 2)
+    path = tmp_path / "ck" / "job" / "chk-1" / "_metadata"
+    raw = json.loads(path.read_bytes())
+    mutate(raw)
+    data = resign(raw)
+    if isinstance(raw["source_offsets"], str) and raw["source_offsets"].startswith("__NESTED_"):
+        depth = int(raw["source_offsets"].split("_")[3])
+        data = data.replace(f'"{raw["source_offsets"]}"'.encode(), b"[" * depth + b"1" + b"]" * depth)
+    path.write_bytes(data)
+    with pytest.raises(MetadataError, match=field.replace("[", r"\[").replace("]", r"\]")) as err:
+        CompletedCheckpointStore(storage).load(1)
+    assert "chk-1/_metadata" in str(err.value)
+    listing = CompletedCheckpointStore(storage).load_all()
+    assert listing.ids == [2] and list(listing.unreadable) == [1]
+    coord = CheckpointCoordinator(storage)  # starts, and counts the bad one as blocking deletion
+    assert coord.registry.deletion_blocked
+    with pytest.raises(DeletionBlocked):
+        sweep_orphans(storage, grace_seconds=0)
+    assert main(["verify", "--checkpoints", url, "--job-id", "job"]) == 1
+    assert "chk-1: BAD" in capsys.readouterr().out
+
+
+def test_rocksdb_refusing_a_verified_directory_falls_back_per_checkpoint(tmp_path: Path):
+    storage = CheckpointStorage(f"file://{tmp_path}/ck", "job")
+    write_checkpoints(storage, tmp_path / "local", 2)
+    store = CompletedCheckpointStore(storage)
+    newest = store.load(2)
+    # a MANIFEST RocksDB cannot parse, recorded with its true size and CRC32 (it verifies)
+    victim = next(f for h in newest.subtask_handles() for f in h.private if f.local_name.startswith("MANIFEST"))
+    garbage = b"this is not a MANIFEST" * 10
+    import zlib
+    (tmp_path / "ck" / "job" / victim.path).write_bytes(garbage)
+    raw = json.loads((tmp_path / "ck" / "job" / "chk-2" / "_metadata").read_bytes())
+    for sub in raw["operators"]["counts"]["subtasks"]:
+        for f in sub["private"]:
+            if f["path"] == victim.path:
+                f.update(size=len(garbage), crc32=zlib.crc32(garbage))
+    (tmp_path / "ck" / "job" / "chk-2" / "_metadata").write_bytes(resign(raw))
+    backends = make_backends(storage, tmp_path / "fresh", max_parallelism=16)
+    results = restore_with_fallback(backends, [store.load(2), store.load(1)])
+    assert {r.checkpoint_id for r in results} == {1} and results[0].fell_back_from == (2,)
+    for b in backends:
+        b.close()
+
+
+def _totals_job(tmp_path: Path) -> tuple[str, CheckpointStorage]:
+    from sparkpoint.state.sample import TOTALS
+
+    url = f"file://{tmp_path}/ck"
+    storage = CheckpointStorage(url, "job")
+    coord = CheckpointCoordinator(storage, num_retained=3)
+    backends = make_backends(storage, tmp_path / "l", operator="user_totals")
+    for b in backends:
+        b.restore(None)
+    for round_ in range(3):
+        for b in backends:
+            mine = owned(b, (f"u{i}" for i in range(round_ * 50, round_ * 50 + 50)))
+            b.value_state("totals", TOTALS).put_many((k, (1, 1.0, 1.0, 1.0, 0)) for k in mine)
+        take_checkpoint(coord, backends, full=True)
+    for b in backends:
+        b.close()
+    return url, storage
+
+
+def _flip(storage: CheckpointStorage, checkpoint_id: int) -> None:
+    meta = CompletedCheckpointStore(storage).load(checkpoint_id)
+    victim = next(f for f in meta.files() if f.created_by == checkpoint_id and f.local_name.endswith(".sst"))
+    data = bytearray(storage.read_bytes(victim.path))
+    data[len(data) // 2] ^= 0xFF
+    storage.fs.pipe_file(storage.abspath(victim.path), bytes(data))
+
+
+def test_restore_failure_names_only_a_checkpoint_that_verifies(tmp_path: Path, capsys):
+    url, storage = _totals_job(tmp_path)
+    _flip(storage, 3)
+    _flip(storage, 2)
+    args = ["state", "--checkpoints", url, "--job-id", "job", "--operator", "user_totals", "--checkpoint", "3"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint 1 verifies: restore it with --checkpoint 1" in err and "--checkpoint 2" not in err
+    _flip(storage, 1)
+    assert main(args) == 2
+    assert "no retained checkpoint older than 3 verifies" in capsys.readouterr().err
+
+
+def test_a_metadata_that_is_a_directory_is_bad_input_with_what_to_do(tmp_path: Path, capsys):
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    coord = CheckpointCoordinator(storage)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("s")
+    p = coord.trigger(expected={"op": 1})
+    coord.acknowledge(p.checkpoint_id, sub.snapshot(p.checkpoint_id, ["s"]))
+    coord.complete(p.checkpoint_id)
+    (tmp_path / "ckpt" / "job" / "chk-2" / "_metadata").mkdir(parents=True)
+    code = main(["inspect", f"file://{tmp_path}/ckpt/job/chk-2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a file" in err and "move" in err and "Errno 21" not in err

@@ -119,8 +119,8 @@ def test_a_cursor_the_sensor_cannot_follow_stops_it_and_says_how_to_fix_it(tmp_p
 @pytest.mark.spark
 def test_a_run_observes_the_input_it_reads_when_the_sensor_is_stopped(spark, tmp_path: Path):
     from sparkpoint.resources import SparkResource
-    from tests.orders_pipeline import land as land_orders
-    from tests.orders_pipeline import orders as orders_defs
+    from tests.support.orders_pipeline import land as land_orders
+    from tests.support.orders_pipeline import orders as orders_defs
 
     parts = orders_defs(tmp_path, landing_sensor=False, resources={"spark": SparkResource(stop_on_teardown=False)})
     instance = dg.DagsterInstance.ephemeral()

@@ -1,4 +1,4 @@
-"""The protocol's actors, interleaved (tests/interleavings.py).
+"""The protocol's actors, interleaved (tests/support/interleavings.py).
 
 `make test` runs every scenario: the two with few switch points with every schedule of at most
 three and two preemptions, the ones of whole actors with a sample of schedules of at most two
@@ -29,7 +29,7 @@ import sparkpoint.pipeline.attempt.protocol as attempt_module
 import sparkpoint.pipeline.maintenance as maintenance_module
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.savepoint import SavepointResult
-from tests.interleavings import SCENARIOS, Checker, Report, default_choice, describe, legs
+from tests.support.interleavings import SCENARIOS, Checker, Report, default_choice, describe, legs
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 2026

@@ -16,7 +16,7 @@ import pytest
 
 from sparkpoint.cli import main
 from sparkpoint.spark.generate import generate
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.spark.generate import generate
-from tests.reliability import report
-from tests.run_processes import MARKER, Try, interrupt_run, java_pids, wait_gone
+from tests.support.reliability import report
+from tests.support.run_processes import MARKER, Try, interrupt_run, java_pids, wait_gone
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,8 +61,9 @@ def dagster_sweep(tmp_path: Path, delays: list[float], *, after_launch: bool = F
         run_dir = tmp_path / f"run-{i}"
         shutil.copytree(tmp_path / "in", run_dir / "in")
         signum = signal.SIGINT if i % 2 == 0 else signal.SIGTERM  # Dagster maps SIGTERM to its SIGINT handler
-        tries.append(interrupt_run([sys.executable, "-m", "tests.dagster_run", str(run_dir)], run_dir, environment(),
-                                   delay, signum=signum, group=False,  # Dagster signals the run's process alone
+        command = [sys.executable, "-m", "tests.support.dagster_run", str(run_dir)]
+        tries.append(interrupt_run(command, run_dir, environment(), delay, signum=signum,
+                                   group=False,  # Dagster signals the run's process alone
                                    after_launch=after_launch))
     return tries
 
@@ -114,7 +115,7 @@ CUT_START = """
 import os, sys
 from pyspark.sql import SparkSession
 from sparkpoint.spark import session
-from tests.run_processes import MARKER, run_processes
+from tests.support.run_processes import MARKER, run_processes
 
 def jvms():
     return [p for p in run_processes(os.environ[MARKER]) if p.name == "java"]

@@ -8,6 +8,7 @@ amount per key (a reducing state), not the sample's."""
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from sparkpoint.state.codecs import JsonCodec, StructCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.kinds import ListState
+from tests.support.backends import make_backend, owned
 
 EVENT = StructCodec[tuple[int, float]]("<qd")
 AMOUNT = StructCodec[tuple[float]]("<d")
@@ -31,9 +33,7 @@ def biggest(a: tuple[float], b: tuple[float]) -> tuple[float]:
     return a if a[0] >= b[0] else b
 
 
-def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1, **kw):
-    kw.setdefault("max_parallelism", 32)
-    return RocksDBStateBackend(storage, "sessions", subtask, parallelism=parallelism, local_dir=local, **kw)
+backend = partial(make_backend, operator="sessions", max_parallelism=32)
 
 
 def test_list_and_reducing_state_round_trip(local_storage: CheckpointStorage, tmp_path: Path):
@@ -77,7 +77,7 @@ def test_an_append_reads_none_of_the_list(local_storage: CheckpointStorage, tmp_
 def mutate(b: RocksDBStateBackend, lists: Lists, tops: dict[str, float], rng: random.Random, keyspace: int = 400):
     """A batch of appends, some replaced and deleted lists, and maxima."""
     events, top = b.list_state("events", EVENT), b.reducing_state("top", AMOUNT, biggest)
-    mine = [k for k in (f"s{i}" for i in range(keyspace)) if key_group_for(k, b.max_parallelism) in b.key_group_range]
+    mine = owned(b, (f"s{i}" for i in range(keyspace)))
     appends = [(rng.choice(mine), (rng.randrange(1 << 40), rng.random() * 100)) for _ in range(300)]
     events.add_many(appends)
     for key, value in appends:

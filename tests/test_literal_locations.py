@@ -21,7 +21,7 @@ from sparkpoint.resources import (
     StateBackendResource,
 )
 from sparkpoint.spark.generate import generate
-from tests.dagster_setup import ASSET_CHECKS, ASSETS, SCOPE
+from tests.support.dagster_setup import ASSET_CHECKS, ASSETS, SCOPE
 
 NAME = "my project [1] #2 100% é"
 

@@ -23,10 +23,11 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.registry import SharedStateRegistry
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import subtask_for_key
+from tests.support.backends import make_backend
 
 RETAINED = 3
 KEYS = 3000
@@ -47,11 +48,9 @@ def load(tmp_path: Path, checkpoints: int) -> list[dict[str, int]]:
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     store = CompletedCheckpointStore(storage)
     coordinator = CheckpointCoordinator(storage, num_retained=RETAINED)
-    backends = [
-        RocksDBStateBackend(storage, "op", i, parallelism=2, local_dir=tmp_path / "local",
-                            changelog=ChangelogOptions(enabled=(i == 1)))  # one materializes every time
-        for i in range(2)
-    ]
+    backends = [make_backend(storage, tmp_path / "local", i, 2, operator="op",
+                             changelog=ChangelogOptions(enabled=(i == 1)))  # one materializes every time
+                for i in range(2)]
     for b in backends:
         b.restore(None)
     codec = JsonCodec()

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def script(root: Path, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "tests.fd_limited_restore", str(root), *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tests.support.fd_limited_restore", str(root), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return (done.stdout.strip().splitlines() or [""])[-1]

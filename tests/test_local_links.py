@@ -4,6 +4,7 @@ the marker, the fingerprints and the subtask lock are written without touching a
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,15 +14,15 @@ from sparkpoint.checkpoint.errors import StateBackendError
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.spark.tasks import _exclusive
-from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.backend import restore_with_fallback, take_checkpoint
 from sparkpoint.state.codecs import StructCodec
+from tests.support.backends import make_backend
 
 COUNTS = StructCodec[tuple[int]]("<q")
 PLANTED = ("working.json.tmp", "fingerprints.json.tmp")
 
 
-def backend(storage: CheckpointStorage, local: Path) -> RocksDBStateBackend:
-    return RocksDBStateBackend(storage, "counts", 0, parallelism=1, local_dir=local, max_parallelism=32)
+backend = partial(make_backend, operator="counts", max_parallelism=32)
 
 
 def plant_links(local: Path, sentinel: Path) -> int:

@@ -11,7 +11,6 @@ import dataclasses
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +27,8 @@ from sparkpoint.state.engine import restore as restore_module
 from sparkpoint.state.engine.restore import FINGERPRINTS
 from sparkpoint.state.engine.rocksdb import RocksDBOptions, count_keys, flush_all, is_corruption, open_db
 from sparkpoint.state.sample import SAMPLE_OPERATORS
-from tests import oracle
+from tests.support import oracle
+from tests.support.waiting import wait_for
 from tests.test_backend import COUNTS, backend, read_all, write_random
 from tests.test_pipeline import config, export
 
@@ -71,12 +71,11 @@ def rewritten_behind_rocksdbs_back(
     return model, meta
 
 
-def trash_after_a_while(subtask_dir: Path) -> list[Path]:
-    """The `trash-*` directories left once the background deletion had up to 30 s."""
-    deadline = time.monotonic() + 30
-    while (left := [p for p in subtask_dir.iterdir() if p.name.startswith("trash-")]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
+def wait_trash_deleted(subtask_dir: Path) -> None:
+    """Up to 30 s for the background deletion to take every `trash-*` directory."""
+    wait_for(lambda: not [p for p in subtask_dir.iterdir() if p.name.startswith("trash-")], 30, 0.05,
+             "the background deletion of the trash-* directories",
+             last=lambda: sorted(p.name for p in subtask_dir.iterdir()))
 
 
 def local_copy(storage: CheckpointStorage, local: Path) -> Path:
@@ -234,7 +233,7 @@ def test_the_old_working_database_is_deleted_off_the_restore_path(local_storage:
     with backend(local_storage, tmp_path / "local") as b:
         assert b.restore(meta).source == "local"
         assert not (b.db_path / "ran-ahead.sst").exists() and read_all(b) == model
-    assert not trash_after_a_while(subtask_dir), "deleted in the background"
+    wait_trash_deleted(subtask_dir)
 
 
 def test_a_working_database_that_is_a_symlink_goes_without_what_it_points_to(
@@ -249,7 +248,7 @@ def test_a_working_database_that_is_a_symlink_goes_without_what_it_points_to(
     (subtask_dir / "db").symlink_to(outside, target_is_directory=True)
     with backend(local_storage, tmp_path / "local") as b:
         assert b.restore(meta).source == "local" and read_all(b) == model
-    assert not trash_after_a_while(subtask_dir)
+    wait_trash_deleted(subtask_dir)
     assert (outside / "precious").read_text() == "keep me"
 
 

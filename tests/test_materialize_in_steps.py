@@ -21,6 +21,7 @@ from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.engine import changelog as cl
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.staging import SLICE_PREFIX
+from tests.support.backends import make_backends
 
 # Not the sample's state: a session window per device (start, end, events) and, per device, the
 # set of firmware versions seen, over 2 subtasks.
@@ -31,8 +32,7 @@ Model = dict[tuple[str, str, str], tuple[int, ...]]
 
 
 def backends(storage: CheckpointStorage, local: Path, options: ChangelogOptions = STEPS) -> list[RocksDBStateBackend]:
-    return [RocksDBStateBackend(storage, "sessions", s, parallelism=2, max_parallelism=16, local_dir=local,
-                                changelog=options) for s in range(2)]
+    return make_backends(storage, local, operator="sessions", max_parallelism=16, changelog=options)
 
 
 def owner(bs: list[RocksDBStateBackend], key: str) -> RocksDBStateBackend:

@@ -22,11 +22,12 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.engine.changelog import ChangelogOptions, is_changelog
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.sample import TOTALS
 from tests.conftest import s3_options
+from tests.support.backends import make_backends, owned
 
 JOB = "job"
 
@@ -41,11 +42,8 @@ class Job:
         self.storage = CheckpointStorage(self.url, JOB, self.options)
         self.coordinator = CheckpointCoordinator(self.storage, num_retained=retain)
         self.rng = random.Random(7)
-        self.backends = [
-            RocksDBStateBackend(self.storage, "user_totals", i, parallelism=2, local_dir=root / "local",
-                                changelog=ChangelogOptions(enabled=True))
-            for i in range(2)
-        ]
+        self.backends = make_backends(self.storage, root / "local", operator="user_totals",
+                                      changelog=ChangelogOptions(enabled=True))
         for b in self.backends:
             b.restore(None)
 
@@ -54,7 +52,7 @@ class Job:
             keys = {f"u{self.rng.randrange(400):04d}" for _ in range(150)}
             value = (self.rng.randrange(1, 9), 2.0, 1.0, 3.0, 1_000_000)
             for b in self.backends:
-                mine = [k for k in sorted(keys) if key_group_for(k, b.max_parallelism) in b.key_group_range]
+                mine = owned(b, sorted(keys))
                 b.value_state("totals", TOTALS).put_many((k, value) for k in mine)
             take_checkpoint(self.coordinator, self.backends)
 

@@ -23,7 +23,7 @@ from sparkpoint.pipeline.attempt import finish_step, list_attempts, start_step
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.resources import SparkResource
 from sparkpoint.resources.scope import FAILED_RUN_TAG, INJECT_TAG, OVERTAKEN_TAG
-from tests.orders_pipeline import land, orders, orders_pipeline, totals
+from tests.support.orders_pipeline import land, orders, orders_pipeline, totals
 
 pytestmark = pytest.mark.spark
 

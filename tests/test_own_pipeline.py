@@ -130,8 +130,8 @@ def test_your_own_pipeline_through_the_cli_and_the_api(tmp_path: Path, monkeypat
 
 def test_the_guide_pipeline_example_computes_what_it_says(tmp_path: Path):
     from sparkpoint.checkpoint.storage import CheckpointStorage
-    from sparkpoint.state.backend import RocksDBStateBackend
-    from tests.docs_text import page, python_blocks
+    from tests.support.backends import make_backend
+    from tests.support.docs_text import page, python_blocks
 
     namespace: dict[str, object] = {}
     exec(compile(python_blocks(page("pipeline.md"))[0], "docs/pipeline.md", "exec"), namespace)
@@ -141,7 +141,7 @@ def test_the_guide_pipeline_example_computes_what_it_says(tmp_path: Path):
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "clicks")
     tables = {}
     for op in pipeline.operators:
-        with RocksDBStateBackend(storage, op.name, 0, parallelism=1, local_dir=tmp_path / "local") as state:
+        with make_backend(storage, tmp_path / "local", operator=op.name) as state:
             state.restore(None)
             for half in (events.iloc[:200], events.iloc[200:]):
                 op.process(half, state)

@@ -16,7 +16,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.pipeline.runtime import restore_plan
-from tests.helpers import empty_checkpoint
+from tests.support.helpers import empty_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "clickstream"))
@@ -96,7 +96,7 @@ def test_dagster_runs_keep_the_parallelism_their_run_config_once_set(tmp_path: P
 
     from sparkpoint.factory import pipeline_defs
     from sparkpoint.resources import SparkResource
-    from tests.orders_pipeline import land, orders_pipeline
+    from tests.support.orders_pipeline import land, orders_pipeline
 
     monkeypatch.setattr(SparkResource, "teardown_after_execution", lambda self, context: None)  # one JVM
     pipeline = orders_pipeline(tmp_path).with_(parallelism=None)

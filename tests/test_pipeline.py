@@ -17,7 +17,7 @@ from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.spark.generate import generate
 from sparkpoint.state.engine.changelog import is_changelog
 from sparkpoint.state.sample import SAMPLE_OPERATORS
-from tests import oracle
+from tests.support import oracle
 
 pytestmark = pytest.mark.spark
 

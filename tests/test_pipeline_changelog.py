@@ -17,7 +17,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.settings import resolve_settings
 from sparkpoint.state.engine import changelog as cl
 from sparkpoint.state.sample import SAMPLE_OPERATORS
-from tests import oracle
+from tests.support import oracle
 from tests.test_pipeline import config, export, make_input
 
 pytestmark = pytest.mark.spark

@@ -22,7 +22,7 @@ import pytest
 from sparkpoint.ops import instance as instance_config
 from sparkpoint.ops.instance import INSTANCE_YAML, POOL_YAML, pool_problem, warn_if_pool_unlimited
 from sparkpoint.resources.scope import FAILED_RUN_TAG, PIPELINE_TAG
-from tests.orders_pipeline import land, orders
+from tests.support.orders_pipeline import land, orders
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state.backend import RocksDBStateBackend
-from tests.docs_text import python_blocks, section
+from tests.support.backends import make_backend
+from tests.support.docs_text import python_blocks, section
 
 
 def operator_examples() -> dict[str, object]:
@@ -26,7 +26,7 @@ def test_the_readme_operators_count_the_same(local_storage: CheckpointStorage, t
     batches = [pd.DataFrame({"user_id": [f"u{i}" for i in rng.integers(0, 300, 2000)]}) for _ in range(3)]
     counts = {}
     for name in ("process", "process_fast"):
-        state = RocksDBStateBackend(local_storage, name.replace("_", "-"), 0, parallelism=1, local_dir=tmp_path / name)
+        state = make_backend(local_storage, tmp_path / name, operator=name.replace("_", "-"))
         with state:
             state.restore(None)
             for batch in batches:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.docs_text import python_blocks, section
+from tests.support.docs_text import python_blocks, section
 
 
 def test_the_schema_evolution_example_of_the_guide_runs():

@@ -1,5 +1,5 @@
 """Declared states, RecordCodec and schema evolution, state without the code (issue 33, items 3,
-4 and 7), without Spark: a user's operator (`tests.loyalty_pipeline`) on real RocksDB through
+4 and 7), without Spark: a user's operator (`tests.support.loyalty_pipeline`) on real RocksDB through
 `OperatorHarness`, snapshots restored at other parallelisms by a changed version of the code."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sparkpoint.cli import EXIT_BAD_INPUT, main
 from sparkpoint.state.record import RecordSchemaError
 from sparkpoint.state.schema import STRUCT_CANNOT_EVOLVE, StateSchemaIncompatible
 from sparkpoint.testing import OperatorHarness
-from tests import loyalty_pipeline as loy
+from tests.support import loyalty_pipeline as loy
 
 
 def test_record_codec_round_trips_dicts_and_tables_with_nulls_defaults_and_timestamps():
@@ -143,7 +143,7 @@ def test_the_pipeline_refuses_an_incompatible_schema_before_spark_starts(tmp_pat
     narrowed = loy.loyalty_operator(RecordCodec({"clicks": "int8", "spend": "float32", "visits": "int64"}))
     (tmp_path / "in").mkdir()
     loy.batch(1).to_parquet(tmp_path / "in" / "b1.parquet")
-    args = ["run", "--pipeline", "tests.loyalty_pipeline:loyalty_narrowed", "--input", str(tmp_path / "in"),
+    args = ["run", "--pipeline", "tests.support.loyalty_pipeline:loyalty_narrowed", "--input", str(tmp_path / "in"),
             "--checkpoints", snap.checkpoints_url, "--job-id", "harness", "--local-dir", str(tmp_path / "local"),
             "--max-parallelism", "32"]
     loy.loyalty_narrowed = pipeline.with_(operators=[narrowed])  # type: ignore[attr-defined]

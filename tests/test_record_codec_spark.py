@@ -1,4 +1,4 @@
-"""Schema evolution on Spark (issue 33): a user's operator (`tests.loyalty_pipeline`) runs with its
+"""Schema evolution on Spark (issue 33): a user's operator (`tests.support.loyalty_pipeline`) runs with its
 first RecordCodec at parallelism 2, a savepoint is taken, and the changed code (every compatible
 rule) starts from it at parallelism 3: its state equals the pandas recomputation, as exported by
 the operator and raw from `_metadata` alone. Real local Spark, RocksDB and files."""
@@ -13,7 +13,7 @@ import pytest
 from sparkpoint.api import read_state
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.pipeline.driver import StatefulPipeline
-from tests import loyalty_pipeline as loy
+from tests.support import loyalty_pipeline as loy
 
 
 @pytest.mark.spark

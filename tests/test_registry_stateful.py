@@ -37,7 +37,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandl
 from sparkpoint.checkpoint.storage import CheckpointStorage, crc32_of_file
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
-from tests.helpers import FakeSubtask
+from tests.support.helpers import FakeSubtask
 
 OPERATOR = "op"
 PARALLELISM = 2

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.retention import checkpoints_to_subsume, discard_on_shutdown
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.state.engine.verify import verify_checkpoint
+from tests.support.helpers import FakeSubtask
 
 R, D, N = "RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION", "NO_EXTERNALIZED_CHECKPOINTS"
 
@@ -40,3 +47,24 @@ C, S = "checkpoint", "savepoint"
 )
 def test_subsumption(retained, num_retained, subsumed):
     assert checkpoints_to_subsume(retained, num_retained) == subsumed
+
+
+def test_retention_never_subsumes_for_a_checkpoint_whose_new_upload_is_gone(tmp_path: Path):
+    """N2's second half: a commit over files a sweep took must not drop the last good checkpoint."""
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
+    coordinator = CheckpointCoordinator(storage, num_retained=1)
+    sub = FakeSubtask(storage, tmp_path / "db")
+    sub.write("a")
+    first = coordinator.trigger(expected={"op": 1}).checkpoint_id
+    coordinator.acknowledge(first, sub.snapshot(first, ["a"]))
+    coordinator.complete(first)
+    sub.confirm(first)
+    sub.write("b")
+    second = coordinator.trigger(expected={"op": 1}).checkpoint_id
+    handle = sub.snapshot(second, ["a", "b"])
+    coordinator.acknowledge(second, handle)
+    storage.delete([handle.new_files()[0].path])  # an orphan sweep took it while the checkpoint committed
+    done = coordinator.complete(second)
+    assert done.subsumed == () and done.deletion_blocked and "missing" in done.deletion_blocked
+    assert CompletedCheckpointStore(storage).checkpoint_ids() == [2, 1], "chk-1 still restores"
+    assert verify_checkpoint(storage, CompletedCheckpointStore(storage).load(1)) == []

@@ -20,7 +20,7 @@ import fsspec
 import pytest
 
 from tests.conftest import s3_options
-from tests.crashkit import Job, seeded_chain, spark_chain
+from tests.support.crashkit import Job, seeded_chain, spark_chain
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 

@@ -18,7 +18,7 @@ from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.state.extract import state_table
-from tests.interleavings import BALANCES, InProcessPipeline, Run, expected, land
+from tests.support.interleavings import BALANCES, InProcessPipeline, Run, expected, land
 
 
 class Stop(BaseException):

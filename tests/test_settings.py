@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from sparkpoint.cli import main
 from sparkpoint.pipeline import settings
 from sparkpoint.pipeline.runtime import PipelineConfig
 from sparkpoint.pipeline.settings import SETTINGS, Setting, of_role, resolve_settings
 from sparkpoint.pipeline.spec import Pipeline
+from sparkpoint.resources import ResourceConfigError, StateBackendResource
 from sparkpoint.sample import pipeline as sample
+from tests.support.dagster_setup import init_resource
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = [s for s in SETTINGS if s.conf]
@@ -162,3 +165,23 @@ def test_the_values_the_table_repeats_are_those_of_the_modules_that_act_on_them(
 
     assert (settings.ON_BAD_FILE, settings.ROUTINGS, settings.MAX_FUTURE_EVENT_TIME, settings.SETTLE_SECONDS) == (
         ON_BAD_FILE, ROUTINGS, MAX_FUTURE_EVENT_TIME, SETTLE_SECONDS)
+
+
+@pytest.mark.parametrize("value", [32769, 0])
+def test_max_parallelism_outside_key_group_bounds_is_refused_at_resource_setup(value: int):
+    with pytest.raises(ResourceConfigError, match=r"max_parallelism must be between 1 and 32768"):
+        init_resource(StateBackendResource(max_parallelism=value, parallelism=1))
+
+
+@pytest.mark.parametrize("conf", ["parallelism.default=0", "parallelism=3", "pipeline.max-parallelism=40000"])
+def test_parallelism_through_conf_is_checked_like_the_flag(tmp_path: Path, capsys, conf: str):
+    (tmp_path / "in").mkdir()
+    args = ["run", "--input", str(tmp_path / "in"), "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job"]
+    with pytest.raises(SystemExit):  # the flag: refused by the parser
+        main([*args, "--parallelism", "0"])
+    capsys.readouterr()
+    extra = ["--max-parallelism", "2"] if conf == "parallelism=3" else []  # 3 subtasks over 2 key groups
+    code = main([*args, *extra, "--conf", conf])
+    err = capsys.readouterr().err
+    assert code == 2 and "parallelism must be between 1 and" in err, err
+    assert not (tmp_path / "ckpt").exists(), "refused before anything was written"

@@ -15,7 +15,7 @@ from sparkpoint.resources import PipelineResources, ResourceConfigError, StateBa
 from sparkpoint.sample import pipeline as sample
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.sample import SAMPLE_OPERATORS
-from tests.dagster_setup import by_role
+from tests.support.dagster_setup import by_role
 from tests.test_pipeline import config, make_input
 
 

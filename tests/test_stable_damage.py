@@ -19,13 +19,13 @@ from sparkpoint.state.codecs import StructCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.sample import SAMPLE_OPERATORS
+from tests.support.backends import make_backend
 
 COUNTS = StructCodec[tuple[int]]("<q")
 
 
 def backend(storage: CheckpointStorage, local: Path, changelog: bool) -> RocksDBStateBackend:
-    return RocksDBStateBackend(storage, "counts", 0, parallelism=1, local_dir=local, max_parallelism=32,
-                               changelog=ChangelogOptions(enabled=changelog))
+    return make_backend(storage, local, max_parallelism=32, changelog=ChangelogOptions(enabled=changelog))
 
 
 def update(b: RocksDBStateBackend, model: dict[str, int], rng: random.Random) -> None:
@@ -93,7 +93,7 @@ def test_sparkpoint_run_checks_each_checkpoint_it_commits(spark, tmp_path: Path,
     from sparkpoint.spark.generate import generate
     from sparkpoint.state.extract import operator_states
     from sparkpoint.state.sample import user_totals
-    from tests import oracle
+    from tests.support import oracle
 
     generate(str(tmp_path / "in"), batches=4, events_per_batch=2000, users=300, items=40, seed=11)
     config = PipelineConfig(

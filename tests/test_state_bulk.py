@@ -3,6 +3,7 @@ MapState.put_absent. Each agrees with the one-value-at-a-time API, changelog inc
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,11 @@ import pytest
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.codecs import BytesCodec, StateFormatError, StructCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
+from tests.support.backends import make_backend, owned
 
 TOTALS = StructCodec[tuple[int, float, int]]("<qdq")
 
@@ -39,9 +41,7 @@ def test_decode_many_and_encode_many_agree_with_the_scalar_codec():
         _ = StructCodec("<q10s").dtype
 
 
-def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1) -> RocksDBStateBackend:
-    return RocksDBStateBackend(storage, "op", subtask, parallelism=parallelism, max_parallelism=32, local_dir=local,
-                               changelog=ChangelogOptions(enabled=True))
+backend = partial(make_backend, operator="op", max_parallelism=32, changelog=ChangelogOptions(enabled=True))
 
 
 def test_update_many_encoded_reads_modifies_and_deletes_in_one_call(local_storage: CheckpointStorage, tmp_path: Path):
@@ -126,7 +126,7 @@ def test_put_absent_puts_only_new_pairs_once(local_storage: CheckpointStorage, t
 def test_bulk_paths_refuse_keys_of_another_subtask(local_storage: CheckpointStorage, tmp_path: Path):
     with backend(local_storage, tmp_path / "a", subtask=0, parallelism=4) as b:
         b.restore(None)
-        mine = [f"k{i}" for i in range(200) if key_group_for(f"k{i}", 32) in b.key_group_range][:20]
+        mine = owned(b, (f"k{i}" for i in range(200)))[:20]
         foreign = next(f"k{i}" for i in range(1000) if key_group_for(f"k{i}", 32) not in b.key_group_range)
         state = b.value_state("totals", TOTALS)
         with pytest.raises(KeyError, match="wrong subtask"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,14 @@ from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.ttl import StateTtl
+from tests.support.backends import make_backend, owned
 
 S = 1_000_000  # microseconds per second
 T0 = 1_764_000_000 * S
 DAY = StateTtl(24 * 3600)
 
 
-def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1, **kw):
-    kw.setdefault("max_parallelism", 16)
-    return RocksDBStateBackend(storage, "dedup", subtask, parallelism=parallelism, local_dir=local, **kw)
+backend = partial(make_backend, operator="dedup", max_parallelism=16)
 
 
 def raw_entries(b: RocksDBStateBackend, name: str) -> int:
@@ -132,7 +132,7 @@ def test_the_sweep_removes_expired_entries_a_bounded_number_at_a_time(local_stor
 def mutate(b: RocksDBStateBackend, model: dict[str, tuple[int, int]], rng: random.Random, now: int, ttl: int):
     """Customers seen in this batch: their last visit, written at `now`."""
     state = b.value_state("last_seen", JsonCodec(), ttl=StateTtl(ttl / S))
-    mine = [k for k in (f"c{i}" for i in range(600)) if key_group_for(k, 16) in b.key_group_range]
+    mine = owned(b, (f"c{i}" for i in range(600)))
     batch = {rng.choice(mine): rng.randrange(1000) for _ in range(120)}
     state.put_many(batch.items())
     model.update({k: (v, now) for k, v in batch.items()})

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
-from sparkpoint.checkpoint.errors import DeletionBlocked
+from sparkpoint.checkpoint.errors import DeletionBlocked, PathEscapesJobDirectory
 from sparkpoint.checkpoint.metadata import metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage, StoredFile
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import select_orphans, sweep_orphans
-from tests.helpers import FakeSubtask
+from sparkpoint.cli import main
+from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource, ResourceConfigError
+from sparkpoint.state.engine.verify import verify_checkpoint
+from tests.support.backends import write_checkpoints
+from tests.support.dagster_setup import init_resource
+from tests.support.helpers import FakeSubtask
 from tests.test_coordinator import run_checkpoint
 
 
@@ -72,3 +80,55 @@ def test_select_orphans_is_pure():
     ]
     picked = select_orphans(files, {"shared/op/0/kept.sst"}, grace_seconds=10, now=now)
     assert [f.path for f in picked] == ["chk-3/op/0/MANIFEST", "shared/op/0/old.sst"]
+
+
+def test_sweep_verify_and_retention_never_follow_a_link_out_of_the_job_directory(tmp_path: Path, capsys):
+    url = f"file://{tmp_path}/ck"
+    storage = CheckpointStorage(url, "job")
+    write_checkpoints(storage, tmp_path / "local", 2)
+    outside = tmp_path / "precious"
+    (outside / "counts" / "0").mkdir(parents=True)
+    (outside / "counts" / "0" / "data.bin").write_bytes(b"keep me")
+    (outside / "old.sst").write_bytes(b"keep me too")
+    old = 1_000_000_000
+    for p in outside.rglob("*"):
+        os.utime(p, (old, old))
+    job = tmp_path / "ck" / "job"
+    os.symlink(outside, job / "chk-9")  # a chk-N that is a link
+    os.symlink(outside / "old.sst", job / "shared" / "counts" / "0" / "linked.sst")  # a file link
+
+    report = sweep_orphans(storage, grace_seconds=0, dry_run=True)
+    assert sorted(f.path for f in report.symlinks) == ["chk-9", "shared/counts/0/linked.sst"]
+    assert not [f for f in report.orphans if f.symlink]
+    # chk-9 counts as an unreadable checkpoint: deletion stops until someone looks
+    with pytest.raises(DeletionBlocked, match="chk-9"):
+        sweep_orphans(storage, grace_seconds=0)
+    assert main(["gc", "--checkpoints", url, "--job-id", "job", "--grace", "0"]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert (outside / "counts" / "0" / "data.bin").read_bytes() == b"keep me"
+    assert (outside / "old.sst").read_bytes() == b"keep me too"
+
+    # a link in place of a file a checkpoint lists: verify reports it, never reads through it
+    os.unlink(job / "chk-9")
+    meta = CompletedCheckpointStore(storage).load(2)
+    victim = next(f for f in meta.files() if f.path.startswith("shared/"))
+    (job / victim.path).unlink()
+    os.symlink(outside / "old.sst", job / victim.path)
+    problems = verify_checkpoint(storage, meta)
+    assert [p.path for p in problems] == [victim.path] and "symbolic link" in problems[0].problem
+    with pytest.raises(PathEscapesJobDirectory):
+        storage.read_bytes(victim.path)
+    # retention of the checkpoint listing it does not delete through the link either
+    write_checkpoints(CheckpointStorage(url, "job"), tmp_path / "local", 1, retained=1)
+    assert (outside / "old.sst").read_bytes() == b"keep me too"
+
+
+@pytest.mark.parametrize("grace", [math.nan, math.inf, -1.0])
+def test_an_orphan_grace_that_is_not_a_finite_number_of_seconds_is_refused(tmp_path: Path, grace: float):
+    storage = CheckpointStorageResource(checkpoints_url=f"file://{tmp_path}/ckpt")
+    with pytest.raises(ResourceConfigError, match="orphan_grace_seconds must be a finite number"):
+        init_resource(CheckpointRegistryResource(storage=storage, orphan_grace_seconds=grace))
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        sweep_orphans(CheckpointStorage(f"file://{tmp_path}/ckpt", "job"), grace_seconds=grace)
+    with pytest.raises(SystemExit):
+        main(["gc", "--checkpoints", f"file://{tmp_path}/ckpt", "--job-id", "job", "--grace", str(grace)])

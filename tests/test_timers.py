@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +24,13 @@ from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import key_group_for
 from sparkpoint.state.operators import KeyedOperator, fire_timers
+from tests.support.backends import make_backend, owned
 
 S = 1_000_000
 T0 = 1_764_000_000 * S
 
 
-def backend(storage: CheckpointStorage, local: Path, subtask: int = 0, parallelism: int = 1, **kw):
-    kw.setdefault("max_parallelism", 16)
-    return RocksDBStateBackend(storage, "reminders", subtask, parallelism=parallelism, local_dir=local, **kw)
+backend = partial(make_backend, operator="reminders", max_parallelism=16)
 
 
 def test_timers_are_listed_deleted_and_due_in_timestamp_order(local_storage: CheckpointStorage, tmp_path: Path):
@@ -121,7 +121,7 @@ def test_timers_are_checkpointed_and_follow_their_keys_on_a_rescale(
         b.restore(None)
     for _ in range(3):
         for b in olds:
-            mine = [k for k in (f"a{i}" for i in range(300)) if key_group_for(k, 16) in b.key_group_range]
+            mine = owned(b, (f"a{i}" for i in range(300)))
             pairs = [(rng.choice(mine), T0 + rng.randrange(1000) * S) for _ in range(50)]
             b.timers.register_many(pairs)
             for k, at in pairs:
@@ -152,7 +152,7 @@ def test_what_timers_emit_is_committed_with_the_batch_that_fired_them(tmp_path: 
     """Through the pipeline's own batch (the subtasks in this process, no JVM): the fired rows land
     in the sink with the checkpoint of the batch whose time made them due, exactly once."""
     from sparkpoint.pipeline.runtime import PipelineConfig
-    from tests.interleavings import InProcessPipeline
+    from tests.support.interleavings import InProcessPipeline
 
     (tmp_path / "in").mkdir()
     now = int(pd.Timestamp.now(tz="UTC").value // 1000)

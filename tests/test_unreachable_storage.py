@@ -13,9 +13,11 @@ from sparkpoint.checkpoint.errors import StorageError
 from sparkpoint.checkpoint.files import stored_size_problems
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.resources import CheckpointStorageResource, ResourceConfigError
 from sparkpoint.state.engine.verify import verify_checkpoint
 from tests.conftest import s3_options
-from tests.helpers import FakeSubtask
+from tests.support.dagster_setup import init_resource
+from tests.support.helpers import FakeSubtask
 
 pytestmark = pytest.mark.s3
 
@@ -49,3 +51,22 @@ def test_a_checkpoint_on_an_endpoint_gone_away_is_unreachable_not_missing(tmp_pa
         stored_size_problems(gone, files)
     with pytest.raises(StorageError, match="cannot be reached"):
         verify_checkpoint(gone, meta, deep=False)
+
+
+def test_the_storage_error_prefix_is_said_once():
+    with pytest.raises(ResourceConfigError) as caught:
+        CheckpointStorageResource(storage_options="[1]").open()
+    assert str(caught.value).count("checkpoint storage") == 1, caught.value
+
+
+@pytest.mark.s3
+def test_a_dead_s3_endpoint_names_the_resource_and_its_fields():
+    dead = '{"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, ' \
+           '"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}}'
+    resource = CheckpointStorageResource(checkpoints_url="s3://bucket/ckpt", storage_options=dead)
+    with pytest.raises(ResourceConfigError) as caught:
+        init_resource(resource)
+    message = str(caught.value)
+    assert "checkpoints_url" in message and "storage_options" in message and "cannot be reached" in message
+    with pytest.raises(StorageError, match="cannot be reached"):
+        CheckpointStorage("s3://bucket/ckpt", "job", resource.options()).job_dir_exists()

@@ -2,7 +2,7 @@
 state onto a changed pipeline (kept, renamed, new, dropped), said before Spark starts, and the
 pre-flight `sparkpoint check-upgrade`, which agrees with what `run` then does.
 
-The pipelines are a user's own (`tests.shop_pipelines`), in versions."""
+The pipelines are a user's own (`tests.support.shop_pipelines`), in versions."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from sparkpoint.cli import main
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.upgrade import plan_restore
 from sparkpoint.spark.source import SourceOffsets
-from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.keygroups import key_group_for
-from tests import shop_pipelines as shop
+from tests.support import shop_pipelines as shop
+from tests.support.backends import make_backend
 
-MODULE = "tests.shop_pipelines"
+MODULE = "tests.support.shop_pipelines"
 PURCHASES = [[("ann", 10.0), ("bob", 5.0), ("cy", 7.5), ("ann", 2.0)],
              [("bob", 20.0), ("dee", 1.0), ("ann", 3.0)],
              [("cy", 30.0), ("eve", 4.0), ("bob", 1.0)]]
@@ -52,8 +52,7 @@ def checkpoint_of(url: str, pipeline: Pipeline, rows: pd.DataFrame, local: Path,
     backends = []
     for op in pipeline.operators:
         for i in range(parallelism):
-            b = RocksDBStateBackend(storage, op.uid, i, parallelism=parallelism, max_parallelism=max_parallelism,
-                                    local_dir=local)
+            b = make_backend(storage, local, i, parallelism, operator=op.uid, max_parallelism=max_parallelism)
             b.restore(None)
             mine = rows[[key_group_for(k, max_parallelism) in b.key_group_range for k in rows["customer"]]]
             if len(mine):
@@ -333,7 +332,7 @@ def test_the_dagster_preflight_blocks_a_refused_upgrade_before_the_sstable_step(
 
 
 def test_the_guide_rename_example_keeps_the_uid():
-    from tests.docs_text import python_blocks, section
+    from tests.support.docs_text import python_blocks, section
 
     (block,) = python_blocks(section("upgrading.md", "## Operator identity (`uid`)"))
     namespace: dict[str, Any] = {"KeyedOperator": KeyedOperator, "add_spend": shop.add_spend,

@@ -1,7 +1,7 @@
 """`check-upgrade` on state schema changes agrees with what a start and a restore then do: each
 compatible RecordCodec change is reported with its rule and restores; each incompatible one is
 reported with the field and both types and refused, by `run` before Spark and by the restore.
-A user's own operator (tests.loyalty_pipeline), not the sample's."""
+A user's own operator (tests.support.loyalty_pipeline), not the sample's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import tests.loyalty_pipeline as loy
+import tests.support.loyalty_pipeline as loy
 from sparkpoint import JsonCodec, KeyedOperator, Pipeline, RecordCodec, StateDescriptor
 from sparkpoint.checkpoint.errors import OperatorStateMismatch
 from sparkpoint.cli import main
@@ -48,7 +48,7 @@ def test_check_upgrade_says_what_the_start_and_the_restore_then_do(snapshot, tmp
                                                                    works, said):
     loy.candidate = loy.loyalty_pipeline(tmp_path, operator)  # type: ignore[attr-defined]
     try:
-        code = main(["check-upgrade", "--pipeline", "tests.loyalty_pipeline:candidate", "--checkpoints",
+        code = main(["check-upgrade", "--pipeline", "tests.support.loyalty_pipeline:candidate", "--checkpoints",
                      snapshot.checkpoints_url, "--job-id", "harness", "--max-parallelism", "32", "--json"])
     finally:
         del loy.candidate  # type: ignore[attr-defined]
@@ -81,7 +81,7 @@ def test_check_upgrade_text_names_each_states_verdict(snapshot, tmp_path: Path, 
                                                       said):
     loy.candidate = loy.loyalty_pipeline(tmp_path, operator)  # type: ignore[attr-defined]
     try:
-        code = main(["check-upgrade", "--pipeline", "tests.loyalty_pipeline:candidate", "--checkpoints",
+        code = main(["check-upgrade", "--pipeline", "tests.support.loyalty_pipeline:candidate", "--checkpoints",
                      snapshot.checkpoints_url, "--job-id", "harness", "--max-parallelism", "32"])
     finally:
         del loy.candidate  # type: ignore[attr-defined]

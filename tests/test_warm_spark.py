@@ -18,6 +18,7 @@ import pytest
 
 from sparkpoint.checkpoint.processes import same_process_lives
 from sparkpoint.spark.warm import WarmServer, read_server, server_key, stop
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.spark
@@ -126,10 +127,7 @@ def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(warm_env: dict[st
 
     old = _server(warm_env)
     os.kill(old.supervisor_pid, signal.SIGKILL)  # kill -9 of the supervisor: its JVM dies with it
-    deadline = time.monotonic() + 30
-    while same_process_lives(old.jvm_pid, old.jvm_start) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not same_process_lives(old.jvm_pid, old.jvm_start), "no JVM is left behind"
+    wait_for(lambda: not same_process_lives(old.jvm_pid, old.jvm_start), 30, 0.2, "the JVM to go (none is left behind)")
     third = _result(_attach(warm_env))
     assert third["jvm_pid"] not in (first["jvm_pid"], second["jvm_pid"])
 
@@ -154,10 +152,7 @@ def test_the_server_stops_once_idle_but_never_under_an_attached_run(warm_env: di
     time.sleep(8)
     assert same_process_lives(server.jvm_pid, server.jvm_start), "a run is attached: not idle"
     holder.communicate(timeout=60)
-    deadline = time.monotonic() + 60
-    while _any_lives(server) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _any_lives(server), "stopped after the idle period"
+    wait_for(lambda: not _any_lives(server), 60, 0.5, "the server to stop after the idle period")
     assert read_server(Path(env["SPARKPOINT_WARM_SPARK_DIR"])) is None
 
 
@@ -174,7 +169,7 @@ def test_a_server_of_another_venv_or_version_is_never_reused(monkeypatch: pytest
 
 def test_a_users_pipeline_run_without_a_master_attaches_to_the_warm_server(tmp_path: Path,
                                                                           warm_env: dict[str, str]):
-    from tests.clickstream_project import clicks_state, copy_project
+    from tests.support.clickstream_project import clicks_state, copy_project
 
     project, project_env = copy_project(tmp_path, landed=2)
     env = {**project_env, **{k: v for k, v in warm_env.items() if k.startswith("SPARKPOINT_WARM")}}
@@ -201,7 +196,7 @@ def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[
     import select
     import urllib.request
 
-    from tests.cluster import free_port
+    from tests.support.cluster import free_port
 
     _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
     server = _server(warm_env)

@@ -20,11 +20,11 @@ import pytest
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
-from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.engine.verify import verify_checkpoint
 from tests.conftest import s3_options
-from tests.reliability import counts, report, scale
-from tests.zombie_writer import batch, model_at
+from tests.support.backends import make_backends
+from tests.support.reliability import counts, report, scale
+from tests.support.zombie_writer import batch, model_at
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ def race(tmp_path: Path, url: str, options: dict[str, Any], batches: int, seed: 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "tests.zombie_writer", "--checkpoints", url, "--storage-options",
+            [sys.executable, "-m", "tests.support.zombie_writer", "--checkpoints", url, "--storage-options",
              json.dumps(options), "--local", str(tmp_path / f"local-{name}"), "--name", name, "--batches",
              str(batches), "--barrier", str(tmp_path / "barrier"), "--out", str(tmp_path / "out"), "--seed",
              str(seed)],
@@ -67,9 +67,8 @@ def race(tmp_path: Path, url: str, options: dict[str, Any], batches: int, seed: 
     for meta in listing.checkpoints:
         assert meta.source_offsets == {"batch": meta.checkpoint_id, "writer": winners[meta.checkpoint_id][0]}
         assert verify_checkpoint(storage, meta) == []
-        subtasks = [RocksDBStateBackend(storage, "counts", i, parallelism=2, max_parallelism=16,
-                                        local_dir=tmp_path / f"check-{meta.checkpoint_id}", local_recovery=False)
-                    for i in range(2)]
+        subtasks = make_backends(storage, tmp_path / f"check-{meta.checkpoint_id}", max_parallelism=16,
+                                 local_recovery=False)
         for b in subtasks:
             b.restore(meta)
         assert counts(subtasks) == model_at(meta.checkpoint_id)

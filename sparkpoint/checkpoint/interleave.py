@@ -5,7 +5,7 @@ Checkpoint storage (`CheckpointStorage`: exclusive create, read, write, list, de
 download) and the exactly-once sink (stage, move, list, delete) call `storage_step(op, path)`
 before each operation on one file or one listing. Nothing happens unless a test installed a hook
 with `set_step_hook`: then the hook runs in the thread that makes the operation and may block it
-until a scheduler lets that actor go on. `tests/interleavings.py` drives the protocol's actors
+until a scheduler lets that actor go on. `tests/support/interleavings.py` drives the protocol's actors
 (completer, recoverer, zombie, retried step, sweep, retention, savepoint, skip, ...) through the
 interleavings of these steps that its bound allows and checks the protocol's invariants after
 each one.

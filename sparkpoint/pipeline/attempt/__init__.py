@@ -43,7 +43,7 @@ checkpoint took can say whose: `finish_step_or_overtaken` returns `Overtaken` ("
 of attempt X; nothing committed") instead of raising, once a checkpoint at or above N that is not
 the attempt's exists, and aborts the attempt itself.
 
-`tests/interleavings.py` runs these actors against each other at every interleaving of their
+`tests/support/interleavings.py` runs these actors against each other at every interleaving of their
 storage steps that its bound allows.
 """
 

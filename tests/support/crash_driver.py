@@ -2,7 +2,7 @@
 core API alone (restore the latest checkpoint, apply seeded batches, one checkpoint each), so a
 test can kill and resume it dozens of times in the time one JVM takes to start.
 
-    python -m tests.crash_driver ROOT --seed S --batches B
+    python -m tests.support.crash_driver ROOT --seed S --batches B
 
 State: one operator `totals`, parallelism 2, the changelog on with short chains (so both native
 checkpoints and changelog checkpoints happen), task-local recovery on, 2 retained checkpoints.
@@ -16,10 +16,11 @@ import random
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.backend import restore_with_fallback, take_checkpoint
 from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.keygroups import subtask_for_key
+from tests.support.backends import make_backends
 
 OPERATOR, PARALLELISM, RETAINED = "totals", 2, 2
 CODEC = JsonCodec()
@@ -45,11 +46,8 @@ def storage_of(root: str) -> CheckpointStorage:
 
 def run(root: str, seed: int, batches: int) -> None:
     storage = storage_of(root)
-    backends = [
-        RocksDBStateBackend(storage, OPERATOR, i, parallelism=PARALLELISM, local_dir=f"{root}/local",
-                            changelog=ChangelogOptions(enabled=True, max_chain=3, slice_min_bytes=1))
-        for i in range(PARALLELISM)
-    ]
+    backends = make_backends(storage, f"{root}/local", PARALLELISM, operator=OPERATOR,
+                             changelog=ChangelogOptions(enabled=True, max_chain=3, slice_min_bytes=1))
     coordinator = CheckpointCoordinator(storage, num_retained=RETAINED)
     retained = CompletedCheckpointStore(storage).load_all().checkpoints
     results = restore_with_fallback(backends, retained)

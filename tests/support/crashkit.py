@@ -23,7 +23,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
 from sparkpoint.spark.generate import generate
-from tests import oracle
+from tests.support import oracle
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def run_command(input_url: str, ckpt_url: str, output_url: str, local_dir: Path,
 
 def assert_pipeline_result(input_dir: str, ckpt_url: str, output_url: str, work: Path,
                            options: dict[str, Any] | None = None) -> None:
-    """State and sink output equal what `tests.oracle` recomputes from every input batch."""
+    """State and sink output equal what `tests.support.oracle` recomputes from every input batch."""
     batches = oracle.read_batches(input_dir)
     events = pd.concat(batches, ignore_index=True)
     store = CompletedCheckpointStore(CheckpointStorage(ckpt_url, "job", options or {}))

@@ -1,12 +1,12 @@
-"""The fourth review's protocol defects, each as the story that reproduced it: a recovery's abort
-beside a completer that commits (N1), a recovery's sweep beside a zombie of the failed run (N2),
-a retry of a completing step whose first try died after its claim (N4), and what makes those
-safe underneath (a sink commit that finds nothing is an error, retention that never subsumes for
-a checkpoint with missing files, two completers of one attempt).
+"""Completing a pending attempt beside recovery, retries and zombies of the failed run: a
+recovery's abort that lost the claim keeps the output its completer commits (N1 of the fourth
+review), recovery fences a zombie of the failed run before its sweep (N2), two completers of one
+attempt commit it once, a retry takes over from a completer that died after its claim (N4) but
+leaves a live one alone, and a fence that lands while a completion commits withdraws it.
 
-The stories run real code (`complete_attempt`, `settle_attempts`, `clear_failed_attempts`,
-`finish_step`) as actors of the interleaving checker (`tests/interleavings.py`), with the one
-schedule each defect needs; the checker's own tests explore all of them."""
+The races run real code (`complete_attempt`, `settle_attempts`, `clear_failed_attempts`,
+`finish_step`) as actors of the interleaving checker (`tests/support/interleavings.py`), with the
+one schedule each needs; the checker's own tests explore all of them."""
 
 from __future__ import annotations
 
@@ -16,12 +16,9 @@ import socket
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, CheckpointDeclined
-from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt import (
     AttemptAborted,
@@ -32,10 +29,8 @@ from sparkpoint.pipeline.attempt import (
 )
 from sparkpoint.pipeline.claims import ABORT, COMPLETE, Claim, claim, claim_path
 from sparkpoint.pipeline.maintenance import settle_attempts
-from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkOutputLost
 from sparkpoint.state.engine.verify import verify_checkpoint
-from tests.helpers import FakeSubtask
-from tests.interleavings import (
+from tests.support.interleavings import (
     SCENARIOS,
     Checker,
     Run,
@@ -87,44 +82,11 @@ def test_recovery_fences_a_zombie_of_the_failed_run_before_its_sweep(checkers: d
     assert "fenced the failed run" in outcome.errors["zombie"]
 
 
-# --- what makes those safe underneath --------------------------------------------------------------
-
-
-def test_a_sink_commit_that_finds_neither_its_staged_nor_its_part_file_is_an_error(tmp_path: Path):
-    sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
-    staged = sink.stage(3, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
-    assert staged is not None
-    assert sink.commit(3, [staged]) == 1
-    assert sink.commit(3, [staged]) == 0, "a repeat (or another process settling the same checkpoint) is fine"
-    for path in sink.committed()[3]:
-        os.unlink(path)
-    with pytest.raises(SinkOutputLost, match="checkpoint 3 is committed with output .* rows it wrote are lost"):
-        sink.commit(3, [staged])
-
-
-def test_retention_never_subsumes_for_a_checkpoint_whose_new_upload_is_gone(tmp_path: Path):
-    """N2's second half: a commit over files a sweep took must not drop the last good checkpoint."""
-    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
-    coordinator = CheckpointCoordinator(storage, num_retained=1)
-    sub = FakeSubtask(storage, tmp_path / "db")
-    sub.write("a")
-    first = coordinator.trigger(expected={"op": 1}).checkpoint_id
-    coordinator.acknowledge(first, sub.snapshot(first, ["a"]))
-    coordinator.complete(first)
-    sub.confirm(first)
-    sub.write("b")
-    second = coordinator.trigger(expected={"op": 1}).checkpoint_id
-    handle = sub.snapshot(second, ["a", "b"])
-    coordinator.acknowledge(second, handle)
-    storage.delete([handle.new_files()[0].path])  # an orphan sweep took it while the checkpoint committed
-    done = coordinator.complete(second)
-    assert done.subsumed == () and done.deletion_blocked and "missing" in done.deletion_blocked
-    assert CompletedCheckpointStore(storage).checkpoint_ids() == [2, 1], "chk-1 still restores"
-    assert verify_checkpoint(storage, CompletedCheckpointStore(storage).load(1)) == []
+# --- retries and takeovers of one attempt -------------------------------------------------------
 
 
 def world(tmp_path: Path) -> Run:
-    run = Run(tmp_path, f"memory://review4-{tmp_path.name}")
+    run = Run(tmp_path, f"memory://attempt-completion-{tmp_path.name}")
     land(run, 3)
     canary(run)
     _first_checkpoint(run)
@@ -138,7 +100,7 @@ def assert_exact(run: Run) -> None:
     want_rows, want_totals = expected(run)
     assert visible_output(run) == want_rows
     from sparkpoint.state.extract import state_table
-    from tests.interleavings import BALANCES
+    from tests.support.interleavings import BALANCES
 
     _, state = state_table(run.storage(), BALANCES)
     assert dict(zip(state["acct"], state["balance"].astype(int))) == want_totals
@@ -208,7 +170,7 @@ def test_a_completer_told_it_was_aborted_hears_by_whom(tmp_path: Path):
         complete_attempt(late, attempt, persisted=True)
 
 
-# --- the review of the fixes: a dead holder is known dead only here; takeovers and fences -------------
+# --- claims: a dead holder is known dead only here; takeovers and fences --------------------------
 
 
 def test_a_holder_is_known_dead_only_on_this_host_boot_and_pid_namespace(tmp_path: Path):
@@ -261,25 +223,6 @@ def test_a_completion_is_withdrawn_when_a_fence_landed_while_it_committed(tmp_pa
     assert CompletedCheckpointStore(run.storage()).checkpoint_ids() == [1]
     assert verify_checkpoint(run.storage(), CompletedCheckpointStore(run.storage()).load(1)) == []
     assert_exact(run)
-
-
-def test_a_later_start_leaves_a_finished_commits_output_alone_but_a_commit_never_guesses(tmp_path: Path):
-    from sparkpoint.testing import FaultyFileSystem
-
-    sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
-    staged = sink.stage(4, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
-    assert staged is not None
-    sink.commit(4, [staged])
-    for path in sink.committed()[4]:
-        os.unlink(path)  # a downstream job moved the part file away after reading it
-    assert sink.commit(4, [staged], resuming=True) == 0, "a later start: the commit had finished"
-    with pytest.raises(SinkOutputLost):
-        sink.commit(4, [staged])
-    from sparkpoint.spark.sink import SinkError, _present
-
-    flaky = FaultyFileSystem(str(tmp_path), rate=1.0, kinds=("read_error",))
-    with pytest.raises(SinkError, match="cannot tell whether"):
-        _present(flaky, str(tmp_path / "out"))
 
 
 def test_prune_forgets_fences_only_once_no_zombie_can_be_alive(tmp_path: Path):

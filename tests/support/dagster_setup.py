@@ -60,3 +60,8 @@ def materialize(tmp_path: Path, instance: dg.DagsterInstance, *, tags: dict[str,
         [*ASSETS, *ASSET_CHECKS], resources=resources(tmp_path, **registry), instance=instance, tags=tags,
         raise_on_error=raise_on_error, selection=selection, run_config=run_config,
     )
+
+
+def init_resource(resource: dg.ConfigurableResource) -> None:  # type: ignore[type-arg]
+    """Set `resource` up as a run would, which is where its settings are checked."""
+    resource.setup_for_execution(dg.build_init_resource_context())

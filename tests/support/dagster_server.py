@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from sparkpoint.ops.instance import prepare_dagster_home
+from tests.support.waiting import wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PREFIX = "sparkpoint"
 ASSET_NAMES = ("user_totals", "item_reach", "checkpoint", "output")
@@ -129,7 +130,7 @@ class DagsterServer:
     serving `module`'s `attribute` (the tests' location by default) with `env` added, on an
     instance configured by sparkpoint's `dagster.yaml` or by `instance_yaml`."""
 
-    def __init__(self, root: Path, *, module: str = "tests.ui_location", attribute: str = "defs",
+    def __init__(self, root: Path, *, module: str = "tests.support.ui_location", attribute: str = "defs",
                  env: dict[str, str] | None = None, instance_yaml: str | None = None) -> None:
         self.root = root
         self.module, self.attribute, self.extra_env = module, attribute, dict(env or {})
@@ -154,23 +155,27 @@ class DagsterServer:
                 cwd=self.root, env=self.env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"dagster dev exited with {self.proc.returncode}\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as r:
-                    if r.status == 200:
-                        repos = self.gql(REPOSITORIES)["repositoriesOrError"]
-                        if repos["__typename"] == "RepositoryConnection" and repos["nodes"]:
-                            node = repos["nodes"][0]
-                            self.location, self.repository = node["location"]["name"], node["name"]
-                            return
-            except (urllib.error.URLError, ConnectionError, OSError, AssertionError):
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"dagster dev did not answer within {timeout:.0f}s\n{self.log_tail()}")
-            time.sleep(1)
+        wait_for(self._serving, timeout, 1, "dagster dev to answer", stop=self._exited, last=self.log_tail)
+
+    def _serving(self) -> bool:
+        """The webserver answers with the repository loaded (its location and name kept)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as r:
+                if r.status != 200:
+                    return False
+            repos = self.gql(REPOSITORIES)["repositoriesOrError"]
+        except (urllib.error.URLError, ConnectionError, OSError, AssertionError):
+            return False
+        if repos["__typename"] != "RepositoryConnection" or not repos["nodes"]:
+            return False
+        node = repos["nodes"][0]
+        self.location, self.repository = node["location"]["name"], node["name"]
+        return True
+
+    def _exited(self) -> str | None:
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"dagster dev exited with {self.proc.returncode}"
 
     def env(self) -> dict[str, str]:
         """The environment `dagster dev` runs in, and the `dagster` commands a user types beside it."""
@@ -283,18 +288,8 @@ class DagsterServer:
     def wait_for(self, what: str, probe: Callable[[], Any], timeout: float,
                  last: Callable[[], Any] | None = None) -> Any:
         """Poll `probe` until it returns something truthy; fail with the last state and the log tail."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"dagster dev exited while waiting for {what}\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                state = last() if last else None
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {state}\n"
-                                     f"{self.log_tail()}")
-            time.sleep(2)
+        return wait_for(probe, timeout, 2, what, stop=self._exited,
+                        last=lambda: f"{last() if last is not None else None}\n{self.log_tail()}")
 
     def wait_run(self, run_id: str, timeout: float = 180.0) -> dict[str, Any]:
         """The run once it is finished (SUCCESS, FAILURE or CANCELED)."""

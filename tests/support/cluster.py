@@ -11,13 +11,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyspark
+
+from tests.support.waiting import wait_for
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 # Every process of a "machine" carries it, as `<cluster root>:<name>`: killing one kills all of that
@@ -82,16 +83,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_for(path: Path, pattern: str, count: int, timeout: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = path.read_text(errors="replace") if path.exists() else ""
-        if len(re.findall(pattern, text)) >= count:
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"{path.name}: the process exited ({proc.returncode}): {text[-2000:]}")
-        time.sleep(0.3)
-    raise TimeoutError(f"{path.name}: no {pattern!r} x{count} after {timeout}s: {text[-2000:]}")
+def wait_for_log(path: Path, pattern: str, count: int, timeout: float, proc: subprocess.Popen[bytes]) -> None:
+    """Until `pattern` appears `count` times in the log of `proc`, which must not exit meanwhile."""
+
+    def text() -> str:
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    wait_for(lambda: len(re.findall(pattern, text())) >= count, timeout, 0.3, f"{pattern!r} x{count} in {path.name}",
+             stop=lambda: None if proc.poll() is None else f"the process exited ({proc.returncode})",
+             last=lambda: text()[-2000:])
 
 
 @contextmanager
@@ -118,7 +118,7 @@ def standalone_cluster(root: Path, workers: int = 2, *, timeout: float = 180) ->
     try:
         master = start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
                                   str(port), "--webui-port", str(free_port())], {})
-        _wait_for(root / "master.log", r"I have been elected leader", 1, timeout, master)
+        wait_for_log(root / "master.log", r"I have been elected leader", 1, timeout, master)
         for i in range(1, workers + 1):
             name = f"worker{i}"
             (root / name).mkdir()
@@ -127,7 +127,7 @@ def standalone_cluster(root: Path, workers: int = 2, *, timeout: float = 180) ->
                          cluster.master_url],
                   {"SPARK_LOCAL_DIRS": str(root / name / "spark-local"),
                    "SPARKPOINT_LOCAL_DIR": str(cluster.local_dir(name))})
-        _wait_for(root / "master.log", r"Registering worker 127\.0\.0\.1", workers, timeout, master)
+        wait_for_log(root / "master.log", r"Registering worker 127\.0\.0\.1", workers, timeout, master)
         yield cluster
     finally:
         for name in reversed(list(cluster.procs)):

@@ -1,5 +1,8 @@
-"""Review defects reachable through the pipeline (issue 8): two fallbacks in a row, a fallback
-late in a long run, RocksDB refusing a restored directory in a Spark task, operator sets."""
+"""What a pipeline restores from: its output survives two fallbacks in a row and a fallback late
+in a long run, RocksDB refusing a restored directory in a Spark task falls back too, a checkpoint
+of other operators than the job's is refused unless allowed, a checkpoints directory with glob
+characters resumes where it stopped, and a flipped letter in the latest `_metadata` stops the
+resume instead of starting empty."""
 
 from __future__ import annotations
 
@@ -18,10 +21,11 @@ from sparkpoint.checkpoint.metadata import content_checksum
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.driver import StatefulPipeline
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+from sparkpoint.state.backend import take_checkpoint
 from sparkpoint.state.engine.changelog import is_changelog
 from sparkpoint.state.sample import SAMPLE_OPERATORS, item_reach, user_totals
-from tests import oracle
+from tests.support import oracle
+from tests.support.backends import make_backends
 from tests.test_pipeline import config as base_config
 from tests.test_pipeline import export, make_input
 
@@ -131,8 +135,7 @@ def test_rocksdb_refusing_a_restored_directory_in_a_task_falls_back(spark, tmp_p
 def _checkpoint_of(tmp_path: Path, operators: list[str]) -> None:
     storage = storage_of(tmp_path)
     coord = CheckpointCoordinator(storage)
-    backends = [RocksDBStateBackend(storage, name, i, parallelism=3, local_dir=tmp_path / "core")
-                for name in operators for i in range(3)]
+    backends = [b for name in operators for b in make_backends(storage, tmp_path / "core", 3, operator=name)]
     for b in backends:
         b.restore(None)
     take_checkpoint(coord, backends, source_offsets={"source": {"version": 1, "consumed": []}, "sink": []})

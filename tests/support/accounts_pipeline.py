@@ -7,7 +7,7 @@ order). Its `bootstrap` writes both from the opening transactions and registers 
 marks the account welcomed and emits one row for it. `audit` is a second operator without
 `bootstrap` (it counts transactions per account): it starts empty.
 
-`accounts` is what the CLI loads (`--pipeline tests.accounts_pipeline:accounts`); its locations
+`accounts` is what the CLI loads (`--pipeline tests.support.accounts_pipeline:accounts`); its locations
 (under `ACCOUNTS_ROOT`, default a temporary directory) are overridden by the tests' flags.
 """
 

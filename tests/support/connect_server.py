@@ -14,7 +14,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster import SPARK_HOME, _wait_for, free_port
+from tests.support.cluster import SPARK_HOME, free_port, wait_for_log
 
 
 @dataclass
@@ -51,7 +51,7 @@ def connect_server(root: Path, *, master: str = "local[2]", timeout: float = 180
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 cwd=root)
     try:
-        _wait_for(log, r"Spark Connect server started", 1, timeout, proc)
+        wait_for_log(log, r"Spark Connect server started", 1, timeout, proc)
         yield ConnectServer(f"sc://127.0.0.1:{port}", log, proc)
     finally:
         with suppress(ProcessLookupError):

@@ -39,7 +39,7 @@ rain_per_station = KeyedOperator("rain_per_station", key="station", key_type="st
                                  process=add, export=export, emits=True,
                                  schema={"station": "string", "mm": "float64", "reports": "int64"})
 
-# What `sparkpoint run --pipeline tests.follow_pipeline:rain` loads; the tests give its locations as flags.
+# What `sparkpoint run --pipeline tests.support.follow_pipeline:rain` loads; the tests give its locations as flags.
 rain = Pipeline("rain", [rain_per_station], parallelism=2)
 
 

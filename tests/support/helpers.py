@@ -13,6 +13,7 @@ from sparkpoint.checkpoint.paths import private_dir, shared_dir
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.operators import KeyedOperator
+from tests.support.backends import make_backends
 
 
 class FakeSubtask:
@@ -78,10 +79,9 @@ def empty_checkpoint(storage: CheckpointStorage, operators: Iterable[KeyedOperat
     """A completed checkpoint of `operators` at `parallelism` with empty state and no input
     consumed, written by real RocksDB backends without Spark."""
     from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
-    from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
+    from sparkpoint.state.backend import take_checkpoint
 
-    backends = [RocksDBStateBackend(storage, op.uid, i, parallelism=parallelism, local_dir=local_dir)
-                for op in operators for i in range(parallelism)]
+    backends = [b for op in operators for b in make_backends(storage, local_dir, parallelism, operator=op.uid)]
     for b in backends:
         b.restore(None)
     take_checkpoint(CheckpointCoordinator(storage), backends,

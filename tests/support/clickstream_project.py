@@ -14,7 +14,7 @@ import pandas as pd
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.extract import state_table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def copy_project(root: Path, *, landed: int = 0, into: str = "landing") -> tuple[Path, dict[str, str]]:

@@ -12,15 +12,16 @@ from pathlib import Path
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.state.backend import RocksDBStateBackend, restore_with_fallback, take_checkpoint
+from sparkpoint.state.backend import restore_with_fallback, take_checkpoint
 from sparkpoint.state.codecs import StructCodec
+from tests.support.backends import make_backend
 
 COUNTS = StructCodec[tuple[int]]("<q")
 
 
 def main(root: Path, mode: str, spare_fds: int = 0) -> None:
     storage = CheckpointStorage(f"file://{root}/ckpt", "job")
-    backend = RocksDBStateBackend(storage, "counts", 0, parallelism=1, local_dir=root / "local", max_parallelism=32)
+    backend = make_backend(storage, root / "local", max_parallelism=32)
     if mode == "write":
         coord = CheckpointCoordinator(storage, num_retained=2)
         with backend as b:

@@ -18,8 +18,10 @@ from pathlib import Path
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, SparkpointError
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
-from tests.reliability import count_round
+from sparkpoint.state.backend import take_checkpoint
+from tests.support.backends import make_backends
+from tests.support.reliability import count_round
+from tests.support.waiting import wait_for
 
 
 def batch(n: int) -> list[str]:
@@ -37,11 +39,7 @@ def model_at(n: int) -> dict[str, int]:
 
 def barrier(directory: Path, n: int, name: str, writers: int) -> None:
     (directory / f"{n}.{name}").touch()
-    deadline = time.monotonic() + 60
-    while len(list(directory.glob(f"{n}.*"))) < writers:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the other writer never reached checkpoint {n}")
-        time.sleep(0.001)
+    wait_for(lambda: len(list(directory.glob(f"{n}.*"))) >= writers, 60, 0.001, f"the other writer at checkpoint {n}")
 
 
 def main() -> None:
@@ -59,8 +57,7 @@ def main() -> None:
     rng = random.Random(f"{args.seed}-{args.name}")
     storage = CheckpointStorage(args.checkpoints, args.job_id, json.loads(args.storage_options))
     coord = CheckpointCoordinator(storage, num_retained=2)
-    subtasks = [RocksDBStateBackend(storage, "counts", i, parallelism=2, max_parallelism=16, local_dir=args.local)
-                for i in range(2)]
+    subtasks = make_backends(storage, args.local, max_parallelism=16)
     for b in subtasks:
         b.restore(None)
     model: dict[str, int] = {}

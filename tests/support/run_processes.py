@@ -11,8 +11,11 @@ import subprocess
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.waiting import wait_for
 
 MARKER = "SPARKPOINT_TEST_RUN"
 # The system call a thread blocked reading stdin shows in /proc/<pid>/task/<tid>/syscall: the
@@ -48,12 +51,9 @@ def run_processes(marker: str) -> list[Process]:
 def wait_gone(marker: str, seconds: float) -> list[Process]:
     """Wait up to `seconds` for the processes carrying `marker` to end (a JVM whose driver has
     gone ends by itself once it sees its stdin closed); those still there."""
-    deadline = time.monotonic() + seconds
-    left = run_processes(marker)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.1)
-        left = run_processes(marker)
-    return left
+    with suppress(AssertionError):
+        wait_for(lambda: not run_processes(marker), seconds, 0.1, f"the processes of {marker} to end")
+    return run_processes(marker)
 
 
 def java_pids() -> set[int]:
@@ -131,8 +131,7 @@ def interrupt_run(cmd: Sequence[str], cwd: Path, env: dict[str, str], delay: flo
         try:
             start = spawned
             if after_launch:
-                while start_phase(marker, proc.pid) == "before" and time.monotonic() - spawned < 300:
-                    time.sleep(0.02)
+                wait_for(lambda: start_phase(marker, proc.pid) != "before", 300, 0.02, "the run's launcher")
                 start = time.monotonic()
             time.sleep(max(0.0, start + delay - time.monotonic()))
             phase = start_phase(marker, proc.pid)

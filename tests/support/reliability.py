@@ -10,9 +10,9 @@ from typing import Any
 
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.codecs import StructCodec
-from sparkpoint.state.keygroups import key_group_for
+from tests.support.backends import owned
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COUNT = StructCodec[tuple[int]]("<q")
 
 
@@ -22,7 +22,7 @@ def count_round(subtasks: list[RocksDBStateBackend], model: dict[str, int], keys
         model[k] = model.get(k, 0) + 1
     for b in subtasks:
         b.value_state("count", COUNT).put_many(
-            (k, (model[k],)) for k in keys if key_group_for(k, b.max_parallelism) in b.key_group_range
+            (k, (model[k],)) for k in owned(b, keys)
         )
 
 
