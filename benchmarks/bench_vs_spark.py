@@ -100,7 +100,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.settings import resolve_settings
 from sparkpoint.spark.generate import START, generate
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.state.sample import SAMPLE_OPERATORS, operator_by_name, user_totals
+from sparkpoint.state.sample import SAMPLE_OPERATORS, user_totals
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -413,7 +413,7 @@ def ours_pipeline(spark: Any, system: System, run_dir: Path, **overrides: Any) -
         files_per_checkpoint=1, local_dir=str(run_dir / "local"),
     )
     config = replace(config, **resolve_settings(system.settings), **overrides)
-    return StatefulPipeline(spark, config, tuple(operator_by_name(n) for n in system.operators))
+    return StatefulPipeline(spark, config, tuple(next(op for op in SAMPLE_OPERATORS if op.name == n) for n in system.operators))
 
 
 def run_ours(spark: Any, system: System, workload: Workload, run_dir: Path,

@@ -153,10 +153,3 @@ item_reach = KeyedOperator(
 
 
 SAMPLE_OPERATORS = (user_totals, item_reach)
-
-
-def operator_by_name(name: str, operators: tuple[KeyedOperator, ...] = SAMPLE_OPERATORS) -> KeyedOperator:
-    for op in operators:
-        if op.name == name:
-            return op
-    raise KeyError(f"unknown operator {name!r}; this pipeline has {', '.join(o.name for o in operators)}")
