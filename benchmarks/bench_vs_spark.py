@@ -413,7 +413,8 @@ def ours_pipeline(spark: Any, system: System, run_dir: Path, **overrides: Any) -
         files_per_checkpoint=1, local_dir=str(run_dir / "local"),
     )
     config = replace(config, **resolve_settings(system.settings), **overrides)
-    return StatefulPipeline(spark, config, tuple(next(op for op in SAMPLE_OPERATORS if op.name == n) for n in system.operators))
+    by_name = {op.name: op for op in SAMPLE_OPERATORS}
+    return StatefulPipeline(spark, config, tuple(by_name[n] for n in system.operators))
 
 
 def run_ours(spark: Any, system: System, workload: Workload, run_dir: Path,
