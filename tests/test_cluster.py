@@ -105,7 +105,8 @@ def wait_and_kill(cluster, proc, reports, kill_after: int) -> int:  # type: igno
     return in_flight
 
 
-@pytest.mark.parametrize("routing", ["read-all", "shuffle"])
+# The shuffle route in make test (its kill also takes shuffle output); the read-all route in make soak.
+@pytest.mark.parametrize("routing", [pytest.param("read-all", marks=pytest.mark.soak), "shuffle"])
 def test_worker_killed_mid_batch_on_a_standalone_cluster(tmp_path: Path, routing: str):
     # On the shuffle route the kill also takes the reading stage's shuffle output kept on worker 1:
     # Spark reads those pieces again (or the rerun does), and the result is still exact.

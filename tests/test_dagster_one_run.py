@@ -58,7 +58,9 @@ def read_clicks(checkpoints: Path) -> dict[str, int]:
     return dict(zip(state["user"], state["clicks"]))
 
 
-@pytest.mark.parametrize("instance_yaml", [NO_POOLS, INSTANCE_YAML], ids=["without-pool-config", "with-pool-config"])
+# A Dagster instance as a user has it (no pool configured) in make test; the documented pool in make soak.
+@pytest.mark.parametrize("instance_yaml", [NO_POOLS, pytest.param(INSTANCE_YAML, marks=pytest.mark.soak)],
+                         ids=["without-pool-config", "with-pool-config"])
 def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_run_at_a_time(
         tmp_path: Path, instance_yaml: str):
     server = DagsterServer(tmp_path, module="tests.support.one_run_location", instance_yaml=instance_yaml)

@@ -124,7 +124,7 @@ def same_rows(diff: pd.DataFrame, want: pd.DataFrame, storage: CheckpointStorage
 
 
 @pytest.mark.parametrize("changelog", [False, True], ids=["sst", "changelog"])
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.soak)])  # a second history: make soak
 def test_diff_of_two_checkpoints_equals_the_pandas_comparison_of_their_exports(
         tmp_path: Path, local_storage: CheckpointStorage, seed: int, changelog: bool):
     rng = random.Random(seed)

@@ -43,7 +43,9 @@ def interrupt_after(cmd: list[str], cwd: Path, prefix: str, nth: int, delay: flo
     return proc.returncode, "".join(lines) + out, err, time.monotonic() - sent
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.15, 0.4])
+# One moment in make test; the moments around it (before Spark is up, mid-batch) in make soak.
+@pytest.mark.parametrize("delay", [pytest.param(0.0, marks=pytest.mark.soak), 0.15,
+                                   pytest.param(0.4, marks=pytest.mark.soak)])
 def test_one_ctrl_c_stops_run_in_one_line_and_a_rerun_resumes(tmp_path: Path, delay: float):
     generate(str(tmp_path / "in"), batches=5, events_per_batch=8000, users=3000, items=200, seed=4)
     cmd = [sys.executable, "-m", "sparkpoint.cli", "run", "--input", "in", "--checkpoints", "ckpt", "--job-id", "j",

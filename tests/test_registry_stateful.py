@@ -508,11 +508,22 @@ class CheckpointHistoryOnLocalFiles(CheckpointHistory):
 
 
 # unittest-style so that `pytest --hypothesis-show-statistics` shows how often each outcome happened
+# make test draws a sample of histories on each storage; make soak draws four times as many.
 class TestRandomHistoriesKeepRegistryStorageAndRetentionConsistentOnMemoryStorage(CheckpointHistory.TestCase):
-    settings = HISTORY_SETTINGS
+    settings = settings(HISTORY_SETTINGS, max_examples=25)
 
 
 class TestRandomHistoriesKeepRegistryStorageAndRetentionConsistentOnLocalFiles(CheckpointHistoryOnLocalFiles.TestCase):
+    settings = settings(HISTORY_SETTINGS, max_examples=8)
+
+
+@pytest.mark.soak
+class TestManyRandomHistoriesOnMemoryStorage(CheckpointHistory.TestCase):
+    settings = HISTORY_SETTINGS
+
+
+@pytest.mark.soak
+class TestManyRandomHistoriesOnLocalFiles(CheckpointHistoryOnLocalFiles.TestCase):
     settings = settings(HISTORY_SETTINGS, max_examples=30)
 
 
