@@ -35,9 +35,11 @@ from sparkpoint.state.engine import staging
 from sparkpoint.state.engine.changelog import ChangeLog
 from sparkpoint.state.engine.localfiles import write_replacing
 from sparkpoint.state.engine.rocksdb import (
+    EXACT_UP_TO,
     RocksDBOptions,
     compact_all,
     ensure_column_families,
+    entry_count,
     flush_all,
     list_states,
     open_db,
@@ -114,6 +116,10 @@ class LocalState:
     def store(self, name: str) -> ColumnFamilyStore:
         """State `name`'s column family as a `StateStore`: its writes mark db/ changed and go to the changelog."""
         return ColumnFamilyStore(self.open_db(), name, on_write=self.before_write, log=self.log)
+
+    def entry_count(self, name: str, *, exact_up_to: int = EXACT_UP_TO) -> int:
+        """State `name`'s entries: counted up to `exact_up_to`, RocksDB's estimate beyond (`rocksdb.entry_count`)."""
+        return entry_count(self.open_db().get_column_family(name), exact_up_to=exact_up_to)
 
     def flush(self) -> list[str]:
         """Flush every state's memtable (db/ on disk is then the state now); returns the states' names."""
