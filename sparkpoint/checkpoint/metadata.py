@@ -847,7 +847,36 @@ def load_skipped_files(raw: Any, where: str) -> tuple[SkippedFile, ...]:
 
 
 def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> CheckpointMetadata:
+    """A whole `_metadata` document, section by section in the order a hostile file is told about
+    the first field it breaks: format and version, checkpoint id, lineage, unowned paths, stats,
+    operators, the rest; then what the version allows, and last the checksum."""
     obj = v.obj(raw, "(root)")
+    version = _version_from_json(v, obj)
+    checkpoint_id = v.integer(obj, "checkpoint_id", "", minimum=1)
+    lineage = _lineage_from_json(v, obj.get("lineage"))
+    unowned = _unowned_from_json(v, obj.get("unowned", []))
+    stats = _stats_from_json(v, v.get(obj, "stats", ""))
+    operators = _operators_from_json(v, v.get(obj, "operators", ""), checkpoint_id)
+    meta = CheckpointMetadata(
+        job_id=v.string(obj, "job_id", ""),
+        checkpoint_id=checkpoint_id,
+        kind=v.string(obj, "kind", "", choices=KINDS),
+        created_at=v.string(obj, "created_at", ""),
+        source_offsets=_json_only(v, obj.get("source_offsets"), "source_offsets"),
+        stats=stats,
+        operators=operators,
+        lineage=lineage,
+        unowned=unowned,
+        skipped_files=skipped_files_from_json(v, obj["skipped_files"], "skipped_files")
+        if "skipped_files" in obj else (),
+    )
+    _check_version_holds(v, version, meta)
+    _check_checksum(v, obj, text)
+    return meta
+
+
+def _version_from_json(v: _Validator, obj: dict[str, Any]) -> int:
+    """`format` and `version`: a sparkpoint checkpoint, of a version this sparkpoint reads."""
     fmt = v.get(obj, "format", "")
     if fmt != FORMAT_NAME:
         raise v.fail("format", f"must be {FORMAT_NAME!r}, got {fmt!r}: this is not a sparkpoint checkpoint")
@@ -858,75 +887,84 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
             f"is {version}, this sparkpoint reads versions {', '.join(map(str, READABLE_VERSIONS))}; "
             "upgrade sparkpoint to read it",
         )
-    checkpoint_id = v.integer(obj, "checkpoint_id", "", minimum=1)
-    lineage_raw = obj.get("lineage")
-    lineage = None
-    if lineage_raw is not None:
-        lo = v.obj(lineage_raw, "lineage")
-        lineage = RestoreLineage(
-            restored_from=v.string(lo, "restored_from", "lineage"),
-            claim_mode=v.string(lo, "claim_mode", "lineage", choices=CLAIM_MODES),
-        )
-    unowned_raw = obj.get("unowned", [])
-    if not isinstance(unowned_raw, list) or not all(isinstance(p, str) for p in unowned_raw):
+    return version
+
+
+def _lineage_from_json(v: _Validator, raw: Any) -> RestoreLineage | None:
+    if raw is None:
+        return None
+    lo = v.obj(raw, "lineage")
+    return RestoreLineage(
+        restored_from=v.string(lo, "restored_from", "lineage"),
+        claim_mode=v.string(lo, "claim_mode", "lineage", choices=CLAIM_MODES),
+    )
+
+
+def _unowned_from_json(v: _Validator, raw: Any) -> frozenset[str]:
+    """The paths this checkpoint references but does not own: each safely inside the job directory."""
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
         raise v.fail("unowned", "must be an array of paths")
-    for i, p in enumerate(unowned_raw):
+    for i, p in enumerate(raw):
         try:
             validate_relative(p)
         except ValueError as e:
             raise v.fail(f"unowned[{i}]", f"is not a safe path inside the job directory: {e}") from None
-    stats_obj = v.obj(v.get(obj, "stats", ""), "stats")
-    stats = CheckpointStats(
-        state_size=v.integer(stats_obj, "state_size", "stats"),
-        checkpointed_size=v.integer(stats_obj, "checkpointed_size", "stats"),
-        files_new=v.integer(stats_obj, "files_new", "stats") if "files_new" in stats_obj else 0,
-        files_reused=v.integer(stats_obj, "files_reused", "stats") if "files_reused" in stats_obj else 0,
+    return frozenset(raw)
+
+
+def _stats_from_json(v: _Validator, raw: Any) -> CheckpointStats:
+    obj = v.obj(raw, "stats")
+    return CheckpointStats(
+        state_size=v.integer(obj, "state_size", "stats"),
+        checkpointed_size=v.integer(obj, "checkpointed_size", "stats"),
+        files_new=v.integer(obj, "files_new", "stats") if "files_new" in obj else 0,
+        files_reused=v.integer(obj, "files_reused", "stats") if "files_reused" in obj else 0,
     )
-    operators_obj = v.obj(v.get(obj, "operators", ""), "operators")
-    operators: dict[str, OperatorState] = {}
-    for op_name, op_raw in operators_obj.items():
-        name = f"operators.{op_name}"
-        _operator_name(v, op_name, name)
-        op_obj = v.obj(op_raw, name)
-        max_p = v.integer(op_obj, "max_parallelism", name, minimum=1, maximum=MAX_KEY_GROUPS)
-        subtasks = tuple(
-            _subtask_from_json(
-                v,
-                v.obj(s, f"{name}.subtasks[{i}]"),
-                f"{name}.subtasks[{i}]",
-                operator=op_name,
-                checkpoint_id=checkpoint_id,
-                max_parallelism=max_p,
-            )
-            for i, s in enumerate(v.array(op_obj, "subtasks", name))
-        )
-        indexes = [s.subtask for s in subtasks]
-        if indexes != list(range(len(indexes))):
-            raise v.fail(f"{name}.subtasks", f"must list subtasks 0..{len(indexes) - 1} in order, got {indexes}")
-        gap = coverage_problem([s.key_group_range for s in subtasks], max_p)
-        if gap:
-            raise v.fail(f"{name}.subtasks", gap)
-        states = op_obj.get("states")
-        display = _operator_name(v, v.string(op_obj, "name", name), f"{name}.name") if "name" in op_obj else None
-        operators[op_name] = OperatorState(
-            max_parallelism=max_p, subtasks=subtasks,
-            states=None if states is None else declarations_from_json(v, states, f"{name}.states"), name=display,
-        )
+
+
+def _operators_from_json(v: _Validator, raw: Any, checkpoint_id: int) -> dict[str, OperatorState]:
+    operators = {
+        op_name: _operator_from_json(v, op_name, op_raw, checkpoint_id)
+        for op_name, op_raw in v.obj(raw, "operators").items()
+    }
     if not operators:
         raise v.fail("operators", "is empty: the checkpoint would restore no state at all")
-    meta = CheckpointMetadata(
-        job_id=v.string(obj, "job_id", ""),
-        checkpoint_id=checkpoint_id,
-        kind=v.string(obj, "kind", "", choices=KINDS),
-        created_at=v.string(obj, "created_at", ""),
-        source_offsets=_json_only(v, obj.get("source_offsets"), "source_offsets"),
-        stats=stats,
-        operators=operators,
-        lineage=lineage,
-        unowned=frozenset(unowned_raw),
-        skipped_files=skipped_files_from_json(v, obj["skipped_files"], "skipped_files")
-        if "skipped_files" in obj else (),
+    return operators
+
+
+def _operator_from_json(v: _Validator, op_name: str, raw: Any, checkpoint_id: int) -> OperatorState:
+    """One operator: its subtasks, 0..n-1 in order, covering its key groups exactly once."""
+    name = f"operators.{op_name}"
+    _operator_name(v, op_name, name)
+    op_obj = v.obj(raw, name)
+    max_p = v.integer(op_obj, "max_parallelism", name, minimum=1, maximum=MAX_KEY_GROUPS)
+    subtasks = tuple(
+        _subtask_from_json(
+            v,
+            v.obj(s, f"{name}.subtasks[{i}]"),
+            f"{name}.subtasks[{i}]",
+            operator=op_name,
+            checkpoint_id=checkpoint_id,
+            max_parallelism=max_p,
+        )
+        for i, s in enumerate(v.array(op_obj, "subtasks", name))
     )
+    indexes = [s.subtask for s in subtasks]
+    if indexes != list(range(len(indexes))):
+        raise v.fail(f"{name}.subtasks", f"must list subtasks 0..{len(indexes) - 1} in order, got {indexes}")
+    gap = coverage_problem([s.key_group_range for s in subtasks], max_p)
+    if gap:
+        raise v.fail(f"{name}.subtasks", gap)
+    states = op_obj.get("states")
+    display = _operator_name(v, v.string(op_obj, "name", name), f"{name}.name") if "name" in op_obj else None
+    return OperatorState(
+        max_parallelism=max_p, subtasks=subtasks,
+        states=None if states is None else declarations_from_json(v, states, f"{name}.states"), name=display,
+    )
+
+
+def _check_version_holds(v: _Validator, version: int, meta: CheckpointMetadata) -> None:
+    """What the document lists must exist in its version: an older reader would drop it."""
     if version < SKIPPED_VERSION and meta.skipped_files:
         raise v.fail("version", f"is {version}, but the file lists skipped files, which only version 5 has")
     if version < FORMAT_VERSION and any(s.size is not None for s in meta.skipped_files):
@@ -937,7 +975,10 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
     if version < STAGED_VERSION and meta.has_staged():
         raise v.fail("version", f"is {version}, but the file lists staged files, which only version 4 has")
-    # Last, so that a hostile file is told by the field it breaks; this catches what still parses.
+
+
+def _check_checksum(v: _Validator, obj: dict[str, Any], text: str | None) -> None:
+    """Last, so that a hostile file is told by the field it breaks; this catches what still parses."""
     stored = v.string(obj, "checksum", "")
     if stored != _checksum_of_written_text(text, stored) and stored != content_checksum(obj):
         raise v.fail(
@@ -945,4 +986,3 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
             "does not match the content: the file was changed or damaged after it was written. "
             "Restore an older checkpoint (sparkpoint verify lists the ones that verify)",
         )
-    return meta
