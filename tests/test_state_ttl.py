@@ -34,8 +34,11 @@ backend = partial(make_backend, operator="dedup", max_parallelism=16)
 
 def raw_entries(b: RocksDBStateBackend, name: str) -> int:
     """Entries stored in the state's column family, expired or not (the format key aside)."""
-    state = b._states[name]
-    return sum(1 for k, _ in state._scan(b"\x00\x00", b"\x80"))
+    state = b.raw_state(name)
+    try:
+        return sum(1 for k, _ in state._scan(b"\x00\x00", b"\x80"))
+    finally:
+        state.release()
 
 
 @pytest.mark.parametrize("seconds", [0, -1, math.nan, math.inf, True, "60"])

@@ -2,7 +2,8 @@
 
 A checkpoint exists if and only if its `_metadata` exists. Everything that crosses a process
 boundary (state handles from Spark tasks, `_metadata` in storage) goes through `to_json` /
-`from_json` here; nothing is pickled.
+`from_json` here; nothing is pickled. The field-by-field validator, and the sections that stay
+plain JSON once read (source offsets, declared states, facts), are `validation`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -24,6 +24,17 @@ from sparkpoint.checkpoint.paths import (
     is_plain_relative,
     validate_name,
     validate_relative,
+)
+from sparkpoint.checkpoint.validation import (
+    CODEC_TYPES,  # noqa: F401  the vocabulary of declared states stays importable from here
+    MAX_OFFSETS_DEPTH,  # noqa: F401
+    STATE_KINDS,  # noqa: F401
+    TTL_CLOCKS,  # noqa: F401
+    TTL_UPDATES,  # noqa: F401
+    Validator,
+    declarations_from_json,
+    facts_from_json,
+    json_only,
 )
 
 FORMAT_NAME = "sparkpoint-checkpoint"
@@ -51,7 +62,6 @@ STAGED_VERSION = 4
 CHAIN_VERSION = 3
 CHAIN_FREE_VERSION = 2
 READABLE_VERSIONS = (CHAIN_FREE_VERSION, CHAIN_VERSION, STAGED_VERSION, SKIPPED_VERSION, FORMAT_VERSION)
-MAX_OFFSETS_DEPTH = 32  # source offsets deeper than this are refused, not recursed into
 KINDS = ("checkpoint", "savepoint")
 CLAIM_MODES = ("CLAIM", "NO_CLAIM")
 MAX_CRC32 = 0xFFFFFFFF
@@ -233,7 +243,7 @@ class SubtaskStateHandle:
             raw = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as e:
             raise MetadataError(f"{where} is not valid JSON: {e}") from e
-        v = _Validator(where)
+        v = Validator(where)
         obj = v.obj(raw, "handle")
         handle = _subtask_from_json(
             v,
@@ -441,7 +451,7 @@ class CheckpointMetadata:
                 f"{where} is not valid UTF-8 JSON ({e}); the checkpoint cannot be used. "
                 "Restore an older checkpoint or run `sparkpoint verify`."
             ) from e
-        return _metadata_from_json(_Validator(where), raw, text=text)
+        return _metadata_from_json(Validator(where), raw, text=text)
 
 
 def checkpoint_dir(checkpoint_id: int) -> str:
@@ -497,83 +507,7 @@ def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-# --- validation ------------------------------------------------------------------------------
-
-
-class _Validator:
-    """Checks raw JSON field by field; every error names the field and the file."""
-
-    def __init__(self, where: str):
-        self.where = where
-
-    def fail(self, field_name: str, problem: str) -> MetadataError:
-        return MetadataError(f"{self.where}: field `{field_name}` {problem}")
-
-    def obj(self, value: Any, name: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(name, f"must be an object, got {type(value).__name__}")
-        return value
-
-    def get(self, obj: dict[str, Any], key: str, name: str) -> Any:
-        if key not in obj:
-            raise self.fail(f"{name}.{key}" if name else key, "is missing")
-        return obj[key]
-
-    def string(self, obj: dict[str, Any], key: str, name: str, *, choices: tuple[str, ...] = ()) -> str:
-        value = self.get(obj, key, name)
-        full = f"{name}.{key}" if name else key
-        if not isinstance(value, str) or not value:
-            raise self.fail(full, f"must be a non-empty string, got {str(value)[:200]!r}")
-        try:
-            check_encodable(value)
-        except ValueError as e:
-            raise self.fail(full, str(e)) from None
-        if choices and value not in choices:
-            raise self.fail(full, f"must be one of {', '.join(choices)}, got {value!r}")
-        return value
-
-    def integer(self, obj: dict[str, Any], key: str, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
-        value = self.get(obj, key, name)
-        full = f"{name}.{key}" if name else key
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(full, f"must be an integer, got {str(value)[:200]!r}")
-        if value < minimum or (maximum is not None and value > maximum):
-            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-            raise self.fail(full, f"must be {bound}, got {value}")
-        return value
-
-    def array(self, obj: dict[str, Any], key: str, name: str) -> list[Any]:
-        value = self.get(obj, key, name)
-        if not isinstance(value, list):
-            raise self.fail(f"{name}.{key}", f"must be an array, got {type(value).__name__}")
-        return value
-
-
-def _json_only(v: _Validator, value: Any, name: str) -> Any:
-    """Source offsets are opaque, but must be plain JSON: no NaN, text that is valid Unicode, and
-    at most MAX_OFFSETS_DEPTH levels deep (walked without recursion, so depth cannot crash us)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_OFFSETS_DEPTH:
-            raise v.fail(name, f"is nested deeper than {MAX_OFFSETS_DEPTH} levels")
-        if isinstance(item, float) and not math.isfinite(item):
-            raise v.fail(name, "holds a non-finite number")
-        if isinstance(item, list):
-            stack.extend((x, depth + 1) for x in item)
-        elif isinstance(item, dict):
-            stack.extend((x, depth + 1) for x in [*item.keys(), *item.values()])
-        elif isinstance(item, str):
-            try:
-                check_encodable(item)
-            except ValueError as e:
-                raise v.fail(name, str(e)) from None
-        elif not (item is None or isinstance(item, (bool, int, float))):
-            raise v.fail(name, f"holds a non-JSON value {str(item)[:200]!r}")
-    return value
-
-
-def _file_from_json(v: _Validator, raw: Any, name: str) -> FileHandle:
+def _file_from_json(v: Validator, raw: Any, name: str) -> FileHandle:
     if type(raw) is dict:  # what sparkpoint writes, at once; anything else field by field below
         get = raw.get
         local, path, size = get("local_name"), get("path"), get("size")
@@ -605,7 +539,7 @@ def _file_from_json(v: _Validator, raw: Any, name: str) -> FileHandle:
     )
 
 
-def _operator_name(v: _Validator, name: str, field_name: str) -> str:
+def _operator_name(v: Validator, name: str, field_name: str) -> str:
     try:
         return validate_name(name, "operator name")
     except ValueError as e:
@@ -613,7 +547,7 @@ def _operator_name(v: _Validator, name: str, field_name: str) -> str:
 
 
 def _subtask_from_json(
-    v: _Validator, obj: dict[str, Any], name: str, *, operator: str, checkpoint_id: int, max_parallelism: int
+    v: Validator, obj: dict[str, Any], name: str, *, operator: str, checkpoint_id: int, max_parallelism: int
 ) -> SubtaskStateHandle:
     kg = v.obj(v.get(obj, "key_group_range", name), f"{name}.key_group_range")
     start = v.integer(kg, "start", f"{name}.key_group_range")
@@ -641,7 +575,7 @@ def _subtask_from_json(
         shared=shared,
         private=private,
         staged=staged,
-        facts=_facts_from_json(v, obj["facts"], f"{name}.facts") if "facts" in obj else None,
+        facts=facts_from_json(v, obj["facts"], f"{name}.facts") if "facts" in obj else None,
     )
 
 
@@ -673,140 +607,7 @@ def iso_micros(value: int) -> str:
     return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(value))).isoformat()
 
 
-_MAX_STATES = 1000
-
-
-def _facts_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
-    """A subtask's facts, shape-checked (no restore reads them; `inspect` prints them)."""
-    obj = v.obj(raw, name)
-    states = v.obj(v.get(obj, "states", name), f"{name}.states")
-    if len(states) > _MAX_STATES:
-        raise v.fail(f"{name}.states", f"lists {len(states)} states, more than {_MAX_STATES}")
-    out_states: dict[str, Any] = {}
-    for state, fact in states.items():
-        where = f"{name}.states[{state[:40]!r}]"
-        if not isinstance(state, str) or not 0 < len(state) <= 200:
-            raise v.fail(where, "a state name is a string of 1 to 200 characters")
-        f = v.obj(fact, where)
-        ttl = f.get("ttl")
-        if ttl is not None:
-            t = v.obj(ttl, f"{where}.ttl")
-            seconds = t.get("seconds")
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
-                raise v.fail(f"{where}.ttl.seconds", f"must be a positive number, got {seconds!r}")
-            ttl = {"seconds": seconds,  # a restore sweeps by it: only what StateTtl takes
-                   "update": v.string(t, "update", f"{where}.ttl", choices=("on_write", "on_read_and_write")),
-                   "clock": v.string(t, "clock", f"{where}.ttl", choices=("processing", "event"))}
-        out_states[state] = {"kind": v.string(f, "kind", where)[:40], "ttl": ttl,
-                             "entries": v.integer(f, "entries", where)}
-        if f.get("codec") is not None:  # a restore evolves an undeclared RecordCodec state by it
-            codec = _codec_from_json(v, f["codec"], f"{where}.codec")
-            if codec["type"] != "record":
-                raise v.fail(f"{where}.codec", f"only a record codec is recorded here, got {codec['type']!r}")
-            out_states[state]["codec"] = codec
-    timers = v.obj(v.get(obj, "timers", name), f"{name}.timers")
-    earliest = timers.get("earliest")
-    if earliest is not None and (isinstance(earliest, bool) or not isinstance(earliest, int)):
-        raise v.fail(f"{name}.timers.earliest", f"must be an integer or null, got {earliest!r}")
-    return {
-        "states": out_states,
-        "timers": {"pending": v.integer(timers, "pending", f"{name}.timers"), "earliest": earliest,
-                   "fired": v.integer(timers, "fired", f"{name}.timers")},
-        "expired_removed": v.integer(obj, "expired_removed", name),
-    }
-
-
-STATE_KINDS = ("value", "map", "list", "reducing")
-CODEC_TYPES = ("record", "json", "struct", "bytes", "custom")
-TTL_UPDATES = ("on_write", "on_read_and_write")
-TTL_CLOCKS = ("processing", "event")
-_MAX_FIELDS = 1000
-_TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,30}(\[[A-Za-z0-9_+:/, =-]{1,80}\])?( not null)?")
-
-
-def declarations_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
-    """An operator's declared states, checked field by field (a restore builds codecs from them)."""
-    obj = v.obj(raw, name)
-    if len(obj) > _MAX_STATES:
-        raise v.fail(name, f"lists {len(obj)} states, more than {_MAX_STATES}")
-    out: dict[str, Any] = {}
-    for state, decl in obj.items():
-        where = f"{name}[{state[:40]!r}]"
-        if not 0 < len(state) <= 200 or state == "default":
-            raise v.fail(where, "a state name is a string of 1 to 200 characters, not 'default'")
-        try:
-            check_encodable(state)
-        except ValueError as e:
-            raise v.fail(where, str(e)) from None
-        d = v.obj(decl, where)
-        key_type = d.get("key_type")
-        if key_type is not None:
-            key_type = v.string(d, "key_type", where)
-            if not _TYPE_NAME.fullmatch(key_type):
-                raise v.fail(f"{where}.key_type", f"is not an Arrow type name: {key_type[:80]!r}")
-        ttl = d.get("ttl")
-        if ttl is not None:
-            t = v.obj(ttl, f"{where}.ttl")
-            seconds = t.get("seconds")
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
-                raise v.fail(f"{where}.ttl.seconds", f"must be a positive number, got {str(seconds)[:80]!r}")
-            ttl = {"seconds": seconds, "update": v.string(t, "update", f"{where}.ttl", choices=TTL_UPDATES),
-                   "clock": v.string(t, "clock", f"{where}.ttl", choices=TTL_CLOCKS)}
-        out[state] = {"kind": v.string(d, "kind", where, choices=STATE_KINDS), "key_type": key_type, "ttl": ttl,
-                      "codec": _codec_from_json(v, v.get(d, "codec", where), f"{where}.codec")}
-    return out
-
-
-def _codec_from_json(v: _Validator, raw: Any, name: str) -> dict[str, Any]:
-    c = v.obj(raw, name)
-    kind = v.string(c, "type", name, choices=CODEC_TYPES)
-    if kind == "struct":
-        fmt = v.string(c, "format", name)
-        if len(fmt) > 200:
-            raise v.fail(f"{name}.format", "is longer than 200 characters")
-        return {"type": kind, "format": fmt}
-    if kind == "custom":
-        cls = v.string(c, "class", name)
-        if len(cls) > 300:
-            raise v.fail(f"{name}.class", "is longer than 300 characters")
-        return {"type": kind, "class": cls}
-    if kind != "record":
-        return {"type": kind}
-    fields = v.array(c, "fields", name)
-    if not 0 < len(fields) <= _MAX_FIELDS:
-        raise v.fail(f"{name}.fields", f"must list 1 to {_MAX_FIELDS} fields, got {len(fields)}")
-    pairs = []
-    for i, pair in enumerate(fields):
-        where = f"{name}.fields[{i}]"
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) and 0 < len(x) <= 200
-                                                                  for x in pair)):
-            raise v.fail(where, "must be a [name, Arrow type] pair of strings")
-        if not _TYPE_NAME.fullmatch(pair[1]):
-            raise v.fail(where, f"has type {pair[1][:80]!r}, which is not an Arrow type name")
-        try:
-            check_encodable(pair[0])
-        except ValueError as e:
-            raise v.fail(where, str(e)) from None
-        pairs.append([pair[0], pair[1]])
-    names = [p[0] for p in pairs]
-    if len(set(names)) != len(names):
-        raise v.fail(f"{name}.fields", "names a field twice")
-    defaults = v.obj(c.get("defaults") or {}, f"{name}.defaults")
-    for field_name, value in defaults.items():
-        if field_name not in names:
-            raise v.fail(f"{name}.defaults", f"gives a default for {field_name[:80]!r}, which is not a field")
-        if not (value is None or isinstance(value, (str, bool, int))
-                or (isinstance(value, float) and math.isfinite(value))):
-            raise v.fail(f"{name}.defaults.{field_name[:80]}", f"must be a JSON scalar, got {str(value)[:80]!r}")
-        if isinstance(value, str):
-            try:
-                check_encodable(value)
-            except ValueError as e:
-                raise v.fail(f"{name}.defaults.{field_name[:80]}", str(e)) from None
-    return {"type": kind, "fields": pairs, "defaults": dict(defaults)}
-
-
-def skipped_files_from_json(v: _Validator, raw: Any, name: str) -> tuple[SkippedFile, ...]:
+def skipped_files_from_json(v: Validator, raw: Any, name: str) -> tuple[SkippedFile, ...]:
     """Skipped input files, checked field by field: each names one file once."""
     if not isinstance(raw, list):
         raise v.fail(name, f"must be an array, got {type(raw).__name__}")
@@ -843,11 +644,40 @@ def skipped_files_from_json(v: _Validator, raw: Any, name: str) -> tuple[Skipped
 
 def load_skipped_files(raw: Any, where: str) -> tuple[SkippedFile, ...]:
     """Skipped input files from plain JSON elsewhere than `_metadata` (a pending attempt), as strictly."""
-    return skipped_files_from_json(_Validator(where), raw, "skipped_files")
+    return skipped_files_from_json(Validator(where), raw, "skipped_files")
 
 
-def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> CheckpointMetadata:
+def _metadata_from_json(v: Validator, raw: Any, *, text: str | None = None) -> CheckpointMetadata:
+    """A whole `_metadata` document, section by section in the order a hostile file is told about
+    the first field it breaks: format and version, checkpoint id, lineage, unowned paths, stats,
+    operators, the rest; then what the version allows, and last the checksum."""
     obj = v.obj(raw, "(root)")
+    version = _version_from_json(v, obj)
+    checkpoint_id = v.integer(obj, "checkpoint_id", "", minimum=1)
+    lineage = _lineage_from_json(v, obj.get("lineage"))
+    unowned = _unowned_from_json(v, obj.get("unowned", []))
+    stats = _stats_from_json(v, v.get(obj, "stats", ""))
+    operators = _operators_from_json(v, v.get(obj, "operators", ""), checkpoint_id)
+    meta = CheckpointMetadata(
+        job_id=v.string(obj, "job_id", ""),
+        checkpoint_id=checkpoint_id,
+        kind=v.string(obj, "kind", "", choices=KINDS),
+        created_at=v.string(obj, "created_at", ""),
+        source_offsets=json_only(v, obj.get("source_offsets"), "source_offsets"),
+        stats=stats,
+        operators=operators,
+        lineage=lineage,
+        unowned=unowned,
+        skipped_files=skipped_files_from_json(v, obj["skipped_files"], "skipped_files")
+        if "skipped_files" in obj else (),
+    )
+    _check_version_holds(v, version, meta)
+    _check_checksum(v, obj, text)
+    return meta
+
+
+def _version_from_json(v: Validator, obj: dict[str, Any]) -> int:
+    """`format` and `version`: a sparkpoint checkpoint, of a version this sparkpoint reads."""
     fmt = v.get(obj, "format", "")
     if fmt != FORMAT_NAME:
         raise v.fail("format", f"must be {FORMAT_NAME!r}, got {fmt!r}: this is not a sparkpoint checkpoint")
@@ -858,75 +688,84 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
             f"is {version}, this sparkpoint reads versions {', '.join(map(str, READABLE_VERSIONS))}; "
             "upgrade sparkpoint to read it",
         )
-    checkpoint_id = v.integer(obj, "checkpoint_id", "", minimum=1)
-    lineage_raw = obj.get("lineage")
-    lineage = None
-    if lineage_raw is not None:
-        lo = v.obj(lineage_raw, "lineage")
-        lineage = RestoreLineage(
-            restored_from=v.string(lo, "restored_from", "lineage"),
-            claim_mode=v.string(lo, "claim_mode", "lineage", choices=CLAIM_MODES),
-        )
-    unowned_raw = obj.get("unowned", [])
-    if not isinstance(unowned_raw, list) or not all(isinstance(p, str) for p in unowned_raw):
+    return version
+
+
+def _lineage_from_json(v: Validator, raw: Any) -> RestoreLineage | None:
+    if raw is None:
+        return None
+    lo = v.obj(raw, "lineage")
+    return RestoreLineage(
+        restored_from=v.string(lo, "restored_from", "lineage"),
+        claim_mode=v.string(lo, "claim_mode", "lineage", choices=CLAIM_MODES),
+    )
+
+
+def _unowned_from_json(v: Validator, raw: Any) -> frozenset[str]:
+    """The paths this checkpoint references but does not own: each safely inside the job directory."""
+    if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
         raise v.fail("unowned", "must be an array of paths")
-    for i, p in enumerate(unowned_raw):
+    for i, p in enumerate(raw):
         try:
             validate_relative(p)
         except ValueError as e:
             raise v.fail(f"unowned[{i}]", f"is not a safe path inside the job directory: {e}") from None
-    stats_obj = v.obj(v.get(obj, "stats", ""), "stats")
-    stats = CheckpointStats(
-        state_size=v.integer(stats_obj, "state_size", "stats"),
-        checkpointed_size=v.integer(stats_obj, "checkpointed_size", "stats"),
-        files_new=v.integer(stats_obj, "files_new", "stats") if "files_new" in stats_obj else 0,
-        files_reused=v.integer(stats_obj, "files_reused", "stats") if "files_reused" in stats_obj else 0,
+    return frozenset(raw)
+
+
+def _stats_from_json(v: Validator, raw: Any) -> CheckpointStats:
+    obj = v.obj(raw, "stats")
+    return CheckpointStats(
+        state_size=v.integer(obj, "state_size", "stats"),
+        checkpointed_size=v.integer(obj, "checkpointed_size", "stats"),
+        files_new=v.integer(obj, "files_new", "stats") if "files_new" in obj else 0,
+        files_reused=v.integer(obj, "files_reused", "stats") if "files_reused" in obj else 0,
     )
-    operators_obj = v.obj(v.get(obj, "operators", ""), "operators")
-    operators: dict[str, OperatorState] = {}
-    for op_name, op_raw in operators_obj.items():
-        name = f"operators.{op_name}"
-        _operator_name(v, op_name, name)
-        op_obj = v.obj(op_raw, name)
-        max_p = v.integer(op_obj, "max_parallelism", name, minimum=1, maximum=MAX_KEY_GROUPS)
-        subtasks = tuple(
-            _subtask_from_json(
-                v,
-                v.obj(s, f"{name}.subtasks[{i}]"),
-                f"{name}.subtasks[{i}]",
-                operator=op_name,
-                checkpoint_id=checkpoint_id,
-                max_parallelism=max_p,
-            )
-            for i, s in enumerate(v.array(op_obj, "subtasks", name))
-        )
-        indexes = [s.subtask for s in subtasks]
-        if indexes != list(range(len(indexes))):
-            raise v.fail(f"{name}.subtasks", f"must list subtasks 0..{len(indexes) - 1} in order, got {indexes}")
-        gap = coverage_problem([s.key_group_range for s in subtasks], max_p)
-        if gap:
-            raise v.fail(f"{name}.subtasks", gap)
-        states = op_obj.get("states")
-        display = _operator_name(v, v.string(op_obj, "name", name), f"{name}.name") if "name" in op_obj else None
-        operators[op_name] = OperatorState(
-            max_parallelism=max_p, subtasks=subtasks,
-            states=None if states is None else declarations_from_json(v, states, f"{name}.states"), name=display,
-        )
+
+
+def _operators_from_json(v: Validator, raw: Any, checkpoint_id: int) -> dict[str, OperatorState]:
+    operators = {
+        op_name: _operator_from_json(v, op_name, op_raw, checkpoint_id)
+        for op_name, op_raw in v.obj(raw, "operators").items()
+    }
     if not operators:
         raise v.fail("operators", "is empty: the checkpoint would restore no state at all")
-    meta = CheckpointMetadata(
-        job_id=v.string(obj, "job_id", ""),
-        checkpoint_id=checkpoint_id,
-        kind=v.string(obj, "kind", "", choices=KINDS),
-        created_at=v.string(obj, "created_at", ""),
-        source_offsets=_json_only(v, obj.get("source_offsets"), "source_offsets"),
-        stats=stats,
-        operators=operators,
-        lineage=lineage,
-        unowned=frozenset(unowned_raw),
-        skipped_files=skipped_files_from_json(v, obj["skipped_files"], "skipped_files")
-        if "skipped_files" in obj else (),
+    return operators
+
+
+def _operator_from_json(v: Validator, op_name: str, raw: Any, checkpoint_id: int) -> OperatorState:
+    """One operator: its subtasks, 0..n-1 in order, covering its key groups exactly once."""
+    name = f"operators.{op_name}"
+    _operator_name(v, op_name, name)
+    op_obj = v.obj(raw, name)
+    max_p = v.integer(op_obj, "max_parallelism", name, minimum=1, maximum=MAX_KEY_GROUPS)
+    subtasks = tuple(
+        _subtask_from_json(
+            v,
+            v.obj(s, f"{name}.subtasks[{i}]"),
+            f"{name}.subtasks[{i}]",
+            operator=op_name,
+            checkpoint_id=checkpoint_id,
+            max_parallelism=max_p,
+        )
+        for i, s in enumerate(v.array(op_obj, "subtasks", name))
     )
+    indexes = [s.subtask for s in subtasks]
+    if indexes != list(range(len(indexes))):
+        raise v.fail(f"{name}.subtasks", f"must list subtasks 0..{len(indexes) - 1} in order, got {indexes}")
+    gap = coverage_problem([s.key_group_range for s in subtasks], max_p)
+    if gap:
+        raise v.fail(f"{name}.subtasks", gap)
+    states = op_obj.get("states")
+    display = _operator_name(v, v.string(op_obj, "name", name), f"{name}.name") if "name" in op_obj else None
+    return OperatorState(
+        max_parallelism=max_p, subtasks=subtasks,
+        states=None if states is None else declarations_from_json(v, states, f"{name}.states"), name=display,
+    )
+
+
+def _check_version_holds(v: Validator, version: int, meta: CheckpointMetadata) -> None:
+    """What the document lists must exist in its version: an older reader would drop it."""
     if version < SKIPPED_VERSION and meta.skipped_files:
         raise v.fail("version", f"is {version}, but the file lists skipped files, which only version 5 has")
     if version < FORMAT_VERSION and any(s.size is not None for s in meta.skipped_files):
@@ -937,7 +776,10 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
         raise v.fail("version", f"is {version}, but the file lists changelog files, which only version 3 has")
     if version < STAGED_VERSION and meta.has_staged():
         raise v.fail("version", f"is {version}, but the file lists staged files, which only version 4 has")
-    # Last, so that a hostile file is told by the field it breaks; this catches what still parses.
+
+
+def _check_checksum(v: Validator, obj: dict[str, Any], text: str | None) -> None:
+    """Last, so that a hostile file is told by the field it breaks; this catches what still parses."""
     stored = v.string(obj, "checksum", "")
     if stored != _checksum_of_written_text(text, stored) and stored != content_checksum(obj):
         raise v.fail(
@@ -945,4 +787,3 @@ def _metadata_from_json(v: _Validator, raw: Any, *, text: str | None = None) -> 
             "does not match the content: the file was changed or damaged after it was written. "
             "Restore an older checkpoint (sparkpoint verify lists the ones that verify)",
         )
-    return meta

@@ -1,13 +1,14 @@
 """The RocksDB keyed-state backend of one (operator, subtask): the `state` an operator's functions
 receive.
 
-It is where the two rooms of `sparkpoint.state` meet. Towards the operator it opens the states
-the operator names (the kinds of `sparkpoint.state.kinds`, each over a store of the engine),
-checks them against the operator's declarations and keeps the clocks TTL and timers read.
-Towards storage it holds the engine's three parts, as Flink's RocksDB backend holds its
-strategies: the local state (`engine.localstate`: the RocksDB instance, its column families and
-local files over the subtask's key-group range), the restorer (`engine.restoring`) and the
-snapshotter (`engine.snapshotting`), each given the local state explicitly.
+It is where the two rooms of `sparkpoint.state` meet, and holds a part of each, as Flink's RocksDB
+backend holds its strategies. Towards the operator, the subtask's states (`states.SubtaskStates`):
+it opens the states the operator names, checks them against the operator's declarations and keeps
+the clocks TTL and timers read. Towards storage, the engine's three parts: the local state
+(`engine.localstate`: the RocksDB instance, its column families and local files over the subtask's
+key-group range, and the stores the states are opened over), the restorer (`engine.restoring`) and
+the snapshotter (`engine.snapshotting`), each given the local state explicitly. Its own code is
+the order in which a restore and a snapshot call on them.
 """
 
 from __future__ import annotations
@@ -34,40 +35,24 @@ from sparkpoint.checkpoint.errors import (
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state.codecs import BytesCodec, Codec
+from sparkpoint.state.codecs import Codec
 from sparkpoint.state.engine.changelog import ChangeLog, ChangelogOptions
 from sparkpoint.state.engine.localstate import LocalState, handle_digest
 from sparkpoint.state.engine.restoring import Restorer, RestoreResult
-from sparkpoint.state.engine.rocksdb import EXACT_UP_TO, RocksDBOptions, entry_count
+from sparkpoint.state.engine.rocksdb import EXACT_UP_TO, RocksDBOptions
 from sparkpoint.state.engine.snapshotting import Snapshotter
-from sparkpoint.state.eventtime import checkpoint_clock
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.kinds import KeyedState, ListState, MapState, ReducingState, ValueState
 from sparkpoint.state.kinds.base import SWEEP_LIMIT
-from sparkpoint.state.migration import migrate_records
-from sparkpoint.state.record import RecordCodec
-from sparkpoint.state.schema import (
-    DeclaredStates,
-    StateDescriptor,
-    StateSchemaIncompatible,
-    check_declarations,
-    compare_records,
-    declarations,
-    declared_states,
-    restored_declarations,
-)
-from sparkpoint.state.timers import TIMERS, TimerService
+from sparkpoint.state.states import SubtaskStates
+from sparkpoint.state.timers import TimerService
 from sparkpoint.state.ttl import StateTtl
 
 __all__ = ["RestoreResult", "RocksDBStateBackend", "handle_digest", "restore_with_fallback", "take_checkpoint"]
 
 log = logging.getLogger(__name__)
-_RAW = BytesCodec()
 
 V = TypeVar("V")
-S = TypeVar("S", bound="KeyedState[Any]")
-
-_KINDS: dict[str, Any] = {"value": ValueState, "map": MapState, "list": ListState, "reducing": ReducingState}
 
 
 class RocksDBStateBackend:
@@ -121,21 +106,11 @@ class RocksDBStateBackend:
             key_group_range=self.key_group_range, max_parallelism=max_parallelism, options=self.options,
             log=ChangeLog() if self.changelog.enabled else None,
         )
+        self._states = SubtaskStates(self._local, operator=operator, subtask=subtask, max_parallelism=max_parallelism,
+                                     key_group_range=self.key_group_range, states=states, key_type=key_type)
         self._restorer = Restorer(self._local, storage, local_recovery=local_recovery)
         self._snapshotter = Snapshotter(self._local, storage, incremental=incremental, local_recovery=local_recovery,
                                         changelog=self.changelog)
-        self._states: dict[str, KeyedState[Any]] = {}
-        self._sweepers: dict[str, KeyedState[bytes]] = {}  # TTL sweeps of states no batch opened
-        # Each state's kind and TTL as last declared: by the operator when it opens one, else as the
-        # restored checkpoint's facts recorded (how the sweep reaches a state no batch opens).
-        self._declared: dict[str, dict[str, Any]] = {}
-        self._time: dict[str, int | None] = {}  # "processing" / "event" -> microseconds (set_time)
-        self.default_clock = "processing"  # a timer's clock when none is named ("event" with event time)
-        # The states the operator declares (`KeyedOperator.states`): opened by every restore,
-        # recorded in each snapshot's handle, hence in `_metadata`.
-        self.descriptors = DeclaredStates(states)
-        self.key_type = key_type
-        self.declarations = declarations(self.descriptors, key_type)
 
     def __repr__(self) -> str:
         return repr(self._local)
@@ -164,6 +139,8 @@ class RocksDBStateBackend:
     def confirmed_checkpoint(self) -> int | None:
         return self._snapshotter.base_id
 
+    # --- the states, as the operator opens them: the subtask's states' ----------------------------
+
     def value_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ValueState[V]:
         """One value per key: a `ValueState` of this subtask's key-group range.
 
@@ -188,7 +165,7 @@ class RocksDBStateBackend:
             StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
             ValueError: the name is empty, `"default"` or `"__timers__"`.
         """
-        return self._state(ValueState, name, codec, ttl)
+        return self._states.open(ValueState, name, codec, ttl)
 
     def map_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> MapState[V]:
         """Per key a map of user key -> value: a `MapState`; with `ttl` each entry expires on its own.
@@ -210,7 +187,7 @@ class RocksDBStateBackend:
             StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
             ValueError: the name is empty, `"default"` or `"__timers__"`.
         """
-        return self._state(MapState, name, codec, ttl)
+        return self._states.open(MapState, name, codec, ttl)
 
     def list_state(self, name: str, codec: Codec[V], ttl: StateTtl | None = None) -> ListState[V]:
         """Per key a list of values: a `ListState`; an append is one write, whatever the list's length.
@@ -232,7 +209,7 @@ class RocksDBStateBackend:
             StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
             ValueError: the name is empty, `"default"` or `"__timers__"`.
         """
-        return self._state(ListState, name, codec, ttl)
+        return self._states.open(ListState, name, codec, ttl)
 
     def reducing_state(
         self, name: str, codec: Codec[V], reduce: Callable[[V, V], V], ttl: StateTtl | None = None
@@ -257,7 +234,7 @@ class RocksDBStateBackend:
             StateBackendError: the name is declared or used otherwise (kind, codec, TTL).
             ValueError: the name is empty, `"default"` or `"__timers__"`.
         """
-        state = self._state(ReducingState, name, codec, ttl, reduce=reduce)
+        state = self._states.open(ReducingState, name, codec, ttl, reduce=reduce)
         state.reduce = reduce
         return state
 
@@ -272,16 +249,12 @@ class RocksDBStateBackend:
             state.timers.register(user, last_click + pd.Timedelta(minutes=30))
             ```
         """
-        service = self._states.get(TIMERS) or self._add_state(TimerService, TIMERS, _RAW)
-        assert isinstance(service, TimerService)
-        service.default_clock = self.default_clock
-        service.event_time = self.default_clock == "event"
-        return service
+        return self._states.timers()
 
     @property
     def timers_used(self) -> bool:
         """Whether this subtask has a timer column family (made by a register, now or before)."""
-        return TIMERS in self._states or TIMERS in self.state_names()
+        return self._states.timers_used()
 
     def declared(self, name: str) -> KeyedState[Any]:
         """The handle of a state the operator declares (`KeyedOperator(states=...)`), of its
@@ -301,81 +274,37 @@ class RocksDBStateBackend:
         Raises:
             KeyError: the operator declares no state `name`.
         """
-        if name not in self.descriptors:
-            raise KeyError(f"{self.operator} declares no state {name!r}; it declares "
-                           f"{', '.join(self.descriptors) or 'none'}")
-        return self._states.get(name) or self._open_declared(name, self.descriptors[name])
+        return self._states.declared(name)
 
-    def _open_declared(self, name: str, d: StateDescriptor) -> KeyedState[Any]:
-        extra = {"reduce": d.reduce} if d.kind == "reducing" else {}
-        return self._state(_KINDS[d.kind], name, d.codec, d.ttl, **extra)
+    def last_declaration(self, name: str) -> dict[str, Any] | None:
+        """State `name`'s kind and TTL (and a RecordCodec's fields) as last declared: by the operator
+        when it opened the state, else as the restored checkpoint recorded (None: neither)."""
+        return self._states.last_declaration(name)
 
-    def _state(self, kind: type[S], name: str, codec: Codec[Any], ttl: StateTtl | None, **extra: Any) -> S:
-        if name == TIMERS and kind is not TimerService:
-            raise ValueError(f"{TIMERS!r} is the timers' column family: name the state otherwise")
-        d = self.descriptors.get(name)
-        if d is not None and (_KINDS[d.kind] is not kind or d.codec != codec or d.ttl != ttl):
-            raise StateBackendError(
-                f"state {name!r} of {self.operator} is declared as a {d.kind} state of {d.codec!r} with TTL {d.ttl}, "
-                f"and asked for as a {kind.KIND} state of {codec!r} with TTL {ttl}: use the declaration "
-                f"(state.declared({name!r}))")
-        state = self._states.get(name) or self._add_state(kind, name, codec, ttl, **extra)
-        if not isinstance(state, kind):
-            raise StateBackendError(
-                f"state {name!r} of {self.operator} is a {type(state).__name__}, not a {kind.__name__}")
-        if state.ttl != ttl:
-            raise StateBackendError(
-                f"state {name!r} of {self.operator} was asked for with TTL {state.ttl} and now {ttl}: declare it "
-                "one way")
-        return state
+    def raw_state(self, name: str, ttl: StateTtl | None = None) -> KeyedState[bytes]:
+        """A handle on state `name` whose values are the stored bytes, of any kind, with `ttl`
+        (what the TTL sweep and the export of raw entries read). The caller releases it."""
+        return self._states.raw_state(name, ttl)
 
-    def _add_state(
-        self, kind: Any, name: str, codec: Codec[Any], ttl: StateTtl | None = None, **extra: Any
-    ) -> KeyedState[Any]:
-        if not name or name == "default":
-            raise ValueError(f"invalid state name {name!r}")
-        self._local.ensure_states([name])
-        if name not in self.descriptors:  # declared states were evolved by the restore, before any open
-            self._evolve_undeclared(name, codec)
-        state: KeyedState[Any] = kind(
-            self._local.store(name), name, codec, self.max_parallelism, self.key_group_range, ttl=ttl,
-            clock=self.clock, **extra,
-        )
-        state.settle_format()
-        self._declared[name] = state.declaration()
-        self._states[name] = state
-        return state
+    def state_names(self) -> list[str]:
+        return self._local.state_names()
 
-    def _evolve_undeclared(self, name: str, codec: Codec[Any]) -> None:
-        """A state the operator does not declare, opened with a RecordCodec whose fields differ from
-        those the restored snapshot recorded: its entries are rewritten in the new fields (added,
-        removed, widened, reordered, made nullable) before the handle reads any, or the change is
-        refused. Without this, `int64 -> float64` in a record of numbers only decoded the old
-        bytes as other numbers, without an error."""
-        old = self._declared.get(name, {}).get("codec")
-        if not isinstance(codec, RecordCodec) or old is None or old["fields"] == codec.spec()["fields"]:
-            return
-        _, problems = compare_records(old, codec.spec())
-        if problems:
-            raise StateSchemaIncompatible(
-                f"state {name!r} of {self.operator} was checkpointed with RecordCodec fields {old['fields']} and "
-                f"is opened with {codec.spec()['fields']}: " + "; ".join(problems)
-                + ". Keep the old fields, or start the changed state under a new name")
-        started = time.monotonic()
-        rewritten = self._migrate(name, RecordCodec.from_spec(old), codec)
-        log.info("%s/%s: %d entries of state %s rewritten in its new fields in %.2fs", self.operator, self.subtask,
-                 rewritten, name, time.monotonic() - started)
+    # --- time: what TTL expires against ---------------------------------------------------------
 
-    # --- time: what TTL expires against -----------------------------------------------------------
+    @property
+    def default_clock(self) -> str:
+        """A timer's clock when none is named: "processing", or "event" when the pipeline has event time."""
+        return self._states.default_clock
+
+    @default_clock.setter
+    def default_clock(self, clock: str) -> None:
+        self._states.default_clock = clock
 
     def set_time(self, processing_us: int | None = None, watermark_us: int | None = None) -> None:
         """The clocks of the batch about to run: its processing time and the watermark it
         advances to (microseconds since the epoch, UTC). Unset, processing time is the restored
         checkpoint's time, else the wall clock; the watermark is the restored checkpoint's."""
-        if processing_us is not None:
-            self._time["processing"] = int(processing_us)
-        if watermark_us is not None:
-            self._time["event"] = max(int(watermark_us), self._time.get("event") or int(watermark_us))
+        self._states.set_time(processing_us, watermark_us)
 
     def clock(self, kind: str) -> int | None:
         """The time now on a clock, as TTL and timers see it: the batch's processing time, or the watermark.
@@ -405,77 +334,22 @@ class RocksDBStateBackend:
         Raises:
             ValueError: another kind.
         """
-        if kind not in ("event", "processing"):
-            raise ValueError(f"a clock is 'event' or 'processing', got {kind!r}")
-        now = self._time.get(kind)
-        if now is None and kind == "processing":
-            return int(time.time() * 1_000_000)
-        return now
+        return self._states.clock(kind)
 
     def expire(self, limit: int = SWEEP_LIMIT) -> int:
         """The TTL sweep of one batch: every state with a TTL deletes the expired entries among the
         next `limit` it looks at. Returns the entries deleted."""
-        removed = sum(state.expire(limit) for state in self._states.values() if state.ttl is not None)
-        for name in self.state_names():  # states this batch did not open: as declared when last opened
-            if name in self._states or name == TIMERS:
-                continue
-            sweeper = self._sweepers.get(name) or self._sweeper(name)
-            if sweeper is not None:
-                removed += sweeper.expire(limit)
-        return removed
-
-    def _sweeper(self, name: str) -> KeyedState[bytes] | None:
-        """A handle on state `name` that only sweeps, with the TTL of its last declaration (None:
-        it has none, or it was checkpointed before sparkpoint recorded declarations)."""
-        declared = self._declared.get(name, {}).get("ttl")
-        if not declared:
-            return None
-        sweeper = self.raw_state(name, StateTtl(**declared))
-        self._sweepers[name] = sweeper  # its counts reach this snapshot's facts
-        return sweeper
-
-    def raw_state(self, name: str, ttl: StateTtl | None = None) -> KeyedState[bytes]:
-        """A handle on state `name` whose values are the stored bytes, of any kind, with `ttl`
-        (what the TTL sweep and the export of raw entries read). The caller releases it."""
-        return KeyedState(self._local.store(name), name, BytesCodec(), self.max_parallelism, self.key_group_range,
-                          ttl=ttl, clock=self.clock)
-
-    def state_names(self) -> list[str]:
-        return self._local.state_names()
+        return self._states.expire(limit)
 
     def facts(self) -> dict[str, Any]:
         """What this subtask's state holds now, for people: per state its kind and TTL as declared
         and its entries (exact up to `EXACT_UP_TO`, RocksDB's estimate beyond: Flink's
         `estimate-num-keys` metric), the timers pending (count, earliest) and fired, the entries the
         TTL sweep removed, since the last call (each snapshot reports its batch's)."""
-        db = self._local.open_db()
-        states: dict[str, Any] = {}
-        timers = {"pending": 0, "earliest": None, "fired": 0}
-        for name in self.state_names():
-            cf = db.get_column_family(name)
-            if name == TIMERS:
-                service = self.timers
-                timers["pending"], timers["earliest"] = service.pending(exact_up_to=EXACT_UP_TO)
-                timers["fired"], service.fired = service.fired, 0
-                continue
-            declared = self._declared.get(name, {"kind": "unknown", "ttl": None})
-            states[name] = {**declared, "entries": entry_count(cf, exact_up_to=EXACT_UP_TO)}
-        expired = 0
-        for state in [*self._states.values(), *self._sweepers.values()]:
-            expired, state.expired_removed = expired + state.expired_removed, 0
-        return {"states": states, "timers": timers, "expired_removed": expired}
+        self._local.open_db()  # refused before a restore
+        return self._states.facts(exact_up_to=EXACT_UP_TO)
 
-    def _migrate(self, name: str, old: RecordCodec, new: Any) -> int:
-        """Rewrite the stored entries of state `name` from `old`'s fields into `new`'s (`migration`)."""
-        if name not in self.state_names():
-            return 0
-        store = self._local.store(name)
-        try:
-            return migrate_records(store, old, new)
-        finally:
-            store.release()
-
-    # --- restore: the restorer's, around the model's declarations and clocks ---------------------
+    # --- restore: the restorer's, around the states' declarations and clocks --------------------
 
     def restore(
         self,
@@ -500,8 +374,7 @@ class RocksDBStateBackend:
         recorded first (StateSchemaIncompatible before anything is read), then opened: entries
         of a RecordCodec whose fields changed are rewritten in the new shape.
         """
-        recorded = restored_declarations(checkpoint, self.operator, self.descriptors, self.key_type)
-        changes = check_declarations(self.operator, recorded, self.declarations, checkpoint)
+        recorded, changes = self._states.check(checkpoint)
         result = self._restore(checkpoint, claim_mode=claim_mode, source=source, allow_missing=allow_missing)
         return self._open_declarations(recorded, changes, result)
 
@@ -524,28 +397,17 @@ class RocksDBStateBackend:
         Raises:
             StateSchemaIncompatible: the declared states cannot read what `checkpoint` recorded.
         """
-        recorded = restored_declarations(checkpoint, self.operator, self.descriptors, self.key_type)
-        changes = check_declarations(self.operator, recorded, self.declarations, checkpoint)
+        recorded, changes = self._states.check(checkpoint)
         result = self._restore(None)
-        self._time = checkpoint_clock(checkpoint)
-        self._declared = declared_states(checkpoint, self.operator, self.key_group_range)
+        self._states.reset(checkpoint)
         fill(self._local.open_db())
         return self._open_declarations(recorded, changes, result)
 
     def _open_declarations(self, recorded: Mapping[str, Any] | None, changes: set[str],
                            result: RestoreResult) -> RestoreResult:
-        """Rewrite the entries of the `changes` states from the fields `recorded` into the declared
-        ones, then open every declared state."""
         started = time.monotonic()
-        migrated = 0
-        for name, descriptor in self.descriptors.items():
-            old = (recorded or {}).get(name)
-            if name in changes and old is not None:
-                migrated += self._migrate(name, RecordCodec.from_spec(old["codec"]), descriptor.codec)
-            self._open_declared(name, descriptor)
+        migrated = self._states.open_declarations(recorded, changes)
         if migrated:
-            log.info("%s/%s: %d entries rewritten in their states' new fields in %.2fs", self.operator, self.subtask,
-                     migrated, time.monotonic() - started)
             result = replace(result, migrated=migrated, seconds=result.seconds + time.monotonic() - started)
         return result
 
@@ -558,8 +420,7 @@ class RocksDBStateBackend:
         allow_missing: bool = False,
     ) -> RestoreResult:
         self.close()
-        self._time = checkpoint_clock(checkpoint)
-        self._declared = declared_states(checkpoint, self.operator, self.key_group_range)
+        self._states.reset(checkpoint)
         self._snapshotter.forget_pending()
         self._local.forget_log()
         result, base = self._restorer.restore(checkpoint, claim_mode=claim_mode, source=source,
@@ -571,7 +432,7 @@ class RocksDBStateBackend:
             self._snapshotter.forget_base()
         return result
 
-    # --- snapshot: the snapshotter's, with the model's facts and declarations ------------------
+    # --- snapshot: the snapshotter's, with the states' facts and declarations -------------------
 
     def snapshot(self, checkpoint_id: int, *, full: bool = False) -> SubtaskStateHandle:
         """Take checkpoint N of this subtask and upload what the confirmed base lacks.
@@ -583,7 +444,7 @@ class RocksDBStateBackend:
         return self._snapshotter.snapshot(checkpoint_id, full=full, annotate=self._annotate)
 
     def _annotate(self, handle: SubtaskStateHandle) -> SubtaskStateHandle:
-        return replace(handle, facts=self.facts(), states=self.declarations or None)
+        return replace(handle, facts=self.facts(), states=self._states.declarations or None)
 
     def confirm(self, checkpoint_id: int) -> None:
         """Checkpoint N completed: its files become the base of the next incremental snapshot.
@@ -611,14 +472,8 @@ class RocksDBStateBackend:
     def close(self) -> None:
         if self._local.db is not None:
             self._local.flush()
-            self._release_states()
+            self._states.release()
             self._local.close()
-
-    def _release_states(self) -> None:
-        for state in [*self._states.values(), *self._sweepers.values()]:
-            state.release()
-        self._states.clear()
-        self._sweepers.clear()
 
     def dispose(self) -> None:
         """Close and delete every local file of this subtask."""
@@ -631,9 +486,8 @@ class RocksDBStateBackend:
         to do when RocksDB reports corruption in them (`rocksdb.is_corruption`). The next
         `restore` reads stable storage."""
         if self._local.db is not None:
-            self._release_states()
+            self._states.release()
         self._local.discard()
-
 
 def take_checkpoint(
     coordinator: CheckpointCoordinator,

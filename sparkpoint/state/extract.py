@@ -192,7 +192,7 @@ def raw_table(meta: CheckpointMetadata, operator: str, backends: list[RocksDBSta
     for backend in backends:
         names = [n for n in backend.state_names() if n != TIMERS and n != "default"]
         for name in sorted(names, key=lambda n: (n not in recorded, n)):
-            declared = recorded.get(name) or backend._declared.get(name) or {}
+            declared = recorded.get(name) or backend.last_declaration(name) or {}
             kind = declared.get("kind", "unknown")
             spec = declared.get("codec") or {}
             codec = codec_of_spec(spec) if spec.get("type") in ("record", "json") else None

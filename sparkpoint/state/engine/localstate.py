@@ -26,23 +26,30 @@ from typing import Any
 
 from rocksdict import Checkpoint, Rdict
 
-from sparkpoint.checkpoint.errors import StateBackendError
+from sparkpoint.checkpoint.crash import crash_point
+from sparkpoint.checkpoint.errors import CheckpointCorrupted, LocalStateError, StateBackendError
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
 from sparkpoint.checkpoint.storage import fsync_dir
-from sparkpoint.state.engine import staging
+from sparkpoint.state.engine import changelog, staging
 from sparkpoint.state.engine.changelog import ChangeLog
 from sparkpoint.state.engine.localfiles import write_replacing
+from sparkpoint.state.engine.rebuilding import clip, merge_range, open_source, replay_chain, replay_in_place
+from sparkpoint.state.engine.restore import materialize
 from sparkpoint.state.engine.rocksdb import (
+    EXACT_UP_TO,
     RocksDBOptions,
     compact_all,
     ensure_column_families,
+    entry_count,
     flush_all,
+    is_corruption,
     list_states,
     open_db,
 )
 from sparkpoint.state.engine.stores import ColumnFamilyStore
+from sparkpoint.state.kinds.base import key_group_bounds
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,8 @@ class LocalState:
     """The local files and the RocksDB instance of one (operator, subtask) over its key-group range.
 
     `log` is the subtask's changelog (None: it keeps none); every write through a `store` goes to it.
+    It is the `StateStores` the subtask's states are opened over, and the `RestoreTarget` the
+    restorer makes into a checkpoint's state.
     """
 
     def __init__(self, directory: Path, *, operator: str, subtask: int, key_group_range: KeyGroupRange,
@@ -115,6 +124,10 @@ class LocalState:
         """State `name`'s column family as a `StateStore`: its writes mark db/ changed and go to the changelog."""
         return ColumnFamilyStore(self.open_db(), name, on_write=self.before_write, log=self.log)
 
+    def entry_count(self, name: str, *, exact_up_to: int = EXACT_UP_TO) -> int:
+        """State `name`'s entries: counted up to `exact_up_to`, RocksDB's estimate beyond (`rocksdb.entry_count`)."""
+        return entry_count(self.open_db().get_column_family(name), exact_up_to=exact_up_to)
+
     def flush(self) -> list[str]:
         """Flush every state's memtable (db/ on disk is then the state now); returns the states' names."""
         names = self.state_names()
@@ -152,6 +165,80 @@ class LocalState:
     def forget_log(self) -> None:
         if self.log is not None:
             self.log.clear()
+
+    # --- the RocksDB steps of a restore (the restorer decides which) -------------------------------
+
+    def open_working(self) -> None:
+        """Open db/ as it is: its marker names the checkpoint being restored."""
+        self.open_db()
+        self.clean = True
+
+    def create_empty(self) -> None:
+        self.open_db(create=True)
+
+    def install(self, source: Path, handle: SubtaskStateHandle, checkpoint_id: int) -> None:
+        """Make db/ the state of `handle` from its verified files in `source`: the materialized
+        RocksDB files, then the changelog chain replayed in checkpoint order."""
+        names = [f.local_name for f in handle.files()]
+        materialize(source, self.db_path, [n for n in names if not changelog.is_changelog(n)])
+        crash_point("mid-restore")
+        db = self._open_restored(checkpoint_id)
+        try:
+            replay_chain(db, self.db_path, source, handle, checkpoint_id, self.options, self._who)
+        except CheckpointCorrupted:
+            self.close()
+            self.forget_working()
+            raise
+
+    def install_rescaled(self, sources: list[Path], handles: list[SubtaskStateHandle], checkpoint_id: int) -> None:
+        """Make db/ this key-group range of old subtasks' verified files (`handles`, each in the
+        directory of `sources` at its index; Flink's rescaling): the first grows into db/, clipped to
+        the range, and each other's entries in the range are merged in."""
+        self.install(sources[0], handles[0], checkpoint_id)
+        db = self.open_db()
+        for source, h in zip(sources[1:], handles[1:]):
+            replay_in_place(source, h, checkpoint_id, self.options, self._who, self._refused)
+        lower, upper = key_group_bounds(self.key_group_range)
+        clip(db, self.state_names(), lower, upper)
+        for source in sources[1:]:
+            other = open_source(source, self.options, None, self._refused, read_only=True)
+            try:
+                names = list_states(str(source))
+                self.ensure_states(names)
+                merge_range(db, other, names, lower, upper)
+            finally:
+                other.close()
+        compact_all(db, self.state_names())  # drop the clipped ranges before the first upload
+
+    @property
+    def _who(self) -> str:
+        return f"{self.operator} subtask {self.subtask}"
+
+    def _open_restored(self, checkpoint_id: int) -> Rdict:
+        """db/ of verified files: RocksDB's refusal is a bad checkpoint when it reports corruption,
+        else this machine's trouble (`rebuilding`)."""
+        try:
+            return self.open_db()
+        except StateBackendError as e:
+            if not is_corruption(e):
+                raise self._refused(checkpoint_id, e) from e
+            self.forget_working()
+            raise CheckpointCorrupted(
+                f"checkpoint {checkpoint_id} cannot be restored: RocksDB refuses the files of {self.operator} "
+                f"subtask {self.subtask} although they match _metadata ({e}); run `sparkpoint verify` to find a "
+                "checkpoint that verifies",
+                checkpoint_id=checkpoint_id,
+            ) from e
+
+    def _refused(self, checkpoint_id: int | None, error: BaseException) -> LocalStateError:
+        """RocksDB cannot open this subtask's files for a reason that is not corruption."""
+        which = f" for checkpoint {checkpoint_id}" if checkpoint_id is not None else ""
+        return LocalStateError(
+            f"RocksDB cannot open the local state of {self.operator} subtask {self.subtask}{which}, "
+            f"for a reason that is not corruption ({error}); the task fails and is retried, and "
+            "every checkpoint and its output are kept. Look at the local disk of this machine (space, open-file "
+            "limit, another process holding the database)"
+        )
 
     # --- the marker: which checkpoint db/ holds ------------------------------------------------
 

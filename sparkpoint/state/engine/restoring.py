@@ -3,7 +3,10 @@ checkpoint, else a verified task-local copy, else a verified download from stabl
 changelog chain replayed; rescaling by key group. Nothing is opened by RocksDB before every file
 was checked against `_metadata` (rule 7): its size, and its CRC32 unless it is a task-local SST
 whose inode is unchanged since its content was last checksummed (`restore`); RocksDB's own block
-checksums cover such a file on every read."""
+checksums cover such a file on every read.
+
+The restorer decides and verifies; the steps that open, replay and merge a database are its
+target's (`RestoreTarget`: the local state, which runs them with `rebuilding`)."""
 
 from __future__ import annotations
 
@@ -13,13 +16,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from rocksdict import Rdict, WriteBatch
-
-from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import (
     CheckpointCorrupted,
-    LocalStateError,
     OperatorStateMismatch,
     SparkpointError,
     StateBackendError,
@@ -29,23 +29,9 @@ from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.state.engine import changelog
-from sparkpoint.state.engine.changelog import ChangelogFormatError
-from sparkpoint.state.engine.localstate import LocalState
 from sparkpoint.state.engine.restore import local_copy_matches, materialize, record_fingerprints
-from sparkpoint.state.engine.rocksdb import (
-    compact_all,
-    ensure_column_families,
-    flush_all,
-    is_corruption,
-    list_states,
-    open_db,
-    scan_options,
-)
-from sparkpoint.state.kinds.base import SIDECAR_KEYS, key_group_bounds
 
 log = logging.getLogger(__name__)
-_MERGE_BATCH = 10_000
 
 
 @dataclass(frozen=True)
@@ -62,10 +48,57 @@ class RestoreResult:
     migrated: int = 0  # entries rewritten because their RecordCodec's fields changed
 
 
-class Restorer:
-    """Restores one subtask's local state from a checkpoint (see `RocksDBStateBackend.restore`)."""
+class RestoreTarget(Protocol):
+    """What the restorer needs of a subtask's local state (`localstate.LocalState` is the engine's):
+    its directory, which checkpoint its working database holds, and the steps that touch the
+    database, each on files already verified. The restorer decides which steps run; a fake
+    target lets its decisions be tested without RocksDB."""
 
-    def __init__(self, local: LocalState, storage: CheckpointStorage, *, local_recovery: bool = True):
+    dir: Path
+    operator: str
+    subtask: int
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+
+    def copy_dir(self, checkpoint_id: int | None) -> Path:
+        """Where the task-local copy of a checkpoint lives."""
+
+    def holds(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str) -> bool:
+        """Whether the working database is exactly `handle` of that checkpoint, by its marker."""
+
+    def write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str) -> None:
+        """Say the working database is exactly `handle` of that checkpoint."""
+
+    def forget_working(self) -> None:
+        """The working database counts as no checkpoint any more, and is moved out of the way."""
+
+    def drop_leftovers(self) -> None:
+        """Remove the scratch directories of a process that died mid-restore."""
+
+    def drop_local_checkpoints(self, *, keep: set[int]) -> None:
+        """Delete the task-local copies but those of the checkpoints in `keep`."""
+
+    def open_working(self) -> None:
+        """Open the working database as it is (StateBackendError: it does not open)."""
+
+    def create_empty(self) -> None:
+        """Open a new, empty working database."""
+
+    def install(self, source: Path, handle: SubtaskStateHandle, checkpoint_id: int) -> None:
+        """Make the working database `handle`'s state from its verified files in `source`
+        (CheckpointCorrupted: RocksDB refuses them)."""
+
+    def install_rescaled(self, sources: list[Path], handles: list[SubtaskStateHandle], checkpoint_id: int) -> None:
+        """Make the working database this key-group range of old subtasks' verified files, the
+        first grown into it, the others' entries merged in."""
+
+
+class Restorer:
+    """Restores one subtask's local state from a checkpoint (see `RocksDBStateBackend.restore`):
+    decides where from (the working database, a verified task-local copy, or stable storage; one
+    old subtask or several merged), verifies every file, and has the target do the RocksDB steps."""
+
+    def __init__(self, local: RestoreTarget, storage: CheckpointStorage, *, local_recovery: bool = True):
         self.local = local
         self.storage = storage
         self.local_recovery = local_recovery
@@ -121,8 +154,7 @@ class Restorer:
         files = len(handle.shared) + len(handle.private)
         if self.local.holds(cid, handle, self._source.job_url):
             try:
-                self.local.open_db()
-                self.local.clean = True
+                self.local.open_working()
                 return RestoreResult(cid, "working", files=files, seconds=time.monotonic() - started)
             except StateBackendError as e:  # a copy replaces it: no checkpoint is touched either way
                 log.warning("working database of checkpoint %s does not open (%s); restoring a copy", cid, e)
@@ -134,7 +166,7 @@ class Restorer:
             problems = tuple(str(p) for p in local_copy_matches(local, handle))
             if not problems:
                 try:
-                    self._install(local, handle, cid)
+                    self.local.install(local, handle, cid)
                 except CheckpointCorrupted as e:  # RocksDB's own checks refuse it
                     problems = (f"{local}: {e}",)
                     shutil.rmtree(local, ignore_errors=True)
@@ -169,7 +201,7 @@ class Restorer:
                 names = [f.local_name for f in handle.files()]
                 materialize(target, local, names)
                 record_fingerprints(local, names, {})  # every file was just checksummed
-            self._install(target, handle, cid)
+            self.local.install(target, handle, cid)
         finally:
             shutil.rmtree(target, ignore_errors=True)
         return downloaded
@@ -194,40 +226,6 @@ class Restorer:
             log.error("%s/%s cannot be repaired: %s", self.storage.job_url, path, why)
         return bool(report.repaired) and not report.unrepairable
 
-    def _install(self, source: Path, handle: SubtaskStateHandle, cid: int) -> Rdict:
-        """Make db/ the state of `handle` from its verified files in `source`: the materialized
-        RocksDB files, then the changelog chain replayed in checkpoint order."""
-        names = [f.local_name for f in handle.files()]
-        materialize(source, self.local.db_path, [n for n in names if not changelog.is_changelog(n)])
-        crash_point("mid-restore")
-        db = self._open_restored(cid)
-        try:
-            self._replay_chain(db, self.local.db_path, source, handle, cid)
-        except CheckpointCorrupted:
-            self.local.close()
-            self.local.forget_working()
-            raise
-        return db
-
-    def _replay_chain(self, db: Rdict, db_path: Path, source: Path, handle: SubtaskStateHandle, cid: int) -> None:
-        chain = sorted(f.local_name for f in handle.files() if changelog.is_changelog(f.local_name))
-        if not chain:
-            return
-        ensure = lambda names: ensure_column_families(db, str(db_path), names, self.local.options)  # noqa: E731
-        limit = changelog.raw_limit(sum(f.size for f in handle.files()))
-        try:
-            for name in chain:
-                changelog.replay(db, source / name, ensure, max_raw=limit)
-        except ChangelogFormatError as e:
-            raise CheckpointCorrupted(
-                f"checkpoint {cid} cannot be restored: the changelog of {self.local.operator} subtask "
-                f"{self.local.subtask} does not decode although it matches _metadata ({e}); run `sparkpoint verify`",
-                checkpoint_id=cid,
-            ) from e
-        # The marker written next says db/ is checkpoint `cid`: without a WAL, that holds only
-        # once the replayed entries are in SSTs.
-        flush_all(db, list_states(str(db_path)))
-
     def _restore_rescaled(self, handles: list[SubtaskStateHandle], cid: int, started: float) -> RestoreResult:
         """Merge the old subtasks overlapping our key-group range (Flink's rescaling)."""
         self.local.forget_working()
@@ -237,7 +235,6 @@ class Restorer:
         for h in handles:
             check_handle_shape(h, cid)
         kg_range = self.local.key_group_range
-        lower, upper = key_group_bounds(kg_range)
         # The old instance with the largest overlap becomes our database, clipped to our range.
         handles = sorted(handles, key=lambda h: -_overlap(h.key_group_range, kg_range))
         downloaded = 0
@@ -248,18 +245,7 @@ class Restorer:
                 target = work / str(i)
                 downloaded += download_verified(self._source, h, cid, target)
                 sources.append(target)
-            db = self._install(sources[0], handles[0], cid)
-            for source, h in zip(sources[1:], handles[1:]):
-                self._replay_in_place(source, h, cid)
-            for name in self.local.state_names():
-                cf = db.get_column_family(name)
-                if lower > b"\x00\x00":
-                    cf.delete_range(b"\x00\x00", lower)
-                if upper < b"\x80":  # key groups stop at 0x7fff
-                    cf.delete_range(upper, b"\x80")
-            for source in sources[1:]:
-                self._merge_from(source, lower, upper)
-            compact_all(db, self.local.state_names())  # drop the clipped ranges before the first upload
+            self.local.install_rescaled(sources, handles, cid)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return RestoreResult(
@@ -267,92 +253,10 @@ class Restorer:
             downloaded_bytes=downloaded, seconds=time.monotonic() - started,
         )
 
-    def _replay_in_place(self, source: Path, handle: SubtaskStateHandle, cid: int) -> None:
-        """Apply a rescale source's changelog chain to its own (scratch) directory."""
-        if not any(changelog.is_changelog(f.local_name) for f in handle.files()):
-            return
-        try:
-            db = open_db(str(source), [], self.local.options, create=False)
-        except StateBackendError as e:
-            if not is_corruption(e):
-                raise _not_corruption(self.local, cid, e) from e
-            raise CheckpointCorrupted(f"RocksDB refuses a verified subtask directory while rescaling: {e}") from e
-        try:
-            self._replay_chain(db, source, source, handle, cid)
-        finally:
-            db.close()
-
-    def _open_restored(self, checkpoint_id: int) -> Rdict:
-        """Files that match `_metadata` and that RocksDB reports as corrupt are a bad checkpoint,
-        not a bad backend: the caller falls back to an older checkpoint, as for a corrupt file.
-        Any other refusal (a lock held by another process, too many open files, an I/O error of the
-        local disk) is this machine's, not the checkpoint's: the task fails and is retried, and
-        no checkpoint or output is touched (DESIGN rule 10)."""
-        try:
-            return self.local.open_db()
-        except StateBackendError as e:
-            if not is_corruption(e):
-                raise _not_corruption(self.local, checkpoint_id, e) from e
-            self.local.forget_working()
-            raise CheckpointCorrupted(
-                f"checkpoint {checkpoint_id} cannot be restored: RocksDB refuses the files of {self.local.operator} "
-                f"subtask {self.local.subtask} although they match _metadata ({e}); run `sparkpoint verify` to find a "
-                "checkpoint that verifies",
-                checkpoint_id=checkpoint_id,
-            ) from e
-
-    def _merge_from(self, source: Path, lower: bytes, upper: bytes) -> None:
-        db = self.local.open_db()
-        try:
-            other = open_db(str(source), [], self.local.options, create=False, read_only=True)
-        except StateBackendError as e:
-            if not is_corruption(e):
-                raise _not_corruption(self.local, None, e) from e
-            raise CheckpointCorrupted(f"RocksDB refuses a verified subtask directory while rescaling: {e}") from e
-        try:
-            names = list_states(str(source))
-            self.local.ensure_states(names)
-            for name in names:
-                handle = db.get_column_family_handle(name)
-                opts = scan_options(upper)  # held while the iterator lives: it reads the bound from it
-                it = other.get_column_family(name).iter(opts)
-                try:
-                    it.seek(lower)
-                    batch, n = WriteBatch(raw_mode=True), 0
-                    while it.valid():
-                        batch.put(it.key(), it.value(), handle)
-                        n += 1
-                        if n % _MERGE_BATCH == 0:
-                            db.write(batch)
-                            batch = WriteBatch(raw_mode=True)
-                        it.next()
-                    it.status()
-                finally:
-                    del it  # a live iterator holds `other` open, even from a traceback
-                # A state's format key (its entries carry TTL stamps) lies beyond every key group:
-                # the database we grew from may lack the state, or the key, altogether.
-                for sidecar in SIDECAR_KEYS:
-                    stamped = other.get_column_family(name).get(sidecar)
-                    if stamped is not None:
-                        batch.put(sidecar, stamped, handle)
-                db.write(batch)
-        finally:
-            other.close()
-
     def _reset_empty(self) -> None:
         self.local.forget_working()
         self.local.drop_local_checkpoints(keep=set())
-        self.local.open_db(create=True)
-
-
-def _not_corruption(local: LocalState, checkpoint_id: int | None, error: BaseException) -> LocalStateError:
-    which = f" for checkpoint {checkpoint_id}" if checkpoint_id is not None else ""
-    return LocalStateError(
-        f"RocksDB cannot open the local state of {local.operator} subtask {local.subtask}{which}, "
-        f"for a reason that is not corruption ({error}); the task fails and is retried, and "
-        "every checkpoint and its output are kept. Look at the local disk of this machine (space, open-file "
-        "limit, another process holding the database)"
-    )
+        self.local.create_empty()
 
 
 def _overlap(a: KeyGroupRange, b: KeyGroupRange) -> int:
