@@ -416,10 +416,12 @@ def test_every_database_a_process_opens_shares_one_block_cache_and_one_memtable_
     # is switched for a flush before it is full. RocksDB picks the state with the oldest memtable
     # and no flush pending, so each is picked in turn; how far the memtables being written
     # overshoot the budget depends on how fast the background flushes run on a loaded machine
-    # (measured: 3.2 MB idle, 3.9 MB under 6 busy loops here, 5.0 MB on a CI machine).
+    # (measured: 3.2 MB idle, 3.9 MB under 6 busy loops here, 5.0 MB on a CI machine, 8.8 MB with
+    # the whole suite and four builds beside it). That no state's memtable holds all it was written
+    # is what shows the shared budget; the peak only bounds it below its six buffers' 12 MB.
     written = [c.property_int_value("rocksdb.num-entries-active-mem-table") for c in cfs]
     assert all(n < 40_000 for n in written), written
-    assert 1 << 20 < peak < 7 << 20, peak
+    assert 1 << 20 < peak < 12 << 20, peak
     cf = cfs[0]
     assert cf.property_int_value("rocksdb.block-cache-capacity") == 21 << 20
     for c in cfs:
