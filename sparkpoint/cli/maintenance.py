@@ -10,7 +10,7 @@ from typing import Any
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli.common import EXIT_BAD_FILES, UsageError, job_store
-from sparkpoint.cli.output import print_json, printed_json, progress_bar, size
+from sparkpoint.cli.output import print_json, printed_json, progress_bar
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -51,30 +51,13 @@ def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadat
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from sparkpoint.checkpoint.sweep import sweep_orphans
-    from sparkpoint.pipeline.attempt import pending_paths
+    from sparkpoint.pipeline.maintenance import collect_garbage
 
-    storage = job_store(args).storage
-    # The uploads of attempts still pending (a step between its two halves) are kept, as the
-    # Dagster prune keeps them: deleting them would fail that attempt's checkpoint step.
-    report = sweep_orphans(storage, grace_seconds=args.grace, dry_run=args.dry_run,
-                           pending_paths=pending_paths(storage))
-    for link in report.symlinks:
-        print(f"warning: {link.path} is a symbolic link; it is neither followed nor deleted", file=sys.stderr)
-    if args.json:
-        print_json({"dry_run": args.dry_run, "orphans": [f.path for f in report.orphans],
-                    "bytes": report.orphan_bytes, "referenced": report.referenced,
-                    "symlinks": [f.path for f in report.symlinks],
-                    "young": [f.path for f in report.young], "young_bytes": report.young_bytes})
-    else:
-        verb = "would delete" if args.dry_run else "deleted"
-        for f in report.orphans:
-            print(f"{verb} {f.path} ({f.size} bytes)")
-        print(f"{verb} {len(report.orphans)} orphan files, {report.orphan_bytes} bytes")
-        if report.young:
-            print(f"kept {len(report.young)} unreferenced files ({size(report.young_bytes)}) younger than the grace "
-                  f"period ({args.grace:g} s): a running job may still be writing them; with no job of "
-                  f"{storage.job_id} running, include them with --grace 0")
+    report = collect_garbage(job_store(args).storage, grace_seconds=args.grace, dry_run=args.dry_run)
+    for warning in report.warnings():
+        print(warning, file=sys.stderr)
+    if not printed_json(args, report.to_json()):
+        print("\n".join(report.lines()))
     return 0
 
 
