@@ -91,14 +91,15 @@ def test_run_has_each_settings_flag_unset_by_default_so_the_pipelines_own_settin
 
 
 def test_a_run_flag_and_conf_set_the_setting_on_the_runs_config(tmp_path: Path):
-    from sparkpoint.cli import _run_config, build_parser
+    from sparkpoint.cli import build_parser
+    from sparkpoint.cli.run import run_config
 
     base = ["run", "--input", str(tmp_path / "in"), "--checkpoints", str(tmp_path / "c"), "--job-id", "j"]
     args = build_parser().parse_args([*base, "--max-future-event-time", "60", "--conf", "routing=shuffle"])
-    _, config, _ = _run_config(args)
+    _, config, _ = run_config(args)
     assert (config.max_future_event_time, config.routing) == (60.0, "shuffle")
     args = build_parser().parse_args([*base, "--conf", "max_future_event_time=none"])
-    assert _run_config(args)[1].max_future_event_time is None
+    assert run_config(args)[1].max_future_event_time is None
 
 
 def test_each_resource_has_a_field_per_setting_of_its_role_with_the_tables_default():

@@ -30,10 +30,11 @@ committed and no successful task did: its own checkpoint, the failed batch task'
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import DAG, TriggerRule
+from airflow.sdk import DAG, BaseOperator, TriggerRule
 
 from sparkpoint.airflow.operators import (
     DEFAULT_MAX_BATCHES_PER_RUN,
@@ -120,35 +121,67 @@ def sparkpoint_dag(
     resolved = ref.resolved()
     if on_landing and schedule is None:
         schedule = "@continuous"
+    _set_dag_defaults(dag_kwargs, resolved.name)
+    tasks = _Tasks(job=resolved.effective_job_id, orphan_grace_seconds=orphan_grace_seconds,
+                   common={"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id},
+                   spark={"master": master, "remote": remote})
+    with DAG(dag_id or f"sparkpoint_{resolved.name}", schedule=schedule, **dag_kwargs) as dag:
+        batch, checkpoint = tasks.batch_and_checkpoint(tick=tick, max_batches_per_run=max_batches_per_run,
+                                                       verify=verify)
+        [batch, checkpoint] >> tasks.recover()
+        tasks.preflight(on_landing=on_landing, poke_interval=poke_interval) >> batch
+    return dag
+
+
+def _set_dag_defaults(dag_kwargs: dict[str, Any], name: str) -> None:
+    """The `DAG` arguments a caller left out: one run at a time, no catch-up, a fixed past start."""
     dag_kwargs.setdefault("max_active_runs", 1)  # one run of a pipeline at a time
     dag_kwargs.setdefault("catchup", False)
     dag_kwargs.setdefault("start_date", datetime(2026, 1, 1, tzinfo=UTC))
     dag_kwargs.setdefault("tags", ["sparkpoint"])
-    dag_kwargs.setdefault("description", f"sparkpoint pipeline {resolved.name!r}: batch, checkpoint, retention")
-    common: dict[str, Any] = {"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id}
-    spark: dict[str, Any] = {"master": master, "remote": remote}
-    with DAG(dag_id or f"sparkpoint_{resolved.name}", schedule=schedule, **dag_kwargs) as dag:
-        job = resolved.effective_job_id
+    dag_kwargs.setdefault("description", f"sparkpoint pipeline {name!r}: batch, checkpoint, retention")
+
+
+@dataclass(frozen=True)
+class _Tasks:
+    """Makes the tasks of one pipeline's DAG (inside its `with DAG`), each with the pipeline's
+    arguments (`common`) and the Spark of the tasks that run one (`spark`)."""
+
+    job: str
+    orphan_grace_seconds: float
+    common: dict[str, Any]
+    spark: dict[str, Any]
+
+    def batch_and_checkpoint(self, *, tick: bool, max_batches_per_run: int | None,
+                             verify: bool) -> tuple[BaseOperator, BaseOperator]:
+        """`batch` >> `checkpoint` >> `prune` (and `verify`); returns (`batch`, `checkpoint`)."""
         batch = SparkpointBatchOperator(task_id="batch", tick=tick, max_batches_per_run=max_batches_per_run,
-                                        outlets=[checkpoint_alias(job)], **common, **spark)
+                                        outlets=[checkpoint_alias(self.job)], **self.common, **self.spark)
         checkpoint = SparkpointCheckpointOperator(task_id="checkpoint", batch_task_id="batch",
-                                                  outlets=[checkpoint_asset(job)], **common)
-        prune = SparkpointPruneOperator(task_id="prune", orphan_grace_seconds=orphan_grace_seconds, **common)
+                                                  outlets=[checkpoint_asset(self.job)], **self.common)
+        prune = SparkpointPruneOperator(task_id="prune", orphan_grace_seconds=self.orphan_grace_seconds,
+                                        **self.common)
         batch >> checkpoint >> prune
         if verify:
-            checkpoint >> SparkpointVerifyOperator(task_id="verify", **common)
-        recover = SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED,
-                                            orphan_grace_seconds=orphan_grace_seconds,
-                                            preflight_task_id="check_upgrade", batch_task_id="batch",
-                                            outlets=[checkpoint_alias(job)], **common, **spark)
-        [batch, checkpoint] >> recover
-        check_upgrade = SparkpointUpgradeCheckOperator(task_id="check_upgrade", **common)
-        if on_landing:
-            # Poke mode: one task waits and looks every poke_interval. Reschedule mode freed the
-            # slot between looks, but Airflow's scheduler failed the sensor whenever its next look
-            # fell due before it saw the previous look's exit (every idle wait at 5 s).
-            check_upgrade >> SparkpointLandingSensor(task_id="wait_for_batch", poke_interval=poke_interval,
-                                                     mode="poke", **common) >> batch
-        else:
-            check_upgrade >> batch
-    return dag
+            checkpoint >> SparkpointVerifyOperator(task_id="verify", **self.common)
+        return batch, checkpoint
+
+    def recover(self) -> BaseOperator:
+        """`recover`: runs when `batch` or `checkpoint` itself failed (`one_failed`)."""
+        return SparkpointRecoverOperator(task_id="recover", trigger_rule=TriggerRule.ONE_FAILED,
+                                         orphan_grace_seconds=self.orphan_grace_seconds,
+                                         preflight_task_id="check_upgrade", batch_task_id="batch",
+                                         outlets=[checkpoint_alias(self.job)], **self.common, **self.spark)
+
+    def preflight(self, *, on_landing: bool, poke_interval: float) -> BaseOperator:
+        """`check_upgrade` (>> `wait_for_batch` with `on_landing`): returns the task `batch` follows."""
+        check_upgrade = SparkpointUpgradeCheckOperator(task_id="check_upgrade", **self.common)
+        if not on_landing:
+            return check_upgrade
+        # Poke mode: one task waits and looks every poke_interval. Reschedule mode freed the
+        # slot between looks, but Airflow's scheduler failed the sensor whenever its next look
+        # fell due before it saw the previous look's exit (every idle wait at 5 s).
+        wait_for_batch = SparkpointLandingSensor(task_id="wait_for_batch", poke_interval=poke_interval, mode="poke",
+                                                 **self.common)
+        check_upgrade >> wait_for_batch
+        return wait_for_batch

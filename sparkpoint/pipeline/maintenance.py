@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointCorrupted
 from sparkpoint.checkpoint.files import FileProblem
@@ -525,9 +526,55 @@ def prune(
     sink = ExactlyOnceParquetSink.at(sink_url, storage.job_id, storage.storage_options) if sink_url else None
     stale = settle_attempts(storage, sink, only_superseded=True)  # they can never complete
     forget_fences(storage)
-    sweep = sweep_orphans(storage, grace_seconds=orphan_grace_seconds, pending_paths=pending_paths(storage))
+    sweep = collect_garbage(storage, grace_seconds=orphan_grace_seconds).sweep
     return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale.outcomes))
 
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What the orphan sweep of `sparkpoint gc` deleted (`dry_run`: would delete), what it kept as
+    younger than the grace period, and the symbolic links it left alone."""
+
+    sweep: SweepReport
+    dry_run: bool
+    grace_seconds: float
+    job_id: str
+
+    @property
+    def _verb(self) -> str:
+        return "would delete" if self.dry_run else "deleted"
+
+    @property
+    def message(self) -> str:
+        said = f"{self._verb} {len(self.sweep.orphans)} orphan files, {self.sweep.orphan_bytes} bytes"
+        if self.sweep.young:
+            said += (f"\nkept {len(self.sweep.young)} unreferenced files ({readable_size(self.sweep.young_bytes)}) "
+                     f"younger than the grace period ({self.grace_seconds:g} s): a running job may still be writing "
+                     f"them; with no job of {self.job_id} running, include them with --grace 0")
+        return said
+
+    def lines(self) -> list[str]:
+        """A line per orphan file, then the message."""
+        return [f"{self._verb} {f.path} ({f.size} bytes)" for f in self.sweep.orphans] + [self.message]
+
+    def warnings(self) -> list[str]:
+        return [f"warning: {link.path} is a symbolic link; it is neither followed nor deleted"
+                for link in self.sweep.symlinks]
+
+    def to_json(self) -> dict[str, Any]:
+        sweep = self.sweep
+        return {"dry_run": self.dry_run, "orphans": [f.path for f in sweep.orphans], "bytes": sweep.orphan_bytes,
+                "referenced": sweep.referenced, "symlinks": [f.path for f in sweep.symlinks],
+                "young": [f.path for f in sweep.young], "young_bytes": sweep.young_bytes}
+
+
+def collect_garbage(storage: CheckpointStorage, *, grace_seconds: float, dry_run: bool = False) -> GcReport:
+    """Sweep the files no retained checkpoint references, at least `grace_seconds` old. The uploads
+    of attempts still pending (a step between its two halves) are kept whatever their age:
+    deleting them would fail that attempt's checkpoint step."""
+    sweep = sweep_orphans(storage, grace_seconds=grace_seconds, dry_run=dry_run, pending_paths=pending_paths(storage))
+    return GcReport(sweep, dry_run, grace_seconds, storage.job_id)
 
 # --- what changed, per operator, when it is cheap to know ------------------------------------------
 

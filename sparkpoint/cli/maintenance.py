@@ -1,0 +1,74 @@
+"""`verify` (and `verify --repair`), `gc` and `savepoint`: the commands that look after a job's
+stored checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.cli.common import EXIT_BAD_FILES, UsageError, job_store
+from sparkpoint.cli.output import print_json, printed_json, progress_bar
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from sparkpoint.pipeline.maintenance import verify_checkpoints
+
+    store = job_store(args)
+    unreadable: dict[int, str] = {}
+    if args.checkpoint is None:
+        listing = store.load_all()
+        checkpoints, unreadable = listing.checkpoints, listing.unreadable
+        if not checkpoints and not unreadable:
+            raise UsageError(f"{store.storage.job_url} holds no completed checkpoint")
+    else:
+        checkpoints = [store.load(args.checkpoint)]
+    repair = _repair(store, checkpoints, args) if args.repair else None
+    report = verify_checkpoints(store.storage, checkpoints, unreadable, deep=not args.shallow)
+    if args.json:
+        results = report.checkpoints_json()
+        print_json(results if repair is None else {"checkpoints": results, **repair})
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.ok else EXIT_BAD_FILES
+
+
+def _repair(store: CompletedCheckpointStore, checkpoints: list[CheckpointMetadata], args: argparse.Namespace) -> Any:
+    """`verify --repair`: rewrite bad primary files from good task-local copies, before verifying."""
+    from sparkpoint.state.engine.repair import repair_checkpoints
+
+    retained = store.load_all().checkpoints if args.checkpoint is not None else checkpoints
+    report = repair_checkpoints(store.storage, args.local_dir, checkpoints, deep=not args.shallow, retained=retained)
+    if not args.json:
+        for f in report.repaired:
+            print(f"repaired {f.path} from the task-local copy {f.source}")
+    for message in report.lost:
+        print(f"sparkpoint verify: error: {message}", file=sys.stderr)
+    return {"repaired": [{"path": f.path, "source": f.source} for f in report.repaired],
+            "unrepairable": report.unrepairable, "lost": report.lost}
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from sparkpoint.pipeline.maintenance import collect_garbage
+
+    report = collect_garbage(job_store(args).storage, grace_seconds=args.grace, dry_run=args.dry_run)
+    for warning in report.warnings():
+        print(warning, file=sys.stderr)
+    if not printed_json(args, report.to_json()):
+        print("\n".join(report.lines()))
+    return 0
+
+
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    from sparkpoint.checkpoint.savepoint import take_savepoint
+
+    storage = job_store(args).storage
+    with progress_bar(args, "savepoint") as progress:
+        result = take_savepoint(storage, checkpoint_id=args.from_checkpoint, target=args.to, progress=progress)
+    if printed_json(args, result.to_json()):
+        return 0
+    print(f"{result.message}\n  start a job from it: sparkpoint run --from-checkpoint {result.url} "
+          "--restore-mode CLAIM|NO_CLAIM ...")
+    return 0
