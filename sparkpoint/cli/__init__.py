@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -45,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:  # before `run` had anything to report, or in any other command
+        # One Ctrl-C is the whole answer: a second one while the process exits (Spark's threads,
+        # Python's shutdown) would print a traceback after the one line.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(f"sparkpoint {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `sparkpoint list | head`: the reader has what it wanted
