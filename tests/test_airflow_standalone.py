@@ -2,13 +2,14 @@
 two example DAGs side by side. The sample's DAG is triggered through the REST API, a failure is
 injected into one run and healed by its `recover` task, a later run succeeds; the clickstream
 example's DAG runs by itself when files land (its landing sensor, `@continuous`). Each pipeline's
-state equals a recomputation; neither touches the other's checkpoints."""
+state equals a recomputation; neither touches the other's checkpoints. A user's DAG behind the
+landing sensor at a short poke interval, in the same standalone (its own DAG id and directories),
+waits idle without failing a run."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -44,11 +45,11 @@ def free_port() -> int:
 
 
 class Airflow:
-    """`airflow standalone` in `root` with the two example DAGs, or `dags` (file name -> source),
-    ready once the DAGs `expect` names are parsed."""
+    """`airflow standalone` in `root` with `dags` (file name -> source), ready once the DAGs
+    `expect` names are parsed."""
 
-    def __init__(self, root: Path, *, dags: dict[str, str] | None = None, expect: set[str] | None = None) -> None:
-        self.dags, self.expect = dags, expect or {"sparkpoint_sparkpoint", "sparkpoint_clicks"}
+    def __init__(self, root: Path, *, dags: dict[str, str], expect: set[str]) -> None:
+        self.dags, self.expect = dags, expect
         self.root, self.port = root, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "standalone.log"
@@ -57,12 +58,8 @@ class Airflow:
     def start(self, timeout: float = 300) -> None:
         home, dags = self.root / "airflow-home", self.root / "dags"
         dags.mkdir(parents=True)
-        if self.dags is None:
-            for name in ("sample_dag.py", "clickstream_dag.py"):
-                shutil.copy(ROOT / "examples" / "airflow" / name, dags / name)
-        else:
-            for name, source in self.dags.items():
-                (dags / name).write_text(source)
+        for name, source in self.dags.items():
+            (dags / name).write_text(source)
         env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
                "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__PARALLELISM": "4",
                "AIRFLOW__API__PORT": str(self.port), "AIRFLOW__API__HOST": "127.0.0.1",
@@ -130,9 +127,26 @@ class Airflow:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
 
 
-@pytest.fixture
-def airflow(tmp_path: Path) -> Iterator[Airflow]:
-    server = Airflow(tmp_path)
+LANDING_DAG = """\
+from pathlib import Path
+from sparkpoint.airflow import sparkpoint_dag
+from tests.support.meters_pipeline import meters
+
+dag = sparkpoint_dag(meters(Path({data!r})), dag_id="meters_landing", on_landing=True, poke_interval=5)
+"""
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
+    """One `airflow standalone` for the module (its start is a minute here): the two example DAGs
+    and the meters landing DAG, whose data is in `meters-data`. Each test unpauses only its own
+    DAGs and pauses them again when it ends; their directories are apart."""
+    root = tmp_path_factory.mktemp("airflow")
+    dags = {name: (ROOT / "examples" / "airflow" / name).read_text()
+            for name in ("sample_dag.py", "clickstream_dag.py")}
+    (root / "meters-data").mkdir()
+    dags["meters_landing.py"] = LANDING_DAG.format(data=str(root / "meters-data"))
+    server = Airflow(root, dags=dags, expect={"sparkpoint_sparkpoint", "sparkpoint_clicks", "meters_landing"})
     try:
         server.start()
         yield server
@@ -140,14 +154,20 @@ def airflow(tmp_path: Path) -> Iterator[Airflow]:
         server.stop()
 
 
-def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow):
+def unpause(airflow: Airflow, request: pytest.FixtureRequest, *dag_ids: str) -> None:
+    """`dag_ids` unpaused for the test, paused again at its end: the next test's runs see none of theirs."""
+    for dag_id in dag_ids:
+        airflow.api("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+        request.addfinalizer(lambda dag_id=dag_id: airflow.api("PATCH", f"/dags/{dag_id}", {"is_paused": True}))
+
+
+def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow, request: pytest.FixtureRequest):
     root = airflow.root
     sample_dag, clicks_dag = "sparkpoint_sparkpoint", "sparkpoint_clicks"
     sample_input = str(root / ".sparkpoint" / "demo" / "input")
     stream = {"events_per_batch": 1500, "users": 300, "items": 40, "seed": 2}
     generate(sample_input, batches=1, **stream)
-    for dag_id in (sample_dag, clicks_dag):
-        airflow.api("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+    unpause(airflow, request, sample_dag, clicks_dag)
     sample = CheckpointStorage((root / ".sparkpoint" / "checkpoints").as_uri(), "demo")
 
     first = airflow.trigger(sample_dag)
@@ -189,42 +209,27 @@ def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow)
     assert dict(zip(state["user"], state["clicks"])) == landed.groupby("user").size().to_dict()
 
 
-LANDING_DAG = """\
-from pathlib import Path
-from sparkpoint.airflow import sparkpoint_dag
-from tests.support.meters_pipeline import meters
-
-dag = sparkpoint_dag(meters(Path({data!r})), dag_id="meters_landing", on_landing=True, poke_interval=5)
-"""
-
-
-def test_a_landing_dag_waits_idle_at_a_short_poke_interval_and_runs_when_a_file_lands(tmp_path: Path):
+def test_a_landing_dag_waits_idle_at_a_short_poke_interval_and_runs_when_a_file_lands(airflow: Airflow,
+                                                                                       request: pytest.FixtureRequest):
     """A user's pipeline (smart meters) behind the landing sensor at `poke_interval=5`: idle waits
     fail no run (in reschedule mode Airflow's scheduler failed the sensor when its next poke fell
     due before it saw the previous poke's exit, apache/airflow#71172, and `recover` ran after it),
     and the file that lands is committed by the run that waited for it."""
     from tests.support.meters_pipeline import good, meters, state_of, totals
 
-    data = tmp_path / "data"
-    data.mkdir()
+    data = airflow.root / "meters-data"
     pipeline = meters(data)
-    server = Airflow(tmp_path / "airflow", dags={"meters_landing.py": LANDING_DAG.format(data=str(data))},
-                     expect={"meters_landing"})
-    try:
-        server.start()
-        server.api("PATCH", "/dags/meters_landing", {"is_paused": False})
-        waiting = server.wait_for("the sensor's first poke", lambda: [
-            r["dag_run_id"] for r in server.api("GET", "/dags/meters_landing/dagRuns")["dag_runs"]
-            if server.tasks("meters_landing", r["dag_run_id"]).get("wait_for_batch") in (
-                "running", "up_for_reschedule")], timeout=180)[0]
-        time.sleep(40)  # eight idle intervals
-        runs = server.api("GET", "/dags/meters_landing/dagRuns")["dag_runs"]
-        assert [r["state"] for r in runs] == ["running"], (runs, server.tasks("meters_landing", waiting))
-        rows = good(data, "r-000.parquet")
-        done = server.wait_run("meters_landing", waiting)
-        tasks = server.tasks("meters_landing", waiting)
-        assert done["state"] == "success", (tasks, server.tail())
-        assert tasks["recover"] == "skipped", tasks
-    finally:
-        server.stop()
+    unpause(airflow, request, "meters_landing")
+    waiting = airflow.wait_for("the sensor's first poke", lambda: [
+        r["dag_run_id"] for r in airflow.api("GET", "/dags/meters_landing/dagRuns")["dag_runs"]
+        if airflow.tasks("meters_landing", r["dag_run_id"]).get("wait_for_batch") in (
+            "running", "up_for_reschedule")], timeout=180)[0]
+    time.sleep(40)  # eight idle intervals
+    runs = airflow.api("GET", "/dags/meters_landing/dagRuns")["dag_runs"]
+    assert [r["state"] for r in runs] == ["running"], (runs, airflow.tasks("meters_landing", waiting))
+    rows = good(data, "r-000.parquet")
+    done = airflow.wait_run("meters_landing", waiting)
+    tasks = airflow.tasks("meters_landing", waiting)
+    assert done["state"] == "success", (tasks, airflow.tail())
+    assert tasks["recover"] == "skipped", tasks
     assert state_of(pipeline) == totals([rows])
