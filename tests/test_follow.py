@@ -104,11 +104,12 @@ def assert_exactly_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_follow_is_exactly_once_when_killed_at_random_moments(tmp_path: Path):
+@pytest.mark.parametrize("kills", [1, pytest.param(3, marks=pytest.mark.soak)])  # one kill in make test
+def test_follow_is_exactly_once_when_killed_at_random_moments(tmp_path: Path, kills: int):
     rng = random.Random(35)
     (tmp_path / "in").mkdir()
     landed = 0
-    for kill in range(2):
+    for kill in range(kills):
         proc = start(tmp_path)
         lander = Lander(tmp_path, landed, every=0.25)
         try:
