@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,12 +34,16 @@ spark.stop()
 """
 
 
-def start_spark(cache: Path) -> tuple[dict[str, object], str]:
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, classcache.ENV: str(cache)}, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
-    return json.loads(lines[-1]), done.stdout + done.stderr
+def spawn_spark(cache: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, classcache.ENV: str(cache)}, stdin=subprocess.DEVNULL)
+
+
+def finished(child: subprocess.Popen[str]) -> tuple[dict[str, object], str]:
+    """The child's answer (its last line) and its whole output, once it has exited."""
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), out + err
 
 
 def wait_for_recording(cache: Path) -> None:
@@ -50,7 +55,7 @@ def wait_for_recording(cache: Path) -> None:
 @pytest.mark.spark
 def test_the_first_start_records_an_archive_the_next_maps_and_a_damaged_one_is_refused(tmp_path: Path):
     cache = tmp_path / "jvm"
-    first, output = start_spark(cache)
+    first, output = finished(spawn_spark(cache))
     assert first["total"] == 3 * sum(range(1000))
     assert any(a.startswith("-XX:ArchiveClassesAtExit=") for a in first["args"]), first  # type: ignore[attr-defined]
     assert "cds" not in output and "Skipping" not in output, output[-2000:]  # the JVM's notes stay off the terminal
@@ -60,21 +65,29 @@ def test_the_first_start_records_an_archive_the_next_maps_and_a_damaged_one_is_r
     assert WRITTEN not in recording_log.read_bytes(), "the run's output ended only once the archive was written"
     wait_for_recording(cache)
 
-    second, output = start_spark(cache)
-    (archive,) = cache.glob("*.jsa")
+    on_whole = spawn_spark(cache)  # adopts the recording as the archive, then maps it
+    (archive,) = wait_for(lambda: list(cache.glob("*.jsa")), 120, 0.2, "the next start adopting the recording",
+                          stop=lambda: "it exited" if on_whole.poll() is not None else None)
     assert archive.stat().st_size == int(archive.name.split(".")[1])
+    # A copy damaged in place, same size, in a cache of its own: its start runs beside the start
+    # on the whole archive (two JVM starts at once, not one after the other).
+    damaged_cache = tmp_path / "damaged"
+    damaged_cache.mkdir(mode=0o700)
+    damaged = damaged_cache / archive.name
+    shutil.copyfile(archive, damaged)
+    with open(damaged, "r+b") as f:
+        f.seek(damaged.stat().st_size // 2)
+        f.write(b"\xff" * 4096)
+    on_damaged = spawn_spark(damaged_cache)
+    (second, output), (third, damaged_output) = finished(on_whole), finished(on_damaged)
     assert f"-XX:SharedArchiveFile={archive}" in second["args"], second
     assert second["total"] == first["total"]
     assert "cds" not in output, output[-2000:]
 
-    # Damaged in place, same size: the JVM is given it and checks it (-XX:+VerifySharedSpaces
-    # refused such a file when measured), and the job's answer is still right.
-    with open(archive, "r+b") as f:
-        f.seek(archive.stat().st_size // 2)
-        f.write(b"\xff" * 4096)
-    third, output = start_spark(cache)
-    assert f"-XX:SharedArchiveFile={archive}" in third["args"] and third["total"] == first["total"]
-    assert "cds" not in output, output[-2000:]
+    # Damaged: the JVM is given it and checks it (-XX:+VerifySharedSpaces refused such a file when
+    # measured), and the job's answer is still right.
+    assert f"-XX:SharedArchiveFile={damaged}" in third["args"] and third["total"] == first["total"]
+    assert "cds" not in damaged_output, damaged_output[-2000:]
     # Truncated, a JVM that mapped it would die of SIGBUS: `usable_archive` never passes a file
     # shorter than its name says (below).
 

@@ -36,15 +36,26 @@ time.sleep(float(sys.argv[2]))
 """
 
 
-@pytest.fixture
-def warm_env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    directory = tmp_path / "warm"
+def _warm(directory: Path) -> Iterator[dict[str, str]]:
     env = {**os.environ, "SPARKPOINT_WARM_SPARK": "on", "SPARKPOINT_WARM_SPARK_DIR": str(directory),
            "SPARKPOINT_WARM_SPARK_IDLE": "600", "PYTHONPATH": str(ROOT)}
     try:
         yield env
     finally:
         stop(directory=directory)
+
+
+@pytest.fixture
+def warm_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A warm server directory of the test's own: the first run starts its server."""
+    yield from _warm(tmp_path / "warm")
+
+
+@pytest.fixture(scope="module")
+def shared_warm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One warm server directory for the tests that need a server up, whichever started it (a JVM
+    start is 20 s here): the server one test leaves is the next one's."""
+    yield from _warm(tmp_path_factory.mktemp("shared") / "warm")
 
 
 def _attach(env: dict[str, str], rows: int = 5, linger: float = 0.0) -> subprocess.Popen[str]:
@@ -117,8 +128,10 @@ def test_two_runs_starting_at_once_start_one_server_which_later_runs_reuse(warm_
     assert refused.returncode != 0
 
 
-def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(warm_env: dict[str, str]):
+def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(shared_warm_env: dict[str, str]):
+    warm_env = shared_warm_env
     first = _result(_attach(warm_env))
+    starts = _starts(warm_env)
     old = _server(warm_env)
     os.kill(old.jvm_pid, signal.SIGKILL)  # kill -9 of the JVM: its supervisor withdraws it
     second = _result(_attach(warm_env))
@@ -140,7 +153,7 @@ def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(warm_env: dict[st
             os.kill(old.jvm_pid, signal.SIGCONT)
     assert fourth["jvm_pid"] != third["jvm_pid"] and fourth["count"] == 5
     assert not same_process_lives(old.supervisor_pid, old.supervisor_start)
-    assert _starts(warm_env) == 4
+    assert _starts(warm_env) == starts + 3
 
 
 def test_the_server_stops_once_idle_but_never_under_an_attached_run(warm_env: dict[str, str]):
@@ -191,58 +204,6 @@ def test_a_users_pipeline_run_without_a_master_attaches_to_the_warm_server(tmp_p
     assert off.returncode == 0 and _starts(warm_env) == 1, off.stderr[-2000:]
 
 
-def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
-    import pty
-    import select
-    import urllib.request
-
-    from tests.support.cluster import free_port
-
-    _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
-    server = _server(warm_env)
-    port = free_port()
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: `make ui` at a terminal, as a user runs it
-        os.chdir(ROOT)
-        os.execvpe("make", ["make", "--no-print-directory", "ui", f"UI_PORT={port}",
-                            f"DAGSTER_HOME={tmp_path / 'dagster'}"], warm_env)
-    output = b""
-
-    def read(seconds: float) -> None:
-        nonlocal output
-        if select.select([fd], [], [], seconds)[0]:
-            with contextlib.suppress(OSError):
-                output += os.read(fd, 65536)
-
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            read(1)
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2).close()
-                break
-            except OSError:
-                continue
-        else:
-            raise AssertionError(output.decode(errors="replace")[-3000:])
-        while b"Launching Dagster services" not in output and time.monotonic() < deadline:
-            read(1)  # the daemon too is up: a Ctrl-C mid-start is another story
-        os.write(fd, b"\x03")  # Ctrl-C
-        exited = deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
-            read(1)
-            if time.monotonic() > exited - 60 and b"KeyboardInterrupt" not in output:
-                os.write(fd, b"\x03")  # not seen: pressed again, as a user would
-                exited = deadline
-        read(0.5)
-        assert not _any_lives(server), output.decode(errors="replace")[-3000:]
-    finally:
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    assert "stopped the warm local Spark" in output.decode(errors="replace")
-
-
 # --- whose server: the token goes only to the JVM we started (DESIGN rule 17) ---------------------
 
 
@@ -274,7 +235,8 @@ class _Recorder:
         self.server.stop(grace=None)
 
 
-def test_a_foreign_listener_on_ipv6_loopback_at_the_servers_port_receives_nothing(warm_env: dict[str, str]):
+def test_a_foreign_listener_on_ipv6_loopback_at_the_servers_port_receives_nothing(shared_warm_env: dict[str, str]):
+    warm_env = shared_warm_env
     first = _result(_attach(warm_env))
     server = _server(warm_env)
     try:
@@ -324,7 +286,7 @@ def scale(batches):
 """
 
 ENV_RUN = """
-import json, os, sys, time
+import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import logging
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -334,14 +296,13 @@ spark = spark_session()
 ship_modules(spark, [weights.scale])
 total = int(spark.range(1, 4).toDF("n").mapInPandas(weights.scale, "n long").toPandas()["n"].sum())
 print(json.dumps({"total": total, "connect": is_connect(spark)}), flush=True)
-time.sleep(float(sys.argv[2]))
+sys.stdin.read()  # attached until the test closes our stdin
 """
 
 
-def _env_run(env: dict[str, str], module_dir: Path, weight: int, linger: float = 0.0) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", ENV_RUN, str(module_dir), str(linger)],
-                            env={**env, "WEIGHT": str(weight)}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _env_run(env: dict[str, str], module_dir: Path, weight: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", ENV_RUN, str(module_dir)], env={**env, "WEIGHT": str(weight)},
+                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
@@ -355,7 +316,7 @@ def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Pa
     assert "attached to the warm local Spark on 127.0.0.1:" in err and "started at" in err
 
     # Idle server, another environment: replaced by one that has this run's.
-    second = _env_run(warm_env, module_dir, 10, linger=25)
+    second = _env_run(warm_env, module_dir, 10)
     line = second.stdout.readline() if second.stdout else ""
     assert json.loads(line) == {"total": 60, "connect": True}, line
     assert _starts(warm_env) == 2
@@ -451,3 +412,59 @@ def test_the_server_says_who_started_it_without_their_arguments(command: list[st
     from sparkpoint.spark.warm import _program
 
     assert _program(command) == shown
+
+
+# --- `make ui`'s Ctrl-C stops the server (last: the module's shared server goes with it) -------------
+
+
+def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, shared_warm_env: dict[str, str]):
+    import pty
+    import select
+    import urllib.request
+
+    from tests.support.cluster import free_port
+
+    warm_env = shared_warm_env
+    _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
+    server = _server(warm_env)
+    port = free_port()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: `make ui` at a terminal, as a user runs it
+        os.chdir(ROOT)
+        os.execvpe("make", ["make", "--no-print-directory", "ui", f"UI_PORT={port}",
+                            f"DAGSTER_HOME={tmp_path / 'dagster'}"], warm_env)
+    output = b""
+
+    def read(seconds: float) -> None:
+        nonlocal output
+        if select.select([fd], [], [], seconds)[0]:
+            with contextlib.suppress(OSError):
+                output += os.read(fd, 65536)
+
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            read(1)
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2).close()
+                break
+            except OSError:
+                continue
+        else:
+            raise AssertionError(output.decode(errors="replace")[-3000:])
+        while b"Launching Dagster services" not in output and time.monotonic() < deadline:
+            read(1)  # the daemon too is up: a Ctrl-C mid-start is another story
+        os.write(fd, b"\x03")  # Ctrl-C
+        exited = deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+            read(1)
+            if time.monotonic() > exited - 60 and b"KeyboardInterrupt" not in output:
+                os.write(fd, b"\x03")  # not seen: pressed again, as a user would
+                exited = deadline
+        read(0.5)
+        assert not _any_lives(server), output.decode(errors="replace")[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert "stopped the warm local Spark" in output.decode(errors="replace")
