@@ -414,17 +414,16 @@ def test_the_server_says_who_started_it_without_their_arguments(command: list[st
     assert _program(command) == shown
 
 
-# --- `make ui`'s Ctrl-C stops the server (last: the module's shared server goes with it) -------------
+# --- `make ui`'s Ctrl-C stops the server (its own: a server other tests attached to may be in use) ---
 
 
-def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, shared_warm_env: dict[str, str]):
+def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
     import pty
     import select
     import urllib.request
 
     from tests.support.cluster import free_port
 
-    warm_env = shared_warm_env
     _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
     server = _server(warm_env)
     port = free_port()
