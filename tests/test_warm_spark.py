@@ -430,6 +430,9 @@ def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[
     pid, fd = pty.fork()
     if pid == 0:  # the child: `make ui` at a terminal, as a user runs it
         os.chdir(ROOT)
+        # At a user's terminal Ctrl-C is not ignored; a suite started in the background (a shell's
+        # `&` without job control) hands its processes SIGINT ignored, and exec keeps that.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execvpe("make", ["make", "--no-print-directory", "ui", f"UI_PORT={port}",
                             f"DAGSTER_HOME={tmp_path / 'dagster'}"], warm_env)
     output = b""
