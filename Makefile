@@ -34,8 +34,8 @@ ui: $(RUN_STAMP)
 
 # Four pytest workers, each taking whole files: most of the suite's time is spent waiting for
 # servers, daemons and new processes (a whole run keeps the two cores 30-40% busy), so workers
-# overlap well even on two cores: one worker 29 min, two 20-23 min, four 24 min against two's
-# 28.5 min on the suite of 2026-11-29 here. xdist hands out the files with the most tests first;
+# overlap well even on two cores: one worker 29 min, two 20-23 min (2026-11-28); on the suite of
+# 2026-11-29, four 24 min against two's 28.5 min (that one partly beside other builds). xdist hands out the files with the most tests first;
 # putting the longest first measured slower with two workers (23:27 against 20:24).
 TEST_WORKERS ?= 4
 test: $(DEV_STAMP)
