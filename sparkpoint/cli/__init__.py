@@ -47,8 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.fn(args))
     except KeyboardInterrupt:  # before `run` had anything to report, or in any other command
         # One Ctrl-C is the whole answer: a second one while the process exits (Spark's threads,
-        # Python's shutdown) would print a traceback after the one line.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Python's shutdown) would print a traceback after the one line. Only when this process is
+        # the command (`argv` None): a caller's process, and what it starts later, keeps its Ctrl-C.
+        if argv is None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(f"sparkpoint {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `sparkpoint list | head`: the reader has what it wanted
