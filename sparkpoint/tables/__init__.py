@@ -1,0 +1,8 @@
+"""Where a pipeline's output goes and where its input comes from, as tables: a directory of Parquet
+files, a Delta Lake table (delta-rs) or an Apache Iceberg table (pyiceberg).
+
+`spec` holds the values a user names (`ParquetDirectory`, `DeltaTable`, `IcebergTable`) and their URL
+forms (`delta+file:///...`, `iceberg://<catalog>/<namespace>.<table>`); `sink` the protocol every
+exactly-once sink keeps with the checkpoint protocol. The package knows no Spark and no orchestrator:
+tables are committed on the driver, between a checkpoint's `_metadata` and its registry entry.
+"""
