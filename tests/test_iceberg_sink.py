@@ -34,6 +34,8 @@ from sparkpoint.tables.iceberg import (
     IcebergSinkFenced,
     check_schema,
     evolve_schema,
+    prepare_table,
+    table_storage,
 )
 from sparkpoint.tables.sink import SinkError
 from sparkpoint.tables.spec import IcebergTable
@@ -231,7 +233,7 @@ def test_a_concurrent_appender_neither_fails_our_commits_nor_loses_or_doubles_ro
 
     def appender() -> None:
         table = the_catalog(tmp_path).load_table(TABLE)
-        while not stop.is_set():
+        while not stop.wait(0.02):  # a busy writer: about as many commits as ours, in between them
             table.append(foreign_rows(f"etl{len(appended)}"))
             appended.append(1)
 
@@ -362,6 +364,50 @@ def test_the_schema_guard_names_columns_and_types_and_evolves_on_request(tmp_pat
                          "duration_s": [0.5, 1.0]})
     evolved.commit(1, evolved.stage(1, "session_stats", 0, rows))
     assert table_rows(catalog.load_table(TABLE))["clicks"].tolist() == [1, 2]
+
+
+def test_prepare_table_creates_a_missing_table_from_the_output_columns(tmp_path: Path) -> None:
+    sink = open_sink(tmp_path)
+    columns = pa.Schema.from_pandas(sessions(1, 0), preserve_index=False)
+
+    sink = prepare_table(sink, columns)
+
+    schema = the_catalog(tmp_path).load_table(TABLE).schema()
+    assert [(f.name, str(f.field_type)) for f in schema.fields] == [
+        ("session_id", "string"), ("country", "string"), ("clicks", "long"), ("duration_s", "double"),
+        ("last_click", "timestamp"), ("checkpoint_id", "long")]
+    unknown_country = sessions(1, 0).assign(country=None)  # a batch whose column pandas cannot type
+    sink.commit(1, sink.stage(1, "session_stats", 0, unknown_country))
+    assert table_rows(the_catalog(tmp_path).load_table(TABLE))["country"].isna().all()
+
+
+def test_prepare_table_refuses_or_evolves_by_the_setting(tmp_path: Path) -> None:
+    sink = prepare_table(open_sink(tmp_path), pa.schema([("session_id", pa.string()), ("clicks", pa.int32())]))
+    wider = pa.schema([("session_id", pa.string()), ("clicks", pa.int64()), ("country", pa.string())])
+
+    refusal = (r"does not take the output of page_reach, session_stats \(refused before Spark starts\): column "
+               r"'clicks' is long in the output but int in the table; column 'country' \(string\) is not in the table")
+    with pytest.raises(IcebergSchemaMismatch, match=refusal):
+        prepare_table(sink, wider)
+    sink = prepare_table(sink, wider, evolve=True)
+
+    assert check_schema(sink, wider) == []
+    assert sink.commit(1, sink.stage(1, "session_stats", 0, sessions(1, 0)[["session_id", "clicks", "country"]])) == 1
+
+
+def test_the_tables_storage_comes_from_its_catalog_else_from_the_pipelines_fsspec_options(tmp_path: Path) -> None:
+    endpoint = "http://127.0.0.1:9"
+    own = IcebergTable(TABLE, catalog={"uri": "sqlite:///x.db", "s3.endpoint": endpoint, "s3.access-key-id": "k",
+                                       "s3.secret-access-key": "s", "s3.region": "eu-west-1"})
+    props, options = table_storage(own, None, s3_options("http://elsewhere:1"))
+    client = {"endpoint_url": endpoint, "region_name": "eu-west-1"}
+    assert options == {"key": "k", "secret": "s", "client_kwargs": client}
+    assert props["s3.endpoint"] == endpoint
+
+    plain = IcebergTable(TABLE, catalog={"uri": "sqlite:///x.db"})
+    props, options = table_storage(plain, None, s3_options(endpoint))
+    assert options == s3_options(endpoint)
+    assert (props["s3.endpoint"], props["s3.access-key-id"], props["s3.region"]) == (endpoint, "testing", "us-east-1")
 
 
 def test_a_required_column_with_nulls_is_refused_in_the_task(tmp_path: Path) -> None:

@@ -53,7 +53,6 @@ from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_record_value
 from pyiceberg.schema import Schema, promote
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import ManageSnapshots, _OverwriteFiles
 from pyiceberg.types import IcebergType, ListType, MapType, StructType
@@ -71,7 +70,7 @@ OPERATOR = "sparkpoint.operator"
 CHECKPOINT = "sparkpoint.checkpoint-id"
 DROPPED = "sparkpoint.dropped-checkpoints"
 CHECKPOINT_COLUMN = "checkpoint_id"
-COMMIT_ATTEMPTS = 30  # conflicts with other writers survived per commit; backoff 50 ms doubling to 2 s
+COMMIT_RETRY_SECONDS = 120.0  # how long a commit goes on losing to other writers; backoff 50 ms doubling to 2 s
 _STAGED = re.compile(r"^chk-(\d+)/([A-Za-z0-9_.-]+-\d{5})-[0-9a-f]{12}\.parquet$")  # after "<job prefix>/"
 T = TypeVar("T")
 
@@ -97,12 +96,10 @@ def embedded_catalog(directory: str) -> dict[str, str]:
     return {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
 
 
-def catalog_properties(table: IcebergTable, embedded_dir: str | None = None,
-                       storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The properties `load_catalog` gets for `table`: its own (`catalog=`), else pyiceberg's
-    configuration of that name (`~/.pyiceberg.yaml`, `PYICEBERG_CATALOG__<NAME>__*`), else the
-    embedded SQLite catalog under `embedded_dir`; S3 credentials and endpoint the catalog does
-    not name come from the pipeline's fsspec options."""
+def catalog_properties(table: IcebergTable, embedded_dir: str | None = None) -> dict[str, str]:
+    """The properties `load_catalog` gets for `table`: its own (`catalog=`), else none when
+    pyiceberg has a configuration of that name (`~/.pyiceberg.yaml`,
+    `PYICEBERG_CATALOG__<NAME>__*`), else the embedded SQLite catalog under `embedded_dir`."""
     props = {key: str(value) for key, value in table.catalog.items() if key != "name"}
     if not props and Config().get_catalog_config(table.catalog_name) is None:
         if embedded_dir is None:
@@ -111,7 +108,22 @@ def catalog_properties(table: IcebergTable, embedded_dir: str | None = None,
                 "configuration of it: give IcebergTable(..., catalog={'uri': ..., 'warehouse': ...}) (on the "
                 "command line --conf iceberg.catalog.uri=... --conf iceberg.catalog.warehouse=...)")
         props = embedded_catalog(embedded_dir)
-    return {**io_properties(storage_options or {}), **props}
+    return props
+
+
+def table_storage(table: IcebergTable, embedded_dir: str | None,
+                  storage_options: Mapping[str, Any] | None) -> tuple[dict[str, str], dict[str, Any]]:
+    """(the catalog's properties, the fsspec options tasks write with). The table's files are
+    reached with the S3 properties its catalog names (`catalog=`, pyiceberg's configuration, or
+    pyiceberg-style `s3.*` keys among `storage_options`) when it names any, else with the
+    pipeline's fsspec options, which pyiceberg then gets as its S3 properties."""
+    given = dict(storage_options or {})
+    props = {**{k: str(v) for k, v in given.items() if "." in k}, **catalog_properties(table, embedded_dir)}
+    configured = {**{str(k): v for k, v in (Config().get_catalog_config(table.catalog_name) or {}).items()}, **props}
+    if any(key.startswith("s3.") for key in configured):
+        return props, fsspec_options({k: str(v) for k, v in configured.items()})
+    options = {k: v for k, v in given.items() if "." not in k}
+    return {**io_properties(options), **props}, options
 
 
 def io_properties(storage_options: Mapping[str, Any]) -> dict[str, str]:
@@ -128,7 +140,7 @@ def io_properties(storage_options: Mapping[str, Any]) -> dict[str, str]:
     props = {key: str(value) for key, value in pairs.items() if value}
     if "s3.endpoint" in props:
         props.setdefault("s3.region", "us-east-1")
-    return {**props, **{k: str(v) for k, v in storage_options.items() if isinstance(k, str) and "." in k}}
+    return props
 
 
 def fsspec_options(props: Mapping[str, str]) -> dict[str, Any]:
@@ -187,9 +199,7 @@ class IcebergSink:
             SinkError: the catalog cannot be loaded, or says nowhere for a new table.
             IcebergSchemaMismatch: the table is partitioned by a transform that does not keep order.
         """
-        props = catalog_properties(table, embedded_dir, storage_options)
-        given = {key: value for key, value in (storage_options or {}).items() if "." not in key}
-        options = given or fsspec_options(props)
+        props, options = table_storage(table, embedded_dir, storage_options)
         sink = cls(table.uri, job_id, table.identifier, table.catalog_name, tuple(sorted(props.items())), "",
                    operators=tuple(sorted(operators.items())), storage_options=tuple(sorted(options.items())),
                    tag_checkpoints=tag_checkpoints)
@@ -313,7 +323,7 @@ class IcebergSink:
         described: dict[tuple[int, int], list[DataFile]] = {}  # the files' footers, read once per schema and spec
 
         def attempt() -> int:
-            table = self._load() or self._create(paths)
+            table = self._load() or self._create(self._staged_schema(paths))
             held = self._held(table)
             if checkpoint_id in held:
                 return 0
@@ -355,17 +365,19 @@ class IcebergSink:
                 "table's schema (evolve_schema)") from e
 
     def _append(self, table: Table, checkpoint_id: int, data_files: list[DataFile]) -> None:
-        """One transaction: the files appended as they are (a fast append), the summary, the tag."""
+        """One transaction: the files appended as they are (a fast append), the summary, the tag.
+        What it needs of the table is read from `table.metadata`: every read of the transaction's
+        own metadata deep-copies the whole of it, and the commit's window is what another writer
+        can close."""
+        base = table.metadata
         tx = _without_own_retry(table).transaction()
-        if tx.table_metadata.name_mapping() is None:  # files without field ids are read by column name
-            mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
-            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
+        if base.name_mapping() is None:  # files without field ids are read by column name
+            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: base.schema().name_mapping.model_dump_json()})
         with tx.update_snapshot(snapshot_properties=self._summary(checkpoint_id)).fast_append() as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
-        if self.tag_checkpoints and self._tag(checkpoint_id) not in tx.table_metadata.refs:
-            ManageSnapshots(tx).create_tag(tx.table_metadata.refs[MAIN_BRANCH].snapshot_id,
-                                           self._tag(checkpoint_id)).commit()
+        if self.tag_checkpoints and self._tag(checkpoint_id) not in base.refs:
+            ManageSnapshots(tx).create_tag(append.snapshot_id, self._tag(checkpoint_id)).commit()
         tx.commit_transaction()
 
     def discard_staged(self, checkpoint_id: int, staged: list[str]) -> None:
@@ -452,15 +464,19 @@ class IcebergSink:
         except NoSuchTableError:
             return None
 
-    def _create(self, paths: list[str]) -> Table:
-        """Create the table (and its namespace) on the first commit, with the staged files' columns."""
-        catalog = self._catalog()
+    def _staged_schema(self, paths: list[str]) -> pa.Schema:
+        """The columns of these staged files together."""
         fs, root = self._fs()
         schemas = []
         for path in paths:
-            with fs.open(f"{root}/{path.removeprefix(self.prefix + '/')}", "rb") as f:
+            with fs.open(f"{root}/{path[len(self.prefix) + 1:]}", "rb") as f:
                 schemas.append(pq.read_schema(f))
-        schema = pa.unify_schemas(schemas).remove_metadata()
+        return pa.unify_schemas(schemas).remove_metadata()
+
+    def _create(self, schema: pa.Schema) -> Table:
+        """Create the table (and its namespace) with these columns, all optional, unpartitioned
+        (a table someone else created meanwhile is taken as it is)."""
+        catalog = self._catalog()
         storage_step("create", f"{self.url}#table")
         try:
             catalog.create_namespace_if_not_exists(Catalog.namespace_from(self.identifier))
@@ -526,19 +542,19 @@ class IcebergSink:
     def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Run `attempt` (read the table, decide, commit) until it commits or decides; a commit that
         lost to another writer is read again after a jittered backoff."""
-        wait = 0.05
-        for n in range(COMMIT_ATTEMPTS):
+        wait, deadline, lost = 0.05, time.monotonic() + COMMIT_RETRY_SECONDS, 0
+        while True:
             try:
                 return attempt()
             except (CommitFailedException, CommitStateUnknownException) as e:
-                if n == COMMIT_ATTEMPTS - 1:
-                    raise SinkError(f"{what} into Iceberg table {self.identifier} lost to other writers "
-                                    f"{COMMIT_ATTEMPTS} times in a row; last: {e}. Run the step again") from e
+                lost += 1
+                if time.monotonic() > deadline:
+                    raise SinkError(f"{what} into Iceberg table {self.identifier} lost to other writers {lost} times "
+                                    f"in {COMMIT_RETRY_SECONDS:.0f} s; last: {e}. Run the step again") from e
                 log.info("%s into %s conflicted with another writer (%s); reading the table again", what,
                          self.identifier, e)
                 time.sleep(wait * random.uniform(1.0, 1.5))
                 wait = min(wait * 2, 2.0)
-        raise AssertionError("unreachable")
 
 
 def _without_own_retry(table: Table) -> Table:
@@ -609,6 +625,33 @@ def check_schema(sink: IcebergSink, columns: pa.Schema) -> list[str]:
     it would, or when the table does not exist yet: the first commit creates it from them)."""
     table = sink._load()
     return [] if table is None else schema_problems(table.schema(), output_schema(columns))
+
+
+def prepare_table(sink: IcebergSink, columns: pa.Schema, *, evolve: bool = False) -> IcebergSink:
+    """Before Spark starts: make sure the sink's table takes the output columns, or say why. A
+    missing table is created from them (with its namespace); an existing one that lacks a column
+    or has a narrower type is evolved when `evolve` (the pipeline's setting), else refused.
+    Returns the sink that writes the table's schema (the one to hand to the tasks).
+
+    Raises:
+        IcebergSchemaMismatch: naming each column and both types, and what to change.
+    """
+    wanted = output_schema(columns)
+    table = sink._load()
+    if table is None:
+        if problems := _unrepresentable(wanted):
+            raise IcebergSchemaMismatch(f"Iceberg table {sink.identifier} cannot be created: " + "; ".join(problems))
+        sink._create(pa.schema([f.with_type(_microseconds(f.type)) for f in wanted]))
+        return sink._opened()
+    problems = schema_problems(table.schema(), wanted)
+    if not problems:
+        return sink._opened()
+    if evolve:
+        return evolve_schema(sink, columns)
+    raise IcebergSchemaMismatch(
+        f"Iceberg table {sink.identifier} does not take the output of {', '.join(n for n, _ in sink.operators)} "
+        f"(refused before Spark starts): {'; '.join(problems)}. Change the operators' output or the table, or "
+        "let sparkpoint evolve the table's schema (new columns optional, int/float widened)")
 
 
 def evolve_schema(sink: IcebergSink, columns: pa.Schema) -> IcebergSink:
