@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from sparkpoint.tables.iceberg import (
     IcebergSchemaMismatch,
     IcebergSink,
     IcebergSinkFenced,
+    IcebergStagedFileLost,
     check_schema,
     evolve_schema,
     prepare_table,
@@ -175,6 +177,18 @@ def test_a_repeated_resumed_or_second_process_commit_adds_nothing(tmp_path: Path
     pd.testing.assert_frame_equal(by_session(table_rows(table)), by_session(expected))
 
 
+def test_staged_files_gone_are_lost_output_unless_a_resumed_commit_finished_before(tmp_path: Path) -> None:
+    sink = open_sink(tmp_path)
+    staged = stage_checkpoint(sink, 1)[0]
+    fs, root = fsspec.core.url_to_fs(sink.prefix)
+    fs.rm(f"{root}/chk-1", recursive=True)
+
+    assert sink.commit(1, staged, resuming=True) == 0
+    with pytest.raises(IcebergStagedFileLost, match=r"checkpoint 1 is committed with staged output .*chk-1/session_"):
+        sink.commit(1, staged)
+    assert sink.committed() == {}
+
+
 def test_a_checkpoint_older_than_the_tables_newest_is_fenced(tmp_path: Path) -> None:
     sink = open_sink(tmp_path)
     sink.commit(5, stage_checkpoint(sink, 5)[0])
@@ -312,16 +326,18 @@ def test_a_partitioned_table_gets_a_file_per_partition_value(tmp_path: Path) -> 
     catalog.create_table(TABLE, schema, partition_spec=spec)
     sink = open_sink(tmp_path)
 
-    staged = sink.stage(1, "session_stats", 0, sessions(1, 0, n=12))
-    assert len(staged) == 6  # 3 countries x 2 days
+    rows = pd.concat([sessions(1, 0, n=12), sessions(1, 1, n=1).assign(country=None)], ignore_index=True)
+    staged = sink.stage(1, "session_stats", 0, rows)
+    assert len(staged) == 7  # 3 countries x 2 days, and no country
     sink.commit(1, staged)
 
     table = catalog.load_table(TABLE)
     files = table.inspect.files().to_pylist()
-    assert len({(f["partition"]["country"], f["partition"]["last_click_day"]) for f in files}) == 6
+    assert {(f["partition"]["country"], f["partition"]["last_click_day"]) for f in files} == {
+        (country, date(2024, 3, day)) for country in ("fr", "de", "jp") for day in (1, 2)} | {(None, date(2024, 3, 1))}
     france = table.scan(row_filter="country == 'fr'").to_pandas()
     assert len(france) == 4 and set(france["country"]) == {"fr"}
-    assert len(table_rows(table)) == 12
+    assert len(table_rows(table)) == 13
 
 
 def test_a_partitioning_add_files_cannot_take_is_refused_at_open(tmp_path: Path) -> None:

@@ -293,11 +293,11 @@ class IcebergSink:
             return [table]
         spec = PartitionSpec.model_validate_json(self.partition_spec)
         schema = Schema.model_validate_json(self.table_schema)
-        keys = [_partition_values(field, schema, table) for field in spec.fields]
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for row, key in enumerate(zip(*keys)):
-            groups.setdefault(key, []).append(row)
-        return [table.take(pa.array(rows)) for rows in groups.values()]
+        key = pa.array(np.zeros(table.num_rows, dtype="int64"))
+        for field in spec.fields:
+            index, count = _partition_index(field, schema, table)
+            key = pc.add(pc.multiply(key, count), index)
+        return [table.filter(pc.equal(key, value)) for value in pc.unique(key).to_pylist()]
 
     # --- on the driver ---------------------------------------------------------------------------
 
@@ -323,8 +323,8 @@ class IcebergSink:
         described: dict[tuple[int, int], list[DataFile]] = {}  # the files' footers, read once per schema and spec
 
         def attempt() -> int:
-            table = self._load() or self._create(self._staged_schema(paths))
-            held = self._held(table)
+            table = self._load()
+            held = {} if table is None else self._held(table)
             if checkpoint_id in held:
                 return 0
             if held and checkpoint_id < max(held):
@@ -336,6 +336,7 @@ class IcebergSink:
                 log.warning("checkpoint %s's staged files are gone and %s does not record it: taken as committed "
                             "before and removed by the table's maintenance since", checkpoint_id, self.identifier)
                 return 0
+            table = table or self._create(self._staged_schema(checkpoint_id, paths))
             key = (table.metadata.current_schema_id, table.metadata.default_spec_id)
             if key not in described:
                 described.clear()
@@ -353,11 +354,7 @@ class IcebergSink:
             return list(ExecutorFactory.get_or_create().map(
                 lambda path: parquet_file_to_data_file(table.io, table.metadata, path), paths))
         except FileNotFoundError as e:
-            missing = [p for p in paths if not self._exists(p[len(self.prefix) + 1:])]
-            raise IcebergStagedFileLost(
-                f"checkpoint {checkpoint_id} is committed with staged output {', '.join(missing) or e}, which is "
-                f"gone: rows it wrote are lost. Put the files back, or (with an older checkpoint retained) delete "
-                f"chk-{checkpoint_id}/_metadata by hand so that its batch is processed again") from e
+            raise self._lost(checkpoint_id, paths, e) from e
         except (ValueError, TypeError) as e:
             raise IcebergSchemaMismatch(
                 f"Iceberg table {self.identifier} does not take checkpoint {checkpoint_id}'s files: {e}. Check the "
@@ -464,14 +461,24 @@ class IcebergSink:
         except NoSuchTableError:
             return None
 
-    def _staged_schema(self, paths: list[str]) -> pa.Schema:
+    def _staged_schema(self, checkpoint_id: int, paths: list[str]) -> pa.Schema:
         """The columns of these staged files together."""
         fs, root = self._fs()
         schemas = []
         for path in paths:
-            with fs.open(f"{root}/{path[len(self.prefix) + 1:]}", "rb") as f:
-                schemas.append(pq.read_schema(f))
+            try:
+                with fs.open(f"{root}/{path[len(self.prefix) + 1:]}", "rb") as f:
+                    schemas.append(pq.read_schema(f))
+            except FileNotFoundError as e:
+                raise self._lost(checkpoint_id, paths, e) from e
         return pa.unify_schemas(schemas).remove_metadata()
+
+    def _lost(self, checkpoint_id: int, paths: list[str], error: Exception) -> IcebergStagedFileLost:
+        missing = [p for p in paths if not self._exists(p[len(self.prefix) + 1:])]
+        return IcebergStagedFileLost(
+            f"checkpoint {checkpoint_id} is committed with staged output {', '.join(missing) or error}, which is "
+            f"gone: rows it wrote are lost. Put the files back, or (with an older checkpoint retained) delete "
+            f"chk-{checkpoint_id}/_metadata by hand so that its batch is processed again")
 
     def _create(self, schema: pa.Schema) -> Table:
         """Create the table (and its namespace) with these columns, all optional, unpartitioned
@@ -585,16 +592,19 @@ def _new_table_location(catalog: Catalog, identifier: str, url: str) -> str:
     return f"{warehouse.rstrip('/')}/{namespace}/{name}"
 
 
-def _partition_values(field: PartitionField, schema: Schema, table: pa.Table) -> list[Any]:
-    """One partition field's value for every row, transforming each distinct source value once
-    (pyiceberg's vectorised transforms need the optional `pyiceberg-core`)."""
+def _partition_index(field: PartitionField, schema: Schema, table: pa.Table) -> tuple[pa.Array, int]:
+    """Each row's value of one partition field, as an index among the field's distinct values
+    (null its own), and how many there are. Each distinct source value is transformed once, in
+    Python: pyiceberg's vectorised transforms need the optional `pyiceberg-core`."""
     name = schema.find_column_name(field.source_id)
     if name not in table.column_names:
-        return [None] * table.num_rows
+        return pa.array(np.zeros(table.num_rows, dtype="int64")), 1
     transform = field.transform.transform(schema.find_field(field.source_id).field_type)
     encoded = pc.dictionary_encode(table.column(name).combine_chunks())
     values = [transform(partition_record_value(field, v, schema)) for v in encoded.dictionary.to_pylist()]
-    return [None if i is None else values[i] for i in encoded.indices.to_pylist()]
+    distinct = {value: n for n, value in enumerate(dict.fromkeys(values))}
+    position = pa.array([distinct[value] for value in values], pa.int64())
+    return pc.fill_null(pc.take(position, encoded.indices), len(distinct)), len(distinct) + 1
 
 
 def _microseconds(kind: pa.DataType) -> pa.DataType:
