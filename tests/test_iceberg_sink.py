@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import date
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,9 @@ def test_commit_makes_exactly_the_staged_rows_visible_with_the_flink_summary(tmp
     summary = table.current_snapshot().summary
     assert summary[JOB] == "sessions-job" and summary[CHECKPOINT] == "1"
     assert summary[OPERATOR] == "uid-reach-v1,uid-sessions-v2"
-    assert table.snapshot_by_name("sparkpoint-sessions-job-chk-1").snapshot_id == table.current_snapshot().snapshot_id
+    current = table.current_snapshot().snapshot_id
+    assert table.snapshot_by_name("sparkpoint-sessions-job-chk-1").snapshot_id == current
+    assert table.snapshot_by_name("sparkpoint-sessions-job-latest").snapshot_id == current
     assert table_rows(table)["last_click"].iloc[0].microsecond == 123456  # nanoseconds cut to Iceberg's microseconds
     assert sorted(sink.committed()) == [1]
     assert sorted(sink.committed()[1]) == sorted(f"{sink.prefix}/{name}" for name in staged)
@@ -200,6 +202,28 @@ def test_a_checkpoint_older_than_the_tables_newest_is_fenced(tmp_path: Path) -> 
     table = the_catalog(tmp_path).load_table(TABLE)
     assert ours(table) == [5]
     assert set(table_rows(table)["checkpoint_id"]) == {5}
+
+
+def test_tags_keep_the_newest_checkpoints_and_the_record_survives_snapshot_expiry(tmp_path: Path) -> None:
+    sink = replace(open_sink(tmp_path), checkpoint_tags=2)
+    staged = {}
+    for checkpoint in (1, 2, 3, 4):
+        staged[checkpoint] = stage_checkpoint(sink, checkpoint)[0]
+        sink.commit(checkpoint, staged[checkpoint])
+    table = the_catalog(tmp_path).load_table(TABLE)
+    table.append(foreign_rows("etl"))
+
+    table.maintenance.expire_snapshots().older_than(datetime.now() + timedelta(seconds=1)).commit()
+
+    table = the_catalog(tmp_path).load_table(TABLE)
+    assert sorted(name for name in table.metadata.refs if name != "main") == [
+        "sparkpoint-sessions-job-chk-3", "sparkpoint-sessions-job-chk-4", "sparkpoint-sessions-job-latest"]
+    assert len(table.snapshots()) == 3  # the tagged ones and the current one: 1 and 2 expired
+    assert sink.commit(4, staged[4]) == 0
+    assert sink.commit(1, staged[1], resuming=True) == 0  # expired, but older than the newest it records
+    with pytest.raises(IcebergSinkFenced):
+        sink.commit(2, staged[2])
+    assert len(table_rows(table)) == 4 * 8 + 3
 
 
 def test_another_job_writing_the_same_table_is_not_a_fence(tmp_path: Path) -> None:

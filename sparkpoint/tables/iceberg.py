@@ -5,15 +5,18 @@ Tasks write a subtask's changed rows as Parquet into the table's data directory,
 partition value of a partitioned table), where no reader sees them until a snapshot lists them.
 Once checkpoint N's `_metadata` exists the driver adds them to the table with `add_files` in one
 transaction (the rows are never rewritten); the snapshot's summary carries `sparkpoint.job`,
-`sparkpoint.operator` and `sparkpoint.checkpoint-id`, as Flink's IcebergCommitter writes them, and
-the snapshot is tagged `sparkpoint-<job>-chk-<N>` (a tag also keeps the snapshot, and with it the
-record of N, from snapshot expiry).
+`sparkpoint.operator` and `sparkpoint.checkpoint-id`, as Flink's IcebergCommitter writes them;
+the snapshot is tagged `sparkpoint-<job>-chk-<N>` (the newest `checkpoint_tags` checkpoints keep
+theirs, for a rollback to them) and the tag `sparkpoint-<job>-latest` moves to it: a tag keeps its
+snapshot, and with it the record of the job's newest checkpoint, from snapshot expiry.
 
 Exactly once: before each commit the sink reads which checkpoints the table's snapshots record
 for this job. A checkpoint the table holds is not committed again (a retried step, a recovery, a
-zombie completer); one below the newest it holds is a fenced writer. The commit asserts the
-branch head it read, so a writer that committed in between makes it fail; it is then read and
-tried again (pyiceberg's own retry would rebase the snapshot without reading the table again).
+zombie completer); one below the newest it holds is a fenced writer, unless the commit is a later
+start's `resuming` one (checkpoints are committed in order: a newer one there means this one
+was). The commit asserts the branch head it read, so a writer that committed in between makes it
+fail; it is then read and tried again (pyiceberg's own retry would rebase the snapshot without
+reading the table again).
 `drop` and `rollback` remove exactly this job's files of those checkpoints in one delete snapshot,
 keeping every other writer's rows and the record of what was committed.
 """
@@ -53,8 +56,10 @@ from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_record_value
 from pyiceberg.schema import Schema, promote
 from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation
-from pyiceberg.table.update.snapshot import ManageSnapshots, _OverwriteFiles
+from pyiceberg.table.update import RemoveSnapshotRefUpdate, SetSnapshotRefUpdate, TableUpdate
+from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.types import IcebergType, ListType, MapType, StructType
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.config import Config
@@ -183,13 +188,15 @@ class IcebergSink:
     storage_options: tuple[tuple[str, Any], ...] = ()
     table_schema: str | None = None  # the table's schema (pyiceberg JSON) when the sink was opened
     partition_spec: str | None = None  # its partition spec (JSON) when partitioned
-    tag_checkpoints: bool = True
+    checkpoint_tags: int = 10
 
     @classmethod
     def at(cls, table: IcebergTable, job_id: str, operators: Mapping[str, str],
            storage_options: Mapping[str, Any] | None = None, *, embedded_dir: str | None = None,
-           tag_checkpoints: bool = True) -> IcebergSink:
+           checkpoint_tags: int = 10) -> IcebergSink:
         """The sink of `job_id` into `table`, for the emitting operators `operators` (name -> uid).
+        `checkpoint_tags`: how many of the newest checkpoints keep their tag (give the number of
+        retained checkpoints; older tags are removed so that snapshot expiry can reclaim them).
 
         On the driver, before Spark starts: loads the catalog, reads the table (or where the
         catalog will create it on the first commit) and refuses a partitioning `add_files`
@@ -202,7 +209,7 @@ class IcebergSink:
         props, options = table_storage(table, embedded_dir, storage_options)
         sink = cls(table.uri, job_id, table.identifier, table.catalog_name, tuple(sorted(props.items())), "",
                    operators=tuple(sorted(operators.items())), storage_options=tuple(sorted(options.items())),
-                   tag_checkpoints=tag_checkpoints)
+                   checkpoint_tags=checkpoint_tags)
         return sink._opened()
 
     def _opened(self) -> IcebergSink:
@@ -239,6 +246,24 @@ class IcebergSink:
 
     def _tag(self, checkpoint_id: int) -> str:
         return f"sparkpoint-{self.job_id}-chk-{checkpoint_id}"
+
+    @property
+    def latest_tag(self) -> str:
+        """The tag on the snapshot of the job's newest checkpoint. No two jobs' tags share a name:
+        a checkpoint's ends in `-chk-<digits>`, this one in `-latest`."""
+        return f"sparkpoint-{self.job_id}-latest"
+
+    def _tag_updates(self, checkpoint_id: int, snapshot_id: int, refs: Mapping[str, Any]) -> tuple[TableUpdate, ...]:
+        """The latest tag moved to this snapshot, its checkpoint's tag, and the tags of checkpoints
+        beyond the newest `checkpoint_tags` removed."""
+        mine = re.compile(rf"sparkpoint-{re.escape(self.job_id)}-chk-(\d+)")
+        tagged = [int(m.group(1)) for name in refs if (m := mine.fullmatch(name))]
+        keep = set(sorted({*tagged, checkpoint_id})[-self.checkpoint_tags:]) if self.checkpoint_tags > 0 else set()
+        names = [self.latest_tag] + [self._tag(checkpoint_id)] * (checkpoint_id in keep)
+        return (*(SetSnapshotRefUpdate.model_validate({"ref-name": name, "type": SnapshotRefType.TAG,
+                                                       "snapshot-id": snapshot_id}) for name in names),
+                *(RemoveSnapshotRefUpdate.model_validate({"ref-name": self._tag(cid)})
+                  for cid in tagged if cid not in keep))
 
     def _summary(self, checkpoint_id: int) -> dict[str, str]:
         return {JOB: self.job_id, OPERATOR: ",".join(uid for _, uid in self.operators),
@@ -325,7 +350,7 @@ class IcebergSink:
         def attempt() -> int:
             table = self._load()
             held = {} if table is None else self._held(table)
-            if checkpoint_id in held:
+            if checkpoint_id in held or (resuming and held and checkpoint_id < max(held)):
                 return 0
             if held and checkpoint_id < max(held):
                 raise IcebergSinkFenced(
@@ -373,8 +398,9 @@ class IcebergSink:
         with tx.update_snapshot(snapshot_properties=self._summary(checkpoint_id)).fast_append() as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
-        if self.tag_checkpoints and self._tag(checkpoint_id) not in base.refs:
-            ManageSnapshots(tx).create_tag(append.snapshot_id, self._tag(checkpoint_id)).commit()
+        # Staged as they are (no requirement: the branch head asserted above serialises our commits),
+        # since ManageSnapshots would read the transaction's metadata, a deep copy, twice per tag.
+        tx._apply(self._tag_updates(checkpoint_id, append.snapshot_id, base.refs))
         tx.commit_transaction()
 
     def discard_staged(self, checkpoint_id: int, staged: list[str]) -> None:
