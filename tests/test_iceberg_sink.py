@@ -36,6 +36,7 @@ from sparkpoint.tables.iceberg import (
     IcebergStagedFileLost,
     check_schema,
     evolve_schema,
+    output_facts,
     prepare_table,
     table_storage,
 )
@@ -147,6 +148,9 @@ def test_commit_makes_exactly_the_staged_rows_visible_with_the_flink_summary(tmp
     assert table_rows(table)["last_click"].iloc[0].microsecond == 123456  # nanoseconds cut to Iceberg's microseconds
     assert sorted(sink.committed()) == [1]
     assert sorted(sink.committed()[1]) == sorted(f"{sink.prefix}/{name}" for name in staged)
+    facts = output_facts(sink, 1, staged)
+    assert (facts["files"], facts["rows"], facts["snapshot_id"]) == (2, 8, current)
+    assert facts["columns"]["clicks"] == "long" and facts["unreadable"] == []
 
 
 def test_one_snapshot_per_checkpoint_with_rows_none_without(tmp_path: Path) -> None:

@@ -646,6 +646,29 @@ def _staged_of(rel: str, checkpoint_id: int) -> None:
         raise SinkError(f"{rel!r} is not a staged file of checkpoint {checkpoint_id}")
 
 
+def output_facts(sink: IcebergSink, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
+    """What checkpoint N added to the table, from its snapshot's summary (no data file is read):
+    the keys of the Parquet sink's facts (url, files, rows, columns, unreadable) and the
+    snapshot's id and bytes. For a report after the commit: a failure is named in `unreadable`,
+    never raised; `snapshot_id` is None when N added no rows (or its snapshot expired)."""
+    facts: dict[str, Any] = {"url": sink.url, "table": sink.identifier, "files": 0, "rows": 0, "bytes": 0,
+                             "columns": {}, "snapshot_id": None, "unreadable": []}
+    try:
+        table = sink._load()
+        snapshot = None if table is None else table.snapshot_by_id(sink._held(table).get(checkpoint_id, -1))
+        if table is None or snapshot is None:
+            return facts
+        summary = snapshot.summary.additional_properties if snapshot.summary else {}
+        schema = table.schemas().get(snapshot.schema_id, table.schema()) if snapshot.schema_id is not None \
+            else table.schema()
+        facts.update(files=int(summary.get("added-data-files", 0)), rows=int(summary.get("added-records", 0)),
+                     bytes=int(summary.get("added-files-size", 0)), snapshot_id=snapshot.snapshot_id,
+                     columns={f.name: str(f.field_type) for f in schema.fields})
+    except Exception as e:  # noqa: BLE001  reporting only: the checkpoint is committed
+        facts["unreadable"].append(f"{sink.url}: {type(e).__name__}: {e}")
+    return facts
+
+
 # --- the schema guard ----------------------------------------------------------------------------
 
 
