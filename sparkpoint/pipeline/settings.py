@@ -27,6 +27,7 @@ from sparkpoint.state.engine.rocksdb import RocksDBOptions
 # .state.eventtime), repeated here so that building the CLI's parser imports no pandas; the tests
 # hold them equal.
 ON_BAD_FILE = ("fail", "skip")
+TABLE_CHANGES = ("fail", "skip", "feed")  # sparkpoint.tables.source's
 ROUTINGS = ("auto", "read-all", "shuffle")
 MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
@@ -89,6 +90,16 @@ def check_settle_seconds(value: Any) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return [f"settle_seconds must be a finite number of seconds >= 0, got {value!r}"]
     return []
+
+
+def check_table_changes(value: Any) -> list[str]:
+    from sparkpoint.tables.source import check_table_changes
+
+    return check_table_changes(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None or _lower(value) in ("none", "off", "") else int(value)
 
 
 def check_routing(value: Any) -> list[str]:
@@ -345,6 +356,20 @@ SETTINGS: tuple[Setting, ...] = (
                   "(default: the shuffle once read-all would read 64 MB or more beyond the batch)",
                   choices=ROUTINGS),
         resource=Resource("state_backend")),
+    Setting(
+        "table_changes", str, "fail",
+        "a commit of an input table that removes or rewrites rows (a DELETE, an UPDATE, a MERGE, an overwrite): "
+        "`fail` stops before it, naming the version; `skip` passes over it (the state keeps what it removed); "
+        "`feed` reads it as Delta's change data feed, rows with a `_change_type` column (insert, delete, "
+        "update_preimage, update_postimage; appends are inserts). A compaction (Delta `dataChange=false`, "
+        "Iceberg `replace`) adds no rows and is always passed over. Iceberg tables take `fail` or `skip`",
+        _lower, flink=("source.table.changes",), check=check_table_changes),
+    Setting(
+        "table_resume_from", int | None, None,
+        "an input table's version (Iceberg: snapshot id) to go on from when the job has not consumed up to it, "
+        "reading nothing of the versions in between: the way on once the table no longer has the versions after "
+        "the consumed one (vacuumed, log cleaned up, snapshots expired); the error names the versions it has",
+        _optional_int, flink=("source.table.resume-from",)),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
