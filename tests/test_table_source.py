@@ -240,3 +240,28 @@ def test_following_a_table_takes_new_versions_in_commit_order(tmp_path: Path):
     assert [source._planned[n].version for n in inbox.pending] == [0, 0, 1, 1, 3, 3], "the compaction passed over"
     inbox.poll()
     assert len(inbox.pending) == 6, "a poll adds only what is new"
+
+
+def test_sparkpoint_skip_takes_a_tables_next_file_only(tmp_path: Path):
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from sparkpoint.pipeline.runtime import PipelineError
+    from sparkpoint.pipeline.skipping import skip_file
+    from sparkpoint.spark.source import BadInputFile
+    from tests.support.shop_tables import shop
+
+    url = str(tmp_path / "orders")
+    bad = orders(0).set_column(0, "customer", pa.array([None] * 40, pa.string()))  # null keys
+    write_deltalake(url, bad)
+    write_deltalake(url, orders(1), mode="append")
+    pipeline = shop(tmp_path, DeltaTable(url))
+    driver = StatefulPipeline(None, pipeline.config(), pipeline.operators)
+    first, second = driver.pending_files()
+    with pytest.raises(BadInputFile, match="key column 'customer' has 40 null value"):
+        driver.check_batch(driver.next_batch())
+    with pytest.raises(PipelineError, match=f"cannot skip {second!r}: .*consumed in commit order.*the next is "
+                                            f"{first!r}, of version 0"):
+        skip_file(driver, second, "not the next one")
+    report, meta = skip_file(driver, first, "null customers")
+    assert [s.file for s in report.skipped] == [first]
+    assert meta.source_offsets["source"]["table"]["version"] == 0
+    assert driver.pending_files() == [second]

@@ -136,6 +136,7 @@ class BatchSource(Protocol):
 
     url: str
     accepted: str  # the names it takes as batches, said in messages (e.g. "*.parquet, ...")
+    whole: bool  # a batch file is complete once listed (a table's commit): no waiting for it to settle
 
     def listing(self) -> tuple[list[str], list[str]]: ...  # (batches, other names skipped), name order
     def pending(self, offsets: SourceOffsets) -> list[str]: ...
@@ -167,6 +168,7 @@ class ParquetDirectorySource:
     """One Parquet file per batch in a directory of any fsspec filesystem."""
 
     accepted = ACCEPTED
+    whole = False  # a file may show while it is still being copied
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
         url = storage_url(url)

@@ -84,6 +84,7 @@ class TableSource:
     """The data files a table's commits add, as batches (see the module docstring)."""
 
     accepted = "the data files each table version adds"
+    whole = True  # a table commits a data file once it is written
 
     def __init__(self, log: TableLog, options: Mapping[str, Any], *, changes: str = "fail",
                  resume_from: int | None = None):
