@@ -265,3 +265,21 @@ def test_sparkpoint_skip_takes_a_tables_next_file_only(tmp_path: Path):
     assert [s.file for s in report.skipped] == [first]
     assert meta.source_offsets["source"]["table"]["version"] == 0
     assert driver.pending_files() == [second]
+
+
+def test_a_batch_ends_before_the_file_that_would_pass_the_bytes_bound(tmp_path: Path):
+    import numpy as np
+
+    from sparkpoint.pipeline.driver import StatefulPipeline
+    from tests.support.shop_tables import shop, spend_per_customer
+
+    url = str(tmp_path / "orders")
+    for seed in (1, 2, 3):  # about 0.8 MB each: random doubles do not compress
+        values = np.random.default_rng(seed).random(100_000)
+        write_deltalake(url, pa.table({"customer": ["c0"] * 100_000, "amount": values}), mode="append")
+    pipeline = shop(tmp_path, DeltaTable(url), spend_per_customer, files_per_checkpoint=10)
+    assert len(StatefulPipeline(None, pipeline.config(), pipeline.operators).next_batch()) == 3
+    bounded = pipeline.with_settings({"max_input_mb_per_checkpoint": "2mb"})
+    assert len(StatefulPipeline(None, bounded.config(), bounded.operators).next_batch()) == 2
+    tiny = pipeline.with_settings({"max-input-mb-per-checkpoint": "1"})
+    assert len(StatefulPipeline(None, tiny.config(), tiny.operators).next_batch()) == 1, "one file whatever its size"

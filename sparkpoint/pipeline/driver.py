@@ -162,7 +162,19 @@ class StatefulPipeline:
         """`files` in order, up to the first that fails its checks while it may still be being
         written (DESIGN rule 18): a batch takes those; that file stays unconsumed, and
         `waiting_for` says why. `settle_seconds`: how long a failing file must be unchanged."""
-        return self._file_checks.take(self.source, files, settle_seconds)
+        return self._file_checks.take(self.source, self._within_bytes(files), settle_seconds)
+
+    def _within_bytes(self, files: list[str]) -> list[str]:
+        """`files` up to `max_input_mb_per_checkpoint` of them (the first one always)."""
+        bound = self.config.max_input_mb_per_checkpoint
+        if bound is None:
+            return files
+        total = 0
+        for i, name in enumerate(files):
+            total += self.source.stat(name).size
+            if i and total > bound << 20:
+                return files[:i]
+        return files
 
     def next_batch(self, offsets: SourceOffsets | None = None) -> list[str]:
         """The files of the next batch after `offsets` (default: the latest checkpoint's): up to

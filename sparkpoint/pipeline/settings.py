@@ -98,6 +98,10 @@ def check_table_changes(value: Any) -> list[str]:
     return check_table_changes(value)
 
 
+def _optional_megabytes(value: Any) -> int | None:
+    return None if value is None or _lower(value) in ("none", "off", "") else parse_megabytes(value)
+
+
 def _optional_int(value: Any) -> int | None:
     return None if value is None or _lower(value) in ("none", "off", "") else int(value)
 
@@ -254,6 +258,11 @@ SETTINGS: tuple[Setting, ...] = (
         int, conf=False,
         flag=Flag("--files-per-checkpoint", "input files per checkpoint (default 1)", type=positive_int),
         resource=Resource("source")),
+    Setting(
+        "max_input_mb_per_checkpoint", int | None, None,
+        "input bytes per checkpoint at most, with a unit (`256mb`, `1gb`) or in MB: a batch ends before the file "
+        "that would take it beyond (it takes one file whatever its size); `none`: files_per_checkpoint alone",
+        _optional_megabytes),
     Setting(
         "allow_non_restored_state", bool, False,
         "drop the state of operators the checkpoint holds and the job no longer runs",
