@@ -240,6 +240,11 @@ def test_following_a_table_takes_new_versions_in_commit_order(tmp_path: Path):
     assert [source._planned[n].version for n in inbox.pending] == [0, 0, 1, 1, 3, 3], "the compaction passed over"
     inbox.poll()
     assert len(inbox.pending) == 6, "a poll adds only what is new"
+    DeltaRs(url).delete("customer = 'c1'")
+    inbox.poll()  # the refusal waits until the files before it are taken
+    inbox.pending.clear()
+    with pytest.raises(TableChangeRefused, match=r"version 4 \(DELETE\)"):
+        inbox.poll()
 
 
 def test_sparkpoint_skip_takes_a_tables_next_file_only(tmp_path: Path):

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from sparkpoint.pipeline.driver import Committed, StatefulPipeline
 from sparkpoint.pipeline.runtime import BatchStart, PipelineError
 from sparkpoint.spark.source import FULL_LISTING_SECONDS, BatchWatch, SourceError
+from sparkpoint.tables.source import TableChangeRefused
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,13 @@ class Inbox:
         self._synced = cid
 
     def poll(self) -> None:
-        for name in self.watch.poll():
+        try:
+            new = self.watch.poll()
+        except TableChangeRefused:
+            if self.pending:  # the files before the refused commit are taken first
+                return
+            raise
+        for name in new:
             if name in self._consumed:
                 continue
             if self.watch.by_name:

@@ -129,7 +129,14 @@ class TableSource:
     def _plan(self, offsets: SourceOffsets) -> tuple[list[_Planned], TableOffset | None]:
         """The files pending after `offsets` in the table's order, and the offset at the end of
         every commit looked at (None: none). A change the setting refuses ends the plan; it
-        raises when it is the first thing pending."""
+        raises when it is the first thing pending. A log that cannot be read right now (a
+        timeout, a 503) raises SourceError, which a follow loop retries."""
+        try:
+            return self._planned_after(offsets)
+        except OSError as e:
+            raise SourceError(f"cannot read input table {self.url}: {e}; nothing was consumed") from e
+
+    def _planned_after(self, offsets: SourceOffsets) -> tuple[list[_Planned], TableOffset | None]:
         planned: list[_Planned] = []
         end = self._offset(offsets)
         for commit, done in self._commits(end):
