@@ -20,7 +20,9 @@ MASTER_HELP = ("Spark master URL; default: the warm local Spark (a Spark Connect
                "sparkpoint starts once and keeps warm; SPARKPOINT_WARM_SPARK=off, or local[2], runs Spark in "
                "this process)")
 VERBOSE_HELP = "show what happens, Spark's and py4j's own logs included"
-INPUT_HELP = "directory of Parquet files (fsspec URL); required without --pipeline"
+INPUT_HELP = ("directory of Parquet files (fsspec URL), or a table: delta+<URL> (a Delta table), "
+              "iceberg://<catalog>/<namespace>.<table> (its catalog's properties by --conf "
+              "iceberg.catalog.<property>=<value>); required without --pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +63,7 @@ def _generate(sub: Commands) -> None:
 
 def _run(sub: Commands) -> None:
     p = sub.add_parser("run", help="process every unconsumed batch, one checkpoint per batch")
-    p.add_argument("--input", metavar="DIR", help=INPUT_HELP)
+    p.add_argument("--input", metavar="URL", help=INPUT_HELP)
     _job_args(p)
     p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of the operators' changed rows")
     p.add_argument("--max-batches", type=positive_int)

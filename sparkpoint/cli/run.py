@@ -28,6 +28,7 @@ from sparkpoint.cli.common import (
 )
 from sparkpoint.cli.output import print_json, progress_bar
 from sparkpoint.pipeline.settings import flagged
+from sparkpoint.tables.conf import split_catalog_conf
 
 if TYPE_CHECKING:
     from sparkpoint.pipeline.driver import StatefulPipeline
@@ -55,7 +56,7 @@ def run_config(args: argparse.Namespace) -> tuple[Pipeline, PipelineConfig, str 
     `run` and `skip`: a flag wins over `--conf`, which wins over the pipeline's own setting."""
     from sparkpoint.pipeline.settings import resolve_settings
 
-    conf = dict(key_value(c) for c in args.conf)
+    catalog, conf = split_catalog_conf(dict(key_value(c) for c in args.conf))
     remote = getattr(args, "remote", None) or conf.pop("spark.remote", None) or os.environ.get("SPARK_REMOTE") or None
     settings = resolve_settings(conf)
     pipeline_spec = pipeline_of(args)
@@ -71,7 +72,24 @@ def run_config(args: argparse.Namespace) -> tuple[Pipeline, PipelineConfig, str 
     for key in ("input_url", "checkpoints_url", "output_url"):
         if chosen.get(key):
             chosen[key] = storage_url(chosen[key])
+    chosen.update(_input_table(pipeline_spec, chosen.get("input_url"), catalog))
     return pipeline_spec, pipeline_spec.config(**chosen), remote
+
+
+def _input_table(pipeline: Pipeline, given: str | None, catalog: dict[str, str]) -> dict[str, Any]:
+    """The `input_table` (and its URI as `input_url`) an `--input` URL names (`delta+...`,
+    `iceberg://...` with the `--conf iceberg.catalog.*` properties; a directory: none), or the
+    pipeline's own Iceberg input with those properties on top."""
+    from sparkpoint.tables.spec import DeltaTable, IcebergTable, table_of
+
+    if given:
+        table = table_of(given, catalog=catalog)
+        if isinstance(table, (DeltaTable, IcebergTable)):
+            return {"input_table": table, "input_url": table.uri}
+        return {"input_table": None}
+    if catalog and isinstance(pipeline.input, IcebergTable):
+        return {"input_table": IcebergTable(pipeline.input.identifier, catalog={**pipeline.input.catalog, **catalog})}
+    return {}
 
 
 def _flags_given(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,7 +21,8 @@ stopped changing (`sparkpoint.spark.settling`, the rule the input sensor and `--
 after its checks were read again from that settled content. Until then a batch ends before it:
 the files before it are taken, it stays unconsumed and is offered again by the next run
 (`FileChecks.take`). A skipped file found later with another size or modification time was still
-being written when it was skipped: every start says so (`changed_skips`), naming the file.
+being written when it was skipped: every start says so (`changed_skips`), naming the file. A
+table's data files are committed once written (`BatchSource.whole`): a verdict on one is final.
 
 `sparkpoint.pipeline.skipping.skip_file` is the explicit way out of "fail": one checkpoint,
 through the same protocol, that consumes nothing but marks one unconsumed file skipped with the
@@ -134,6 +135,11 @@ class FileChecks:
         self.waiting = None
         for i, verdict in enumerate(self.verdicts(source, files)):
             if verdict.ok or verdict.name in self._settled:
+                continue
+            if source.whole:  # committed whole (a table's data file): its verdict is final
+                whole = source.stat(verdict.name)
+                self._seen[verdict.name] = replace(verdict, size=whole.size, modified=whole.modified)
+                self._settled.add(verdict.name)
                 continue
             why = self._settle(source, verdict.name, self.settle_seconds if settle_seconds is None else settle_seconds)
             if why is None:

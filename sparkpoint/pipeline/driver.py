@@ -53,7 +53,8 @@ from sparkpoint.pipeline.runtime import (
 from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, read_units, shuffle_job
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
-from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
+from sparkpoint.spark.source import BatchSource, FileVerdict, SourceOffsets
+from sparkpoint.spark.tablesource import open_source
 from sparkpoint.spark.tasks import (
     LOCAL_DIR_ENV,
     RESULT_SCHEMA,
@@ -66,6 +67,7 @@ from sparkpoint.spark.tasks import (
 )
 from sparkpoint.state.engine.repair import repair_checkpoints
 from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.tables.spec import table_of
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,9 @@ class StatefulPipeline:
         self.operators = tuple(operators)
         self.storage = CheckpointStorage(config.checkpoints_url, config.job_id, config.storage_options)
         self.store = CompletedCheckpointStore(self.storage)
-        self.source: BatchSource = ParquetDirectorySource(config.input_url, config.input_options)
+        self.source: BatchSource = open_source(
+            config.input_table or table_of(config.input_url), config.input_options,
+            changes=config.table_changes, resume_from=config.table_resume_from)
         self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file,
                                        max_future_event_time=config.max_future_event_time,
                                        settle_seconds=config.settle_seconds)
@@ -126,14 +130,19 @@ class StatefulPipeline:
 
     # --- the input ---------------------------------------------------------------------------------
 
-    def consumed_files(self) -> tuple[str, ...]:
-        """The input files the latest checkpoint has consumed (none before the first)."""
+    def consumed_offsets(self) -> SourceOffsets:
+        """The source offsets of the latest checkpoint (nothing consumed before the first)."""
         latest = self.store.latest()
-        return offsets_of(latest).consumed if latest is not None else ()
+        return offsets_of(latest) if latest is not None else SourceOffsets(())
+
+    def consumed_files(self) -> tuple[str, ...]:
+        """The input files the latest checkpoint has consumed (none before the first; none named
+        for a table input, whose offsets are the version reached)."""
+        return self.consumed_offsets().consumed
 
     def pending_files(self) -> list[str]:
         """The input files no checkpoint has consumed yet, in the order they will be read."""
-        return self.source.pending(SourceOffsets(self.consumed_files()))
+        return self.source.pending(self.consumed_offsets())
 
     def check_batch(self, files: list[str]) -> BatchCheck:
         """Every check of the batch's files, before any Spark work (each footer read once):
@@ -153,13 +162,25 @@ class StatefulPipeline:
         """`files` in order, up to the first that fails its checks while it may still be being
         written (DESIGN rule 18): a batch takes those; that file stays unconsumed, and
         `waiting_for` says why. `settle_seconds`: how long a failing file must be unchanged."""
-        return self._file_checks.take(self.source, files, settle_seconds)
+        return self._file_checks.take(self.source, self._within_bytes(files), settle_seconds)
+
+    def _within_bytes(self, files: list[str]) -> list[str]:
+        """`files` up to `max_input_mb_per_checkpoint` of them (the first one always)."""
+        bound = self.config.max_input_mb_per_checkpoint
+        if bound is None:
+            return files
+        total = 0
+        for i, name in enumerate(files):
+            total += self.source.stat(name).size
+            if i and total > bound << 20:
+                return files[:i]
+        return files
 
     def next_batch(self, offsets: SourceOffsets | None = None) -> list[str]:
         """The files of the next batch after `offsets` (default: the latest checkpoint's): up to
         `files_per_checkpoint` unconsumed files, ending before one still being written."""
         if offsets is None:
-            offsets = SourceOffsets(self.consumed_files())
+            offsets = self.consumed_offsets()
         return self.ready_files(self.source.pending(offsets)[: self.config.files_per_checkpoint])
 
     @property
@@ -378,7 +399,7 @@ class StatefulPipeline:
                 start, coordinator = self.begin()
                 continue
             lost_races = 0
-            start = start.after(metadata, files)
+            start = BatchStart.after(metadata)
             checked = self._check_committed(start)
             if checked is not start:  # it did not verify and could not be repaired: fell back
                 start = checked

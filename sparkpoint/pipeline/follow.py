@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 from sparkpoint.pipeline.driver import Committed, StatefulPipeline
 from sparkpoint.pipeline.runtime import BatchStart, PipelineError
-from sparkpoint.spark.source import FULL_LISTING_SECONDS, DirectoryWatch, SourceError
+from sparkpoint.spark.source import FULL_LISTING_SECONDS, BatchWatch, SourceError
+from sparkpoint.tables.source import TableChangeRefused
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +83,12 @@ def check_follow_options(options: FollowOptions) -> list[str]:
 
 
 class Inbox:
-    """The input files no checkpoint consumed, kept in name order: what the watch finds is added,
-    what a committed checkpoint took is removed. Only a restart from another checkpoint (a
-    fallback, a lost race) reads that checkpoint's whole offsets again."""
+    """The input files no checkpoint consumed, in the order they will be read (a directory's in
+    name order, a table's in commit order): what the watch finds is added, what a committed
+    checkpoint took is removed. Only a restart from another checkpoint (a fallback, a lost race)
+    reads that checkpoint's whole offsets again."""
 
-    def __init__(self, watch: DirectoryWatch):
+    def __init__(self, watch: BatchWatch):
         self.watch = watch
         self.pending: list[str] = []
         self._consumed: set[str] = set()
@@ -99,13 +101,23 @@ class Inbox:
         if cid == self._synced:
             return
         self._consumed = set(start.offsets.consumed)
-        self.pending = sorted(n for n in self.watch.seen if n not in self._consumed)
+        self.pending = self.watch.unconsumed(start.offsets)
         self._synced = cid
 
     def poll(self) -> None:
-        for name in self.watch.poll():
-            if name not in self._consumed:
+        try:
+            new = self.watch.poll()
+        except TableChangeRefused:
+            if self.pending:  # the files before the refused commit are taken first
+                return
+            raise
+        for name in new:
+            if name in self._consumed:
+                continue
+            if self.watch.by_name:
                 bisect.insort(self.pending, name)
+            else:
+                self.pending.append(name)
 
     def committed(self, done: Committed) -> None:
         taken = set(done.files)

@@ -39,6 +39,7 @@ from sparkpoint.state.schema import (
     restored_declarations,
     schema_fix,
 )
+from sparkpoint.tables.spec import DeltaTable, IcebergTable
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class PipelineConfig(PipelineSettings):  # type: ignore[misc]  # its settings' f
     storage_options: dict[str, Any] = field(default_factory=dict)
     input_options: dict[str, Any] = field(default_factory=dict)
     output_url: str | None = None
+    input_table: DeltaTable | IcebergTable | None = None  # a table as input (`input_url` is then its URI)
     max_batches: int | None = None
     local_dir: str = ".sparkpoint/local"
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)  # the `rocksdb_*` settings
@@ -194,9 +196,10 @@ class BatchStart:
     restore_job: tuple[str, str, dict[str, Any]] | None = None  # (checkpoints URL, job id, options) of another job
     next_id: int | None = None  # K + 1 after our own checkpoint K: the id a zombie would race for
 
-    def after(self, metadata: CheckpointMetadata, files: list[str]) -> BatchStart:
-        """Where the batch after `files`, committed as `metadata`, starts."""
-        return BatchStart(metadata, self.offsets.after(files), next_id=metadata.checkpoint_id + 1)
+    @classmethod
+    def after(cls, metadata: CheckpointMetadata) -> BatchStart:
+        """Where the batch after the one committed as `metadata` starts: at its offsets."""
+        return cls(metadata, offsets_of(metadata), next_id=metadata.checkpoint_id + 1)
 
 
 class BatchDriver(Protocol):

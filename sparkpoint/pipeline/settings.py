@@ -27,6 +27,7 @@ from sparkpoint.state.engine.rocksdb import RocksDBOptions
 # .state.eventtime), repeated here so that building the CLI's parser imports no pandas; the tests
 # hold them equal.
 ON_BAD_FILE = ("fail", "skip")
+TABLE_CHANGES = ("fail", "skip", "feed")  # sparkpoint.tables.source's
 ROUTINGS = ("auto", "read-all", "shuffle")
 MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
@@ -89,6 +90,20 @@ def check_settle_seconds(value: Any) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return [f"settle_seconds must be a finite number of seconds >= 0, got {value!r}"]
     return []
+
+
+def check_table_changes(value: Any) -> list[str]:
+    from sparkpoint.tables.source import check_table_changes
+
+    return check_table_changes(value)
+
+
+def _optional_megabytes(value: Any) -> int | None:
+    return None if value is None or _lower(value) in ("none", "off", "") else parse_megabytes(value)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None or _lower(value) in ("none", "off", "") else int(value)
 
 
 def check_routing(value: Any) -> list[str]:
@@ -244,6 +259,11 @@ SETTINGS: tuple[Setting, ...] = (
         flag=Flag("--files-per-checkpoint", "input files per checkpoint (default 1)", type=positive_int),
         resource=Resource("source")),
     Setting(
+        "max_input_mb_per_checkpoint", int | None, None,
+        "input bytes per checkpoint at most, with a unit (`256mb`, `1gb`) or in MB: a batch ends before the file "
+        "that would take it beyond (it takes one file whatever its size); `none`: files_per_checkpoint alone",
+        _optional_megabytes),
+    Setting(
         "allow_non_restored_state", bool, False,
         "drop the state of operators the checkpoint holds and the job no longer runs",
         parse_bool,
@@ -345,6 +365,20 @@ SETTINGS: tuple[Setting, ...] = (
                   "(default: the shuffle once read-all would read 64 MB or more beyond the batch)",
                   choices=ROUTINGS),
         resource=Resource("state_backend")),
+    Setting(
+        "table_changes", str, "fail",
+        "a commit of an input table that removes or rewrites rows (a DELETE, an UPDATE, a MERGE, an overwrite): "
+        "`fail` stops before it, naming the version; `skip` passes over it (the state keeps what it removed); "
+        "`feed` reads it as Delta's change data feed, rows with a `_change_type` column (insert, delete, "
+        "update_preimage, update_postimage; appends are inserts). A compaction (Delta `dataChange=false`, "
+        "Iceberg `replace`) adds no rows and is always passed over. Iceberg tables take `fail` or `skip`",
+        _lower, flink=("source.table.changes",), check=check_table_changes),
+    Setting(
+        "table_resume_from", int | None, None,
+        "an input table's version (Iceberg: snapshot id) to go on from when the job has not consumed up to it, "
+        "reading nothing of the versions in between: the way on once the table no longer has the versions after "
+        "the consumed one (vacuumed, log cleaned up, snapshots expired); the error names the versions it has",
+        _optional_int, flink=("source.table.resume-from",)),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -7,6 +7,7 @@ from sparkpoint.pipeline.attempt.protocol import complete_attempt, run_spark_hal
 from sparkpoint.pipeline.badfiles import MANUAL, carried_skips
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import BatchReport, PipelineError
+from sparkpoint.spark.source import SourceError
 
 
 def skip_file(pipeline: StatefulPipeline, name: str, reason: str) -> tuple[BatchReport, CheckpointMetadata]:
@@ -29,9 +30,9 @@ def skip_file(pipeline: StatefulPipeline, name: str, reason: str) -> tuple[Batch
             else "processed"
         latest = f"chk-{start.metadata.checkpoint_id}" if start.metadata else "the checkpoint it starts from"
         raise PipelineError(f"cannot skip {name!r}: {latest} has consumed it already ({how}); nothing to do")
-    batches, others = pipeline.source.listing()
-    if name not in batches:
-        pending = pipeline.source.pending(start.offsets)
+    pending = pipeline.source.pending(start.offsets)
+    if name not in pending:
+        others = pipeline.source.listing()[1]
         what = (f"is not a batch file ({pipeline.source.accepted}): the pipeline never reads it" if name in others
                 else f"is not in the input {pipeline.source.url}, where this looked (the pipeline's input_url, unless "
                      "--input names another): give the input the failed run read (its error names the file's full "
@@ -39,5 +40,9 @@ def skip_file(pipeline: StatefulPipeline, name: str, reason: str) -> tuple[Batch
         raise PipelineError(f"cannot skip {name!r}: it {what}. Unconsumed batch files: "
                             + (", ".join(pending[:10]) + (f" and {len(pending) - 10} more" if len(pending) > 10
                                                           else "") if pending else "none"))
+    try:  # a table's files are consumed in commit order: only the next one can be skipped
+        pipeline.source.advance(start.offsets, [name])
+    except SourceError as e:
+        raise PipelineError(f"cannot skip {name!r}: {e}") from e
     attempt = run_spark_half(pipeline, coordinator, start, [], skip=[(name, reason)])
     return complete_attempt(pipeline, attempt, coordinator=coordinator)

@@ -33,6 +33,7 @@ from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings, resolve_set
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.tables.spec import DeltaTable, IcebergTable, ParquetDirectory, TableSpec, TableSpecError, table_of
 
 DEFAULT_ROOT = ".sparkpoint"  # locations a pipeline leaves unset: .sparkpoint/<name>/{input,checkpoints,...}
 
@@ -65,6 +66,9 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
         name: the pipeline's name: the default job id, the prefix of its Dagster names and its Airflow DAG id.
         operators: one or more `KeyedOperator`, with distinct names and uids.
         input_url: where batch files land (a directory of Parquet files, any fsspec URL).
+        input: the input as a table instead: `DeltaTable(url)` or `IcebergTable(identifier, catalog={...})`
+            (`sparkpoint.tables.spec`), whose new versions are the batches; or a `ParquetDirectory`, or a URL
+            (`delta+file:///...`, `iceberg://<catalog>/<namespace>.<table>`). Not with `input_url`.
         checkpoints_url: the checkpoint storage (any fsspec URL); the job's directory is `<checkpoints_url>/<job id>/`.
         output_url: where the exactly-once sink writes what operators that `emit` return; None: no output.
         local_dir: the working RocksDB instances and task-local copies (a local disk).
@@ -87,11 +91,20 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
     job_id: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     input_options: Mapping[str, Any] | None = None  # default: storage_options
+    input: TableSpec | str | None = None  # a table as input (beside input_url, a directory)
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)  # the `rocksdb_*` settings
     # ... and a field per setting of sparkpoint.pipeline.settings.SETTINGS (PipelineSettings)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operators", tuple(self.operators))
+        if self.input is not None:
+            if self.input_url is not None:
+                raise PipelineError(f"pipeline {self.name!r}: give input_url (a directory) or input (a table), "
+                                    "not both")
+            try:
+                object.__setattr__(self, "input", table_of(self.input))
+            except TableSpecError as e:
+                raise PipelineError(f"pipeline {self.name!r}: input {self.input!r}: {e}") from e
         if not self.operators or not all(isinstance(op, KeyedOperator) for op in self.operators):
             raise PipelineError(f"pipeline {self.name!r}: operators must be one or more KeyedOperator")
         for what, values in (("names", [op.name for op in self.operators]),
@@ -186,7 +199,9 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
         Returns:
             The URL or path as given, or the default one.
         """
-        given = {"input": self.input_url, "checkpoints": self.checkpoints_url, "output": self.output_url,
+        source = self.input.uri if isinstance(self.input, (DeltaTable, IcebergTable)) else \
+            self.input.url if isinstance(self.input, ParquetDirectory) else self.input_url
+        given = {"input": source, "checkpoints": self.checkpoints_url, "output": self.output_url,
                  "local": self.local_dir}[kind]
         return given if given else str(Path(DEFAULT_ROOT) / self.name / kind)
 
@@ -209,7 +224,10 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
             "checkpoints_url": storage_url(self.location("checkpoints")),
             "job_id": self.effective_job_id,
             "storage_options": dict(self.storage_options),
-            "input_options": dict(self.input_options if self.input_options is not None else self.storage_options),
+            "input_options": dict(self.input.storage_options if isinstance(self.input, ParquetDirectory)
+                                  and self.input.storage_options is not None else self.input_options
+                                  if self.input_options is not None else self.storage_options),
+            "input_table": self.input if isinstance(self.input, (DeltaTable, IcebergTable)) else None,
             "output_url": storage_url(self.output_url) if self.output_url else None,
             "local_dir": str(Path(self.location("local")).resolve()),
         }
@@ -217,6 +235,8 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
             if f.name not in values and hasattr(self, f.name):
                 values[f.name] = getattr(self, f.name)
         values.update(overrides)
+        if "input_url" in overrides and "input_table" not in overrides:  # a resource's or an override's input
+            values["input_table"] = _table_named(overrides["input_url"], values.get("input_table"))
         if values.get("local_dir"):  # as the driver means it: Spark's workers (a Connect server's) run elsewhere
             values["local_dir"] = str(Path(values["local_dir"]).resolve())
         return PipelineConfig(**values)
@@ -309,6 +329,15 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
             CheckpointNotFound: no such checkpoint (the message lists the completed ones).
         """
         return state_table(self.storage(), self.operator(operator), checkpoint)[1]
+
+
+def _table_named(url: str, table: DeltaTable | IcebergTable | None) -> DeltaTable | IcebergTable | None:
+    """The input table `url` names: `table` when it is its URI (an Iceberg table keeps its catalog's
+    properties), another table for another table URL, none for a directory."""
+    if table is not None and url == table.uri:
+        return table
+    named = table_of(url)
+    return named if isinstance(named, (DeltaTable, IcebergTable)) else None
 
 
 def load_pipeline(reference: str) -> Pipeline:

@@ -21,8 +21,10 @@ import pyarrow.parquet as pq
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.state.record import arrow_type_name
+from sparkpoint.tables.source import TableOffset
 
-OFFSETS_VERSION = 1
+OFFSETS_VERSION = 1  # a directory's offsets: the consumed file names
+TABLE_OFFSETS_VERSION = 2  # a table's: the version reached (older readers refuse them, as they must)
 SAMPLE_COLUMNS = ["event_id", "user_id", "item_id", "amount", "ts"]
 
 
@@ -83,15 +85,27 @@ class FileVerdict:
 
 @dataclass(frozen=True)
 class SourceOffsets:
+    """Where a checkpoint got to in its input: a directory's consumed file names, in the order
+    they were read (version 1); or, for a table, the table version reached (version 2, `table`,
+    with `consumed` empty): an offset that does not grow with the table's history."""
+
     consumed: tuple[str, ...]  # file names, in the order they were read
+    table: TableOffset | None = None
 
     def to_json(self) -> dict[str, Any]:
+        if self.table is not None:
+            return {"version": TABLE_OFFSETS_VERSION, "consumed": [], "table": self.table.to_json()}
         return {"version": OFFSETS_VERSION, "consumed": list(self.consumed)}
 
     @classmethod
     def from_json(cls, raw: Any) -> SourceOffsets:
         if raw is None:
             return cls(())
+        if isinstance(raw, dict) and raw.get("version") == TABLE_OFFSETS_VERSION:
+            try:
+                return cls((), TableOffset.from_json(raw.get("table")))
+            except ValueError as e:
+                raise SourceError(f"source offsets {str(raw)[:200]!r} are not sparkpoint table offsets: {e}") from e
         if (
             not isinstance(raw, dict)
             or raw.get("version") != OFFSETS_VERSION
@@ -116,27 +130,45 @@ class BatchStat:
 
 class BatchSource(Protocol):
     """What the pipeline needs of its input: list the batches, check and read one. A batch is a
-    file (name) the checkpoint's offsets record once consumed; the source never forgets one.
-    `ParquetDirectorySource` is the one today; CSV or JSON lines directories, or a table format's
-    snapshots, fit the same calls."""
+    list of files (names); `advance` says what the checkpoint's offsets become once they are
+    consumed. `ParquetDirectorySource` records every name; a table's source
+    (`sparkpoint.spark.tablesource.TableSource`) the table version reached."""
 
     url: str
     accepted: str  # the names it takes as batches, said in messages (e.g. "*.parquet, ...")
+    whole: bool  # a batch file is complete once listed (a table's commit): no waiting for it to settle
 
     def listing(self) -> tuple[list[str], list[str]]: ...  # (batches, other names skipped), name order
     def pending(self, offsets: SourceOffsets) -> list[str]: ...
+    def advance(self, offsets: SourceOffsets, names: list[str]) -> SourceOffsets: ...  # once `names` are consumed
+    def file_columns(self, names: list[str]) -> dict[str, FileColumns]: ...  # by URL: values a file lacks
     def nothing_to_read(self) -> str | None: ...
     def check_files(self, names: list[str], needs: InputNeeds) -> list[FileVerdict]: ...
     def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame: ...
     def url_of(self, name: str) -> str: ...  # the batch's full URL, for messages and the tasks
     def stat(self, name: str) -> BatchStat: ...  # size and modification time (is it still being written?)
-    def watch(self, full_listing_seconds: float = ...) -> DirectoryWatch: ...  # batches as they land, cheaply
+    def watch(self, full_listing_seconds: float = ...) -> BatchWatch: ...  # batches as they land, cheaply
+
+
+FileColumns = tuple[tuple[str, Any], ...]  # (column, pyarrow scalar): values every row of a file has
+
+
+class BatchWatch(Protocol):
+    """What a long-running reader polls (`sparkpoint.pipeline.follow`): `poll` gives the batch
+    names that appeared since the last poll; `unconsumed` those pending after `offsets` (and
+    where the polls go on from); `by_name`: new names may sort anywhere among the pending ones."""
+
+    by_name: bool
+
+    def poll(self, now: float | None = None) -> list[str]: ...
+    def unconsumed(self, offsets: SourceOffsets) -> list[str]: ...
 
 
 class ParquetDirectorySource:
     """One Parquet file per batch in a directory of any fsspec filesystem."""
 
     accepted = ACCEPTED
+    whole = False  # a file may show while it is still being copied
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
         url = storage_url(url)
@@ -188,8 +220,23 @@ class ParquetDirectorySource:
         return verdicts
 
     def pending(self, offsets: SourceOffsets) -> list[str]:
-        done = set(offsets.consumed)
+        done = set(self._own(offsets).consumed)
         return [n for n in self.files() if n not in done]
+
+    def advance(self, offsets: SourceOffsets, names: list[str]) -> SourceOffsets:
+        """`offsets` with `names` consumed: every name is recorded."""
+        return self._own(offsets).after(names)
+
+    def file_columns(self, names: list[str]) -> dict[str, FileColumns]:
+        return {}  # a batch file holds every column its rows have
+
+    def _own(self, offsets: SourceOffsets) -> SourceOffsets:
+        if offsets.table is not None:
+            raise SourceError(f"the checkpoint's source offsets are those of input table {offsets.table.table} "
+                              f"({offsets.table.describe()}), and this job's input is directory {self.url}: a job "
+                              "keeps the input it started with. Name that table as the input again, or start a "
+                              "new job (another --job-id) on this directory")
+        return offsets
 
     def url_of(self, name: str) -> str:
         return str(self.fs.unstrip_protocol(posixpath.join(self.root, name)))
@@ -226,6 +273,8 @@ class DirectoryWatch:
     cannot see) is found then. `poll` returns names never returned before, in name order; what
     was consumed is the caller's to remember."""
 
+    by_name = True  # a late file may sort before the newest one seen
+
     def __init__(self, source: ParquetDirectorySource, full_listing_seconds: float = FULL_LISTING_SECONDS):
         self.source = source
         self.full_listing_seconds = full_listing_seconds
@@ -254,6 +303,11 @@ class DirectoryWatch:
         if new and (self.newest is None or new[-1] > self.newest):
             self.newest = new[-1]
         return new
+
+    def unconsumed(self, offsets: SourceOffsets) -> list[str]:
+        """The names seen so far that `offsets` has not consumed, in name order."""
+        consumed = set(self.source._own(offsets).consumed)
+        return sorted(n for n in self.seen if n not in consumed)
 
     def _full(self, now: float) -> list[str]:
         self.listings["full"] += 1
@@ -323,16 +377,22 @@ def _modified(info: dict[str, Any]) -> float | None:
 WHOLE_FILE_BYTES = 4 << 20  # input files up to this size are read in one request
 
 
-def read_parquet(url: str, storage_options: dict[str, Any], columns: list[str] | None = None) -> pd.DataFrame:
+def read_parquet(url: str, storage_options: dict[str, Any], columns: list[str] | None = None,
+                 constants: FileColumns = ()) -> pd.DataFrame:
     """Input file `url` (the `columns` given, all when None) as pandas."""
-    return read_parquet_counted(url, storage_options, columns)[0]
+    return read_parquet_counted(url, storage_options, columns, constants=constants)[0]
 
 
 def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: list[str] | None = None,
-                         row_groups: tuple[int, ...] | None = None) -> tuple[pd.DataFrame, int]:
+                         row_groups: tuple[int, ...] | None = None, constants: FileColumns = ()
+                         ) -> tuple[pd.DataFrame, int]:
     """Input file `url` (its `row_groups` only, when given) as pandas, and the bytes read from
     storage to get it: what a checkpoint's read amplification is measured by. Both routes of a
-    batch read through here, so a row reaches its subtask with the same types either way."""
+    batch read through here, so a row reaches its subtask with the same types either way.
+    `constants`: columns the file lacks and every row of it has (a Delta partition's values)."""
+    wanted = [(n, v) for n, v in constants if columns is None or n in columns]
+    if constants and columns is not None:
+        columns = [c for c in columns if c not in {name for name, _ in constants}]
     try:
         # No read-ahead cache: what the tasks fetch from storage is what pyarrow reads (an object
         # store's default block cache fetches megabytes around each read, uncounted).
@@ -346,6 +406,8 @@ def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: lis
             parquet = pq.ParquetFile(pa.BufferReader(f.read()) if whole else f)
             table = (parquet.read(columns=columns, use_pandas_metadata=True) if row_groups is None
                      else parquet.read_row_groups(list(row_groups), columns=columns, use_pandas_metadata=True))
+            for name, value in wanted:
+                table = table.append_column(pa.field(name, value.type), pa.repeat(value, table.num_rows))
             return table.to_pandas(), f.bytes_read
     except (OSError, ValueError) as e:
         raise SourceError(f"cannot read input file {url}: {e}") from e

@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -38,7 +38,7 @@ from sparkpoint.spark import routing
 from sparkpoint.spark.faults import fail_at
 from sparkpoint.spark.routing import ReadUnit
 from sparkpoint.spark.sink import ExactlyOnceParquetSink
-from sparkpoint.spark.source import SourceError, read_parquet_counted
+from sparkpoint.spark.source import FileColumns, SourceError, read_parquet_counted
 from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.localfiles import open_no_follow
@@ -82,6 +82,8 @@ class TaskSpec:
     watermark_start_us: int | None = None  # the watermark the batch starts with: rows below it are late
     watermark_us: int | None = None  # the watermark the batch advances to (timers, event-time TTL)
     run_dir: str | None = None  # on the warm local Spark: the run's working directory (see __reduce__)
+    # By input file URL: columns the file lacks and its rows have (a Delta partition's values).
+    file_columns: dict[str, FileColumns] = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """On the warm local Spark, a task starts in the run's working directory, as the Python
@@ -207,7 +209,8 @@ def read_unit(spec: TaskSpec, unit: ReadUnit) -> tuple[pd.DataFrame, int]:
     """A piece of the batch, with the columns some operator reads, and the bytes read for it."""
     columns = list(dict.fromkeys([*(c for op in spec.operators for c in op.input_columns()),
                                   *([spec.event_time] if spec.event_time else [])]))
-    return read_parquet_counted(unit.url, spec.input_options, columns, unit.row_groups)
+    return read_parquet_counted(unit.url, spec.input_options, columns, unit.row_groups,
+                                constants=spec.file_columns.get(unit.url, ()))
 
 
 def rows_of_subtask(spec: TaskSpec, op: KeyedOperator, subtask: int, url: str, data: pd.DataFrame) -> LateSplit:

@@ -93,6 +93,7 @@ def run_spark_half(
     the good files and the bad ones are consumed and recorded as skipped. `skip`: (file, reason)
     pairs to consume unprocessed as well (`sparkpoint skip`)."""
     inject = check_point(inject_failure)
+    offsets = pipeline.source.advance(start.offsets, [*files, *(n for n, _ in skip or [])])
     batch = pipeline.check_batch(files)
     started_at = time.time()
     expected = {op.uid: pipeline.parallelism for op in pipeline.operators}
@@ -103,7 +104,7 @@ def run_spark_half(
     for entry in skipped:
         log.warning("checkpoint %s skips input file %s", cid, entry.line())
     spec = replace(pipeline.task_spec(cid, start), watermark_start_us=watermarks[0], watermark_us=watermarks[1],
-                   inject_failure=inject)
+                   inject_failure=inject, file_columns=pipeline.source.file_columns(list(batch.good)))
     layouts = [FileLayout(pipeline.source.url_of(v.name), v.size, v.row_group_bytes, v.splittable)
                for v in pipeline.file_verdicts(list(batch.good))]
     route = choose_route(pipeline.config.routing, pipeline.parallelism, layouts)
@@ -116,7 +117,7 @@ def run_spark_half(
         raise
     return PendingAttempt(
         job_id=pipeline.config.job_id, checkpoint_id=cid, attempt_id=attempt_id or uuid.uuid4().hex,
-        expected=expected, source_offsets=start.offsets.after([*files, *(n for n, _ in skip or [])]).to_json(),
+        expected=expected, source_offsets=offsets.to_json(),
         files=tuple(batch.good), started_at=started_at, watermark=watermarks[1],
         skipped_files=(*carried_skips(start.metadata), *skipped),
         **_results_of(pipeline, results, route, batch_bytes(layouts)),
