@@ -56,6 +56,7 @@ def run_config(args: argparse.Namespace) -> tuple[Pipeline, PipelineConfig, str 
     from sparkpoint.pipeline.settings import resolve_settings
 
     conf = dict(key_value(c) for c in args.conf)
+    catalog = {key[len(ICEBERG_CATALOG):]: conf.pop(key) for key in list(conf) if key.startswith(ICEBERG_CATALOG)}
     remote = getattr(args, "remote", None) or conf.pop("spark.remote", None) or os.environ.get("SPARK_REMOTE") or None
     settings = resolve_settings(conf)
     pipeline_spec = pipeline_of(args)
@@ -68,10 +69,27 @@ def run_config(args: argparse.Namespace) -> tuple[Pipeline, PipelineConfig, str 
     if "checkpoints_dir" in settings:
         settings["checkpoints_url"] = settings.pop("checkpoints_dir")
     chosen = {**settings, **_flags_given(args)}
-    for key in ("input_url", "checkpoints_url", "output_url"):
+    for key in ("input_url", "checkpoints_url"):
         if chosen.get(key):
             chosen[key] = storage_url(chosen[key])
+    if chosen.get("output_url"):
+        chosen["output_url"] = _output_url(chosen["output_url"])
+    if catalog:  # on top of the pipeline's own Iceberg catalog properties
+        chosen["output_catalog"] = {**pipeline_spec.config().output_catalog, **catalog}
     return pipeline_spec, pipeline_spec.config(**chosen), remote
+
+
+ICEBERG_CATALOG = "iceberg.catalog."  # `--conf iceberg.catalog.<property>=<value>`: the Iceberg output's catalog
+
+
+def _output_url(given: str) -> str:
+    """`--output` as a URL: a table's `delta+...`/`iceberg://...`, a directory's fsspec URL."""
+    from sparkpoint.tables.spec import TableSpecError, table_url
+
+    try:
+        return table_url(given)
+    except TableSpecError as e:
+        raise UsageError(f"--output: {e}") from e
 
 
 def _flags_given(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,7 +109,7 @@ def _sample_pipeline() -> Pipeline:
     pipeline's operators, at the locations the flags give, without its output."""
     from sparkpoint.sample import pipeline
 
-    return pipeline.with_(local_dir=".sparkpoint/local", output_url=None)
+    return pipeline.with_(local_dir=".sparkpoint/local", output_url=None, output=None)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ ON_BAD_FILE = ("fail", "skip")
 ROUTINGS = ("auto", "read-all", "shuffle")
 MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
+REPLAY_WINDOW = 7 * 24 * 3600.0  # sparkpoint.tables.sink's DEFAULT_REPLAY_WINDOW
 
 _SIZE = re.compile(r"(\d+)\s*(k|kb|m|mb|g|gb|t|tb)?")
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -88,6 +89,12 @@ def check_max_future_event_time(value: Any) -> list[str]:
 def check_settle_seconds(value: Any) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return [f"settle_seconds must be a finite number of seconds >= 0, got {value!r}"]
+    return []
+
+
+def check_replay_window(value: Any) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return [f"output_replay_window must be a finite number of seconds >= 0, got {value!r}"]
     return []
 
 
@@ -345,6 +352,18 @@ SETTINGS: tuple[Setting, ...] = (
                   "(default: the shuffle once read-all would read 64 MB or more beyond the batch)",
                   choices=ROUTINGS),
         resource=Resource("state_backend")),
+    Setting(
+        "output_schema_evolution", bool, False,
+        "add the columns an emitting operator writes and the output table lacks (Delta: new nullable columns, in "
+        "a table version of their own) instead of refusing the run before Spark starts",
+        parse_bool, flink=("sink.schema-evolution",)),
+    Setting(
+        "output_replay_window", float, REPLAY_WINDOW,
+        "seconds a Delta output table must remember this job's commits (its app transactions): the longest the "
+        "job may stay stopped, or keep a checkpoint it may fall back to (about retained checkpoints x checkpoint "
+        "interval), plus the longest recovery you expect. A table whose `delta.setTransactionRetentionDuration` is "
+        "shorter is refused at start (a replay older than the table remembers would commit its rows twice)",
+        float, flink=("sink.replay-window",), check=check_replay_window, shown_default="604800 (7 days)"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

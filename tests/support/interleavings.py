@@ -660,7 +660,8 @@ def completer_vs_prune_vs_sweep() -> Scenario:
             return sweep_orphans(storage, grace_seconds=0.0, pending_paths=pending_paths(storage))
 
         return {"completer": lambda: finish_step(run.pipeline("completer", num_retained=2), ["run-a"]),
-                "prune": lambda: prune(run.storage(), num_retained=1, orphan_grace_seconds=0.0, sink_url=run.output),
+                "prune": lambda: prune(run.storage(), num_retained=1, orphan_grace_seconds=0.0,
+                                        sink=run.pipeline("prune").sink),
                 "gc": gc}
     return Scenario("completer-vs-prune-vs-sweep", setup, actors)
 
