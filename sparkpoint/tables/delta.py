@@ -132,6 +132,12 @@ class DeltaSink:
         return self.location[len("file://"):] if self.location.startswith("file://") else self.location
 
     @property
+    def _log(self) -> str:
+        """The table's log, as the interleaving checker sees it: every read of the table and every
+        commit is one step on it (a commit creates its next entry)."""
+        return f"{self.location}/_delta_log"
+
+    @property
     def _prefix(self) -> str:
         return f"{PREFIX}{self.job_id}"
 
@@ -155,7 +161,7 @@ class DeltaSink:
         from deltalake import DeltaTable as Table
         from deltalake.exceptions import TableNotFoundError
 
-        storage_step("read", f"{self.location}/_delta_log")
+        storage_step("read", self._log)
         try:
             return Table(self._uri, storage_options=dict(self.delta_options) or None)
         except TableNotFoundError:
@@ -195,7 +201,7 @@ class DeltaSink:
         fields = list(Schema.from_arrow(pa.schema([pa.field(n, t) for n, t in columns.items()])).fields)
         log.warning("output %s: adding columns %s to the table (schema evolution)", self.url,
                     ", ".join(f"{n} {t}" for n, t in columns.items()))
-        storage_step("create", f"{self.location}/_delta_log (schema evolution)")
+        storage_step("create", self._log)
         info = {"sparkpoint.job": self.job_id, "sparkpoint.schema-evolution": sorted(columns)}
         table.alter.add_columns([Field(f.name, f.type, nullable=True) for f in fields],
                                 commit_properties=CommitProperties(custom_metadata=info))
@@ -319,7 +325,7 @@ class DeltaSink:
 
     def _paths(self, table: deltalake.DeltaTable) -> list[str]:
         """The table's files (relative paths) under this job's prefix."""
-        storage_step("read", f"{self.location}/_delta_log (files)")
+        storage_step("read", self._log)
         paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
         return [p for p in paths if p.startswith(self._prefix + "/")]
 
@@ -360,7 +366,7 @@ class DeltaSink:
                              "sparkpoint.operators": [dict(self.operators).get(op, op) for op in operators],
                              "sparkpoint.checkpoint-id": checkpoint_id})
         schema = pa.unify_schemas([f.schema for f in files], promote_options="permissive")
-        storage_step("create", f"{self.location}/_delta_log (checkpoint {checkpoint_id})")
+        storage_step("create", self._log)
         if table is None:
             create_table_with_add_actions(self._uri, Schema.from_arrow(schema), adds, mode="error",
                                           partition_by=list(self.partition_by) or None,
@@ -433,7 +439,7 @@ class DeltaSink:
                                     {c: a.get(f"partition.{c}") for c in partitions} if partitions else None)
                        for a, _ in doomed]
             dropped = sorted({cid for _, cid in doomed})
-            storage_step("create", f"{self.location}/_delta_log (drop {dropped})")
+            storage_step("create", self._log)
             actions: list[AddAction | RemoveAction] = list(removes)
             info = {"sparkpoint.job": self.job_id, "sparkpoint.dropped-checkpoints": dropped}
             try:

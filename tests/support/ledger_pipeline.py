@@ -8,15 +8,19 @@ checks the table against before Spark starts).
 
 `ledger` is what the CLI loads (`--pipeline tests.support.ledger_pipeline:ledger`); the tests'
 flags name its locations. `land` writes batches and `expected_rows` recomputes what each
-checkpoint must have emitted, in pandas.
+checkpoint must have emitted, in pandas; `ledger_run` is the `sparkpoint run` command of the tests
+and `assert_table_exactly_once` what they check of the table.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+from deltalake import DeltaTable as Table
 
 from sparkpoint import DeltaTable, JsonCodec, KeyedOperator, Pipeline, StructCodec
 from sparkpoint.state.backend import RocksDBStateBackend
@@ -91,3 +95,42 @@ def assert_rows_equal(got: pd.DataFrame, want: pd.DataFrame) -> None:
     assert got["purchases"].tolist() == want["purchases"].tolist()
     assert got["top_store"].tolist() == want["top_store"].tolist()
     assert all(abs(a - b) < 1e-6 for a, b in zip(got["total"], want["total"]))
+
+
+# --- running it and reading its table ----------------------------------------------------------------
+
+PIPELINE = "tests.support.ledger_pipeline:ledger"
+APP_ID = "ledger/spend-by-customer"  # job id / the operator's uid
+
+
+def ledger_run(root: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", PIPELINE, "--input", str(root / "in"),
+            "--checkpoints", f"file://{root}/ckpt", "--output", f"delta+file://{root}/table",
+            "--local-dir", str(root / "local"), "--master", "local[2]", "--retain", "2", *extra]
+
+
+def assert_table_exactly_once(root: Path, foreign_rows: int = 0, *, at: str | None = None,
+                              delta: dict[str, str] | None = None) -> None:
+    """Each batch's rows of `root / "in"` once, in one table version per checkpoint (its commit info
+    names it), the app transaction at the latest checkpoint, partitioned by region; and on a local
+    table, every file the job wrote into it is one the table holds."""
+    where = at or str(root / "table")
+    table = Table(where, storage_options=delta)
+    got = table.to_pyarrow_table().to_pandas()
+    ours = got[got["checkpoint_id"].notna()]
+    ids = sorted(int(c) for c in set(ours["checkpoint_id"]))
+    want = expected_rows(root / "in")
+    assert len(ids) == len(want), f"checkpoints with rows {ids}, batches {len(want)}"
+    for cid, rows in zip(ids, want):
+        assert_rows_equal(ours[ours["checkpoint_id"] == cid], rows)
+    committed = [h["sparkpoint.checkpoint-id"] for h in table.history() if "sparkpoint.checkpoint-id" in h]
+    assert sorted(committed) == ids, f"one table version per checkpoint: {sorted(committed)}"
+    assert table.transaction_version(APP_ID) == ids[-1]
+    assert table.metadata().partition_columns == ["region"]
+    assert (got["checkpoint_id"].isna()).sum() == foreign_rows
+    if where.startswith("s3://"):
+        return
+    held = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+    written = {p.relative_to(root / "table").as_posix() for p in (root / "table" / "sparkpoint-ledger").rglob("*")
+               if p.is_file()}
+    assert written == {p for p in held if p.startswith("sparkpoint-ledger/")}, "no file the table does not hold"
