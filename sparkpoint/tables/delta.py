@@ -189,7 +189,7 @@ class DeltaSink:
         for operator, columns in outputs.items():
             if not columns:
                 continue
-            declared = declared_schema(operator, columns)
+            declared = declared_schema(columns)
             lacking.update(unfit(declared, schema, partitions, operator, self.url, self.evolve_schema))
         if lacking:
             self._add_columns(table, lacking)

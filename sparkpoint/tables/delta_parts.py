@@ -52,19 +52,30 @@ def delta_options(location: str, options: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def declared_schema(operator: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
-    """An operator's declared output columns (Arrow type names) and the sink's `checkpoint_id`."""
-    fields = []
-    for name, type_name in columns:
-        try:
-            fields.append(pa.field(name, pa.type_for_alias(type_name)))
-        except ValueError as e:
-            raise SinkSchemaMismatch(f"operator {operator} declares column {name} as {type_name!r}, which is not "
-                                     "an Arrow type name (int64, float64, string, bool, timestamp[us, tz=UTC], ...)"
-                                     ) from e
+def declared_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
+    """An operator's declared output columns and the sink's `checkpoint_id`. A column whose type
+    is no Arrow type name this reads (`schema=` is free text for Dagster too) is left out: the rows
+    the tasks stage are checked against the table all the same."""
+    fields = [pa.field(name, kind) for name, text in columns if (kind := arrow_type(text)) is not None]
     if CHECKPOINT_COLUMN not in [f.name for f in fields]:
         fields.append(pa.field(CHECKPOINT_COLUMN, pa.int64()))
     return pa.schema(fields)
+
+
+_TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:,\s*(?:tz=)?([^\]]+))?\]")
+
+
+def arrow_type(text: str) -> pa.DataType | None:
+    """An Arrow type by its name (`int64`, `float64`, `string`, `timestamp[us, UTC]`,
+    `timestamp[us, tz=UTC]`, `date32`, ...); None for one this does not read."""
+    raw = " ".join(str(text).strip().split()).removesuffix(" not null")
+    ts = _TIMESTAMP.fullmatch(raw)
+    if ts is not None:
+        return pa.timestamp(ts.group(1), tz=ts.group(2).strip() if ts.group(2) else None)
+    try:
+        return pa.type_for_alias(raw)
+    except ValueError:
+        return None
 
 
 def unfit(columns: pa.Schema, table: pa.Schema, partitions: list[str], operator: str, url: str,
