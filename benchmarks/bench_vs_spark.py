@@ -647,7 +647,7 @@ WORKER_FUNCS = [
     ("restoring.py", "restore", "  restore (working db reopened)"),
     ("sample.py", "_user_totals_process", "  user_totals process (pandas + RocksDB)"),
     ("sample.py", "_item_reach_process", "  item_reach process (pandas + RocksDB)"),
-    ("sink.py", "stage", "  sink: stage changed rows (Parquet)"),
+    ("parquet.py", "stage", "  sink: stage changed rows (Parquet)"),
     ("snapshotting.py", "snapshot", "  snapshot: flush, native checkpoint, upload"),
     ("storage.py", "upload", "    upload (copy, CRC32, fsync)"),
     ("~", "create_checkpoint", "    RocksDB native checkpoint"),
@@ -660,7 +660,7 @@ DRIVER_FUNCS = [
     ("protocol.py", "_check_uploads_present", "  check uploads present"),
     ("coordinator.py", "acknowledge", "  acknowledge handles"),
     ("coordinator.py", "complete", "  complete: _metadata, retention, deletes"),
-    ("sink.py", "commit", "  sink commit (move staged files)"),
+    ("parquet.py", "commit", "  sink commit (move staged files)"),
 ]
 
 

@@ -63,6 +63,7 @@ PAGES = [
 PAGE_OF_MODULE = {
     "sparkpoint.pipeline.spec": "pipeline",
     "sparkpoint.state.operators": "pipeline",
+    "sparkpoint.tables.spec": "pipeline",
     "sparkpoint.state.schema": "pipeline",
     "sparkpoint.state.backend": "state",
     "sparkpoint.state.kinds.value": "state",

@@ -3,7 +3,8 @@
 The public API, imported on first use (so that `import sparkpoint.checkpoint` in a Spark task
 loads nothing more):
 
-- your pipeline: `Pipeline`, `KeyedOperator` (its functions take a `RocksDBStateBackend`; its
+- your pipeline: `Pipeline` (its output a `ParquetDirectory`, a `DeltaTable` or an
+  `IcebergTable`), `KeyedOperator` (its functions take a `RocksDBStateBackend`; its
   `states=` declares them, a codec or a `StateDescriptor` each), the state codecs `RecordCodec`
   (named, typed fields that evolve across restores), `JsonCodec`, `StructCodec`, `BytesCodec`;
   `compare_states` / `StateChange` say what a restore by new code does to each state (state handles:
@@ -25,6 +26,9 @@ __version__ = "0.1.0"
 
 _HOMES = {
     "Pipeline": "sparkpoint.pipeline.spec",
+    "ParquetDirectory": "sparkpoint.tables.spec",
+    "DeltaTable": "sparkpoint.tables.spec",
+    "IcebergTable": "sparkpoint.tables.spec",
     "KeyedOperator": "sparkpoint.state.operators",
     "RocksDBStateBackend": "sparkpoint.state.backend",
     "JsonCodec": "sparkpoint.state.codecs",

@@ -61,7 +61,7 @@ def make_attempt(p: StatefulPipeline, subtasks: dict[str, FakeSubtask], cid: int
         sub.write(local[0])
         handles.append(sub.snapshot(cid, local).dumps())
         rows = pd.DataFrame({"key": [f"{name}-{cid}"], "value": [cid]})
-        staged.append(p.sink.stage(cid, name, 0, rows))
+        staged += p.sink.stage(cid, name, 0, rows)
     consumed = [f"b{i}.parquet" for i in range(1, cid + 1)]
     return PendingAttempt(
         job_id="job", checkpoint_id=cid, attempt_id=uuid.uuid4().hex, expected=dict.fromkeys(OPERATORS, 1),

@@ -8,17 +8,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from sparkpoint.spark.sink import ExactlyOnceParquetSink, output_facts, part_name
+from sparkpoint.tables.parquet import ExactlyOnceParquetSink, part_name
+from sparkpoint.tables.sinks import output_facts
 
 
 def test_facts_read_the_checkpoints_own_files_and_name_a_damaged_one(tmp_path: Path):
     out = tmp_path / "out [1] #2"  # glob and URL characters in the user's path, taken literally
     sink = ExactlyOnceParquetSink.at(str(out), "job")
     rows = pd.DataFrame({"user": ["a", "b", "c"], "clicks": [1, 2, 3]})
-    staged = [sink.stage(4, "clicks", 0, rows.iloc[:2]), sink.stage(4, "clicks", 1, rows.iloc[2:])]
+    staged = [*sink.stage(4, "clicks", 0, rows.iloc[:2]), *sink.stage(4, "clicks", 1, rows.iloc[2:])]
     assert all(staged)
     sink.commit(4, [s for s in staged if s])
-    other = sink.stage(5, "clicks", 0, rows)  # another checkpoint's file: not counted
+    [other] = sink.stage(5, "clicks", 0, rows)  # another checkpoint's file: not counted
     assert other is not None
     sink.commit(5, [other])
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkOutputLost
+from sparkpoint.tables.parquet import ExactlyOnceParquetSink, SinkOutputLost
 
 
 def test_a_sink_commit_that_finds_neither_its_staged_nor_its_part_file_is_an_error(tmp_path: Path):
     sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
-    staged = sink.stage(3, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
+    [staged] = sink.stage(3, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
     assert staged is not None
     assert sink.commit(3, [staged]) == 1
     assert sink.commit(3, [staged]) == 0, "a repeat (or another process settling the same checkpoint) is fine"
@@ -29,7 +29,7 @@ def test_a_later_start_leaves_a_finished_commits_output_alone_but_a_commit_never
     from sparkpoint.testing import FaultyFileSystem
 
     sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
-    staged = sink.stage(4, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
+    [staged] = sink.stage(4, "balances", 0, pd.DataFrame({"acct": ["a"], "balance": [1]}))
     assert staged is not None
     sink.commit(4, [staged])
     for path in sink.committed()[4]:
@@ -37,7 +37,8 @@ def test_a_later_start_leaves_a_finished_commits_output_alone_but_a_commit_never
     assert sink.commit(4, [staged], resuming=True) == 0, "a later start: the commit had finished"
     with pytest.raises(SinkOutputLost):
         sink.commit(4, [staged])
-    from sparkpoint.spark.sink import SinkError, _present
+    from sparkpoint.tables.files import present as _present
+    from sparkpoint.tables.sink import SinkError
 
     flaky = FaultyFileSystem(str(tmp_path), rate=1.0, kinds=("read_error",))
     with pytest.raises(SinkError, match="cannot tell whether"):
@@ -48,12 +49,12 @@ def _stage_and_commit(sink, checkpoint_id: int, rows: int = 3) -> None:
     import pandas as pd
 
     frame = pd.DataFrame({"user_id": [f"u{i}" for i in range(rows)], "count": list(range(rows))})
-    staged = sink.stage(checkpoint_id, "user_totals", 0, frame)
+    [staged] = sink.stage(checkpoint_id, "user_totals", 0, frame)
     sink.commit(checkpoint_id, [staged])
 
 
 def test_one_jobs_rollback_never_deletes_another_jobs_output(tmp_path: Path):
-    from sparkpoint.spark.sink import ExactlyOnceParquetSink
+    from sparkpoint.tables.parquet import ExactlyOnceParquetSink
 
     out = f"file://{tmp_path}/out[x]"  # and a glob character in the output directory
     etl = ExactlyOnceParquetSink.at(out, "etl")
@@ -69,7 +70,7 @@ def test_one_jobs_rollback_never_deletes_another_jobs_output(tmp_path: Path):
 
 
 def test_staging_of_an_output_directory_with_brackets_touches_no_sibling(tmp_path: Path):
-    from sparkpoint.spark.sink import ExactlyOnceParquetSink
+    from sparkpoint.tables.parquet import ExactlyOnceParquetSink
 
     sibling = tmp_path / "outx" / "_staging" / "etl" / "chk-1"
     sibling.mkdir(parents=True)
@@ -82,7 +83,8 @@ def test_staging_of_an_output_directory_with_brackets_touches_no_sibling(tmp_pat
 
 
 def test_discarding_staged_files_refuses_names_that_leave_the_staging_directory(tmp_path: Path):
-    from sparkpoint.spark.sink import ExactlyOnceParquetSink, SinkError
+    from sparkpoint.tables.parquet import ExactlyOnceParquetSink
+    from sparkpoint.tables.sink import SinkError
 
     precious = tmp_path / "precious.parquet"
     precious.write_bytes(b"keep")

@@ -11,7 +11,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sparkpoint.spark.sink import ExactlyOnceParquetSink, dictionary_columns
+from sparkpoint.tables.files import dictionary_columns
+from sparkpoint.tables.parquet import ExactlyOnceParquetSink
 
 
 def test_staged_rows_read_back_exactly_and_only_few_valued_columns_are_dictionary_encoded(tmp_path: Path):
@@ -25,7 +26,7 @@ def test_staged_rows_read_back_exactly_and_only_few_valued_columns_are_dictionar
             "datetime64[us, UTC]"),
     }, index=pd.RangeIndex(10, 10 + n))  # a subtask's rows need not start at row 0
     sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
-    staged = sink.stage(3, "totals", 1, rows)
+    [staged] = sink.stage(3, "totals", 1, rows)
     assert staged is not None
     path = tmp_path / "out" / "_staging" / "job" / staged
 
@@ -49,7 +50,7 @@ def test_a_users_list_struct_and_map_columns_are_staged_and_read_back(tmp_path: 
         "first": [{"page": f"/p{i}", "at": i} for i in range(n)],
     })
     sink = ExactlyOnceParquetSink.at(str(tmp_path / "out"), "job")
-    staged = sink.stage(7, "sessions", 0, rows)
+    [staged] = sink.stage(7, "sessions", 0, rows)
     assert staged is not None
     back = pq.read_table(tmp_path / "out" / "_staging" / "job" / staged).to_pylist()
     assert [r["pages"] for r in back] == rows["pages"].tolist()

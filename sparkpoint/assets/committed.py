@@ -24,7 +24,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import key_changes, prune_due
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.resources.scope import PipelineScope
-from sparkpoint.spark.sink import output_facts
+from sparkpoint.tables.sinks import output_facts
 
 
 class Log(Protocol):
@@ -62,7 +62,7 @@ class Materialized:
 def has_output(scope: PipelineScope) -> bool:
     """Whether the pipeline has the output asset (a sink, and an operator that emits)."""
     pipeline = scope.pipeline
-    return bool(pipeline.output_url) and any(op.emits for op in pipeline.operators)
+    return pipeline.output_table() is not None and any(op.emits for op in pipeline.operators)
 
 
 def sstable_materializations(scope: PipelineScope, checkpoint_id: int, attempt: PendingAttempt | None = None,

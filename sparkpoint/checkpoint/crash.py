@@ -38,9 +38,14 @@ CRASH_POINTS = (
     "after-metadata-before-registry",  # `_metadata` committed, registry not updated, nothing subsumed
     "mid-subsumption-deletes",  # a subsumed checkpoint's `_metadata` deleted, its files not yet
     "after-metadata-before-sink-commit",  # checkpoint complete, the sink's staged rows not yet visible
+    "before-table-commit",  # a table sink read the table and the staged files' footers, delta-rs not yet called
+    "after-table-commit",  # the table holds checkpoint N; the committer recorded nothing after it
     "mid-restore",  # a subtask's RocksDB files are in place, the changelog chain not replayed, no marker
     "mid-task-local-copy",  # the task-local copy of a changelog checkpoint is partly linked
 )
+
+# Points only a table output (a Delta table) reaches: a run writing Parquet never hits them.
+TABLE_POINTS = ("before-table-commit", "after-table-commit")
 
 _hits: dict[str, int] = {}
 _jvm_groups: set[int] = set()  # this process's JVM, in a session of its own (sparkpoint.spark.session)

@@ -2,8 +2,9 @@
 the actor that makes it.
 
 Checkpoint storage (`CheckpointStorage`: exclusive create, read, write, list, delete, upload,
-download) and the exactly-once sink (stage, move, list, delete) call `storage_step(op, path)`
-before each operation on one file or one listing. Nothing happens unless a test installed a hook
+download) and the exactly-once sinks (stage, move, list, delete; a table's log read and its commit)
+call `storage_step(op, path)` before each operation on one file or one listing (a table's commit
+is one `create` of its next log entry). Nothing happens unless a test installed a hook
 with `set_step_hook`: then the hook runs in the thread that makes the operation and may block it
 until a scheduler lets that actor go on. `tests/support/interleavings.py` drives the protocol's actors
 (completer, recoverer, zombie, retried step, sweep, retention, savepoint, skip, ...) through the

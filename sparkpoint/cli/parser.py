@@ -65,7 +65,11 @@ def _run(sub: Commands) -> None:
     p = sub.add_parser("run", help="process every unconsumed batch, one checkpoint per batch")
     p.add_argument("--input", metavar="URL", help=INPUT_HELP)
     _job_args(p)
-    p.add_argument("--output", metavar="URL", help="exactly-once Parquet output of the operators' changed rows")
+    p.add_argument("--output", metavar="URL",
+                   help="exactly-once output of the operators' changed rows: a directory of Parquet files (any fsspec "
+                        "URL), a Delta table (delta+file:///..., delta+s3://...) or an Iceberg table "
+                        "(iceberg://<catalog>/<namespace>.<table>, its catalog's properties by --conf "
+                        "iceberg.catalog.<property>=<value>)")
     p.add_argument("--max-batches", type=positive_int)
     p.add_argument("--local-dir", metavar="DIR", help="working RocksDB instances (default .sparkpoint/local, "
                    "with --pipeline .sparkpoint/<name>/local)")
@@ -74,7 +78,8 @@ def _run(sub: Commands) -> None:
                    help="attach to a running Spark through Spark Connect instead of starting one "
                         "(also --conf spark.remote=... or SPARK_REMOTE)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting, Flink's keys accepted (e.g. state.checkpoints.num-retained=3)")
+                   help="a setting, Flink's keys accepted (e.g. state.checkpoints.num-retained=3); "
+                        "iceberg.catalog.<property>=<value>: a property of an Iceberg output's catalog")
     for setting in flagged():  # one flag per setting that has one: sparkpoint.pipeline.settings.SETTINGS
         setting.flag.add_to(p)  # type: ignore[union-attr]
     p.add_argument("--tick", action="store_true",

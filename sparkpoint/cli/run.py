@@ -69,9 +69,13 @@ def run_config(args: argparse.Namespace) -> tuple[Pipeline, PipelineConfig, str 
     if "checkpoints_dir" in settings:
         settings["checkpoints_url"] = settings.pop("checkpoints_dir")
     chosen = {**settings, **_flags_given(args)}
-    for key in ("input_url", "checkpoints_url", "output_url"):
+    for key in ("input_url", "checkpoints_url"):
         if chosen.get(key):
             chosen[key] = storage_url(chosen[key])
+    if chosen.get("output_url"):
+        chosen["output_url"] = _output_url(chosen["output_url"])
+    if catalog:  # on top of the pipeline's own Iceberg catalog properties
+        chosen["output_catalog"] = {**pipeline_spec.config().output_catalog, **catalog}
     chosen.update(_input_table(pipeline_spec, chosen.get("input_url"), catalog))
     return pipeline_spec, pipeline_spec.config(**chosen), remote
 
@@ -92,6 +96,16 @@ def _input_table(pipeline: Pipeline, given: str | None, catalog: dict[str, str])
     return {}
 
 
+def _output_url(given: str) -> str:
+    """`--output` as a URL: a table's `delta+...`/`iceberg://...`, a directory's fsspec URL."""
+    from sparkpoint.tables.spec import TableSpecError, table_url
+
+    try:
+        return table_url(given)
+    except TableSpecError as e:
+        raise UsageError(f"--output: {e}") from e
+
+
 def _flags_given(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags of `run` or `skip` set, by the setting's name."""
     dest = {"input_url": "input", "checkpoints_url": "checkpoints", "job_id": "job_id", "output_url": "output",
@@ -109,7 +123,7 @@ def _sample_pipeline() -> Pipeline:
     pipeline's operators, at the locations the flags give, without its output."""
     from sparkpoint.sample import pipeline
 
-    return pipeline.with_(local_dir=".sparkpoint/local", output_url=None)
+    return pipeline.with_(local_dir=".sparkpoint/local", output_url=None, output=None)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -41,7 +41,9 @@ from sparkpoint.pipeline.runtime import (
     PipelineConfig,
     PipelineError,
     check_operators,
+    emitted_columns,
     offsets_of,
+    open_output,
     operator_functions,
     resolve_parallelism,
     restore_plan,
@@ -52,7 +54,6 @@ from sparkpoint.pipeline.runtime import (
 )
 from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, read_units, shuffle_job
-from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, SourceOffsets
 from sparkpoint.spark.tablesource import open_source
 from sparkpoint.spark.tasks import (
@@ -110,11 +111,8 @@ class StatefulPipeline:
                                        max_future_event_time=config.max_future_event_time,
                                        settle_seconds=config.settle_seconds)
         self.changed_skips: list[str] = []  # skipped files found changed by the last start (`changed_skips`)
-        self.sink = (
-            ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
-            if config.output_url
-            else None
-        )
+        self.sink = open_output(config, self.operators)
+        self._sink_checked = False  # the output was checked against what the operators emit (`check_output`)
         self._shipped = False  # the operators' modules went to the executors
 
     @property
@@ -213,6 +211,7 @@ class StatefulPipeline:
             lineage=lineage, unowned=unowned,
         )
         if self.sink:
+            self.check_output()
             settle_sink(self.sink, self.storage, start)
         return start, coordinator
 
@@ -227,7 +226,15 @@ class StatefulPipeline:
         start, _, _ = starting_point(self.storage, self.config)
         if start.metadata is not None:
             check_operators(start.metadata, self.config, self.operators)
+        self.check_output()
         return start.metadata
+
+    def check_output(self) -> None:
+        """Refuse an output that cannot take what the operators emit (a table's schema, its
+        partition columns, how long it remembers our commits), once per driver, without Spark."""
+        if self.sink is not None and not self._sink_checked:
+            self.sink.check_start(emitted_columns(self.operators))
+            self._sink_checked = True
 
     def fall_back(self, start: BatchStart, error: CheckpointCorrupted) -> BatchStart:
         """Restore the next older retained checkpoint instead of `start`'s, loudly.
@@ -290,7 +297,7 @@ class StatefulPipeline:
             storage_options=c.storage_options, operators=self.operators, parallelism=self.parallelism,
             max_parallelism=c.max_parallelism, local_dir=local_dir, input_options=c.input_options,
             restore_metadata=start.metadata.dumps() if start.metadata else None, restore_job=start.restore_job,
-            claim_mode=start.claim_mode, sink=self.sink, incremental=c.incremental,
+            claim_mode=start.claim_mode, sink=self.sink.for_tasks() if self.sink else None, incremental=c.incremental,
             local_recovery=c.local_recovery, rocksdb=c.rocksdb, allow_new_operators=c.allow_new_operators,
             changelog=c.changelog_options(), batch_time_us=int(time.time() * 1_000_000),
             event_time=c.event_time, late=c.late, run_dir=run_dir,

@@ -38,10 +38,10 @@ from sparkpoint.pipeline.attempt import (
 )
 from sparkpoint.pipeline.claims import fence, forget_fences
 from sparkpoint.pipeline.runtime import BatchReport, BatchStart
-from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.tables.sink import Sink
 
 if TYPE_CHECKING:
     from sparkpoint.pipeline.driver import StatefulPipeline
@@ -349,7 +349,7 @@ class AttemptSettlement:
 
 
 def settle_attempts(
-    storage: CheckpointStorage, sink: ExactlyOnceParquetSink | None, *, only_superseded: bool = False
+    storage: CheckpointStorage, sink: Sink | None, *, only_superseded: bool = False
 ) -> AttemptSettlement:
     """Abort every persisted attempt whose step will not finish it (forget those whose checkpoint
     committed); with `only_superseded`, only attempts at or below the latest completed checkpoint
@@ -365,7 +365,7 @@ def settle_attempts(
 
 
 def clear_failed_attempts(
-    storage: CheckpointStorage, sink: ExactlyOnceParquetSink | None, *, failed_before: float | None = None,
+    storage: CheckpointStorage, sink: Sink | None, *, failed_before: float | None = None,
     failed_attempts: tuple[str, ...] = (), orphan_grace_seconds: float = 3600.0,
 ) -> tuple[AttemptSettlement, SweepReport]:
     """Recovery's first half, on storage alone: fence the failed run's attempts, settle every
@@ -514,16 +514,16 @@ def prune(
     *,
     num_retained: int,
     orphan_grace_seconds: float = 3600.0,
-    sink_url: str | None = None,
+    sink: Sink | None = None,
 ) -> PruneReport:
     """Subsume checkpoints beyond `num_retained` (after the setting was lowered), forget pending
     attempts of completed checkpoints, sweep orphans older than the grace period (files of
-    attempts still pending are kept whatever their age)."""
+    attempts still pending are kept whatever their age); `sink`: the job's output, whose staging of
+    the attempts settled goes."""
     coordinator = CheckpointCoordinator(storage, num_retained=num_retained)
     subsumed, files_deleted, blocked = coordinator.subsume()
     if blocked:
         log.warning("prune: retention skipped: %s", blocked)
-    sink = ExactlyOnceParquetSink.at(sink_url, storage.job_id, storage.storage_options) if sink_url else None
     stale = settle_attempts(storage, sink, only_superseded=True)  # they can never complete
     forget_fences(storage)
     sweep = collect_garbage(storage, grace_seconds=orphan_grace_seconds).sweep

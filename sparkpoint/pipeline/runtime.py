@@ -9,6 +9,7 @@ batch use. The driver itself is `sparkpoint.pipeline.driver.StatefulPipeline`. K
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -23,7 +24,6 @@ from sparkpoint.pipeline.badfiles import BatchCheck
 from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
 from sparkpoint.spark.routing import READ_ALL, FileLayout
-from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, SourceOffsets
 from sparkpoint.spark.tasks import TaskSpec
 from sparkpoint.state.engine.changelog import ChangelogOptions
@@ -39,7 +39,9 @@ from sparkpoint.state.schema import (
     restored_declarations,
     schema_fix,
 )
-from sparkpoint.tables.spec import DeltaTable, IcebergTable
+from sparkpoint.tables.sink import Sink
+from sparkpoint.tables.sinks import open_sink
+from sparkpoint.tables.spec import DeltaTable, IcebergTable, TableSpecError
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,11 @@ class PipelineConfig(PipelineSettings):  # type: ignore[misc]  # its settings' f
     job_id: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     input_options: dict[str, Any] = field(default_factory=dict)
-    output_url: str | None = None
     input_table: DeltaTable | IcebergTable | None = None  # a table as input (`input_url` is then its URI)
+    output_url: str | None = None  # a Parquet directory's URL, `delta+<URL>` or `iceberg://<catalog>/<table>`
+    output_partition_by: tuple[str, ...] | None = None  # of a table the sink creates
+    output_options: dict[str, Any] | None = None  # a Delta table's delta-rs storage options (None: from fsspec's)
+    output_catalog: dict[str, Any] = field(default_factory=dict)  # an Iceberg output's catalog properties
     max_batches: int | None = None
     local_dir: str = ".sparkpoint/local"
     rocksdb: RocksDBOptions = field(default_factory=RocksDBOptions)  # the `rocksdb_*` settings
@@ -81,6 +86,26 @@ class PipelineConfig(PipelineSettings):  # type: ignore[misc]  # its settings' f
             enabled=self.changelog, materialize_share=self.changelog_materialize_share,
             max_chain=self.changelog_max_chain, in_steps=self.changelog_materialize_in_steps,
         )
+
+
+def open_output(config: PipelineConfig, operators: tuple[KeyedOperator, ...]) -> Sink | None:
+    """The exactly-once sink of the config's output (None: no output), nothing written yet."""
+    if not config.output_url:
+        return None
+    try:
+        return open_sink(config.output_url, config.job_id, storage_options=config.storage_options,
+                         catalog=config.output_catalog, partition_by=config.output_partition_by,
+                         table_options=config.output_options, operators=[(op.name, op.uid) for op in operators],
+                         evolve_schema=config.output_schema_evolution, replay_window=config.output_replay_window)
+    except TableSpecError as e:
+        raise PipelineError(f"output: {e}") from e
+
+
+def emitted_columns(operators: tuple[KeyedOperator, ...]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """What each emitting operator declares it emits, for the sink's check before Spark: its
+    `schema` (the rows it emits are taken to have its export's columns; none declared: unknown)."""
+    return {op.name: tuple(op.schema.items() if isinstance(op.schema, Mapping) else op.schema)
+            for op in operators if op.emits}
 
 
 def validate_config(config: PipelineConfig) -> None:
@@ -211,7 +236,7 @@ class BatchDriver(Protocol):
     operators: tuple[KeyedOperator, ...]
     storage: CheckpointStorage
     source: BatchSource
-    sink: ExactlyOnceParquetSink | None
+    sink: Sink | None
 
     @property
     def parallelism(self) -> int: ...
@@ -374,7 +399,7 @@ def check_states(meta: CheckpointMetadata, operators: tuple[KeyedOperator, ...])
         )
 
 
-def settle_sink(sink: ExactlyOnceParquetSink, storage: CheckpointStorage, start: BatchStart) -> None:
+def settle_sink(sink: Sink, storage: CheckpointStorage, start: BatchStart) -> None:
     """Finish the sink commit of the checkpoint `start` resumes from, drop abandoned staging."""
     meta = start.metadata
     if meta is not None and start.restore_job is None and isinstance(meta.source_offsets, dict):

@@ -31,6 +31,7 @@ TABLE_CHANGES = ("fail", "skip", "feed")  # sparkpoint.tables.source's
 ROUTINGS = ("auto", "read-all", "shuffle")
 MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
+REPLAY_WINDOW = 7 * 24 * 3600.0  # sparkpoint.tables.sink's DEFAULT_REPLAY_WINDOW
 
 _SIZE = re.compile(r"(\d+)\s*(k|kb|m|mb|g|gb|t|tb)?")
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -104,6 +105,10 @@ def _optional_megabytes(value: Any) -> int | None:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None or _lower(value) in ("none", "off", "") else int(value)
+def check_replay_window(value: Any) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return [f"output_replay_window must be a finite number of seconds >= 0, got {value!r}"]
+    return []
 
 
 def check_routing(value: Any) -> list[str]:
@@ -379,6 +384,18 @@ SETTINGS: tuple[Setting, ...] = (
         "reading nothing of the versions in between: the way on once the table no longer has the versions after "
         "the consumed one (vacuumed, log cleaned up, snapshots expired); the error names the versions it has",
         _optional_int, flink=("source.table.resume-from",)),
+    Setting(
+        "output_schema_evolution", bool, False,
+        "add the columns an emitting operator writes and the output table lacks (Delta: new nullable columns, in "
+        "a table version of their own) instead of refusing the run before Spark starts",
+        parse_bool, flink=("sink.schema-evolution",)),
+    Setting(
+        "output_replay_window", float, REPLAY_WINDOW,
+        "seconds a Delta output table must remember this job's commits (its app transactions): the longest the "
+        "job may stay stopped, or keep a checkpoint it may fall back to (about retained checkpoints x checkpoint "
+        "interval), plus the longest recovery you expect. A table whose `delta.setTransactionRetentionDuration` is "
+        "shorter is refused at start (a replay older than the table remembers would commit its rows twice)",
+        float, flink=("sink.replay-window",), check=check_replay_window, shown_default="604800 (7 days)"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -33,7 +33,15 @@ from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings, resolve_set
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.tables.spec import DeltaTable, IcebergTable, ParquetDirectory, TableSpec, TableSpecError, table_of
+from sparkpoint.tables.spec import (
+    DeltaTable,
+    IcebergTable,
+    ParquetDirectory,
+    TableSpec,
+    TableSpecError,
+    table_of,
+    table_url,
+)
 
 DEFAULT_ROOT = ".sparkpoint"  # locations a pipeline leaves unset: .sparkpoint/<name>/{input,checkpoints,...}
 
@@ -70,7 +78,11 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
             (`sparkpoint.tables.spec`), whose new versions are the batches; or a `ParquetDirectory`, or a URL
             (`delta+file:///...`, `iceberg://<catalog>/<namespace>.<table>`). Not with `input_url`.
         checkpoints_url: the checkpoint storage (any fsspec URL); the job's directory is `<checkpoints_url>/<job id>/`.
-        output_url: where the exactly-once sink writes what operators that `emit` return; None: no output.
+        output_url: where the exactly-once sink writes what operators that `emit` return: a directory of
+            Parquet files (any fsspec URL), or a table's URL (`delta+file:///...`, `iceberg://<catalog>/<ns>.<table>`);
+            None: no output.
+        output: the output as a value: `sparkpoint.DeltaTable(url, partition_by=..., storage_options=...)`,
+            `sparkpoint.IcebergTable(identifier, catalog={...})` or `sparkpoint.ParquetDirectory(url)` (or a URL).
         local_dir: the working RocksDB instances and task-local copies (a local disk).
         job_id: the job's directory under `checkpoints_url`; default: `name`.
         storage_options: fsspec options of the checkpoint storage (and of the input and output, unless
@@ -87,6 +99,7 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
     input_url: str | None = None
     checkpoints_url: str | None = None
     output_url: str | None = None
+    output: TableSpec | str | None = None  # a table value or its URL; `output_url`, when given too, is the location
     local_dir: str | None = None
     job_id: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -228,7 +241,7 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
                                   and self.input.storage_options is not None else self.input_options
                                   if self.input_options is not None else self.storage_options),
             "input_table": self.input if isinstance(self.input, (DeltaTable, IcebergTable)) else None,
-            "output_url": storage_url(self.output_url) if self.output_url else None,
+            **self._output_config(),
             "local_dir": str(Path(self.location("local")).resolve()),
         }
         for f in dataclasses.fields(PipelineConfig):
@@ -240,6 +253,42 @@ class Pipeline(PipelineSettings):  # type: ignore[misc]  # its settings' fields:
         if values.get("local_dir"):  # as the driver means it: Spark's workers (a Connect server's) run elsewhere
             values["local_dir"] = str(Path(values["local_dir"]).resolve())
         return PipelineConfig(**values)
+
+    def output_table(self) -> TableSpec | None:
+        """Its output as a table value (`output`, else what `output_url` names; None: no output).
+
+        Example:
+            ```python
+            Pipeline("clicks", ops, output_url="delta+s3://lake/clicks").output_table()  # DeltaTable("s3://lake/clicks")
+            ```
+
+        Returns:
+            A `ParquetDirectory`, `DeltaTable` or `IcebergTable`, or None.
+        """
+        given = self.output_url if self.output_url else self.output
+        if given is None:
+            return None
+        table = table_of(given)
+        if isinstance(given, str) and self.output is not None and not isinstance(self.output, str):
+            table = _located(self.output, table)
+        return table
+
+    def _output_config(self) -> dict[str, Any]:
+        """The `PipelineConfig` fields of its output: the URL form, partition columns, delta-rs
+        options, an Iceberg catalog's properties."""
+        try:
+            table = self.output_table()
+        except TableSpecError as e:
+            raise PipelineError(f"pipeline {self.name!r}: output: {e}") from e
+        if table is None:
+            return {"output_url": None}
+        out: dict[str, Any] = {"output_url": table_url(table)}
+        if isinstance(table, DeltaTable):
+            out["output_partition_by"] = table.partition_by
+            out["output_options"] = dict(table.storage_options) if table.storage_options is not None else None
+        if isinstance(table, IcebergTable):
+            out["output_catalog"] = dict(table.catalog)
+        return out
 
     def code_version(self) -> str:
         """A digest of the operators' definitions and code: Dagster's code version of the assets.
@@ -338,6 +387,17 @@ def _table_named(url: str, table: DeltaTable | IcebergTable | None) -> DeltaTabl
         return table
     named = table_of(url)
     return named if isinstance(named, (DeltaTable, IcebergTable)) else None
+
+
+def _located(value: TableSpec, named: TableSpec) -> TableSpec:
+    """`value` (a pipeline's `output`) at the location `named` (its `output_url`), when both are
+    tables of one kind: the value's partition columns and catalog stay."""
+    if isinstance(value, DeltaTable) and isinstance(named, DeltaTable):
+        return dataclasses.replace(value, url=named.url)
+    if isinstance(value, IcebergTable) and isinstance(named, IcebergTable):
+        return dataclasses.replace(value, identifier=named.identifier,
+                                   catalog={**value.catalog, **named.catalog})
+    return named
 
 
 def load_pipeline(reference: str) -> Pipeline:

@@ -23,6 +23,7 @@ from sparkpoint.resources.backend import InputResource, StateBackendResource
 from sparkpoint.resources.fields import R, ResourceConfigError, json_object, pipeline_value, resource_value
 from sparkpoint.resources.spark import SparkResource
 from sparkpoint.resources.storage import CheckpointRegistryResource, CheckpointStorageResource
+from sparkpoint.tables.spec import table_url
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class PipelineResources:
             config = pipeline.config(
                 input_url=storage_url(source.input_url), input_options=json_object(source.input_options,
                                                                              "input: input_options"),
-                output_url=storage_url(source.output_url) if source.output_url else None,
+                output_url=table_url(source.output_url) if source.output_url else None,
                 checkpoints_url=storage.url(), job_id=storage.job_id, storage_options=storage.options(),
                 local_dir=str(Path(backend.local_dir).resolve()), **self.settings(pipeline),
             )
@@ -99,7 +100,7 @@ def resources_for(pipeline: Pipeline) -> dict[str, dg.ConfigurableResource]:  # 
                               **_settings_of(pipeline, "state_backend")),
         "source": _own(InputResource, pipeline,
                        input_url=pipeline.location("input"), input_options=json.dumps(input_options),
-                       output_url=pipeline.output_url or "",
+                       output_url=pipeline.config().output_url or "",
                        **_settings_of(pipeline, "source")),
     }
 

@@ -37,7 +37,6 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark import routing
 from sparkpoint.spark.faults import fail_at
 from sparkpoint.spark.routing import ReadUnit
-from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import FileColumns, SourceError, read_parquet_counted
 from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.state.engine.changelog import ChangelogOptions
@@ -46,11 +45,12 @@ from sparkpoint.state.engine.rocksdb import RocksDBOptions, is_corruption
 from sparkpoint.state.eventtime import LateSplit, event_micros, split_late
 from sparkpoint.state.keygroups import arrow_keys, subtasks_of
 from sparkpoint.state.operators import KeyedOperator, run_batch
+from sparkpoint.tables.sink import Sink
 
 log = logging.getLogger(__name__)
 
 RESULT_SCHEMA = (
-    "op int, subtask int, handle string, staged string, rows long, late long, restore string, seconds double, "
+    "op int, subtask int, handle string, staged array<string>, rows long, late long, restore string, seconds double, "
     "read_bytes long"
 )
 
@@ -69,7 +69,7 @@ class TaskSpec:
     restore_metadata: bytes | None  # the checkpoint every subtask starts from
     restore_job: tuple[str, str, dict[str, Any]] | None  # (url, job id, options) when another job's
     claim_mode: str
-    sink: ExactlyOnceParquetSink | None
+    sink: Sink | None  # as `Sink.for_tasks` made it for this checkpoint
     incremental: bool = True
     local_recovery: bool = True
     rocksdb: RocksDBOptions = RocksDBOptions()
@@ -303,13 +303,13 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
 def _attempt(
     spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame, backend: RocksDBStateBackend,
     meta: CheckpointMetadata | None, source: CheckpointStorage | None,
-) -> tuple[RestoreResult, str | None, SubtaskStateHandle]:
+) -> tuple[RestoreResult, list[str], SubtaskStateHandle]:
     op = spec.operators[op_index]
     restored = backend.restore(meta, claim_mode=spec.claim_mode, source=source, allow_missing=spec.allow_new_operators)
     try:
         changed = run_batch(op, backend, batch, processing_us=spec.batch_time_us, watermark_us=spec.watermark_us,
                             event_time=spec.event_time is not None)
-        staged = None
+        staged: list[str] = []
         if op.emits and spec.sink is not None and changed is not None:
             # Output files are named by the display name: a name per checkpoint, never state.
             staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)

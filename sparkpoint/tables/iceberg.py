@@ -30,7 +30,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -91,6 +91,9 @@ class IcebergSchemaMismatch(SinkError):
 
 class IcebergStagedFileLost(SinkError):
     """A staged file of a checkpoint to commit is gone: rows the checkpoint says it wrote are lost."""
+
+
+EMBEDDED_DIR = ".sparkpoint/iceberg"  # the embedded default catalog's directory (relative to the working directory)
 
 
 def embedded_catalog(directory: str) -> dict[str, str]:
@@ -189,14 +192,17 @@ class IcebergSink:
     table_schema: str | None = None  # the table's schema (pyiceberg JSON) when the sink was opened
     partition_spec: str | None = None  # its partition spec (JSON) when partitioned
     checkpoint_tags: int = 10
+    evolve_schema: bool = False  # `check_start` evolves a table that lacks output columns instead of refusing
 
     @classmethod
-    def at(cls, table: IcebergTable, job_id: str, operators: Mapping[str, str],
-           storage_options: Mapping[str, Any] | None = None, *, embedded_dir: str | None = None,
-           checkpoint_tags: int = 10) -> IcebergSink:
+    def at(cls, table: IcebergTable, job_id: str, operators: Mapping[str, str] | Sequence[tuple[str, str]],
+           storage_options: Mapping[str, Any] | None = None, *, embedded_dir: str | None = EMBEDDED_DIR,
+           checkpoint_tags: int = 10, evolve_schema: bool = False) -> IcebergSink:
         """The sink of `job_id` into `table`, for the emitting operators `operators` (name -> uid).
         `checkpoint_tags`: how many of the newest checkpoints keep their tag (give the number of
         retained checkpoints; older tags are removed so that snapshot expiry can reclaim them).
+        `embedded_dir`: where the embedded SQLite catalog goes when the table's catalog has no
+        properties and pyiceberg no configuration of it (None: refuse such a table).
 
         On the driver, before Spark starts: loads the catalog, reads the table (or where the
         catalog will create it on the first commit) and refuses a partitioning `add_files`
@@ -208,9 +214,29 @@ class IcebergSink:
         """
         props, options = table_storage(table, embedded_dir, storage_options)
         sink = cls(table.uri, job_id, table.identifier, table.catalog_name, tuple(sorted(props.items())), "",
-                   operators=tuple(sorted(operators.items())), storage_options=tuple(sorted(options.items())),
-                   checkpoint_tags=checkpoint_tags)
+                   operators=tuple(sorted(dict(operators).items())), storage_options=tuple(sorted(options.items())),
+                   checkpoint_tags=checkpoint_tags, evolve_schema=evolve_schema)
         return sink._opened()
+
+    # --- the Sink protocol's steps before Spark starts, and reports ------------------------------
+
+    def check_start(self, outputs: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+        """Before Spark starts: create a missing table from the columns the operators declare, and
+        refuse (or, with `evolve_schema`, evolve) a table that does not take them. Operators that
+        declare no columns are left to the first commit, which creates the table from the files."""
+        from sparkpoint.tables.delta_parts import declared_schema
+
+        declared = [declared_schema(columns) for columns in outputs.values() if columns]
+        if declared:
+            prepare_table(self, pa.unify_schemas(declared), evolve=self.evolve_schema)
+
+    def for_tasks(self) -> IcebergSink:
+        """This sink with the table's schema and partition spec now (tasks cast their rows to them)."""
+        return self._opened()
+
+    def facts(self, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
+        """What checkpoint N added to the table (`output_facts`)."""
+        return output_facts(self, checkpoint_id, staged)
 
     def _opened(self) -> IcebergSink:
         """This sink with the table's location, schema and partition spec read now."""

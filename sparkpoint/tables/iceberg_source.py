@@ -33,7 +33,9 @@ def load_iceberg_table(table: IcebergTable) -> Any:
     """The pyiceberg table `table` names, from its catalog's properties."""
     from pyiceberg.catalog import load_catalog
 
-    properties = {k: str(v) for k, v in table.catalog.items() if k != "name"}
+    from sparkpoint.tables.iceberg import EMBEDDED_DIR, catalog_properties
+
+    properties = catalog_properties(table, EMBEDDED_DIR)
     try:
         return load_catalog(table.catalog_name, **properties).load_table(table.identifier)
     except Exception as e:  # pyiceberg's NoSuchTableError, a catalog it cannot reach, ...

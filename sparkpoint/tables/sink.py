@@ -9,20 +9,51 @@ step, a recovery, a zombie completer).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, Self
 
 import pandas as pd
 
 from sparkpoint.checkpoint.errors import SparkpointError
+
+DAY = 24 * 3600.0
+DEFAULT_REPLAY_WINDOW = 7 * DAY  # the `output_replay_window` setting's default
 
 
 class SinkError(SparkpointError):
     """The output location cannot be written as asked."""
 
 
+class SinkSchemaMismatch(SinkError):
+    """The output table's schema does not take the columns an operator emits (names, types)."""
+
+
+class SinkFenced(SinkError):
+    """The table records a newer checkpoint of this job and operator than the one being committed:
+    the writer is a zombie (or a retried step of an old attempt) and commits nothing."""
+
+
 class Sink(Protocol):
-    url: str
-    job_id: str
+    @property
+    def url(self) -> str:
+        """The output, as its URL form names it (`delta+file:///...`, a directory's URL)."""
+        ...
+
+    @property
+    def job_id(self) -> str:
+        """The job whose output this is (several jobs may write one output)."""
+        ...
+
+    # --- before Spark starts ------------------------------------------------------------------------
+    def check_start(self, outputs: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+        """Refuse a table that cannot take what the job writes, before Spark starts: `outputs` maps
+        each emitting operator's name to the (column, Arrow type) pairs it declares (none: not
+        declared), the sink's own `checkpoint_id` column not among them."""
+        ...
+
+    def for_tasks(self) -> Self:
+        """The sink the tasks of the next checkpoint stage with (a table's: with its schema now)."""
+        ...
 
     # --- in the tasks ----------------------------------------------------------------------------
     def stage(self, checkpoint_id: int, operator: str, subtask: int, rows: pd.DataFrame) -> list[str]:
@@ -53,4 +84,9 @@ class Sink(Protocol):
 
     def discard_staging(self, up_to: int) -> None:
         """Delete staged files of checkpoints up to `up_to` that never became visible."""
+        ...
+
+    def facts(self, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
+        """What checkpoint N made visible (files, rows, columns), for reports: never raises on a
+        file it cannot read (`unreadable` names it)."""
         ...

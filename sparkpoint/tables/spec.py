@@ -31,7 +31,12 @@ class TableSpecError(SparkpointError, ValueError):
 
 @dataclass(frozen=True)
 class ParquetDirectory:
-    """A directory of Parquet files (any fsspec URL): today's input and output.
+    """A directory of Parquet files (any fsspec URL): a pipeline's input, or its exactly-once output.
+
+    Example:
+        ```python
+        Pipeline("clicks", ops, output=ParquetDirectory("s3://lake/clicks_out"))   # as output_url="s3://..."
+        ```
 
     Args:
         url: the directory.
@@ -43,13 +48,22 @@ class ParquetDirectory:
 
     @property
     def uri(self) -> str:
-        """Its URL form (the directory's URL)."""
+        """Its URL form (the directory's URL): what `--output` and `--input` take."""
         return storage_url(self.url).rstrip("/")
 
 
 @dataclass(frozen=True)
 class DeltaTable:
     """A Delta Lake table, written and read with delta-rs (`deltalake`), created on the first commit.
+
+    Each checkpoint that emitted rows is one table version, committed exactly once with an app
+    transaction per operator (`<job id>/<operator uid>`, the checkpoint id).
+
+    Example:
+        ```python
+        Pipeline("clicks", ops, output=DeltaTable("s3://lake/clicks_per_user", partition_by=["day"]))
+        DeltaTable("/data/clicks").uri          # "delta+file:///data/clicks": what --output takes
+        ```
 
     Args:
         url: the table's location (any URL delta-rs opens: a path, `file://`, `s3://`, ...).
@@ -69,13 +83,19 @@ class DeltaTable:
 
     @property
     def uri(self) -> str:
-        """Its URL form: `delta+<location>`."""
+        """Its URL form: `delta+<location>` (a path made absolute): what `--output` and `--input` take."""
         return DELTA_SCHEME + storage_url(self.url).rstrip("/")
 
 
 @dataclass(frozen=True)
 class IcebergTable:
     """An Apache Iceberg table in a pyiceberg catalog (the SQL catalog on SQLite by default).
+
+    Example:
+        ```python
+        IcebergTable("analytics.clicks", catalog={"name": "lake", "uri": "sqlite:///cat.db",
+                                                  "warehouse": "file:///data/warehouse"})
+        ```
 
     Args:
         identifier: `<namespace>.<table>` (a namespace may have dots: the last part is the table).
@@ -92,6 +112,7 @@ class IcebergTable:
 
     @property
     def catalog_name(self) -> str:
+        """The catalog's name (`catalog["name"]`, default `"default"`)."""
         return str(self.catalog.get("name", "default"))
 
     @property
@@ -101,6 +122,13 @@ class IcebergTable:
 
 
 TableSpec = ParquetDirectory | DeltaTable | IcebergTable
+
+
+def table_url(value: str | TableSpec) -> str:
+    """The URL form of an output or input as a user gives it: a table's `delta+...` or
+    `iceberg://...` (a Delta location made absolute), a directory's `storage_url`."""
+    table = table_of(value)
+    return storage_url(table.url) if isinstance(table, ParquetDirectory) else table.uri
 
 
 def table_of(value: str | TableSpec, *, catalog: Mapping[str, Any] | None = None,

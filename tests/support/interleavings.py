@@ -43,6 +43,7 @@ real RocksDB, so the steps of one actor happen in its own thread, in order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import itertools
 import os
@@ -62,6 +63,7 @@ from typing import Any
 
 import fsspec
 import pandas as pd
+import pyarrow as pa
 
 from sparkpoint.checkpoint.files import stored_size_problems
 from sparkpoint.checkpoint.interleave import set_step_hook, storage_step
@@ -442,6 +444,7 @@ class Run:
     # When the failed run a recovery heals ended: before the actors start (files they write are
     # newer, the sweep keeps them), unless the actor that fails is among them (`_recover(harsh=True)`).
     failed_before: float = field(default_factory=time.time)
+    table: bool = False  # the output is a Delta table under `root` (delta-rs writes no memory://)
 
     @property
     def input(self) -> Path:
@@ -453,7 +456,7 @@ class Run:
 
     @property
     def output(self) -> str:
-        return f"{self.url}/out"
+        return f"delta+file://{self.root}/table" if self.table else f"{self.url}/out"
 
     def target(self, name: str) -> str:
         """A savepoint target (a new directory) beside the job's."""
@@ -461,7 +464,10 @@ class Run:
 
     def config(self, actor: str, *, num_retained: int = 1, max_batches: int | None = None, host: str | None = None,
                **settings: Any) -> PipelineConfig:
-        """`host`: whose local directory the actor uses (default: a host of its own)."""
+        """`host`: whose local directory the actor uses (default: a host of its own). A table
+        output takes the idle alerts' column beside the balances' (schema evolution)."""
+        if self.table:
+            settings.setdefault("output_schema_evolution", True)
         return PipelineConfig(
             input_url=str(self.input), checkpoints_url=self.checkpoints, job_id="job", output_url=self.output,
             num_retained=num_retained, parallelism=2, max_parallelism=8, local_dir=str(self.root / "local" / (
@@ -491,8 +497,9 @@ def land(run: Run, batches: int, seed: int = 7) -> None:
 def canary(run: Run) -> dict[str, bytes]:
     """A neighbour job's checkpoint file and output: no actor may touch them."""
     fs = fsspec.filesystem("memory")
-    files = {f"{run.checkpoints}/other-job/chk-1/_metadata": b"neighbour", f"{run.output}/part-other~00000001~x~00000"
-             ".parquet": b"neighbour output"}
+    files = {f"{run.checkpoints}/other-job/chk-1/_metadata": b"neighbour"}
+    if not run.table:
+        files[f"{run.output}/part-other~00000001~x~00000.parquet"] = b"neighbour output"
     for url, data in files.items():
         fs.pipe_file(url, data)
     return files
@@ -576,6 +583,13 @@ class Scenario:
     actors: Callable[[Run], dict[str, Callable[[], Any]]]
     batches: int = 4
     patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    table: bool = False  # the job writes a Delta table (its commit: steps on its log)
+
+
+def into_a_table(scenario: Scenario) -> Scenario:
+    """`scenario` with the job's output a Delta table: the completer's, the recoverer's and a
+    zombie's table commits (a read of the table's log, a create of its next entry) are steps."""
+    return dataclasses.replace(scenario, name=f"{scenario.name}-delta", table=True)
 
 
 def _first_checkpoint(run: Run, n: int = 1, *, num_retained: int = 1, host: str = "setup") -> None:
@@ -660,7 +674,8 @@ def completer_vs_prune_vs_sweep() -> Scenario:
             return sweep_orphans(storage, grace_seconds=0.0, pending_paths=pending_paths(storage))
 
         return {"completer": lambda: finish_step(run.pipeline("completer", num_retained=2), ["run-a"]),
-                "prune": lambda: prune(run.storage(), num_retained=1, orphan_grace_seconds=0.0, sink_url=run.output),
+                "prune": lambda: prune(run.storage(), num_retained=1, orphan_grace_seconds=0.0,
+                                        sink=run.pipeline("prune").sink),
                 "gc": gc}
     return Scenario("completer-vs-prune-vs-sweep", setup, actors)
 
@@ -907,6 +922,8 @@ SCENARIOS = {s.name: s for s in (
     bootstrap_vs_savepoint_one_target(), skip_vs_run(), follow_vs_recoverer(), airflow_zombie_vs_recover_task(),
     zombie_vs_recover_with_sweep("zombie-vs-recoverer-on-one-host", host="host"), rot_vs_run_from_task_local_copy(),
     fallback_run_vs_savepoint(), local_copy_run_vs_fallback_recovery(),
+    into_a_table(completer_vs_recoverer()), into_a_table(two_completers()),
+    into_a_table(zombie_vs_recover_with_sweep()), into_a_table(retried_step_vs_recoverer()),
 )}
 
 
@@ -930,18 +947,41 @@ def expected(run: Run, skipped: frozenset[str] = frozenset()) -> tuple[list[tupl
 
 def visible_output(run: Run, operator: str = "balances") -> list[tuple[Any, ...]]:
     """The job's visible output rows of `operator`: (account, balance) or (account, idle_at)."""
-    fs = fsspec.filesystem("memory")
     rows: list[tuple[Any, ...]] = []
+    for frame in (_table_frames(run, operator) if run.table else _part_frames(run, operator)):
+        if operator == "balances":
+            rows += [(str(a), int(b)) for a, b in zip(frame["acct"], frame["balance"])]
+        else:
+            rows += [(str(a), str(b)) for a, b in zip(frame["acct"], frame["idle_at"])]
+    return sorted(rows)
+
+
+def _part_frames(run: Run, operator: str) -> Iterator[pd.DataFrame]:
+    fs = fsspec.filesystem("memory")
     for path in sorted(fs.ls(run.output, detail=False)):
         name = path.rsplit("/", 1)[-1]
         if name.startswith("part-job~") and f"~{operator}~" in name:
             with fs.open(path, "rb") as f:
-                frame = pd.read_parquet(f)
-            if operator == "balances":
-                rows += [(str(a), int(b)) for a, b in zip(frame["acct"], frame["balance"])]
-            else:
-                rows += [(str(a), str(b)) for a, b in zip(frame["acct"], frame["idle_at"])]
-    return sorted(rows)
+                yield pd.read_parquet(f)
+
+
+def _table_files(run: Run) -> list[str]:
+    """The files the output table holds now (none before it exists)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(str(run.root / "table"))
+    except TableNotFoundError:
+        return []
+    return sorted(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def _table_frames(run: Run, operator: str) -> Iterator[pd.DataFrame]:
+    """The rows `operator` wrote into the table, file by file (a file holds one operator's rows)."""
+    for path in _table_files(run):
+        if path.startswith("sparkpoint-job/") and path.rsplit("/", 1)[-1].startswith(f"{operator}-"):
+            yield pd.read_parquet(run.root / "table" / path)
 
 
 def skipped_in(run: Run) -> frozenset[str]:
@@ -1066,6 +1106,10 @@ def end_state(run: Run) -> tuple[tuple[str, str], ...]:
         if rel.endswith(("_metadata", ".json", ".claim")):
             content = _UNIQUE.sub("*", _VOLATILE.sub("", fs.cat_file(path).decode("utf-8", "replace")))
         state.append((_UNIQUE.sub("*", rel), content))
+    if run.table:  # what the table holds, and every file in its location
+        state.append(("table", repr([_UNIQUE.sub("*", p) for p in _table_files(run)])))
+        state += [(_UNIQUE.sub("*", p.relative_to(run.root).as_posix()), "")
+                  for p in (run.root / "table").rglob("*.parquet")]
     return tuple(sorted(state))
 
 
@@ -1158,7 +1202,7 @@ class Checker:
         return visibility(seen)
 
     def _template(self) -> Run:
-        run = Run(self.root / "world-template", f"{self.url}/world-template")
+        run = Run(self.root / "world-template", f"{self.url}/world-template", table=self.scenario.table)
         land(run, self.scenario.batches)
         with inline_parallel():
             self.scenario.setup(run)
@@ -1174,10 +1218,13 @@ class Checker:
         """A copy of the template: its storage, and its hosts' local directories."""
         n = next(self.count)
         root = self.root / f"world-{n}"
-        run = Run(root, f"{self.url}/world-{n}", self.template.input, rotted=list(self.template.rotted))
+        run = Run(root, f"{self.url}/world-{n}", self.template.input, rotted=list(self.template.rotted),
+                  table=self.scenario.table)
         fs = fsspec.filesystem("memory")
         for path in fs.find(self.template.url):
             fs.pipe_file(path.replace("/world-template/", f"/world-{n}/", 1), fs.cat_file(path))
+        if (self.template.root / "table").is_dir():  # the output table as the setup left it
+            shutil.copytree(self.template.root / "table", root / "table")
         if (self.template.root / "local" / "host").is_dir():  # the task-local copies a shared host keeps
             shutil.copytree(self.template.root / "local" / "host", root / "local" / "host", symlinks=True)
         try:

@@ -56,9 +56,9 @@ from sparkpoint.pipeline.claims import (
 from sparkpoint.pipeline.runtime import BatchDriver, BatchReport, BatchStart
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
 from sparkpoint.spark.routing import FileLayout, batch_bytes, choose_route
-from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.tasks import raised_in_task
 from sparkpoint.state.eventtime import advance, lateness_micros
+from sparkpoint.tables.sink import Sink
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def _results_of(pipeline: BatchDriver, results: list[dict[str, Any]], route: str
     results = sorted(results, key=lambda r: (int(r["op"]), int(r["subtask"])))
     return {
         "handles": tuple(r["handle"] for r in results),
-        "staged": tuple(sorted(r["staged"] for r in results if r["staged"])),
+        "staged": tuple(sorted(name for r in results for name in r["staged"] or ())),
         "subtasks": tuple(SubtaskRun(uids[int(r["op"])], int(r["subtask"]), str(r["restore"]), int(r["rows"]),
                                      float(r["seconds"])) for r in results),
         "rows": sum(int(r["rows"]) for r in results) // len(uids),
@@ -302,7 +302,7 @@ class AbortOutcome:
 
 
 def abort_attempt(
-    storage: CheckpointStorage, attempt: PendingAttempt, sink: ExactlyOnceParquetSink | None
+    storage: CheckpointStorage, attempt: PendingAttempt, sink: Sink | None
 ) -> AbortOutcome:
     """Settle a persisted attempt that its own step will not finish: forget it when its checkpoint
     committed, otherwise claim it for the abort and delete its uploads (those no retained

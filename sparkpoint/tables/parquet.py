@@ -15,23 +15,18 @@ from __future__ import annotations
 import logging
 import posixpath
 import re
-import shutil
-import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from fsspec.implementations.local import LocalFileSystem
 
-from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.storage import move_file, storage_url
+from sparkpoint.tables.files import footer_facts, present, remove_tree, rows_table, write_parquet
+from sparkpoint.tables.sink import SinkError
 
 log = logging.getLogger(__name__)
 _PART = re.compile(
@@ -40,33 +35,9 @@ _PART = re.compile(
 _STAGED = re.compile(r"^chk-(\d+)/([A-Za-z0-9_.-]+-\d{5})-[0-9a-f]{12}\.parquet$")  # after "_staging/<job>/"
 
 
-class SinkError(SparkpointError):
-    """The output location cannot be written as asked."""
-
-
 class SinkOutputLost(SinkError):
     """A committed checkpoint's output file is gone: neither its staged copy nor its visible file
     exists, so the rows the checkpoint says it wrote are lost."""
-
-
-DICTIONARY_SAMPLE = 1000  # rows whose distinct values decide a column's encoding
-
-
-def dictionary_columns(table: pa.Table) -> list[str] | bool:
-    """The columns worth Parquet's dictionary encoding: those whose first rows hold at most half
-    as many distinct values as rows. Changed rows are mostly one per key, and dictionary-encoding
-    their unique keys, sums and timestamps took half the time of writing a file that came out
-    larger than plain encoding's (12,500 user_totals rows: 9.1 ms and 413 KB against 4.7 ms and
-    352 KB). Only the encoding depends on it, never what a reader gets.
-
-    A table with a nested column (a list, struct or map a user's operator emits, which Arrow
-    cannot count distinct values of, and whose Parquet columns are its leaves) keeps pyarrow's
-    default instead: True, every column."""
-    if any(pa.types.is_nested(field.type) for field in table.schema):
-        return True
-    sample = table.slice(0, DICTIONARY_SAMPLE)
-    return [name for name, column in zip(sample.column_names, sample.columns)
-            if pc.count_distinct(column, mode="all").as_py() * 2 <= sample.num_rows]
 
 
 @dataclass(frozen=True)
@@ -94,20 +65,25 @@ class ExactlyOnceParquetSink:
     def _staging(self) -> str:
         return f"_staging/{self.job_id}"
 
-    def stage(self, checkpoint_id: int, operator: str, subtask: int, rows: pd.DataFrame) -> str | None:
-        """Write one subtask's changed rows for checkpoint N, invisible; returns the staged name."""
+    def check_start(self, outputs: Mapping[str, Sequence[tuple[str, str]]]) -> None:
+        """Nothing to refuse before Spark starts: a directory takes any columns."""
+
+    def for_tasks(self) -> ExactlyOnceParquetSink:
+        """What the tasks of the next checkpoint stage with: this sink (a directory has no schema)."""
+        return self
+
+    def stage(self, checkpoint_id: int, operator: str, subtask: int, rows: pd.DataFrame) -> list[str]:
+        """Write one subtask's changed rows for checkpoint N, invisible; returns the staged name
+        (none for no rows)."""
         if rows.empty:
-            return None
+            return []
         fs, root = self._fs()
         rel = f"chk-{checkpoint_id}/{operator}-{subtask:05d}-{uuid.uuid4().hex[:12]}.parquet"
         path = f"{root}/{self._staging}/{rel}"
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         storage_step("write", path)
-        frame = rows.assign(checkpoint_id=pd.Series(np.full(len(rows), checkpoint_id, dtype="int64"), index=rows.index))
-        table = pa.Table.from_pandas(frame, preserve_index=False)  # what DataFrame.to_parquet writes
-        with fs.open(path, "wb") as f:
-            pq.write_table(table, f, use_dictionary=dictionary_columns(table))
-        return rel
+        write_parquet(fs, path, rows_table(rows, checkpoint_id))
+        return [rel]
 
     # --- on the driver ---------------------------------------------------------------------------
 
@@ -122,7 +98,7 @@ class ExactlyOnceParquetSink:
         before, its staging directory gone, is left as it is: its visible files are the user's
         from then on (a downstream job may move them)."""
         fs, root = self._fs()
-        if resuming and staged and not _present(fs, f"{root}/{self._staging}/chk-{checkpoint_id}"):
+        if resuming and staged and not present(fs, f"{root}/{self._staging}/chk-{checkpoint_id}"):
             return 0
         moved = 0
         for rel in staged:
@@ -138,7 +114,7 @@ class ExactlyOnceParquetSink:
                 pass
             storage_step("info", target)
             fs.invalidate_cache(posixpath.dirname(target))
-            if not _present(fs, target):
+            if not present(fs, target):
                 raise SinkOutputLost(
                     f"checkpoint {checkpoint_id} is committed with output {target}, but neither that file nor its "
                     f"staged copy {source} exists: rows it wrote are lost. Put the file back from a backup of the "
@@ -147,7 +123,7 @@ class ExactlyOnceParquetSink:
                     "none retained, the job would start empty and write all its output again)"
                 )
         storage_step("delete", f"{root}/{self._staging}/chk-{checkpoint_id}")
-        self._remove(fs, f"{root}/{self._staging}/chk-{checkpoint_id}")
+        remove_tree(fs, f"{root}/{self._staging}/chk-{checkpoint_id}")
         return moved
 
     def discard_staged(self, checkpoint_id: int, staged: list[str]) -> None:
@@ -192,6 +168,15 @@ class ExactlyOnceParquetSink:
                 fs.rm_file(path)
         return dropped
 
+    def facts(self, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
+        """What checkpoint N made visible (`staged`: its `_metadata`'s sink entries): part files,
+        rows and columns, from those files' footers (the output directory is never listed: it grows
+        by a file per subtask and checkpoint)."""
+        fs, root = self._fs()
+        names = [part_name(self.job_id, checkpoint_id, op, int(sub))
+                 for op, sub in (_staged_of(rel, checkpoint_id) for rel in staged)]
+        return footer_facts(fs, self.url, [f"{root}/{name}" for name in names])
+
     def discard_staging(self, up_to: int) -> None:
         """Delete staging of checkpoints up to `up_to` that never completed. Newer ones may be
         a live writer's (a zombie racing for the next id): they are invisible and left alone."""
@@ -203,40 +188,7 @@ class ExactlyOnceParquetSink:
             name = posixpath.basename(path.rstrip("/"))
             if name.startswith("chk-") and name[4:].isdigit() and int(name[4:]) <= up_to:
                 storage_step("delete", path.rstrip("/"))
-                self._remove(fs, path)
-
-    @staticmethod
-    def _remove(fs: Any, path: str) -> None:
-        """Delete a staging directory without globbing its name (`fs.rm` would expand `[...]`)."""
-        if isinstance(fs, LocalFileSystem):
-            shutil.rmtree(fs._strip_protocol(path), ignore_errors=True)  # never follows links
-            return
-        try:
-            files = fs.find(path)
-        except FileNotFoundError:
-            return
-        for f in files:
-            try:
-                fs.rm_file(f)
-            except FileNotFoundError:
-                pass
-
-
-def _present(fs: Any, path: str, attempts: int = 4) -> bool:
-    """Whether `path` exists, where only "not found" means no: fsspec's `exists` says False on any
-    error, and a transient one (a timeout, a stale NFS handle) must never pass for lost output.
-    Transient errors are tried again; one that stays raises SinkError."""
-    for attempt in range(attempts):
-        try:
-            fs.info(path)
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError as e:
-            if attempt == attempts - 1:
-                raise SinkError(f"cannot tell whether {path} exists: {e}") from e
-            time.sleep(0.05 * 2**attempt)
-    return False
+                remove_tree(fs, path)
 
 
 def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
@@ -251,30 +203,3 @@ def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
 def part_name(job_id: str, checkpoint_id: int, operator: str, subtask: int) -> str:
     """The visible name of one subtask's output of one checkpoint."""
     return f"part-{job_id}~{checkpoint_id:08d}~{operator}~{subtask:05d}.parquet"
-
-
-def output_facts(sink: ExactlyOnceParquetSink, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
-    """What checkpoint N made visible (`staged`: its `_metadata`'s sink entries): part files, rows
-    and columns, read from those files' Parquet footers only (the output directory is never listed:
-    it grows by a file per subtask and checkpoint). Facts for a report after the commit: a file
-    that cannot be read is named in `unreadable`, never raised."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    fs, root = sink._fs()
-    rows, files, columns, unreadable = 0, 0, {}, []
-    for rel in staged:
-        operator, subtask = _staged_of(rel, checkpoint_id)
-        name = part_name(sink.job_id, checkpoint_id, operator, int(subtask))
-        try:
-            with fs.open(f"{root}/{name}", "rb") as f:
-                footer = pq.ParquetFile(f)
-                rows += footer.metadata.num_rows
-                columns.update({field.name: str(field.type) for field in footer.schema_arrow})
-        except FileNotFoundError:  # rolled back after a fallback, or removed by hand
-            continue
-        except (OSError, pa.ArrowException) as e:  # a transient read error, or a damaged footer
-            unreadable.append(f"{name}: {e}")
-            continue
-        files += 1
-    return {"url": sink.url, "files": files, "rows": rows, "columns": columns, "unreadable": unreadable}
