@@ -486,7 +486,7 @@ def test_the_embedded_default_catalog_and_a_catalog_named_nowhere(tmp_path: Path
     assert len(table_rows(table)) == 4
     assert table.location() == f"file://{tmp_path}/.sparkpoint/iceberg/warehouse/web/sessions"
     with pytest.raises(SinkError, match=r"catalog 'nowhere' .* has no properties"):
-        IcebergSink.at(IcebergTable("web.sessions", catalog={"name": "nowhere"}), "j", OPERATORS)
+        IcebergSink.at(IcebergTable("web.sessions", catalog={"name": "nowhere"}), "j", OPERATORS, embedded_dir=None)
 
 
 @pytest.mark.s3

@@ -4,7 +4,6 @@ Airflow operators; each gets the sink its URL names (no Spark here)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.tables.delta import DeltaSink
 from sparkpoint.tables.parquet import ExactlyOnceParquetSink
-from sparkpoint.tables.sink import SinkError
 from sparkpoint.tables.sinks import open_sink
 from tests.support.ledger_pipeline import ledger, spend
 
@@ -79,8 +77,13 @@ def test_dagster_resources_and_airflow_operators_pass_a_delta_url_unchanged(tmp_
     assert (airflow.output_url, airflow.output_partition_by) == ("delta+s3://lake/spend", ("region",))
 
 
-def test_an_iceberg_output_without_its_sink_says_so():
-    if importlib.util.find_spec("sparkpoint.tables.iceberg") is not None:
-        pytest.skip("this sparkpoint has the Iceberg sink")
-    with pytest.raises(SinkError, match="has no Iceberg sink"):
-        open_sink("iceberg://lake/analytics.spend", "job")
+def test_an_iceberg_output_url_opens_the_iceberg_sink_on_the_embedded_catalog(tmp_path, monkeypatch):
+    from sparkpoint.tables.iceberg import IcebergSink
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYICEBERG_HOME", str(tmp_path / "no-config"))
+    sink = open_sink("iceberg://lake/analytics.spend", "job", operators=[("spend", "spend-v1")])
+    assert isinstance(sink, IcebergSink)
+    assert (sink.identifier, sink.catalog_name, sink.operators) == ("analytics.spend", "lake", (("spend", "spend-v1"),))
+    assert sink.location == f"file://{tmp_path}/.sparkpoint/iceberg/warehouse/analytics/spend"
+    assert dict(sink.catalog)["uri"] == f"sqlite:///{tmp_path}/.sparkpoint/iceberg/catalog.db"
