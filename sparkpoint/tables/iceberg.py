@@ -64,6 +64,7 @@ from pyiceberg.types import IcebergType, ListType, MapType, StructType
 from pyiceberg.utils.concurrent import ExecutorFactory
 from pyiceberg.utils.config import Config
 
+from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.tables.sink import SinkError
 from sparkpoint.tables.spec import IcebergTable
@@ -392,8 +393,10 @@ class IcebergSink:
             if key not in described:
                 described.clear()
                 described[key] = self._data_files(table, checkpoint_id, paths)
+            crash_point("before-table-commit")
             storage_step("create", f"{self.url}#{self._tag(checkpoint_id)}")
             self._append(table, checkpoint_id, described[key])
+            crash_point("after-table-commit")
             return len(paths)
 
         return self._retrying(f"commit of checkpoint {checkpoint_id}", attempt)
