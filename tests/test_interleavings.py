@@ -62,6 +62,8 @@ SAMPLES = {
     "two-completers-delta": 5,
     "zombie-vs-recover-with-sweep-delta": 5,
     "retried-step-vs-recoverer-delta": 5,
+    "completer-vs-recoverer-iceberg": 5,
+    "zombie-vs-recover-with-sweep-iceberg": 5,
 }
 
 

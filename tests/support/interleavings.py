@@ -444,7 +444,7 @@ class Run:
     # When the failed run a recovery heals ended: before the actors start (files they write are
     # newer, the sweep keeps them), unless the actor that fails is among them (`_recover(harsh=True)`).
     failed_before: float = field(default_factory=time.time)
-    table: bool = False  # the output is a Delta table under `root` (delta-rs writes no memory://)
+    table: str | None = None  # the output is a "delta" or "iceberg" table under `root` (neither writes memory://)
 
     @property
     def input(self) -> Path:
@@ -456,7 +456,19 @@ class Run:
 
     @property
     def output(self) -> str:
+        if self.table == "iceberg":
+            return "iceberg://lake/shop.out"
         return f"delta+file://{self.root}/table" if self.table else f"{self.url}/out"
+
+    @property
+    def catalog(self) -> dict[str, str]:
+        """An Iceberg output's catalog: SQLite and a warehouse under `root`."""
+        return {"uri": f"sqlite:///{self.root}/catalog.db", "warehouse": f"file://{self.root}/warehouse"}
+
+    @property
+    def table_root(self) -> Path:
+        """Where the job's files in the output table are found (the paths `_table_files` gives are under it)."""
+        return self.root / "warehouse" / "shop" / "out" / "data" if self.table == "iceberg" else self.root / "table"
 
     def target(self, name: str) -> str:
         """A savepoint target (a new directory) beside the job's."""
@@ -468,6 +480,8 @@ class Run:
         output takes the idle alerts' column beside the balances' (schema evolution)."""
         if self.table:
             settings.setdefault("output_schema_evolution", True)
+        if self.table == "iceberg":
+            settings.setdefault("output_catalog", self.catalog)
         return PipelineConfig(
             input_url=str(self.input), checkpoints_url=self.checkpoints, job_id="job", output_url=self.output,
             num_retained=num_retained, parallelism=2, max_parallelism=8, local_dir=str(self.root / "local" / (
@@ -583,13 +597,14 @@ class Scenario:
     actors: Callable[[Run], dict[str, Callable[[], Any]]]
     batches: int = 4
     patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
-    table: bool = False  # the job writes a Delta table (its commit: steps on its log)
+    table: str | None = None  # the job writes a "delta" or "iceberg" table (its commit: steps on the table)
 
 
-def into_a_table(scenario: Scenario) -> Scenario:
-    """`scenario` with the job's output a Delta table: the completer's, the recoverer's and a
-    zombie's table commits (a read of the table's log, a create of its next entry) are steps."""
-    return dataclasses.replace(scenario, name=f"{scenario.name}-delta", table=True)
+def into_a_table(scenario: Scenario, kind: str = "delta") -> Scenario:
+    """`scenario` with the job's output a Delta (or Iceberg) table: the completer's, the recoverer's
+    and a zombie's table commits (a read of the table, a create of its next log entry / snapshot)
+    are steps."""
+    return dataclasses.replace(scenario, name=f"{scenario.name}-{kind}", table=kind)
 
 
 def _first_checkpoint(run: Run, n: int = 1, *, num_retained: int = 1, host: str = "setup") -> None:
@@ -924,6 +939,7 @@ SCENARIOS = {s.name: s for s in (
     fallback_run_vs_savepoint(), local_copy_run_vs_fallback_recovery(),
     into_a_table(completer_vs_recoverer()), into_a_table(two_completers()),
     into_a_table(zombie_vs_recover_with_sweep()), into_a_table(retried_step_vs_recoverer()),
+    into_a_table(completer_vs_recoverer(), "iceberg"), into_a_table(zombie_vs_recover_with_sweep(), "iceberg"),
 )}
 
 
@@ -966,7 +982,9 @@ def _part_frames(run: Run, operator: str) -> Iterator[pd.DataFrame]:
 
 
 def _table_files(run: Run) -> list[str]:
-    """The files the output table holds now (none before it exists)."""
+    """The files the output table holds now (none before it exists), under `run.table_root`."""
+    if run.table == "iceberg":
+        return _iceberg_files(run)
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -977,11 +995,23 @@ def _table_files(run: Run) -> list[str]:
     return sorted(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
+def _iceberg_files(run: Run) -> list[str]:
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = load_catalog("lake", **run.catalog).load_table("shop.out")
+    except NoSuchTableError:
+        return []
+    root = f"file://{run.table_root}/"
+    return sorted(task.file.file_path.removeprefix(root) for task in table.scan().plan_files())
+
+
 def _table_frames(run: Run, operator: str) -> Iterator[pd.DataFrame]:
     """The rows `operator` wrote into the table, file by file (a file holds one operator's rows)."""
     for path in _table_files(run):
         if path.startswith("sparkpoint-job/") and path.rsplit("/", 1)[-1].startswith(f"{operator}-"):
-            yield pd.read_parquet(run.root / "table" / path)
+            yield pd.read_parquet(run.table_root / path)
 
 
 def skipped_in(run: Run) -> frozenset[str]:
@@ -1109,7 +1139,7 @@ def end_state(run: Run) -> tuple[tuple[str, str], ...]:
     if run.table:  # what the table holds, and every file in its location
         state.append(("table", repr([_UNIQUE.sub("*", p) for p in _table_files(run)])))
         state += [(_UNIQUE.sub("*", p.relative_to(run.root).as_posix()), "")
-                  for p in (run.root / "table").rglob("*.parquet")]
+                  for p in run.table_root.rglob("*.parquet")]
     return tuple(sorted(state))
 
 
@@ -1225,6 +1255,13 @@ class Checker:
             fs.pipe_file(path.replace("/world-template/", f"/world-{n}/", 1), fs.cat_file(path))
         if (self.template.root / "table").is_dir():  # the output table as the setup left it
             shutil.copytree(self.template.root / "table", root / "table")
+        if self.scenario.table == "iceberg":  # its catalog names absolute paths: the world's own setup
+            for path in fs.find(run.url):
+                fs.rm_file(path)
+            root.mkdir(parents=True, exist_ok=True)
+            with inline_parallel():
+                self.scenario.setup(run)
+            run.failed_before = time.time()
         if (self.template.root / "local" / "host").is_dir():  # the task-local copies a shared host keeps
             shutil.copytree(self.template.root / "local" / "host", root / "local" / "host", symlinks=True)
         try:
