@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.run-installed
 DEV_STAMP := $(VENV)/.dev-installed
 
-.PHONY: run ui test lint docs bench soak clean
+.PHONY: run ui test test-profile lint docs bench soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,11 +32,11 @@ ui: $(RUN_STAMP)
 	  trap '$(BIN)/python -m sparkpoint.spark.warm --stop' EXIT && trap 'exit 130' INT TERM && \
 	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
-# Four pytest workers, each taking whole files: most of the suite's time is spent waiting for
-# servers, daemons and new processes (a whole run keeps the two cores 30-40% busy), so workers
-# overlap well even on two cores: one worker 29 min, two 20-23 min (2026-11-28); on the suite of
-# 2026-11-29, four 24 min against two's 28.5 min (that one partly beside other builds). xdist hands out the files with the most tests first;
-# putting the longest first measured slower with two workers (23:27 against 20:24).
+# Four pytest workers, each taking whole files (xdist hands out the files with the most tests
+# first). The suite is CPU-bound: sampled per process (make test-profile), the two cores are about
+# 95% busy, mostly in the JVMs, Spark's Python workers and the Dagster and Airflow processes tests
+# start; `time make test` shows a third of that, since it counts only the processes it waited for.
+# Four workers took 24 min against two's 28.5 on 2026-11-29; the shorter suite comes from less work.
 TEST_WORKERS ?= 4
 test: $(DEV_STAMP)
 	@sh tools/ensure-test-tools
@@ -49,6 +49,13 @@ test: $(DEV_STAMP)
 	  DAGSTER_HOME=$$home VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dg check defs; \
 	  status=$$?; rm -rf $$home; exit $$status
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
+
+# make test with its CPU by test file (tools/cpu_by_test_file.py): the suite is CPU-bound on two
+# cores (about 95% busy: the JVMs and daemons tests start are not in `time make test`'s figure).
+test-profile: $(DEV_STAMP)
+	@$(BIN)/python tools/cpu_by_test_file.py --out build/cpu-by-file.json & sampler=$$!; \
+	  $(MAKE) --no-print-directory test; status=$$?; kill $$sampler; \
+	  $(BIN)/python tools/cpu_by_test_file.py --report build/cpu-by-file.json; exit $$status
 
 # The documentation site (docs/, mkdocs.yml) into build/site, strictly: a broken link, a public name
 # without a complete docstring or a setting without a description fails it. Offline, a few seconds.
