@@ -24,7 +24,7 @@ checkpoints of small files cost a reader and what `DeltaTable.optimize.compact()
 Run:
 
     .venv/bin/python -m benchmarks.bench_table_commit            # 100 checkpoints, ~3 min
-    .venv/bin/python -m benchmarks.bench_table_commit --quick    # 5 checkpoints, seconds
+    .venv/bin/python -m benchmarks.bench_table_commit --quick    # 3 checkpoints, seconds
 
 It prints tables and writes JSON to benchmarks/results/table_commit.json
 (table_commit_quick.json with --quick), or into the directory `--out DIR`.
@@ -309,7 +309,7 @@ def quiet() -> Iterator[None]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--quick", action="store_true", help="smoke test: 5 checkpoints of fewer rows")
+    p.add_argument("--quick", action="store_true", help="smoke test: 3 checkpoints of fewer rows")
     p.add_argument("--checkpoints", type=int, default=100, help="checkpoints per writer (default 100)")
     p.add_argument("--subtasks", type=int, default=4, help="subtasks staging rows per checkpoint (default 4)")
     p.add_argument("--rows", type=int, default=2000, help="rows per subtask per checkpoint (default 2000)")
@@ -319,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="where table_commit[_quick].json goes (default benchmarks/results)")
     args = p.parse_args(argv)
     if args.quick:
-        args.checkpoints, args.rows = 5, 200
+        args.checkpoints, args.rows = 3, 200
     if args.checkpoints < 2 or args.subtasks < 1 or args.rows < 1:
         p.error("--checkpoints must be at least 2, --subtasks and --rows positive")
     return args
