@@ -23,7 +23,7 @@ checkpoints of small files cost a reader and what `DeltaTable.optimize.compact()
 
 Run:
 
-    .venv/bin/python -m benchmarks.bench_table_commit            # 100 checkpoints, ~3 min
+    .venv/bin/python -m benchmarks.bench_table_commit            # 100 checkpoints, ~10 min
     .venv/bin/python -m benchmarks.bench_table_commit --quick    # 3 checkpoints, seconds
 
 It prints tables and writes JSON to benchmarks/results/table_commit.json
