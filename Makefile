@@ -87,6 +87,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_ttl_bounded
 	$(BIN)/python -m benchmarks.bench_timers_vs_spark
 	$(BIN)/python -m benchmarks.bench_routing
+	$(BIN)/python -m benchmarks.bench_table_commit
 
 clean:
 	rm -rf $(VENV) .sparkpoint
