@@ -43,6 +43,7 @@ from sparkpoint.pipeline.runtime import (
     check_operators,
     offsets_of,
     operator_functions,
+    output_sink,
     resolve_parallelism,
     restore_plan,
     settle_sink,
@@ -52,7 +53,6 @@ from sparkpoint.pipeline.runtime import (
 )
 from sparkpoint.pipeline.upgrade import RestorePlan
 from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, read_units, shuffle_job
-from sparkpoint.spark.sink import ExactlyOnceParquetSink
 from sparkpoint.spark.source import BatchSource, FileVerdict, ParquetDirectorySource, SourceOffsets
 from sparkpoint.spark.tasks import (
     LOCAL_DIR_ENV,
@@ -106,11 +106,7 @@ class StatefulPipeline:
                                        max_future_event_time=config.max_future_event_time,
                                        settle_seconds=config.settle_seconds)
         self.changed_skips: list[str] = []  # skipped files found changed by the last start (`changed_skips`)
-        self.sink = (
-            ExactlyOnceParquetSink.at(config.output_url, config.job_id, config.storage_options)
-            if config.output_url
-            else None
-        )
+        self.sink = output_sink(config)
         self._shipped = False  # the operators' modules went to the executors
 
     @property
@@ -212,7 +208,7 @@ class StatefulPipeline:
         """Restore the next older retained checkpoint instead of `start`'s, loudly.
 
         The candidates are read from the store each time (a long run has retained many since it
-        began). Every checkpoint newer than the one we fall back to is discarded *before* the
+        began). Every checkpoint newer than the one we fall back to is retired *before* the
         sink's output after it is rolled back: a checkpoint whose output is gone must never be
         restored again (its offsets say its batch is consumed). A crash in between leaves output
         above the latest checkpoint, which the next start rolls back (`settle_sink`).
@@ -235,13 +231,14 @@ class StatefulPipeline:
             "FALLING BACK: checkpoint %s cannot be restored (%s); restoring checkpoint %s instead, "
             "its batches after it are replayed", failed, error, target.checkpoint_id,
         )
-        newer = [m.checkpoint_id for m in listing.checkpoints if m.checkpoint_id > target.checkpoint_id]
         coordinator = CheckpointCoordinator(self.storage, num_retained=self.config.num_retained)
-        coordinator.discard(newer, reason=f"falling back to checkpoint {target.checkpoint_id}; their output is "
-                                          "rolled back and their batches replayed")
+        retired, _ = coordinator.retire_above(
+            target.checkpoint_id,
+            reason=f"falling back to checkpoint {target.checkpoint_id}; their output is rolled back and their "
+                   "batches replayed")
         if self.sink:
-            self.sink.rollback(after=target.checkpoint_id)
-        # next_id None: the highest id seen + 1, never an id a discarded checkpoint had.
+            self.sink.drop(retired)
+        # next_id None: the highest id seen + 1, never an id a retired checkpoint had.
         return replace(start, metadata=target, offsets=offsets_of(target), next_id=None)
 
     def _repaired(self, failed: CheckpointMetadata, listing: StoreListing) -> bool:
