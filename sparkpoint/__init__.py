@@ -12,6 +12,7 @@ loads nothing more):
   `state.list_state(name, codec)`, `state.reducing_state(name, codec, reduce)`, each with
   `ttl=StateTtl(seconds, update=..., clock=...)`);
 - the notebook API (pandas DataFrames): `read_state`, `diff_state`, `list_checkpoints`, `registry`;
+  and `rollback` (a job and its output back to a retained checkpoint);
 - Dagster: `build_pipeline_defs(pipeline)` and the `PipelineComponent` of `dg` projects.
 
 A subpackage is imported on first use as well (`sparkpoint.testing.OperatorHarness` after a bare
@@ -44,6 +45,7 @@ _HOMES = {
     "diff_state": "sparkpoint.api",
     "list_checkpoints": "sparkpoint.api",
     "registry": "sparkpoint.api",
+    "rollback": "sparkpoint.api",
     "build_pipeline_defs": "sparkpoint.factory",
     "PipelineComponent": "sparkpoint.component",
 }

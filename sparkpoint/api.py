@@ -5,15 +5,16 @@
     sparkpoint.read_state("file:///data/checkpoints", "clicks", "user_totals", checkpoint=7)
     sparkpoint.registry("file:///data/checkpoints", "clicks")
     sparkpoint.diff_state("file:///data/checkpoints", "clicks", user_totals, 5, 9)
+    sparkpoint.rollback(clicks, to=7, dry_run=True).message
 
 The same data as `sparkpoint list --json`, `sparkpoint state` and `sparkpoint registry --json`:
 each comes from one function of `sparkpoint.checkpoint.catalog` (or `sparkpoint.state.extract.state_table`) that the
-command line prints.
+command line prints. `rollback` is `sparkpoint rollback` (`sparkpoint.pipeline.rollback`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -23,7 +24,11 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
 
-__all__ = ["diff_state", "list_checkpoints", "read_state", "registry", "state_table"]
+if TYPE_CHECKING:
+    from sparkpoint.pipeline.rollback import RollbackReport
+    from sparkpoint.pipeline.spec import Pipeline
+
+__all__ = ["diff_state", "list_checkpoints", "read_state", "registry", "rollback", "state_table"]
 
 
 def list_checkpoints(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -157,6 +162,35 @@ def diff_state(
     table = result.table
     table.attrs.update(result.summary())
     return table
+
+
+def rollback(pipeline: Pipeline, to: int, *, dry_run: bool = False) -> RollbackReport:
+    """Restore the pipeline's job to its retained checkpoint `to` and undo the output of the
+    checkpoints after it, which are retired: what `sparkpoint rollback --pipeline M:A --to N` does.
+    The next run restores `to` and processes their batches again, as checkpoints with new ids.
+
+    Example:
+        ```python
+        print(sparkpoint.rollback(clicks, to=7, dry_run=True).message)  # what would be retired and undone
+        sparkpoint.rollback(clicks, to=7)
+        ```
+
+    Args:
+        pipeline: the `Pipeline` whose job (checkpoints and output) to roll back.
+        to: the retained checkpoint to go back to (`list_checkpoints` shows them).
+        dry_run: change nothing; the report says what would be retired and which output undone.
+
+    Returns:
+        A `RollbackReport`: `retired` (checkpoint id, kind), `output` (each one's files undone),
+        `replayed` (the input files the next run processes again), `message` and `to_json()`.
+
+    Raises:
+        RollbackRefused: `to` is not retained (the retained ids are named), is another job's, or a
+            run of the job is between its steps.
+    """
+    from sparkpoint.pipeline.rollback import rollback as rollback_config
+
+    return rollback_config(pipeline.config(), to, operators=pipeline.operators, dry_run=dry_run)
 
 
 def _code_of(operator: str | KeyedOperator) -> KeyedOperator:

@@ -8,12 +8,9 @@ commits a checkpoint of no input, without a JVM; a hostile `skipped_files` is re
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.skipping import skip_file
 from sparkpoint.spark.source import BadInputFile, SourceError
+from tests.support.helpers import cli
 from tests.support.meters_pipeline import BAD, bad, good, meters, settled, state_of, totals
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -312,15 +310,6 @@ MODULE = textwrap.dedent('''
 
     pipeline = meters(Path(__file__).resolve().parent)
 ''')
-
-
-def cli(tmp_path: Path, *args: str, java: bool = False) -> subprocess.CompletedProcess[str]:
-    """`sparkpoint ARGS` in `tmp_path`; without `java`, no JVM can start (JAVA_HOME points nowhere)."""
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
-    if not java:
-        env["JAVA_HOME"] = str(tmp_path / "no-java")
-    return subprocess.run([sys.executable, "-m", "sparkpoint.cli", *args], capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path, env=env)
 
 
 @pytest.mark.spark

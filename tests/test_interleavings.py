@@ -9,8 +9,9 @@ at three. Each run writes its
 figures to `build/interleavings/<scenario>-<mode>.json`.
 
 The checker is shown not to be vacuous: with the abort and the sweep as they were before the
-fourth review (N1, N2), the savepoint's id as it was before the fifth (item 4) and retention
-without the checksum of reused files (item 7), the same exploration finds the loss.
+fourth review (N1, N2), the savepoint's id as it was before the fifth (item 4), retention
+without the checksum of reused files (item 7), the same exploration finds the loss; and a commit
+without the re-check of its base loses a batch under the schedule of a rollback that shows it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ SAMPLES = {
     "retried-step-vs-recoverer-delta": 5,
     "completer-vs-recoverer-iceberg": 5,
     "zombie-vs-recover-with-sweep-iceberg": 5,
+    "rollback-vs-run": 6,
+    "rollback-vs-recoverer": 5,
 }
 
 
@@ -204,6 +207,24 @@ def test_the_checker_finds_item_7_with_retention_as_it_was(tmp_path: Path, monke
     report = Checker(SCENARIOS["rot-vs-run-from-task-local-copy"], tmp_path).explore(bound=0)
     assert report.violations, report.line()
     assert any("cannot go on" in v for o in report.violations for v in o.violations)
+
+
+def test_a_run_committing_over_a_checkpoint_a_rollback_retired_withdraws_and_without_the_check_loses_a_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The run restored chk-2 and counted the job's checkpoints for its commit of chk-3; the
+    rollback to chk-1 retires chk-2 and lists the job a last time; then the run commits. Its
+    re-check of its base (chk-2's `_metadata`, gone) withdraws chk-3 and the run goes on from
+    chk-1. Without that re-check chk-3 stands on the retired state, and chk-2's batch, its output
+    undone, is never written again (found by the checker)."""
+    checker = Checker(SCENARIOS["rollback-vs-run"], tmp_path)
+    schedule = (("run", "create"), ("rollback", "job/chk-*", 5), ("run", None), ("rollback", None))
+    outcome = checker.run(legs(*schedule))
+    assert outcome.violations == [] and outcome.errors == {}, (outcome.violations, outcome.errors)
+    assert [report.checkpoint_id for report in outcome.results["run"]] == [3]  # its batch again, from chk-1
+
+    monkeypatch.setattr(CheckpointCoordinator, "_withdraw_if_base_retired", lambda self, meta, base: None)
+    lost = checker.run(legs(*schedule))
+    assert any("not exactly once" in v and "missing" in v for v in lost.violations), lost.violations
 
 
 # --- make soak ------------------------------------------------------------------------------------

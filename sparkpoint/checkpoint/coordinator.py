@@ -19,6 +19,9 @@ Invariants:
 6. Once `_metadata` is committed the checkpoint is complete: a failure in the bookkeeping after
    it (registry, subsumption deletes) is logged, left to the orphan sweep, and the registry is
    rebuilt before the next deletion.
+7. Retired ids stay retired: a rollback or a fallback (`retire_above`) notes the ids it retires
+   (`sparkpoint.checkpoint.retired`) before it deletes anything, and no writer takes one again. A
+   checkpoint whose base was retired while it committed is withdrawn (`complete`'s `base`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from sparkpoint.checkpoint.retention import (
     checkpoints_to_subsume,
     discard_on_shutdown,
 )
+from sparkpoint.checkpoint.retired import highest_retired, record_retired
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 
@@ -119,7 +123,10 @@ class CheckpointCoordinator:
     # --- protocol ------------------------------------------------------------------------------
 
     def next_checkpoint_id(self) -> int:
-        known = [self._last_triggered, *self._kinds, *self.pending, *self.storage.checkpoint_dirs()]
+        """The highest id seen anywhere + 1: triggered, retained, pending, a `chk-N` directory, or
+        retired by a fallback or a rollback (`sparkpoint.checkpoint.retired`), whose directory is gone."""
+        known = [self._last_triggered, *self._kinds, *self.pending, *self.storage.checkpoint_dirs(),
+                 highest_retired(self.storage)]
         return max(known, default=0) + 1
 
     def trigger(
@@ -168,12 +175,15 @@ class CheckpointCoordinator:
 
     def complete(
         self, checkpoint_id: int, source_offsets: Any = None, *, recheck: Callable[[], str | None] | None = None,
-        skipped_files: tuple[SkippedFile, ...] = (),
+        skipped_files: tuple[SkippedFile, ...] = (), base: int | None = None,
     ) -> CompletedCheckpoint:
         """Commit checkpoint N (see the invariants above). `recheck`, called right after the
         commit, says why this checkpoint must not stand after all (a fence a recovery set while we
         committed): the `_metadata` is then withdrawn before anything else and CheckpointDeclined
-        is raised. `skipped_files`: the input files consumed unprocessed up to N, recorded as given."""
+        is raised. `base`: the checkpoint of this job N's state was restored from; when its
+        `_metadata` is gone right after the commit (a rollback or a fallback retired it), N is
+        withdrawn too and CheckpointSuperseded raised (invariant 7). `skipped_files`: the input
+        files consumed unprocessed up to N, recorded as given."""
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
@@ -196,6 +206,7 @@ class CheckpointCoordinator:
         deleted, blocked = 0, None
         try:
             self._withdraw_if_fenced(meta, recheck)
+            self._withdraw_if_base_retired(meta, base)
             self._withdraw_if_broken(meta, known)
             self.pending.pop(checkpoint_id, None)
             if meta.kind == "checkpoint":  # Flink: a completed checkpoint subsumes older pending ones
@@ -302,6 +313,24 @@ class CheckpointCoordinator:
         why = recheck() if recheck is not None else None
         if why is None:
             return
+        self._withdraw(meta, why)
+        raise CheckpointDeclined(f"checkpoint {meta.checkpoint_id} was withdrawn right after its commit: {why}")
+
+    def _withdraw_if_base_retired(self, meta: CheckpointMetadata, base: int | None) -> None:
+        """Invariant 7: the checkpoint our state was restored from must still be there once our
+        `_metadata` landed. A rollback or a fallback deletes every `_metadata` above its target
+        before its last listing of them (`retire_above`): either that listing finds ours and
+        retires it too, or we find our base gone here. Nothing else removes a base under a writer
+        (retention never subsumes the latest checkpoint; a newer one makes ours stale anyway)."""
+        if base is None or self.storage.exists(metadata_path(base)):
+            return
+        why = f"checkpoint {base}, which its state was restored from, was retired (a rollback or a fallback past it)"
+        self._withdraw(meta, why)
+        raise CheckpointSuperseded(f"checkpoint {meta.checkpoint_id} was withdrawn right after its commit: {why}. "
+                                   "Resume from the latest checkpoint.")
+
+    def _withdraw(self, meta: CheckpointMetadata, why: str) -> None:
+        """Delete our just-committed `_metadata` before anything else, then our uploads (best effort)."""
         cid = meta.checkpoint_id
         log.error("checkpoint %s: %s while it committed: withdrawing it", cid, why)
         self.storage.delete([meta.metadata_path])
@@ -311,21 +340,43 @@ class CheckpointCoordinator:
         except Exception as e:
             self._stale = True
             log.warning("checkpoint %s was withdrawn, its uploads are left to the sweep: %s", cid, e)
-        raise CheckpointDeclined(f"checkpoint {cid} was withdrawn right after its commit: {why}")
 
-    def discard(self, checkpoint_ids: list[int], *, reason: str) -> int:
-        """Remove completed checkpoints that must never be restored again (e.g. their sink output
-        was rolled back after a fallback); `_metadata` goes first. Returns files deleted."""
-        self._sync_with_storage()
-        doomed = sorted(c for c in checkpoint_ids if c in self._kinds)
-        if not doomed:
-            return 0
-        log.warning("discarding checkpoints %s: %s", doomed, reason)
-        if self.registry.deletion_blocked:  # the commit points go now, their files wait for the sweep
-            self.storage.delete(metadata_path(c) for c in doomed)
-            self._rebuild()
-            return 0
-        return self._discard(doomed)
+    def retire_above(self, checkpoint_id: int, *, reason: str, tries: int = 5) -> tuple[list[int], int]:
+        """Retire every completed checkpoint above `checkpoint_id` (a rollback to it, a fallback
+        past a damaged one): they must never be restored again (their output is rolled back).
+        Their ids are noted as retired first (invariant 7), then their `_metadata` go, newest
+        first, and the job is listed again until none is left above: a writer that committed
+        meanwhile is retired too, and one that commits after the last listing finds its base gone
+        and withdraws. Then the files that only they referenced (a savepoint's copies among them).
+        Returns (the retired ids, files deleted); with deletion blocked (an unreadable `_metadata`)
+        their files are left to the orphan sweep.
+
+        Raises:
+            CheckpointDeclined: other writers kept committing above `checkpoint_id` `tries` times.
+        """
+        retired: dict[int, CheckpointMetadata] = {}
+        for _ in range(tries):
+            above = [m for m in self.store.load_all().checkpoints if m.checkpoint_id > checkpoint_id]
+            if not above:
+                break
+            ids = [m.checkpoint_id for m in above]  # newest first
+            log.warning("retiring checkpoints %s: %s", sorted(ids), reason)
+            record_retired(self.storage, ids, reason=reason)
+            self.storage.delete(metadata_path(c) for c in ids)
+            retired.update({m.checkpoint_id: m for m in above})
+        else:
+            raise CheckpointDeclined(f"checkpoints above {checkpoint_id} kept being committed by another writer "
+                                     f"while they were retired ({reason}); stop it and try again")
+        self._rebuild()
+        if not retired or self.registry.deletion_blocked:
+            return sorted(retired), 0
+        unowned = self.unowned.union(*(m.unowned for m in retired.values()))
+        doomed = {p for m in retired.values() for p in m.paths()
+                  if p not in unowned and not self.registry.is_known(p)}
+        deleted = self.storage.delete(doomed)
+        for cid in retired:
+            self.storage.remove_empty_dirs(checkpoint_dir(cid))
+        return sorted(retired), deleted
 
     def abort(self, checkpoint_id: int, *, reason: str = "") -> int:
         """Forget a pending checkpoint and delete what it uploaded, best effort."""
@@ -351,6 +402,7 @@ class CheckpointCoordinator:
         if not discard_on_shutdown(self.retention, status):
             return []
         doomed = sorted(cid for cid, kind in self._kinds.items() if kind == "checkpoint")
+        record_retired(self.storage, doomed, reason=f"job {JobStatus(status).value}")
         self._discard(doomed)
         return doomed
 

@@ -9,12 +9,13 @@ Retention never subsumes a savepoint (`checkpoints_to_subsume` skips the kind).
 Where it goes:
 
 - by default into the job's own directory, as exactly the id after the checkpoint it copies,
-  chk-<L+1> for the latest L: the job resumes from it (only a savepoint of the latest checkpoint
-  may go there; resuming from an older one would replay batches whose output is already
-  committed). A savepoint is a writer of the job directory like a run (DESIGN rules 6, 9, 14): a
-  run that resumed from L commits L+1 too, and the exclusive create of `chk-<L+1>/_metadata`
-  lets exactly one of them win. A run that loses gives its batch up as a losing writer does
-  and resumes from the savepoint, which holds the same state; a savepoint that loses (the job
+  chk-<L+1> for the latest L (above every retired id, `sparkpoint.checkpoint.retired`): the job
+  resumes from it (only a savepoint of the latest checkpoint may go there; resuming from an
+  older one would replay batches whose output is already committed). A savepoint is a writer of
+  the job directory like a run (DESIGN rules 6, 9, 14): a run that resumed from L commits L+1
+  too, and the exclusive create of `chk-<L+1>/_metadata` lets exactly one of them win. A run that
+  loses gives its batch up as a losing writer does and resumes from the savepoint, which holds
+  the same state; a savepoint that loses (the job
   committed L+1 while it copied L) removes its copies and is taken again of the new latest, a few
   times, then fails (`SavepointOvertaken`). It never takes an id above another writer's: a copy
   of L committed above a checkpoint L+1 would become the latest and roll the job back (its
@@ -59,6 +60,7 @@ from sparkpoint.checkpoint.metadata import (
 )
 from sparkpoint.checkpoint.paths import is_plain_name, private_dir
 from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn
+from sparkpoint.checkpoint.retired import next_id_after
 from sparkpoint.checkpoint.storage import CheckpointStorage, crc32
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
@@ -221,10 +223,11 @@ def _save(source: CheckpointStorage, dest: CheckpointStorage, meta: CheckpointMe
 
 
 def _savepoint_id(dest: CheckpointStorage, meta: CheckpointMetadata, *, into_job: bool) -> int:
-    """Into the job directory exactly the id after the checkpoint copied (the one a run resuming
-    from it commits: the exclusive create decides between them), never "the next free id" after
-    a listing, which a run commits below meanwhile; elsewhere the checkpoint's own id."""
-    return meta.checkpoint_id + 1 if into_job else meta.checkpoint_id
+    """Into the job directory exactly the id a run resuming from the checkpoint copied commits
+    (the one after it, or after the highest retired id: the exclusive create decides between
+    them), never "the next free id" after a listing, which a run commits below meanwhile;
+    elsewhere the checkpoint's own id."""
+    return next_id_after(dest, meta.checkpoint_id) if into_job else meta.checkpoint_id
 
 
 def claim_target(target: CheckpointStorage, record: dict[str, Any]) -> None:

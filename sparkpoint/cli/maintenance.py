@@ -1,5 +1,5 @@
-"""`verify` (and `verify --repair`), `gc` and `savepoint`: the commands that look after a job's
-stored checkpoints."""
+"""`verify` (and `verify --repair`), `gc`, `savepoint` and `rollback`: the commands that look after
+a job's stored checkpoints."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.cli.common import EXIT_BAD_FILES, UsageError, job_store
+from sparkpoint.cli.common import EXIT_BAD_FILES, UsageError, job_store, pipeline_of
 from sparkpoint.cli.output import print_json, printed_json, progress_bar
 
 
@@ -71,4 +71,26 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
         return 0
     print(f"{result.message}\n  start a job from it: sparkpoint run --from-checkpoint {result.url} "
           "--restore-mode CLAIM|NO_CLAIM ...")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """Roll the job back to checkpoint `--to`, its output with it (`--output`, else the pipeline's)."""
+    from sparkpoint.pipeline.rollback import rollback, rollback_job
+    from sparkpoint.tables.sinks import open_sink
+    from sparkpoint.tables.spec import table_url
+
+    storage = job_store(args).storage
+    spec = pipeline_of(args)
+    if spec is not None:  # the pipeline's own output sink, at the locations the flags give
+        given = {"output_url": table_url(args.output)} if args.output else {}
+        config = spec.config(checkpoints_url=storage.url, job_id=storage.job_id,
+                             storage_options=storage.storage_options, **given)
+        report = rollback(config, args.to, operators=spec.operators, dry_run=args.dry_run)
+    else:
+        sink = open_sink(table_url(args.output), storage.job_id, storage_options=storage.storage_options) \
+            if args.output else None
+        report = rollback_job(storage, sink, args.to, dry_run=args.dry_run)
+    if not printed_json(args, report.to_json()):
+        print("\n".join(report.lines() if args.dry_run else [report.message]))
     return 0

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 from sparkpoint.cli.catalog import cmd_inspect, cmd_list, cmd_registry
-from sparkpoint.cli.maintenance import cmd_gc, cmd_savepoint, cmd_verify
+from sparkpoint.cli.maintenance import cmd_gc, cmd_rollback, cmd_savepoint, cmd_verify
 from sparkpoint.cli.run import cmd_generate, cmd_run, cmd_skip
 from sparkpoint.cli.state import cmd_bootstrap, cmd_check_upgrade, cmd_diff, cmd_restore, cmd_state
 from sparkpoint.pipeline.settings import BY_NAME, flagged, positive_int, seconds
@@ -233,6 +233,18 @@ def _savepoint(sub: Commands) -> None:
     p.set_defaults(fn=cmd_savepoint)
 
 
+def _rollback(sub: Commands) -> None:
+    p = sub.add_parser("rollback", help="restore the job to a retained checkpoint and undo the output of the "
+                       "checkpoints after it, which are retired (the next run processes their batches again)")
+    _job_args(p)
+    p.add_argument("--to", required=True, type=positive_int, metavar="N", help="the retained checkpoint to go back to")
+    p.add_argument("--output", metavar="URL", help="the exactly-once output the runs write (default: the pipeline's)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be retired and which output undone; change nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_rollback)
+
+
 def _bootstrap(sub: Commands) -> None:
     p = sub.add_parser("bootstrap", help="a savepoint holding an operator's initial state, written from a table "
                        "by its bootstrap function (start a job from it with run --from-checkpoint)")
@@ -252,5 +264,5 @@ def _bootstrap(sub: Commands) -> None:
 # In the order `sparkpoint --help` lists them.
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _list, _inspect, _registry, _restore,
-    _savepoint, _bootstrap,
+    _savepoint, _rollback, _bootstrap,
 )

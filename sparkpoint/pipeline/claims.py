@@ -37,6 +37,7 @@ from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.processes import boot_id as _boot_id
 from sparkpoint.checkpoint.processes import pid_namespace as _pid_namespace
 from sparkpoint.checkpoint.processes import process_start as _process_start
+from sparkpoint.checkpoint.retired import next_id_after
 from sparkpoint.checkpoint.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ def fence(storage: CheckpointStorage, attempt_ids: tuple[str, ...], *, reason: s
     First `_fenced/<attempt id>`: a completer of such an attempt reads it right after its
     `_metadata` landed and withdraws that `_metadata` (whatever id it took, even one above
     everything listed here, as after a fallback). Then, to spare a zombie the work, the claim for
-    the abort at the id it would usually take, the latest completed checkpoint + 1.
+    the abort at the id it would usually take, the one after the latest completed checkpoint.
 
     Returns "<id>@chk-<N>" -> "fenced", or the side that held that claim already: a completer that
     claimed first persisted its attempt before its claim, so a listing of the attempts made after
@@ -221,7 +222,7 @@ def fence(storage: CheckpointStorage, attempt_ids: tuple[str, ...], *, reason: s
                                      Claim.mine(ABORT, reason).dumps())
         except (FileExistsError, CheckpointAlreadyExists):
             pass  # fenced before
-    following = max(storage.completed_checkpoint_ids(), default=0) + 1
+    following = next_id_after(storage, max(storage.completed_checkpoint_ids(), default=0))
     outcome = {}
     for attempt_id in dict.fromkeys(attempt_ids):
         if claim(storage, following, attempt_id, ABORT, reason=reason):

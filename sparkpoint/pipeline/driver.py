@@ -240,7 +240,7 @@ class StatefulPipeline:
         """Restore the next older retained checkpoint instead of `start`'s, loudly.
 
         The candidates are read from the store each time (a long run has retained many since it
-        began). Every checkpoint newer than the one we fall back to is discarded *before* the
+        began). Every checkpoint newer than the one we fall back to is retired *before* the
         sink's output after it is rolled back: a checkpoint whose output is gone must never be
         restored again (its offsets say its batch is consumed). A crash in between leaves output
         above the latest checkpoint, which the next start rolls back (`settle_sink`).
@@ -263,13 +263,14 @@ class StatefulPipeline:
             "FALLING BACK: checkpoint %s cannot be restored (%s); restoring checkpoint %s instead, "
             "its batches after it are replayed", failed, error, target.checkpoint_id,
         )
-        newer = [m.checkpoint_id for m in listing.checkpoints if m.checkpoint_id > target.checkpoint_id]
         coordinator = CheckpointCoordinator(self.storage, num_retained=self.config.num_retained)
-        coordinator.discard(newer, reason=f"falling back to checkpoint {target.checkpoint_id}; their output is "
-                                          "rolled back and their batches replayed")
+        retired, _ = coordinator.retire_above(
+            target.checkpoint_id,
+            reason=f"falling back to checkpoint {target.checkpoint_id}; their output is rolled back and their "
+                   "batches replayed")
         if self.sink:
-            self.sink.rollback(after=target.checkpoint_id)
-        # next_id None: the highest id seen + 1, never an id a discarded checkpoint had.
+            self.sink.drop(retired)
+        # next_id None: the highest id seen + 1, never an id a retired checkpoint had.
         return replace(start, metadata=target, offsets=offsets_of(target), next_id=None)
 
     def _repaired(self, failed: CheckpointMetadata, listing: StoreListing) -> bool:

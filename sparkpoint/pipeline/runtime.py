@@ -17,6 +17,7 @@ from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointCorrupted, OperatorStateMismatch, SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, SkippedFile
 from sparkpoint.checkpoint.retention import ClaimMode
+from sparkpoint.checkpoint.retired import next_id_after
 from sparkpoint.checkpoint.savepoint import SAVEPOINT_OF
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -219,7 +220,7 @@ class BatchStart:
     offsets: SourceOffsets
     claim_mode: str = ClaimMode.CLAIM.value
     restore_job: tuple[str, str, dict[str, Any]] | None = None  # (checkpoints URL, job id, options) of another job
-    next_id: int | None = None  # K + 1 after our own checkpoint K: the id a zombie would race for
+    next_id: int | None = None  # after our own checkpoint K (and every retired id): the id a zombie races for
 
     @classmethod
     def after(cls, metadata: CheckpointMetadata) -> BatchStart:
@@ -282,10 +283,10 @@ def starting_point(storage: CheckpointStorage, config: PipelineConfig
                 "job %s already has checkpoints; resuming from chk-%s, --from-checkpoint %s is ignored",
                 config.job_id, own[0].checkpoint_id, config.from_checkpoint,
             )
-        start = BatchStart(own[0], offsets_of(own[0]), next_id=own[0].checkpoint_id + 1)
+        start = BatchStart(own[0], offsets_of(own[0]), next_id=next_id_after(storage, own[0].checkpoint_id))
         return start, None, frozenset()
     if not config.from_checkpoint:
-        return BatchStart(None, SourceOffsets(()), next_id=1), None, frozenset()
+        return BatchStart(None, SourceOffsets(()), next_id=next_id_after(storage, 0)), None, frozenset()
     meta, source = load_external_checkpoint(config.from_checkpoint, config.storage_options)
     claim = ClaimMode(config.restore_mode).value
     lineage = RestoreLineage(restored_from=f"{source.job_url}/{meta.metadata_path}", claim_mode=claim)

@@ -1,9 +1,12 @@
 """Building state handles from real files, for core tests that do not need RocksDB; an empty
-checkpoint of real RocksDB backends for tests that need one but no Spark."""
+checkpoint of real RocksDB backends for tests that need one but no Spark; the `sparkpoint`
+command run in a directory of a user's own modules."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,6 +17,18 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.keygroups import key_group_range
 from sparkpoint.state.operators import KeyedOperator
 from tests.support.backends import make_backends
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(where: Path, *args: str, java: bool = False) -> subprocess.CompletedProcess[str]:
+    """`sparkpoint ARGS` in `where` (its modules importable); without `java`, no JVM can start
+    (JAVA_HOME points nowhere): a command that needs no Spark is shown to start none."""
+    env = {**os.environ, "PYTHONPATH": f"{where}{os.pathsep}{ROOT}"}
+    if not java:
+        env["JAVA_HOME"] = str(where / "no-java")
+    return subprocess.run([sys.executable, "-m", "sparkpoint.cli", *args], capture_output=True, text=True,
+                          timeout=600, cwd=where, env=env)
 
 
 class FakeSubtask:

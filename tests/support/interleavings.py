@@ -13,7 +13,8 @@ who goes next. The actors, each what a front end calls:
 - recovery (the Dagster recover job: `recover` with the failed run's attempts fenced; the Airflow
   `recover` task: `recover` with an orphan grace period and no fence), `prune`, `gc`;
 - `take_savepoint` into the job directory and out of it, `sparkpoint skip` (`skip_file`), the
-  `--follow` loop (`follow`), `sparkpoint bootstrap` (`plan_bootstrap(...).run`);
+  `--follow` loop (`follow`), `sparkpoint bootstrap` (`plan_bootstrap(...).run`), `sparkpoint
+  rollback` (`rollback_job`);
 - two actors sharing one host's `local_dir` (the same subtask directories and task-local copies);
 - corruption: a byte of a stored file flips, as one step of its own.
 
@@ -930,6 +931,36 @@ def local_copy_run_vs_fallback_recovery() -> Scenario:
     return Scenario("local-copy-run-vs-fallback-recovery", _rotted, actors)
 
 
+def _rollback(run: Run, actor: str, to: int) -> Any:
+    """`sparkpoint rollback --to N` of the job and its output (the actor's own sink object)."""
+    from sparkpoint.pipeline.rollback import rollback_job
+
+    p = run.pipeline(actor)
+    return rollback_job(p.storage, p.sink, to)
+
+
+def rollback_vs_run() -> Scenario:
+    """`sparkpoint rollback --to 1` while `sparkpoint run` (one process: no attempt persisted,
+    nothing to refuse it by) commits chk-3 on top of chk-2, which the rollback retires."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"rollback": lambda: _rollback(run, "rollback", 1),
+                "run": lambda: run.pipeline("run", num_retained=3, max_batches=1).run()}
+    return Scenario("rollback-vs-run", lambda run: _first_checkpoint(run, 2, num_retained=3), actors)
+
+
+def rollback_vs_recoverer() -> Scenario:
+    """Run A persisted its attempt at chk-3 and died; the recover job aborts it and processes its
+    batch again while `sparkpoint rollback --to 1` (refused while the attempt is pending) runs."""
+    def setup(run: Run) -> None:
+        _first_checkpoint(run, 2, num_retained=3)
+        _persisted(run, "run-a")
+
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"rollback": lambda: _rollback(run, "rollback", 1),
+                "recoverer": lambda: _recover(run, "recoverer", "run-a", num_retained=3)}
+    return Scenario("rollback-vs-recoverer", setup, actors)
+
+
 SCENARIOS = {s.name: s for s in (
     claimed_completer_vs_recovery_abort(), uploaded_zombie_vs_recovery_sweep(), completer_vs_recoverer(),
     zombie_vs_recover_with_sweep(), two_completers(), completer_vs_prune_vs_sweep(), retried_step_vs_recoverer(),
@@ -940,6 +971,7 @@ SCENARIOS = {s.name: s for s in (
     into_a_table(completer_vs_recoverer()), into_a_table(two_completers()),
     into_a_table(zombie_vs_recover_with_sweep()), into_a_table(retried_step_vs_recoverer()),
     into_a_table(completer_vs_recoverer(), "iceberg"), into_a_table(zombie_vs_recover_with_sweep(), "iceberg"),
+    rollback_vs_run(), rollback_vs_recoverer(),
 )}
 
 

@@ -120,6 +120,7 @@ def run_spark_half(
         expected=expected, source_offsets=offsets.to_json(),
         files=tuple(batch.good), started_at=started_at, watermark=watermarks[1],
         skipped_files=(*carried_skips(start.metadata), *skipped),
+        base=start.metadata.checkpoint_id if start.metadata is not None and start.restore_job is None else None,
         **_results_of(pipeline, results, route, batch_bytes(layouts)),
     )
 
@@ -218,14 +219,15 @@ def complete_attempt(
 def _acknowledge_and_commit(storage: CheckpointStorage, coordinator: CheckpointCoordinator,
                             attempt: PendingAttempt, inject: str | None) -> CompletedCheckpoint:
     """Every handle of the attempt acknowledged, then `_metadata` written (exclusive create),
-    re-checking the attempt's fence after the commit (an abort that claimed it meanwhile wins)."""
+    re-checking after the commit the attempt's fence (an abort that claimed it meanwhile wins)
+    and the checkpoint its state was restored from (a rollback retired it meanwhile)."""
     cid = attempt.checkpoint_id
     _check_uploads_present(storage, attempt)
     for handle in attempt.state_handles():
         coordinator.acknowledge(cid, handle)
     fail_at("before-commit", inject, f"checkpoint {cid} acknowledged, _metadata not written")
     return coordinator.complete(cid, source_offsets=committed_offsets(attempt),
-                                recheck=lambda: fenced(storage, attempt.attempt_id),
+                                recheck=lambda: fenced(storage, attempt.attempt_id), base=attempt.base,
                                 skipped_files=attempt.skipped_files)
 
 

@@ -74,6 +74,10 @@ class PendingAttempt:
     # How the batch was read (`_metadata`'s `source_offsets.read`): its route ("read-all" or
     # "shuffle"), the bytes its tasks read and the batch's bytes on storage. Absent in older records.
     read: dict[str, Any] | None = None
+    # The checkpoint of this job the batch's state was restored from (None: it started empty or from
+    # another job's checkpoint): its commit stands only while that checkpoint was not retired (a
+    # rollback or a fallback past it). Absent in older records.
+    base: int | None = None
 
     @property
     def path(self) -> str:
@@ -110,6 +114,7 @@ class PendingAttempt:
             "late_rows": self.late_rows,
             **({"skipped_files": [f.to_json() for f in self.skipped_files]} if self.skipped_files else {}),
             **({"read": self.read} if self.read is not None else {}),
+            **({"base": self.base} if self.base is not None else {}),
         }
 
     def dumps(self) -> bytes:
@@ -138,6 +143,7 @@ class PendingAttempt:
                 late_rows=_int(raw.get("late_rows", 0)),
                 skipped_files=load_skipped_files(raw.get("skipped_files", []), f"{where}: skipped_files"),
                 read=read_facts(raw.get("read")),
+                base=None if raw.get("base") is None else _int(raw["base"]),
             )
             SourceOffsets.from_json(attempt.source_offsets)
             for h in attempt.state_handles():

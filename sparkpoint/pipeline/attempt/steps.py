@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointCorrupted, SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.retired import next_id_after
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt.protocol import (
@@ -76,7 +77,7 @@ def start_step(
     for old in pending_attempts(storage):
         if old.attempt_id == attempt_id:
             abort_attempt(storage, old, pipeline.sink)
-    following = max(storage.completed_checkpoint_ids(), default=0) + 1
+    following = next_id_after(storage, max(storage.completed_checkpoint_ids(), default=0))
     if claim_holder(storage, following, attempt_id) == ABORT:
         raise AttemptIdReused(
             f"attempt {attempt_id} was aborted at checkpoint {following} and can never complete it: "
