@@ -20,6 +20,7 @@ from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.tablesource import TableSource
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.tables.sinks import table_version
 from sparkpoint.tables.spec import DELTA_SCHEME
 
 DATA_VERSION_TAG = "dagster/data_version"
@@ -176,10 +177,9 @@ def output_metadata(facts: dict[str, Any], checkpoint_id: int) -> dict[str, Any]
         "files": facts["files"],
         "dagster/row_count": facts["rows"],
     }
-    for key, fact in (("table_version", "version"), ("snapshot_id", "snapshot_id")):
-        if fact in facts:  # a table (None: the checkpoint made no version, or it is no longer found)
-            out[key] = facts[fact]
-            out["rows_added"] = facts["rows"]
+    if (version := table_version(facts)) is not None:  # a table (None: the checkpoint made no version)
+        out[version[0]] = version[1]
+        out["rows_added"] = facts["rows"]
     if facts["columns"]:
         out["dagster/column_schema"] = column_schema(facts["columns"])
     if facts["unreadable"]:
