@@ -31,6 +31,7 @@ delta-rs creates atomically (put-if-absent), so there is no state between them a
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import re
@@ -521,12 +522,22 @@ class DeltaSink:
 
     def version_of(self, table: deltalake.DeltaTable, checkpoint_id: int) -> int | None:
         """The table version whose commit info names checkpoint N of this job, from the newest
-        `HISTORY_LOOKBACK` commits only (a report asks right after the commit: reading the whole
-        log would grow with the table's history)."""
-        storage_step("read", self._log)
-        for commit in table.history(HISTORY_LOOKBACK):
-            if commit.get("sparkpoint.job") == self.job_id and commit.get("sparkpoint.checkpoint-id") == checkpoint_id:
-                return int(commit["version"])
+        version back, at most `HISTORY_LOOKBACK` commit files (a report asks right after the
+        commit: usually the newest file is it). Read with fsspec: delta-rs' `history()` reads every
+        one of them first, and holds the GIL while it waits for an answer."""
+        fs, root = self._fs()
+        newest = table.version()
+        for version in range(newest, max(-1, newest - HISTORY_LOOKBACK), -1):
+            path = f"{root}/_delta_log/{version:020d}.json"
+            storage_step("read", path)
+            try:
+                lines = fs.cat_file(path).decode().splitlines()
+            except FileNotFoundError:  # the log was cleaned up past it
+                return None
+            infos = [json.loads(line).get("commitInfo") or {} for line in lines if line.strip()]
+            if any(i.get("sparkpoint.job") == self.job_id and i.get("sparkpoint.checkpoint-id") == checkpoint_id
+                   for i in infos):
+                return version
         return None
 
 
