@@ -20,11 +20,11 @@ from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.tablesource import TableSource
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
-from sparkpoint.tables.sinks import table_version
+from sparkpoint.tables.sinks import TABLE_VERSION_KEYS, table_version
+from sparkpoint.tables.source import FORMATS
 from sparkpoint.tables.spec import DELTA_SCHEME
 
 DATA_VERSION_TAG = "dagster/data_version"
-TABLE_VERSION_KEYS = {"delta": "table_version", "iceberg": "snapshot_id"}  # a table's version, by its format
 
 
 def size_entries(name: str, size: int) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def observed_input(driver: StatefulPipeline, pending: Sequence[str] | None = Non
     if not isinstance(driver.source, TableSource):
         return input_data_version(pending, driver.consumed_files), metadata
     version = driver.source.current_version()
-    metadata[TABLE_VERSION_KEYS[driver.source.log.format]] = version
+    metadata[TABLE_VERSION_KEYS[FORMATS[driver.source.log.format]]] = version
     return dg.DataVersion(str(version) if version is not None else "no table version"), metadata
 
 
@@ -74,9 +74,9 @@ def input_observation(key: dg.AssetKey, driver: StatefulPipeline, by: str,
                       pending: Sequence[str] | None = None) -> dg.AssetObservation:
     """An observation of the input asset reported outside its own observe step (`by`: who looked)."""
     version, metadata = observed_input(driver, pending)
-    pending = metadata["files_pending"]
-    files = f"{pending} batch file{'' if pending == 1 else 's'} pending"
-    newest = f", newest {metadata['newest_file']}" if pending else ""
+    count = metadata["files_pending"]
+    files = f"{count} batch file{'' if count == 1 else 's'} pending"
+    newest = f", newest {metadata['newest_file']}" if count else ""
     return dg.AssetObservation(asset_key=key, description=f"{files}{newest} ({by})", metadata=metadata,
                                tags={DATA_VERSION_TAG: version.value})
 
