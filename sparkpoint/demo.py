@@ -5,9 +5,11 @@ under `.sparkpoint/dagster`. Each run materializes the SSTable and checkpoint as
 batches (each lands the next batch of the sample stream when none is unconsumed), one of them
 with an injected `after-upload` failure that the recovery sensor's run heals; then it prints the
 checkpoint table (sizes in the unit style of the lines above it) and compares the latest
-checkpoint's state with a plain recomputation over every consumed file; its last line says where
-to look next (`make ui`, and the exact `sparkpoint list ...` of its job). Runs again and again:
-each resumes from the latest completed checkpoint.
+checkpoint's state with a plain recomputation over every consumed file. The sample's output is a
+Delta table (`.sparkpoint/demo/output`, one table version per checkpoint); the demo reads it back
+with delta-rs and prints each checkpoint's rows beside a recomputation of what its batch changed.
+Its last line says where to look next (`make ui`, and the exact `sparkpoint list ...` of its job).
+Runs again and again: each resumes from the latest completed checkpoint.
 """
 
 import os
@@ -44,6 +46,8 @@ RUNS: list[dict[str, str]] = [{}, {INJECT_TAG: "after-upload"}, {}]
 
 WORKER = "SPARKPOINT_DEMO_WORKER"
 INPUT = Path(pipeline.location("input"))
+OUTPUT = Path(pipeline.output_table().url)  # type: ignore[union-attr]  # the sample has an output
+SHOWN = 6  # checkpoints whose rows the demo prints (it checks them all)
 
 
 def main() -> int:
@@ -74,6 +78,9 @@ def main() -> int:
 
 def run_demo() -> int:
     signal.signal(signal.SIGUSR1, lambda signum, frame: request_interrupt())
+    if (earlier := earlier_parquet_output()) is not None:
+        print(earlier, file=sys.stderr)
+        return 1
     os.environ["DAGSTER_HOME"] = str(prepare_dagster_home(".sparkpoint/dagster"))
     # Dagster 1.13 warns that sensors' `owners` is beta when it copies a run-failure sensor (we set none).
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
@@ -102,9 +109,20 @@ def run_demo() -> int:
         return 130
     _stop_spark()
     _table(storage)
-    status = check_latest(storage)
+    status = check_latest(storage) | check_output(storage)
     print(next_steps(pipeline))
     return status
+
+
+def earlier_parquet_output() -> str | None:
+    """What to do when `.sparkpoint/` holds an earlier demo's output, a directory of Parquet part
+    files where the demo now keeps a Delta table (its checkpoints name those files: a resume
+    cannot commit them to a table)."""
+    if not OUTPUT.is_dir() or (OUTPUT / "_delta_log").exists() or not any(OUTPUT.glob("part-*.parquet")):
+        return None
+    return (f"sparkpoint demo: {OUTPUT} holds Parquet files an earlier sparkpoint demo wrote; the demo now writes "
+            "a Delta table there, and its checkpoints name those files. Start afresh: `rm -rf .sparkpoint`, then "
+            "`make run` again")
 
 
 def _stop_spark() -> None:
@@ -188,6 +206,37 @@ def check_latest(storage: CheckpointStorage) -> int:
         ok &= same
         print(f"chk-{meta.checkpoint_id} {op.name}: {len(got)} keys, {'matches' if same else 'DIFFERS FROM'} "
               f"a recomputation over {len(consumed)} files")
+    return 0 if ok else 1
+
+
+def check_output(storage: CheckpointStorage) -> int:
+    """Read the output Delta table back (delta-rs, as a user would) and compare each checkpoint's
+    rows with a recomputation: the users its batch changed, with their totals over every batch up
+    to it (each checkpoint consumed one batch file, in the order the latest `_metadata` lists them)."""
+    from deltalake import DeltaTable as Table
+
+    table = Table(str(OUTPUT))
+    rows = table.to_pandas()
+    versions = {c["sparkpoint.checkpoint-id"]: c["version"] for c in table.history() if "sparkpoint.checkpoint-id" in c}
+    store = CompletedCheckpointStore(storage)
+    consumed = store.load(store.checkpoint_ids()[0]).source_offsets["source"]["consumed"]
+    ids = sorted(int(i) for i in rows["checkpoint_id"].unique())
+    print(f"output: Delta table {OUTPUT.resolve()} at version {table.version()}, {len(rows)} rows of "
+          f"{len(ids)} checkpoints (read with deltalake.DeltaTable(path).to_pandas())")
+    ok, seen = len(ids) == len(consumed), pd.DataFrame()
+    if not ok:
+        print(f"output: {len(ids)} checkpoints in the table, DIFFERS FROM the {len(consumed)} batches consumed")
+    for i, (cid, name) in enumerate(zip(ids, consumed)):
+        batch = pd.read_parquet(INPUT / name)
+        seen = pd.concat([seen, batch], ignore_index=True)
+        totals = _totals(seen)
+        expected = totals[totals["user_id"].isin(set(batch["user_id"]))]
+        got = rows[rows["checkpoint_id"] == cid][list(expected.columns)].sort_values("user_id").reset_index(drop=True)
+        same = _same(got, expected)
+        ok &= same
+        if i >= len(ids) - SHOWN or not same:
+            print(f"  chk-{cid}: {len(got)} rows in table version {versions.get(cid, '?')}, "
+                  f"{'equal to' if same else 'DIFFERENT FROM'} a recomputation over {i + 1} batch file(s)")
     return 0 if ok else 1
 
 

@@ -1,6 +1,7 @@
 """The sample pipeline: a `Pipeline` like any user's, with the two sample operators
 (`sparkpoint.state.sample`: `user_totals`, `item_reach`) over the sample events of
-`sparkpoint generate`, at the locations `make run` and the Dagster code location use by default;
+`sparkpoint generate`, at the locations `make run` and the Dagster code location use by default
+(its output a Delta table, `.sparkpoint/demo/output`);
 and its stream, which `land_sample_batch` continues one batch at a time (the code location's
 checkpoint step calls it when it finds no unconsumed batch, so a fresh checkout makes progress).
 """
@@ -15,11 +16,12 @@ from sparkpoint.checkpoint.errors import OperatorStateMismatch
 from sparkpoint.pipeline.spec import Pipeline
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.sample import SAMPLE_OPERATORS
+from sparkpoint.tables.spec import DeltaTable
 
 pipeline = Pipeline(
     "sparkpoint", SAMPLE_OPERATORS, job_id="demo",
     input_url=".sparkpoint/demo/input", checkpoints_url=".sparkpoint/checkpoints",
-    output_url=".sparkpoint/demo/output", local_dir=".sparkpoint/local",
+    output=DeltaTable(".sparkpoint/demo/output"), local_dir=".sparkpoint/local",
 )
 
 

@@ -474,3 +474,42 @@ def test_a_backlog_is_one_run_and_every_checkpoint_one_asset_event_recovered_one
     assert dict(zip(table["user"], table["clicks"])) == landed.groupby("user").size().to_dict()
     output = pd.read_parquet(tmp_path / "out")
     assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3, 4, 5], "each batch's output committed once"
+
+
+def test_a_delta_output_gets_one_asset_event_per_checkpoint_with_the_table_version_it_made(tmp_path: Path):
+    """The clickstream example's own pipeline into a Delta table: two files in one run, the batch
+    task commits the first (through the alias) and the checkpoint task the second; each is one
+    event on the table's asset (`output_asset`, the table's URL), its extra the table version that
+    checkpoint made and the rows it added."""
+    from deltalake import DeltaTable as Table
+
+    from sparkpoint import DeltaTable
+    from sparkpoint.airflow import output_asset
+
+    sys.path.insert(0, str(CLICKSTREAM))
+    try:
+        from clickstream.land import land
+    finally:
+        sys.path.pop(0)
+    land(tmp_path / "in", 2)
+    url = DeltaTable(str(tmp_path / "table")).uri
+    dag = dag_from_file("clicks_af_delta", (
+        "import sys\n"
+        f"sys.path.insert(0, {str(CLICKSTREAM)!r})\n"
+        "from clickstream.pipelines import clicks\n"
+        "from sparkpoint.airflow import sparkpoint_dag\n"
+        f"dag = sparkpoint_dag(clicks.with_(input_url={str(tmp_path / 'in')!r}, "
+        f"checkpoints_url={str(tmp_path / 'ckpt')!r}, output_url={url!r}, "
+        f"local_dir={str(tmp_path / 'local')!r}), dag_id='clicks_af_delta')\n"
+    ))
+    run = dag.test()
+    assert states(run)["batch"] == "success" and states(run)["checkpoint"] == "success", states(run)
+    table = Table(str(tmp_path / "table"))
+    rows = table.to_pandas()
+    versions = {c["sparkpoint.checkpoint-id"]: c["version"] for c in table.history() if "sparkpoint.checkpoint-id" in c}
+    events = checkpoint_events(output_asset(url).uri)
+    assert [(task, e["checkpoint_id"], e["table_version"]) for task, e in events] == [
+        ("batch", 1, versions[1]), ("checkpoint", 2, versions[2])]
+    for _, extra in events:
+        assert extra["url"] == url and "checkpoint_id" in extra["columns"]
+        assert extra["rows"] == int((rows["checkpoint_id"] == extra["checkpoint_id"]).sum()) > 0

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.spark
 def test_a_step_under_an_aborted_id_is_refused_before_spark_and_a_new_id_commits(tmp_path: Path):
     generate(str(tmp_path / "in"), batches=2, events_per_batch=800, users=100, items=20, seed=5)
     spec = sample.with_(input_url=str(tmp_path / "in"), checkpoints_url=str(tmp_path / "ckpt"), job_id="job",
-                        output_url=None, local_dir=str(tmp_path / "local"))
+                        output=None, output_url=None, local_dir=str(tmp_path / "local"))
     driver = StatefulPipeline(spark_session("local[2]"), spec.config(), spec.operators)
     with pytest.raises(InjectedFailure):
         start_step(driver, "try-1", inject_failure="after-upload")

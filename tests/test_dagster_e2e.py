@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from deltalake import DeltaTable
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -118,7 +119,7 @@ def test_materialize_fail_and_heal_through_the_webserver_and_daemon(dagster_serv
     events = pd.concat(batches, ignore_index=True)
     oracle.assert_totals_equal(export(server, tmp_path, "user_totals"), oracle.user_totals(events))
     oracle.assert_reach_equal(export(server, tmp_path, "item_reach"), oracle.item_reach(events))
-    output = pd.read_parquet(server.root / ".sparkpoint" / "demo" / "output")
+    output = DeltaTable(str(server.root / ".sparkpoint" / "demo" / "output")).to_pandas()  # the sample's Delta table
     ids = sorted(int(i) for i in output["checkpoint_id"].unique())
     assert ids == list(range(1, latest.checkpoint_id + 1))
     for cid, expected in zip(ids, oracle.sink_rows(batches)):

@@ -73,6 +73,20 @@ def test_each_checkpoint_is_one_version_with_its_app_transaction_and_stats(tmp_p
     assert sink.commit(4, []) == 0 and Table(str(tmp_path / "t")).version() == 2, "no rows: no version"
 
 
+def test_facts_name_the_version_each_checkpoint_made_beside_another_writers_and_the_tables_columns(tmp_path: Path):
+    sink = sink_at(tmp_path / "t")
+    staged = {cid: stage(sink, cid, rows(6, start=10 * cid)) for cid in (1, 2)}
+    sink.commit(1, staged[1])
+    write_deltalake(str(tmp_path / "t"), pd.DataFrame({"account": ["walk-in"], "branch": ["east"], "balance": [1.0],
+                                                       "moves": [1], "checkpoint_id": [7]}), mode="append")
+    sink.commit(2, staged[2])
+    facts = {cid: sink.facts(cid, staged[cid]) for cid in (1, 2)}
+    assert [facts[1]["version"], facts[2]["version"]] == [0, 2], "version 1 is the other writer's"
+    assert facts[2]["rows"] == 6 and facts[2]["files"] == 2
+    assert list(facts[2]["columns"]) == ["account", "branch", "balance", "moves", "checkpoint_id"]
+    assert sink.facts(3, [])["version"] is None, "no rows: no version"
+
+
 def test_a_writer_the_table_has_moved_past_is_fenced(tmp_path: Path):
     sink = sink_at(tmp_path / "t")
     sink.commit(1, stage(sink, 1, rows(4)))

@@ -83,3 +83,18 @@ def test_the_demo_never_lands_a_batch_under_a_consumed_name(tmp_path: Path, monk
     (Path(sample.location("input")) / "batch-000000.parquet").unlink()  # consumed, then cleaned up by the user
     third = land_sample_batch(input_url, consumed=["batch-000000.parquet", "batch-000001.parquet"])
     assert third is not None and third.endswith("batch-000002.parquet")
+
+
+def test_the_demo_stops_on_an_earlier_demos_parquet_output_and_says_how_to_start_afresh(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from sparkpoint import demo
+
+    monkeypatch.chdir(tmp_path)
+    assert demo.earlier_parquet_output() is None, "no output yet"
+    output = tmp_path / ".sparkpoint" / "demo" / "output"
+    output.mkdir(parents=True)
+    (output / "part-demo~00000001~user_totals~00000.parquet").write_bytes(b"PAR1")
+    said = demo.earlier_parquet_output()
+    assert said is not None and "Delta table" in said and "rm -rf .sparkpoint" in said, said
+    (output / "_delta_log").mkdir()
+    assert demo.earlier_parquet_output() is None, "a Delta table is the demo's own"

@@ -30,6 +30,7 @@ _HOMES = {
     "sparkpoint_dag": "sparkpoint.airflow.dags",
     "checkpoint_asset": "sparkpoint.airflow.dags",
     "checkpoint_alias": "sparkpoint.airflow.dags",
+    "output_asset": "sparkpoint.airflow.dags",
 }
 __all__ = sorted([*_HOMES, "get_provider_info"])
 

@@ -25,6 +25,8 @@ Every committed checkpoint is exactly one event on the asset `sparkpoint://<job>
 any number, add one event each through the alias `sparkpoint_<job>_checkpoints`
 (`checkpoint_alias`). A task that fails announces nothing, so `recover` announces what the run
 committed and no successful task did: its own checkpoint, the failed batch task's earlier ones.
+An output table (Delta, Iceberg) gets the same: one event per checkpoint that committed to it on
+the asset of its URL (`output_asset`), its `extra` the table version or snapshot id it made.
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ from sparkpoint.airflow.operators import (
     SparkpointVerifyOperator,
     checkpoint_alias,
     checkpoint_asset,
+    output_asset,
 )
 from sparkpoint.pipeline.spec import Pipeline
+from sparkpoint.tables.spec import ParquetDirectory, table_of
 
-__all__ = ["checkpoint_alias", "checkpoint_asset", "sparkpoint_dag"]
+__all__ = ["checkpoint_alias", "checkpoint_asset", "output_asset", "sparkpoint_dag"]
 
 
 def sparkpoint_dag(
@@ -122,7 +126,8 @@ def sparkpoint_dag(
     if on_landing and schedule is None:
         schedule = "@continuous"
     _set_dag_defaults(dag_kwargs, resolved.name)
-    tasks = _Tasks(job=resolved.effective_job_id, orphan_grace_seconds=orphan_grace_seconds,
+    tasks = _Tasks(job=resolved.effective_job_id, output=_output_assets(resolved),
+                   orphan_grace_seconds=orphan_grace_seconds,
                    common={"pipeline": pipeline, "overrides": overrides, "storage_conn_id": storage_conn_id},
                    spark={"master": master, "remote": remote})
     with DAG(dag_id or f"sparkpoint_{resolved.name}", schedule=schedule, **dag_kwargs) as dag:
@@ -131,6 +136,12 @@ def sparkpoint_dag(
         [batch, checkpoint] >> tasks.recover()
         tasks.preflight(on_landing=on_landing, poke_interval=poke_interval) >> batch
     return dag
+
+
+def _output_assets(pipeline: Pipeline) -> list[Any]:
+    """The asset of the pipeline's output when it is a table (Delta, Iceberg), as the tasks see it."""
+    output = pipeline.config().output_url
+    return [output_asset(output)] if output and not isinstance(table_of(output), ParquetDirectory) else []
 
 
 def _set_dag_defaults(dag_kwargs: dict[str, Any], name: str) -> None:
@@ -148,6 +159,7 @@ class _Tasks:
     arguments (`common`) and the Spark of the tasks that run one (`spark`)."""
 
     job: str
+    output: list[Any]  # the output table's asset (none for a directory)
     orphan_grace_seconds: float
     common: dict[str, Any]
     spark: dict[str, Any]
@@ -158,7 +170,7 @@ class _Tasks:
         batch = SparkpointBatchOperator(task_id="batch", tick=tick, max_batches_per_run=max_batches_per_run,
                                         outlets=[checkpoint_alias(self.job)], **self.common, **self.spark)
         checkpoint = SparkpointCheckpointOperator(task_id="checkpoint", batch_task_id="batch",
-                                                  outlets=[checkpoint_asset(self.job)], **self.common)
+                                                  outlets=[checkpoint_asset(self.job), *self.output], **self.common)
         prune = SparkpointPruneOperator(task_id="prune", orphan_grace_seconds=self.orphan_grace_seconds,
                                         **self.common)
         batch >> checkpoint >> prune

@@ -34,6 +34,7 @@ LOCATIONS = ("input_url", "checkpoints_url", "output_url", "local_dir", "job_id"
 INJECT_KEY = "sparkpoint_inject_failure"  # dag_run.conf: before-upload | after-upload | before-commit
 DEFAULT_MAX_BATCHES_PER_RUN = 10
 COMMITTED_KEY = "committed"  # the batch task's XCom: the event of each checkpoint it committed, pushed as it goes
+OUTPUT_EVENT_KEY = "output"  # a committed event's output table event, announced on the table's own asset
 
 
 class PokeIntervalError(AirflowException, ValueError):
@@ -104,15 +105,53 @@ def checkpoint_alias(job_id: str) -> AssetAlias:
     return AssetAlias(name=f"sparkpoint_{job_id}_checkpoints")
 
 
-def announce(context: Context, storage: Any, events: list[dict[str, Any]], *, alias: bool) -> None:
-    """One asset event per committed checkpoint on the job's checkpoint asset: through the alias
-    (`add`, one event each), or, for a task that commits exactly one, as its own outlet's extra."""
-    asset = checkpoint_asset(storage.job_id)
-    for event in events:
-        if alias:
-            context["outlet_events"][checkpoint_alias(storage.job_id)].add(asset, extra=event)
-        else:
-            context["outlet_events"][asset].extra = event
+def output_asset(url: str) -> Asset:
+    """The Airflow asset of a pipeline's output table: its URL (`delta+file:///...`, `delta+s3://...`,
+    `iceberg://<catalog>/<namespace>.<table>`).
+
+    Each checkpoint that committed rows to the table is one event on it, its `extra` the
+    checkpoint's id, the table version (`table_version`, Delta) or snapshot id (`snapshot_id`,
+    Iceberg) it made, the rows and files it added and the table's columns
+    (`sparkpoint.pipeline.maintenance.output_event`).
+
+    Example:
+        ```python
+        with DAG("report", schedule=[output_asset("delta+s3://lake/clicks")]):   # after each table version
+            ...
+        ```
+
+    Args:
+        url: the output table's URL, as `--output` takes it (`sparkpoint.DeltaTable(...).uri`).
+
+    Returns:
+        An `airflow.sdk.Asset` whose URI is the table's URL.
+    """
+    return Asset(uri=url, name=url)
+
+
+def committed_event(driver: StatefulPipeline, meta: CheckpointMetadata, batch: Any) -> dict[str, Any]:
+    """The checkpoint asset's event of a committed checkpoint, with its output table's event under
+    `OUTPUT_EVENT_KEY` when the output is a table (`announce` takes it apart)."""
+    event = maintenance.checkpoint_event(driver.storage, meta, batch)
+    output = maintenance.output_event(driver.sink, meta)
+    return {**event, OUTPUT_EVENT_KEY: output} if output is not None else event
+
+
+def announce(context: Context, job_id: str, events: list[dict[str, Any]], *, alias: bool) -> None:
+    """One asset event per committed checkpoint on the job's checkpoint asset, and one on its
+    output table's asset when it committed to a table: through the alias (`add`, one event each),
+    or, for a task that commits exactly one, as its own outlets' extra."""
+    asset = checkpoint_asset(job_id)
+    for given in events:
+        event = {k: v for k, v in given.items() if k != OUTPUT_EVENT_KEY}
+        announced = [(asset, event)]
+        if given.get(OUTPUT_EVENT_KEY):
+            announced.append((output_asset(given[OUTPUT_EVENT_KEY]["url"]), given[OUTPUT_EVENT_KEY]))
+        for target, extra in announced:
+            if alias:
+                context["outlet_events"][checkpoint_alias(job_id)].add(target, extra=extra)
+            else:
+                context["outlet_events"][target].extra = extra
 
 
 def storage_options_from_connection(conn_id: str) -> dict[str, Any]:
@@ -321,7 +360,7 @@ class SparkpointBatchOperator(SparkpointOperator):
         def on_commit(report: BatchReport, meta: CheckpointMetadata) -> None:
             self.log.info("sparkpoint %s", report.line())
             warn_skipped(self.log, report, meta)
-            committed.append(maintenance.checkpoint_event(driver.storage, meta, report.files))
+            committed.append(committed_event(driver, meta, report.files))
             context["ti"].xcom_push(key=COMMITTED_KEY, value=committed)
 
         driver = self.driver()
@@ -344,7 +383,7 @@ class SparkpointBatchOperator(SparkpointOperator):
             self.log.info("sparkpoint: %s", driver.rescaling)
         for line in driver.changed_skips:  # a skipped file that was still being written
             self.log.warning("sparkpoint: %s", line)
-        announce(context, driver.storage, committed, alias=True)
+        announce(context, driver.storage.job_id, committed, alias=True)
         out: dict[str, Any] = {COMMITTED_KEY: committed}
         if attempt is None and driver.waiting_for:
             self.log.warning("sparkpoint: %s", driver.waiting_for)
@@ -395,8 +434,7 @@ class SparkpointCheckpointOperator(SparkpointOperator):
         facts = maintenance.checkpoint_facts(driver.storage, report, meta)
         self.log.info("sparkpoint %s", report.line())
         warn_skipped(self.log, report, meta)
-        announce(context, driver.storage, [maintenance.checkpoint_event(driver.storage, meta, report.files)],
-                 alias=False)
+        announce(context, driver.storage.job_id, [committed_event(driver, meta, report.files)], alias=False)
         return {**facts, "rows": report.rows, "batch": list(report.files),
                 "skipped_files": [s.to_json() for s in report.skipped]}
 
@@ -454,7 +492,7 @@ class SparkpointRecoverOperator(SparkpointOperator):
             if not committed:
                 raise AirflowSkipException(said)
             self.log.warning("sparkpoint: %s", said)  # the batches before it are committed: announced here
-            announce(context, self.resolved().storage(), committed, alias=True)
+            announce(context, self.resolved().storage().job_id, committed, alias=True)
             return {"announced": [e["checkpoint_id"] for e in committed], "summary": said}
         spark = self.spark()
         try:
@@ -467,8 +505,8 @@ class SparkpointRecoverOperator(SparkpointOperator):
             self.log.info("sparkpoint: %s", driver.rescaling)
         if report.fell_back_from:
             self.log.error("FELL BACK: checkpoints %s failed verification", list(report.fell_back_from))
-        events = self._unannounced(context, driver.storage, report)
-        announce(context, driver.storage, events, alias=True)
+        events = self._unannounced(context, driver, report)
+        announce(context, driver.storage.job_id, events, alias=True)
         return {**report.to_json(), "announced": [e["checkpoint_id"] for e in events]}
 
     def _skip_unless_an_upstream_task_failed(self, context: Context) -> None:
@@ -486,21 +524,22 @@ class SparkpointRecoverOperator(SparkpointOperator):
         raise AirflowSkipException(f"no batch task failed ({said}): a task before them failed or timed out, no "
                                    "batch ran, nothing to recover")
 
-    def _unannounced(self, context: Context, storage: Any, report: maintenance.RecoveryReport) -> list[dict[str, Any]]:
+    def _unannounced(self, context: Context, driver: StatefulPipeline, report: maintenance.RecoveryReport
+                     ) -> list[dict[str, Any]]:
         """The events of the checkpoints this run committed that no task announced, oldest first."""
         events: list[dict[str, Any]] = []
         ti = context["ti"]
         if self.batch_task_id and ti.xcom_pull(task_ids=self.batch_task_id) is None:  # it failed: nothing announced
             events += list(ti.xcom_pull(task_ids=self.batch_task_id, key=COMMITTED_KEY) or [])
-        store = CompletedCheckpointStore(storage)
+        store = CompletedCheckpointStore(driver.storage)
         for outcome in report.found_committed:
             try:
-                events.append(maintenance.checkpoint_event(storage, store.load(outcome.checkpoint_id), outcome.files))
+                events.append(committed_event(driver, store.load(outcome.checkpoint_id), outcome.files))
             except SparkpointError as e:  # subsumed meanwhile: nothing left to point at
                 self.log.warning("sparkpoint: checkpoint %s is not announced: %s", outcome.checkpoint_id, e)
         if report.batch is not None:
             done, meta = report.batch
-            events.append(maintenance.checkpoint_event(storage, meta, done.files))
+            events.append(committed_event(driver, meta, done.files))
         unique = {e["checkpoint_id"]: e for e in events}
         return [unique[cid] for cid in sorted(unique)]
 

@@ -22,11 +22,13 @@ import dagster as dg
 
 from sparkpoint.assets import steps
 from sparkpoint.assets.committed import has_output, sstable_materializations
-from sparkpoint.assets.metadata import input_data_version, input_metadata, input_observation, state_schema
+from sparkpoint.assets.metadata import input_observation, observed_input, state_schema
 from sparkpoint.pipeline.attempt import Overtaken
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.resources.scope import OVERTAKEN_TAG, PipelineScope
 from sparkpoint.spark.source import ParquetDirectorySource
+from sparkpoint.spark.tablesource import TableSource
+from sparkpoint.tables.spec import DeltaTable, IcebergTable, TableSpec, table_of
 
 _STEP_ROLES = ("storage", "registry", "state_backend", "source")  # what every step of the pipeline reads
 
@@ -49,18 +51,27 @@ def step_driver(scope: PipelineScope, context: Any, *, spark: bool = False) -> S
     return driver
 
 
+def table_kind(table: TableSpec | None) -> str:
+    """The Dagster kind of an output or input: `delta`, `iceberg` or `parquet`."""
+    return {DeltaTable: "delta", IcebergTable: "iceberg"}.get(type(table), "parquet")
+
+
+def input_source(scope: PipelineScope) -> type[ParquetDirectorySource | TableSource]:
+    """What kind of source the pipeline's input is (a table, or a directory of batch files)."""
+    given = scope.pipeline.input or scope.pipeline.input_url or ""
+    return TableSource if isinstance(table_of(given), (DeltaTable, IcebergTable)) else ParquetDirectorySource
+
+
 def input_asset(scope: PipelineScope) -> dg.SourceAsset:
     def input_files(context: dg.AssetExecutionContext) -> dg.ObserveResult:
-        driver = step_driver(scope, context)
-        pending = driver.pending_files()
-        return dg.ObserveResult(data_version=input_data_version(pending, driver.consumed_files),
-                                metadata=input_metadata(pending, driver.config.input_url))
+        version, metadata = observed_input(step_driver(scope, context))
+        return dg.ObserveResult(data_version=version, metadata=metadata)
 
     with warnings.catch_warnings():  # observable source assets are "beta" in Dagster 1.13, and what we need
         warnings.simplefilter("ignore", dg.BetaWarning)
         return dg.observable_source_asset(
             key=scope.input_key, group_name=scope.group_name, required_resource_keys=scope.resource_keys(*_STEP_ROLES),
-            description=f"Batches landing for `{scope.pipeline.name}`: {ParquetDirectorySource.accepted}",
+            description=f"Batches landing for `{scope.pipeline.name}`: {input_source(scope).accepted}",
             **_common(scope),
         )(input_files)
 
@@ -86,8 +97,7 @@ def sstables_asset(scope: PipelineScope) -> dg.AssetsDefinition:
         # The run that reads the input observes it too (the input sensor may be stopped), as the
         # sensor does: outside the run's own events, which say what the run made.
         context.instance.report_runless_asset_event(input_observation(
-            scope.input_key, driver.pending_files(), driver.consumed_files, driver.config.input_url,
-            f"seen by run {context.run.run_id}"))
+            scope.input_key, driver, f"seen by run {context.run.run_id}"))
         if attempt is not None:
             made = sstable_materializations(scope, attempt.checkpoint_id, attempt)
             yield from (m.result() for m in made if m.key in context.selected_asset_keys)
@@ -99,7 +109,7 @@ def complete_asset(scope: PipelineScope) -> dg.AssetsDefinition:
     code_version = scope.pipeline.code_version()
     output_specs = [dg.AssetSpec(
         scope.output_key, group_name=scope.group_name, skippable=True, deps=[scope.checkpoint_key],
-        kinds={"parquet"}, code_version=code_version, **_common(scope),
+        kinds={table_kind(scope.pipeline.output_table())}, code_version=code_version, **_common(scope),
         description=f"What `{scope.pipeline.name}`'s emitting operators changed, committed exactly once per checkpoint",
     )] if has_output(scope) else []
 

@@ -14,10 +14,15 @@ import dagster as dg
 from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import checkpoint_facts
 from sparkpoint.pipeline.runtime import BatchReport
+from sparkpoint.spark.tablesource import TableSource
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
+from sparkpoint.tables.sinks import TABLE_VERSION_KEYS, table_version
+from sparkpoint.tables.source import FORMATS
+from sparkpoint.tables.spec import DELTA_SCHEME
 
 DATA_VERSION_TAG = "dagster/data_version"
 
@@ -28,7 +33,9 @@ def size_entries(name: str, size: int) -> dict[str, Any]:
 
 
 def location(url: str) -> dg.MetadataValue:
-    """A local file as a path value (the UI offers to copy it), anything else as a URL."""
+    """A local file as a path value (the UI offers to copy it), anything else as a URL (a Delta
+    table's by its location, an Iceberg table's as `iceberg://<catalog>/<table>`)."""
+    url = url.removeprefix(DELTA_SCHEME)
     if url.startswith("file://"):
         return dg.MetadataValue.path(url.removeprefix("file://"))
     return dg.MetadataValue.url(url)
@@ -48,15 +55,30 @@ def input_data_version(pending: Sequence[str], consumed: Callable[[], Sequence[s
     return dg.DataVersion(newest or "nothing landed")
 
 
-def input_observation(key: dg.AssetKey, pending: Sequence[str], consumed: Callable[[], Sequence[str]],
-                      input_url: str, by: str) -> dg.AssetObservation:
+def observed_input(driver: StatefulPipeline, pending: Sequence[str] | None = None
+                   ) -> tuple[dg.DataVersion, dict[str, Any]]:
+    """The input asset's data version and metadata now. A table's data version is its newest
+    version (Delta) or snapshot id (Iceberg), under `table_version` / `snapshot_id` in the
+    metadata too; a directory's is its newest batch file (`input_data_version`). `pending`: the
+    files the caller listed just now (else they are listed here)."""
+    pending = driver.pending_files() if pending is None else pending
+    metadata = input_metadata(pending, driver.config.input_url)
+    if not isinstance(driver.source, TableSource):
+        return input_data_version(pending, driver.consumed_files), metadata
+    version = driver.source.current_version()
+    metadata[TABLE_VERSION_KEYS[FORMATS[driver.source.log.format]]] = version
+    return dg.DataVersion(str(version) if version is not None else "no table version"), metadata
+
+
+def input_observation(key: dg.AssetKey, driver: StatefulPipeline, by: str,
+                      pending: Sequence[str] | None = None) -> dg.AssetObservation:
     """An observation of the input asset reported outside its own observe step (`by`: who looked)."""
-    files = f"{len(pending)} batch file{'' if len(pending) == 1 else 's'} pending"
-    return dg.AssetObservation(
-        asset_key=key, description=f"{files}{f', newest {pending[-1]}' if pending else ''} ({by})",
-        metadata=input_metadata(pending, input_url),
-        tags={DATA_VERSION_TAG: input_data_version(pending, consumed).value},
-    )
+    version, metadata = observed_input(driver, pending)
+    count = metadata["files_pending"]
+    files = f"{count} batch file{'' if count == 1 else 's'} pending"
+    newest = f", newest {metadata['newest_file']}" if count else ""
+    return dg.AssetObservation(asset_key=key, description=f"{files}{newest} ({by})", metadata=metadata,
+                               tags={DATA_VERSION_TAG: version.value})
 
 
 def plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -146,13 +168,18 @@ def sstable_metadata(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def output_metadata(facts: dict[str, Any], checkpoint_id: int) -> dict[str, Any]:
-    """The sink's output asset: what this checkpoint made visible."""
+    """The sink's output asset: what this checkpoint made visible. A table's carries its own
+    version: `table_version` (Delta) or `snapshot_id` (Iceberg), the one this checkpoint made, and
+    `dagster/column_schema` is the table's schema."""
     out: dict[str, Any] = {
         "checkpoint_id": checkpoint_id,
         "location": location(facts["url"]),
         "files": facts["files"],
         "dagster/row_count": facts["rows"],
     }
+    if (version := table_version(facts)) is not None:  # a table (None: the checkpoint made no version)
+        out[version[0]] = version[1]
+        out["rows_added"] = facts["rows"]
     if facts["columns"]:
         out["dagster/column_schema"] = column_schema(facts["columns"])
     if facts["unreadable"]:

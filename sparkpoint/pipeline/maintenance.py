@@ -42,6 +42,7 @@ from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.eventtime import iso_micros
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.tables.sink import Sink
+from sparkpoint.tables.sinks import output_facts, table_version
 
 if TYPE_CHECKING:
     from sparkpoint.pipeline.driver import StatefulPipeline
@@ -103,6 +104,21 @@ def checkpoint_event(storage: CheckpointStorage, meta: CheckpointMetadata, batch
         "checkpointed_size": meta.stats.checkpointed_size,
         "batch": list(batch),
     }
+
+
+def output_event(sink: Sink | None, meta: CheckpointMetadata) -> dict[str, Any] | None:
+    """What an orchestrator announces of the rows checkpoint N committed to an output table (an
+    Airflow asset event's `extra` on the table's URL), as JSON values: the checkpoint's id, the
+    table's URL, the table version (Delta: `table_version`) or snapshot (Iceberg: `snapshot_id`)
+    it made, the rows and files it added and the table's columns. None: no sink, or a directory."""
+    if sink is None:
+        return None
+    facts = output_facts(sink, meta.checkpoint_id, list(meta.source_offsets.get("sink") or []))
+    version = table_version(facts)
+    if version is None:
+        return None
+    return {"checkpoint_id": meta.checkpoint_id, "url": facts["url"], version[0]: version[1],
+            "rows": facts["rows"], "files": facts["files"], "columns": dict(facts["columns"])}
 
 
 def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: CheckpointMetadata) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from sparkpoint.pipeline.spec import Pipeline
 
 DEFAULT_CHECKPOINTS = ".sparkpoint/checkpoints"
 DEFAULT_INPUT = ".sparkpoint/demo/input"
-DEFAULT_OUTPUT = ".sparkpoint/demo/output"
+DEFAULT_OUTPUT = "delta+.sparkpoint/demo/output"  # the sample's Delta table
 DEFAULT_LOCAL_DIR = ".sparkpoint/local"
 DEFAULT_JOB_ID = "demo"
 R = TypeVar("R", bound=dg.ConfigurableResource)  # type: ignore[type-arg]

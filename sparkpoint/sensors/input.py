@@ -70,8 +70,8 @@ def _decide(scope: PipelineScope, context: dg.SensorEvaluationContext, driver: S
     pending = driver.pending_files()
     cursor, due = cursor.observe(pending, time.time())
     if due:
-        report_observation(context, input_observation(scope.input_key, pending, driver.consumed_files,
-                                                      driver.config.input_url, f"seen by {scope.name('input_sensor')}"))
+        report_observation(context, input_observation(scope.input_key, driver, f"seen by {scope.name('input_sensor')}",
+                                                      pending))
     if not pending:
         return cursor, landing.Landing(None, "no batch file waiting", {}), pending
     following = [r for r in scope.runs_in_flight(context.instance) if scope.is_follow_run(r)]

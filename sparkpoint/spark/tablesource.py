@@ -183,6 +183,11 @@ class TableSource:
 
     # --- BatchSource ---------------------------------------------------------------------------------
 
+    def current_version(self) -> int | None:
+        """The table's newest version (Delta) or snapshot id (Iceberg) now; None: it has none."""
+        versions = self.log.versions()
+        return versions[-1] if versions else None
+
     def pending(self, offsets: SourceOffsets) -> list[str]:
         return [p.file.name for p in self._plan(offsets)[0]]
 

@@ -31,6 +31,7 @@ delta-rs creates atomically (put-if-absent), so there is no state between them a
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import re
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "sparkpoint-"  # the job's files in the table: sparkpoint-<job>/chk-<N>/...
 COMMIT_ATTEMPTS = 20  # our own tries at one commit beyond delta-rs' retries (conflicts with other writers)
+HISTORY_LOOKBACK = 50  # commits `facts` reads back for the version of a checkpoint (other writers' among them)
 
 
 @dataclass(frozen=True)
@@ -497,11 +499,46 @@ class DeltaSink:
                     pass
 
     def facts(self, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
-        """What checkpoint N committed: files, rows and columns from its files' footers."""
+        """What checkpoint N committed: files and rows from its files' footers (the keys of the
+        Parquet sink's facts), the table `version` whose commit info names N (None: N made no
+        version, or it is older than the last `HISTORY_LOOKBACK` commits) and the table's columns
+        at its latest version. For a report after the commit: a table that cannot be read is named
+        in `unreadable`, never raised."""
         fs, root = self._fs()
         for rel in staged:
             self._staged_of(rel, checkpoint_id)
-        return footer_facts(fs, self.url, [f"{root}/{rel}" for rel in staged])
+        facts = footer_facts(fs, self.url, [f"{root}/{rel}" for rel in staged])
+        facts["version"] = None
+        if not staged:
+            return facts
+        try:
+            table = self._load()
+            if table is not None:
+                facts["version"] = self.version_of(table, checkpoint_id)
+                facts["columns"] = {f.name: str(f.type) for f in pa.schema(table.schema().to_arrow())}
+        except Exception as e:  # noqa: BLE001  reporting only: the checkpoint is committed
+            facts["unreadable"].append(f"{self.url}: {type(e).__name__}: {e}")
+        return facts
+
+    def version_of(self, table: deltalake.DeltaTable, checkpoint_id: int) -> int | None:
+        """The table version whose commit info names checkpoint N of this job, from the newest
+        version back, at most `HISTORY_LOOKBACK` commit files (a report asks right after the
+        commit: usually the newest file is it). Read with fsspec: delta-rs' `history()` reads every
+        one of them first, and holds the GIL while it waits for an answer."""
+        fs, root = self._fs()
+        newest = table.version()
+        for version in range(newest, max(-1, newest - HISTORY_LOOKBACK), -1):
+            path = f"{root}/_delta_log/{version:020d}.json"
+            storage_step("read", path)
+            try:
+                lines = fs.cat_file(path).decode().splitlines()
+            except FileNotFoundError:  # the log was cleaned up past it
+                return None
+            infos = [json.loads(line).get("commitInfo") or {} for line in lines if line.strip()]
+            if any(i.get("sparkpoint.job") == self.job_id and i.get("sparkpoint.checkpoint-id") == checkpoint_id
+                   for i in infos):
+                return version
+        return None
 
 
 def _conflict(error: Exception) -> bool:

@@ -80,3 +80,16 @@ def output_facts(sink: Sink, checkpoint_id: int, staged: list[str]) -> dict[str,
     columns from the committed files' footers (the output is never listed: it grows by a file per
     subtask and checkpoint)."""
     return sink.facts(checkpoint_id, staged)
+
+
+TABLE_VERSION_KEYS = {"version": "table_version", "snapshot_id": "snapshot_id"}  # a table's facts -> the name shown
+
+
+def table_version(facts: dict[str, Any]) -> tuple[str, int | None] | None:
+    """The version a table's facts name, as reports show it: ("table_version", N) for a Delta
+    table, ("snapshot_id", id) for an Iceberg one (its value None when the checkpoint made no
+    version); None for a directory of Parquet files."""
+    for fact, shown in TABLE_VERSION_KEYS.items():
+        if fact in facts:
+            return shown, facts[fact]
+    return None
