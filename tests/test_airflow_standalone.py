@@ -87,12 +87,17 @@ class Airflow:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"{self.url}/api/v2{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        for attempt in range(3 if method == "GET" else 1):  # a loaded machine: a read may time out once
+        # A loaded machine: a read may time out once, and a write of the API server may find
+        # Airflow's SQLite database locked by the scheduler past its 5 s busy timeout (a 500).
+        # Reads and PATCHes (setting a field to a value) are tried again; a POST is not.
+        tries = 3 if method in ("GET", "PATCH") else 1
+        for attempt in range(tries):
             try:
                 with urllib.request.urlopen(req, timeout=60) as r:
                     return json.load(r)
-            except (TimeoutError, urllib.error.URLError):
-                if attempt == 2 or method != "GET":
+            except (TimeoutError, urllib.error.URLError) as e:
+                retryable = method == "GET" or not isinstance(e, urllib.error.HTTPError) or e.code >= 500
+                if attempt == tries - 1 or not retryable:
                     raise
                 time.sleep(2)
 
