@@ -59,7 +59,7 @@ from sparkpoint.tables.delta_parts import (
     unfit,
     with_partition,
 )
-from sparkpoint.tables.files import footer_facts, rows_table, write_parquet
+from sparkpoint.tables.files import footer_facts, remove_file, rows_table, write_parquet
 from sparkpoint.tables.sink import DEFAULT_REPLAY_WINDOW, SinkError, SinkFenced, SinkSchemaMismatch
 from sparkpoint.tables.spec import DeltaTable
 
@@ -397,10 +397,7 @@ class DeltaSink:
             if rel in kept:
                 continue
             storage_step("delete", f"{root}/{rel}")
-            try:
-                fs.rm_file(f"{root}/{rel}")
-            except FileNotFoundError:
-                pass
+            remove_file(fs, f"{root}/{rel}")
 
     def committed(self) -> dict[int, list[str]]:
         """This job's files in the table (relative paths) by checkpoint id."""
@@ -488,10 +485,7 @@ class DeltaSink:
             for f in fs.ls(path, detail=False):
                 if posixpath.basename(f) not in keep:
                     storage_step("delete", f)
-                    try:
-                        fs.rm_file(f)
-                    except FileNotFoundError:
-                        pass
+                    remove_file(fs, f)
             if not keep:
                 try:
                     fs.rmdir(path)

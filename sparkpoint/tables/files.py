@@ -82,10 +82,15 @@ def remove_tree(fs: Any, path: str) -> None:
     except FileNotFoundError:
         return
     for f in files:
-        try:
-            fs.rm_file(f)
-        except FileNotFoundError:
-            pass
+        remove_file(fs, f)
+
+
+def remove_file(fs: Any, path: str) -> None:
+    """Delete one file; one already gone (a repeat, or another process just now) is no error."""
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
 
 
 def present(fs: Any, path: str, attempts: int = 4) -> bool:

@@ -66,6 +66,7 @@ from pyiceberg.utils.config import Config
 
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.interleave import storage_step
+from sparkpoint.tables.files import remove_file
 from sparkpoint.tables.sink import SinkError
 from sparkpoint.tables.spec import IcebergTable
 
@@ -596,10 +597,7 @@ class IcebergSink:
         fs, root = self._fs()
         for rel in names:
             storage_step("delete", f"{self.prefix}/{rel}")
-            try:
-                fs.rm_file(f"{root}/{rel}")
-            except FileNotFoundError:
-                pass
+            remove_file(fs, f"{root}/{rel}")
 
     def _retrying(self, what: str, attempt: Callable[[], T]) -> T:
         """Run `attempt` (read the table, decide, commit) until it commits or decides; a commit that

@@ -25,7 +25,7 @@ import pandas as pd
 
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.storage import move_file, storage_url
-from sparkpoint.tables.files import footer_facts, present, remove_tree, rows_table, write_parquet
+from sparkpoint.tables.files import footer_facts, present, remove_file, remove_tree, rows_table, write_parquet
 from sparkpoint.tables.sink import SinkError
 
 log = logging.getLogger(__name__)
@@ -134,10 +134,7 @@ class ExactlyOnceParquetSink:
             _staged_of(rel, checkpoint_id)
         for rel in staged:
             storage_step("delete", f"{root}/{self._staging}/{rel}")
-            try:
-                fs.rm_file(f"{root}/{self._staging}/{rel}")
-            except FileNotFoundError:
-                pass
+            remove_file(fs, f"{root}/{self._staging}/{rel}")
 
     def committed(self) -> dict[int, list[str]]:
         """This job's visible part files by checkpoint id."""
