@@ -132,6 +132,14 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
         out.update(size_entries("input_read", facts["input_bytes_read"]))
         out.update(size_entries("batch_size", facts["batch_bytes"]))
         out["read_amplification"] = facts["read_amplification"]
+    if "requests" in facts:  # the request ledger: by operation (JSON), and numbers the UI plots
+        out["requests"] = dg.MetadataValue.json(facts["requests"])
+        out["requests_total"] = sum(facts["requests"].values())
+        out["input_requests"] = dg.MetadataValue.json(facts["input"]["requests"])
+        out["bytes_up"] = facts["bytes_up"]
+        out["bytes_down"] = facts["bytes_down"]
+        out["input_bytes"] = facts["input"]["bytes"]
+        out["estimated_cost_usd"] = facts["estimated_cost_usd"]
     if recovered_run:
         out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
     if previous is not None:  # the checkpoint before it, to open beside it (and to diff against)

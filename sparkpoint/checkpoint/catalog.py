@@ -141,6 +141,9 @@ def describe_checkpoint(located: LocatedCheckpoint) -> dict[str, Any]:
         "source_offsets": meta.source_offsets,
         "watermark": _watermark(meta),
         "read": meta.read(),  # the route its batch took to the subtasks, and the bytes that read
+        # the storage requests it made up to its commit and their cost (checkpoints since the ledger)
+        **(meta.stats.ledger.to_json() if meta.stats.ledger is not None else {}),
+        "estimated_cost_usd": meta.stats.estimated_cost_usd,
         "unowned": sorted(meta.unowned),
         "operators": operators,
         "skipped_files": [s.to_json() for s in meta.skipped_files],  # up to this checkpoint, oldest first

@@ -89,6 +89,8 @@ def stored_content_problems(storage: CheckpointStorage, files: list[FileHandle])
                     size += len(chunk)
         except FileNotFoundError:
             return FileProblem(f.path, f.local_name, "missing")
+        finally:
+            storage.count_request("GET", down=size)
         problem = mismatch(f, size, lambda: crc)
         return FileProblem(f.path, f.local_name, problem) if problem else None
 

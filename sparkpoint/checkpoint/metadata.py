@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sparkpoint.checkpoint.errors import MetadataError
+from sparkpoint.checkpoint.ledger import Prices, RequestLedger
 from sparkpoint.checkpoint.paths import (
     check_encodable,
     is_changelog_name,
@@ -290,18 +291,30 @@ class RestoreLineage:
 
 @dataclass(frozen=True)
 class CheckpointStats:
+    """Sizes and file counts of a checkpoint; and, in checkpoints written since the request
+    ledger, the storage requests it made up to its commit (`ledger`: requests by operation,
+    bytes up and down, input reads apart) and what they cost by the price table then in force."""
+
     state_size: int
     checkpointed_size: int
     files_new: int = 0
     files_reused: int = 0
+    ledger: RequestLedger | None = None
+    estimated_cost_usd: float | None = None
 
-    def to_json(self) -> dict[str, int]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "state_size": self.state_size,
             "checkpointed_size": self.checkpointed_size,
             "files_new": self.files_new,
             "files_reused": self.files_reused,
         }
+        if self.ledger is not None:  # older readers ignore fields of stats they do not know
+            out.update(self.ledger.to_json(), estimated_cost_usd=self.estimated_cost_usd)
+        return out
+
+    def with_requests(self, ledger: RequestLedger, prices: Prices) -> CheckpointStats:
+        return replace(self, ledger=ledger, estimated_cost_usd=prices.cost(ledger))
 
 
 READ_KEY = "read"  # in a committed `_metadata`'s source offsets: how its batch was read
@@ -715,11 +728,21 @@ def _unowned_from_json(v: Validator, raw: Any) -> frozenset[str]:
 
 def _stats_from_json(v: Validator, raw: Any) -> CheckpointStats:
     obj = v.obj(raw, "stats")
+    ledger, cost = None, None
+    if "requests" in obj:  # written since the request ledger
+        try:
+            ledger = RequestLedger.from_json(obj)
+        except ValueError as e:
+            raise v.fail("stats", str(e)) from None
+        cost = obj.get("estimated_cost_usd")
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0):
+            raise v.fail("stats.estimated_cost_usd", f"must be a number >= 0, got {str(cost)[:80]!r}")
     return CheckpointStats(
         state_size=v.integer(obj, "state_size", "stats"),
         checkpointed_size=v.integer(obj, "checkpointed_size", "stats"),
         files_new=v.integer(obj, "files_new", "stats") if "files_new" in obj else 0,
         files_reused=v.integer(obj, "files_reused", "stats") if "files_reused" in obj else 0,
+        ledger=ledger, estimated_cost_usd=None if cost is None else float(cost),
     )
 
 

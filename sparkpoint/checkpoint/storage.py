@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
 from sparkpoint.checkpoint.interleave import storage_step
@@ -189,6 +190,8 @@ class CheckpointStorage:
         self.retry = retry or RetryPolicy()
         self.retried = 0  # transient errors retried so far (the fault tests read it)
         self._local = isinstance(fs, LocalFileSystem)
+        # On S3 every HTTP request is counted from botocore's hooks; elsewhere each operation here.
+        self._seam_counts = not ledger.watch(fs)
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r}, job_id={self.job_id!r})"
@@ -217,6 +220,11 @@ class CheckpointStorage:
                          self.retry.attempts)
                 time.sleep(self.retry.wait(attempt))
         raise AssertionError("unreachable")
+
+    def count_request(self, op: str, *, up: int = 0, down: int = 0) -> None:
+        """One operation of the request ledger (`sparkpoint.checkpoint.ledger`), where no hook counts it."""
+        if self._seam_counts:
+            ledger.count(op, up=up, down=down)
 
     @property
     def job_url(self) -> str:
@@ -275,6 +283,7 @@ class CheckpointStorage:
         `_metadata` that a timeout hid would drop a retained checkpoint from the registry's count."""
         path = self.abspath(rel)
         storage_step("info", path)
+        self.count_request("HEAD")
         try:
             self._retrying(f"looking up {rel}", self.fs.info, path)
         except (FileNotFoundError, NotADirectoryError):
@@ -284,13 +293,16 @@ class CheckpointStorage:
     def read_bytes(self, rel: str) -> bytes:
         path = self.abspath(rel)
         storage_step("read", path)
-        return bytes(self._retrying(f"reading {rel}", self.fs.cat_file, path))
+        data = bytes(self._retrying(f"reading {rel}", self.fs.cat_file, path))
+        self.count_request("GET", down=len(data))
+        return data
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         path = self.abspath(rel)
         storage_step("write", path)  # before anything of it happens, its directories too
         self._makedirs([path])
         self._retrying(f"writing {rel}", self._write, path, data)
+        self.count_request("PUT", up=len(data))
 
     def _write(self, path: str, data: bytes) -> None:
         with self.fs.open(path, "wb") as f:
@@ -299,6 +311,7 @@ class CheckpointStorage:
     def info(self, rel: str) -> StoredFile:
         path = self.abspath(rel)
         storage_step("info", path)
+        self.count_request("HEAD")
         info = self._retrying(f"looking up {rel}", self.fs.info, path)
         return StoredFile(path=rel, size=int(info.get("size") or 0), modified=_modified(info))
 
@@ -313,6 +326,7 @@ class CheckpointStorage:
         path = self.abspath(rel)
         storage_step("create", path)  # before anything of it happens, its directories too
         self._makedirs([path])
+        self.count_request("PUT", up=len(data))
         if self._local:
             self._commit_local(path, data)
             return
@@ -369,6 +383,7 @@ class CheckpointStorage:
             else:
                 size, crc = size_and_crc32(local)
                 self._retrying(f"uploading {rel}", self.fs.put_file, local, target)  # a fresh name: idempotent
+            self.count_request("PUT", up=size)
             crash_point("mid-upload")  # this file is stored, the others of the batch maybe not
             return FileHandle(local_name=os.path.basename(local), path=rel, size=size, crc32=crc,
                               created_by=checkpoint_id)
@@ -396,7 +411,9 @@ class CheckpointStorage:
             source, local = item
             storage_step("download", source)
             self._retrying(f"downloading {source}", self.fs.get_file, source, local)
-            return size_and_crc32(local)
+            size, crc = size_and_crc32(local)
+            self.count_request("GET", down=size)
+            return size, crc
 
         return self.parallel(one, sources, workers=self._copy_workers)
 
@@ -409,6 +426,7 @@ class CheckpointStorage:
         def one(item: tuple[str, str]) -> None:
             storage_step("download", item[0])
             self._retrying(f"downloading {item[0]}", self.fs.get_file, item[0], item[1])
+            self.count_request("GET", down=os.path.getsize(item[1]))
 
         self.parallel(one, sources)
 
@@ -422,6 +440,8 @@ class CheckpointStorage:
         paths = sorted({self._abspath(rel, plain_dirs) for rel in rels})
         if not paths:
             return 0
+        for _ in paths:
+            self.count_request("DELETE")
         if self._local:  # a thread per run of neighbouring paths: unlinks in one directory queue up anyway
             n = max(1, min(self.max_workers, len(paths) // 256))
             self.parallel(_unlink_all, [paths[i * len(paths) // n : (i + 1) * len(paths) // n] for i in range(n)])
@@ -458,12 +478,14 @@ class CheckpointStorage:
 
     def job_dir_exists(self) -> bool:
         storage_step("info", self.root)
+        self.count_request("HEAD")
         return bool(self._retrying("looking for the job directory", self.fs.exists, self.root))
 
     def checkpoint_dirs(self) -> list[int]:
         """Ids of every `chk-N` directory, with or without `_metadata`, ascending."""
         self.fs.invalidate_cache(self.root)  # another writer may have committed since we last looked
         storage_step("list", f"{self.root}/chk-*")
+        self.count_request("LIST")
         try:
             entries = self._retrying("listing the checkpoints", self.fs.ls, self.root, False)
         except FileNotFoundError:
@@ -491,6 +513,7 @@ class CheckpointStorage:
         """Every file below `top` (relative), with size and modification time; links are listed
         as links (`symlink=True`), never entered. Names that are no safe relative path are skipped."""
         storage_step("walk", f"{self.root}/{top}")
+        self.count_request("LIST")
         if self._local:
             return self._walk_local(top)
         base = self.abspath(top)

@@ -60,6 +60,11 @@ def _print_checkpoint(info: dict[str, Any]) -> None:
           f"{info['files_reused']} reused)")
     if info["watermark"] is not None:
         print(f"  watermark {info['watermark']}")
+    if "requests" in info:
+        counts = ", ".join(f"{op} {n}" for op, n in info["requests"].items() if n) or "none"
+        inputs = ", ".join(f"{op} {n}" for op, n in info["input"]["requests"].items() if n) or "none"
+        print(f"  requests {counts}; {size(info['bytes_up'])} up, {size(info['bytes_down'])} down; input reads "
+              f"{inputs}, {size(info['input']['bytes'])}; estimated cost ${info['estimated_cost_usd']:.6f}")
     if info["read"] is not None:
         read = info["read"]
         times = f" ({read['bytes_read'] / read['batch_bytes']:.2f}x)" if read["batch_bytes"] else ""

@@ -141,6 +141,9 @@ def checkpoint_facts(storage: CheckpointStorage, report: BatchReport, meta: Chec
         **({"routing": report.read["routing"], "input_bytes_read": report.read["bytes_read"],
             "batch_bytes": report.read["batch_bytes"], "read_amplification": report.read_amplification or 0.0}
            if report.read else {}),  # how the batch reached its subtasks, and what that read
+        # its storage requests by operation, bytes up and down, input reads apart, and their cost
+        **({**report.requests.to_json(), "estimated_cost_usd": report.estimated_cost_usd}
+           if report.requests is not None else {}),
     }
 
 

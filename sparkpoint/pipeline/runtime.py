@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.errors import CheckpointCorrupted, OperatorStateMismatch, SparkpointError
+from sparkpoint.checkpoint.ledger import RequestLedger
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, RestoreLineage, SkippedFile
 from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.retired import next_id_after
@@ -154,6 +155,8 @@ class BatchReport:
     late_rows: int = 0  # rows below the watermark the batch started with (dropped unless late="process")
     skipped: tuple[SkippedFile, ...] = ()  # input files this checkpoint consumed without processing them
     read: dict[str, Any] | None = None  # how the batch was read: routing, bytes_read, batch_bytes
+    requests: RequestLedger | None = None  # the storage requests of this checkpoint (sparkpoint.checkpoint.ledger)
+    estimated_cost_usd: float | None = None  # what they cost by the pipeline's `storage_prices`
 
     @property
     def read_amplification(self) -> float | None:
@@ -175,6 +178,7 @@ class BatchReport:
             + (" skipped=" + _skipped_line(self.skipped) if self.skipped else "")
             + (f" route={self.read['routing']} read={self.read_amplification}x"
                if self.read and self.read_amplification else "")
+            + (f" {self.requests.line()} cost=${self.estimated_cost_usd:.6f}" if self.requests is not None else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -190,6 +194,8 @@ class BatchReport:
             "routing": self.read["routing"] if self.read else None,
             "bytes_read": self.read["bytes_read"] if self.read else None,
             "batch_bytes": self.read["batch_bytes"] if self.read else None,
+            **(self.requests.to_json() if self.requests is not None else {}),
+            "estimated_cost_usd": self.estimated_cost_usd,
         }
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkpoint.checkpoint.ledger import DEFAULT_PRICES, Prices
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention, parse_bool
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 
@@ -109,6 +110,21 @@ def check_replay_window(value: Any) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return [f"output_replay_window must be a finite number of seconds >= 0, got {value!r}"]
     return []
+
+
+def parse_prices(value: Any) -> str:
+    """A price table as text (`sparkpoint.checkpoint.ledger.Prices.parse`), checked."""
+    Prices.parse(str(value))
+    return str(value)
+
+
+def _optional_url(value: Any) -> str | None:
+    text = "" if value is None else str(value).strip()
+    if text.lower() in ("", "none", "off"):
+        return None
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):
+        raise ValueError(f"expected an http:// or https:// URL such as http://127.0.0.1:9091, got {text!r}")
+    return text
 
 
 def check_routing(value: Any) -> list[str]:
@@ -396,6 +412,23 @@ SETTINGS: tuple[Setting, ...] = (
         "interval), plus the longest recovery you expect. A table whose `delta.setTransactionRetentionDuration` is "
         "shorter is refused at start (a replay older than the table remembers would commit its rows twice)",
         float, flink=("sink.replay-window",), check=check_replay_window, shown_default="604800 (7 days)"),
+    Setting(
+        "storage_prices", str, DEFAULT_PRICES,
+        "the price table a checkpoint's `estimated_cost_usd` is computed by: USD per 1,000 requests of each "
+        "operation (PUT, COPY, LIST, GET, HEAD, DELETE) and per GB in and out, as `NAME=USD,...`; the ones "
+        "given replace the defaults, S3 Standard's public prices in us-east-1 as of 2026-11-28 (data out priced "
+        "as to the internet: `out_per_gb=0` for a reader in the same region)",
+        parse_prices, flink=("state.checkpoints.storage-prices",)),
+    Setting(
+        "metrics_pushgateway", str | None, None,
+        "a Prometheus Pushgateway URL (`http://host:9091`): after every checkpoint and restore the pipeline's "
+        "metrics are pushed there, grouped by job (the pipeline's job id); none: not pushed",
+        _optional_url, flink=("metrics.reporter.promgateway.hostUrl",)),
+    Setting(
+        "metrics_otlp_endpoint", str | None, None,
+        "an OpenTelemetry collector's OTLP/HTTP metrics endpoint (`http://host:4318/v1/metrics`): the "
+        "pipeline's metrics are exported there after every checkpoint; none: not exported",
+        _optional_url, flink=("metrics.reporter.otel.exporter.endpoint",)),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

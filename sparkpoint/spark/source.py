@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.state.record import arrow_type_name
@@ -178,8 +179,15 @@ class ParquetDirectorySource:
             raise SourceError(f"cannot open input {url!r}: {e}") from e
         self.url = url
         self.storage_options = dict(storage_options or {})
+        self._seam_counts = not ledger.watch(self.fs)  # input reads, apart from checkpoint traffic
+        ledger.mark_input(self.root)
+        self._count("HEAD")
         if not self.fs.isdir(self.root):
             raise SourceError(f"input directory {url} does not exist (or is not a directory)")
+
+    def _count(self, op: str, down: int = 0) -> None:
+        if self._seam_counts:
+            ledger.count(op, down=down, channel=ledger.INPUT)
 
     def files(self) -> list[str]:
         """Names of the Parquet files present, in name order (hidden and `_` files skipped)."""
@@ -188,6 +196,7 @@ class ParquetDirectorySource:
     def listing(self) -> tuple[list[str], list[str]]:
         """(batch files, other names skipped), each in name order."""
         self.fs.invalidate_cache(self.root)
+        self._count("LIST")
         names = sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
         accepted = [n for n in names if is_batch_name(n)]
         return accepted, [n for n in names if n not in set(accepted)]
@@ -214,6 +223,7 @@ class ParquetDirectorySource:
             try:
                 with self.fs.open(posixpath.join(self.root, name), "rb") as f:
                     verdicts.append(check_parquet(f, name, url, needs))
+                    self._count("GET", down=f.tell())
             except OSError as e:
                 raise SourceError(f"cannot read input file {url}: {e}; nothing was skipped, run again once it "
                                   "can be read") from e
@@ -243,6 +253,7 @@ class ParquetDirectorySource:
 
     def stat(self, name: str) -> BatchStat:
         """Size and modification time of batch file `name`, read without opening it."""
+        self._count("HEAD")
         try:
             info = self.fs.info(posixpath.join(self.root, name))
         except (OSError, ValueError) as e:
@@ -397,6 +408,8 @@ def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: lis
         # No read-ahead cache: what the tasks fetch from storage is what pyarrow reads (an object
         # store's default block cache fetches megabytes around each read, uncounted).
         fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        ledger.mark_input(path)
+        seam = not ledger.watch(fs)
         with fs.open(path, "rb", cache_type="none") as raw:
             f = _CountingFile(raw)
             size = getattr(raw, "size", None)
@@ -408,6 +421,8 @@ def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: lis
                      else parquet.read_row_groups(list(row_groups), columns=columns, use_pandas_metadata=True))
             for name, value in wanted:
                 table = table.append_column(pa.field(name, value.type), pa.repeat(value, table.num_rows))
+            if seam:
+                ledger.count("GET", down=f.bytes_read, channel=ledger.INPUT)
             return table.to_pandas(), f.bytes_read
     except (OSError, ValueError) as e:
         raise SourceError(f"cannot read input file {url}: {e}") from e

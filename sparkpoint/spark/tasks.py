@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import json
 import logging
 import os
 import pickle
@@ -31,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.interleave import stepping, storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 
 RESULT_SCHEMA = (
     "op int, subtask int, handle string, staged array<string>, rows long, late long, restore string, seconds double, "
-    "read_bytes long"
+    "read_bytes long, requests string"
 )
 
 
@@ -154,8 +156,9 @@ def route_units(spec: TaskSpec, units: list[ReadUnit], routes: list[int],
                 held, first, held_bytes = defaultdict(list), -1, 0
     if held:
         yield _routed_parts(held, first, routes)
-    yield pd.DataFrame([(routes[s], s, -1, -1, 0, read if s == 0 else 0, None) for s in range(spec.parallelism)],
-                       columns=_ROUTED_COLUMNS)
+    counted = json.dumps(ledger.drain().to_json()).encode()  # what reading cost, with subtask 0's marker
+    yield pd.DataFrame([(routes[s], s, -1, -1, 0, read if s == 0 else 0, counted if s == 0 else None)
+                        for s in range(spec.parallelism)], columns=_ROUTED_COLUMNS)
 
 
 def _routed_parts(held: dict[tuple[int, int], list[LateSplit]], first: int, routes: list[int]) -> pd.DataFrame:
@@ -179,10 +182,13 @@ def run_routed(spec: TaskSpec, frames: Iterator[pd.DataFrame]) -> Iterator[pd.Da
     _freeze_imports_once()
     parts: dict[tuple[int, int], list[tuple[int, int, bytes]]] = defaultdict(list)
     read: dict[int, int] = defaultdict(int)
+    reading: dict[int, ledger.RequestLedger] = defaultdict(ledger.RequestLedger)
     for frame in frames:
         for _, subtask, op_index, unit, late, nbytes, blob in frame.itertuples(index=False, name=None):
             if op_index < 0:
                 read[int(subtask)] += int(nbytes)
+                if blob is not None:  # the requests of a reading task, made in another process
+                    reading[int(subtask)] += ledger.RequestLedger.from_json(json.loads(blob), "a reading task")
             else:
                 parts[(int(subtask), int(op_index))].append((int(unit), int(late), blob))
     for subtask in sorted(read):
@@ -195,7 +201,8 @@ def run_routed(spec: TaskSpec, frames: Iterator[pd.DataFrame]) -> Iterator[pd.Da
             rows = concat_rows(op, frames_)
             del frames_
             yield run_subtask(spec, op_index, subtask, rows, late=late,
-                              read_bytes=read[subtask] if op_index == 0 else 0)
+                              read_bytes=read[subtask] if op_index == 0 else 0,
+                              reading=reading.pop(subtask, None) if op_index == 0 else None)
     if parts:  # rows whose subtask's marker did not come: a route that lost its way
         raise ValueError(f"rows for subtasks {sorted({s for s, _ in parts})} reached a partition without them")
 
@@ -261,8 +268,11 @@ def no_rows(op: KeyedOperator) -> pd.DataFrame:
 
 
 def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame, *, late: int = 0,
-                read_bytes: int = 0) -> pd.DataFrame:
+                read_bytes: int = 0, reading: ledger.RequestLedger | None = None) -> pd.DataFrame:
     """One operator's subtask for checkpoint N: restore, process its rows, stage, snapshot.
+
+    Its row carries the requests this process made since it last reported (`ledger.drain`: the
+    batch's reads before it, its restore and uploads) and `reading`'s, made by reading tasks.
 
     When RocksDB reports corrupt data on the way (its block checksums, checked on every read),
     the subtask's local state is discarded and the subtask runs once more from stable storage."""
@@ -295,7 +305,8 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
         [{
             "op": op_index, "subtask": subtask, "handle": handle.dumps(), "staged": staged, "rows": len(batch),
             "late": late, "restore": restored.source, "seconds": time.monotonic() - started,
-            "read_bytes": read_bytes,
+            "read_bytes": read_bytes, "requests": json.dumps((ledger.drain() + (reading or ledger.RequestLedger())
+                                                              ).to_json()),
         }]
     )
 

@@ -14,12 +14,14 @@ Each takes the pipeline's driver through its public seam (`BatchDriver`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import (
@@ -29,6 +31,7 @@ from sparkpoint.checkpoint.errors import (
     DeletionBlocked,
     UnknownSharedState,
 )
+from sparkpoint.checkpoint.ledger import Prices, RequestLedger
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SkippedFile, metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -151,6 +154,8 @@ def _results_of(pipeline: BatchDriver, results: list[dict[str, Any]], route: str
         "late_rows": sum(int(r["late"]) for r in results if int(r["op"]) == 0),
         "read": {"routing": route, "bytes_read": sum(int(r.get("read_bytes") or 0) for r in results),
                  "batch_bytes": read_bytes},
+        "requests": sum((RequestLedger.from_json(json.loads(r["requests"]), "a task's requests")
+                         for r in results if r.get("requests")), ledger.drain()),
     }
 
 
@@ -196,7 +201,8 @@ def complete_attempt(
         _, coordinator = pipeline.begin()
         coordinator.trigger(expected=attempt.expected, checkpoint_id=cid, names=pipeline.operator_names())
     try:
-        completed = _acknowledge_and_commit(storage, coordinator, attempt, inject)
+        completed = _acknowledge_and_commit(storage, coordinator, attempt, inject,
+                                            Prices.parse(pipeline.config.storage_prices))
     except (InjectedFailure, KeyboardInterrupt):
         raise  # as a crash would leave it: recovery, the next start and the sweep settle it
     except CheckpointAlreadyExists:
@@ -213,11 +219,12 @@ def complete_attempt(
         pipeline.sink.commit(cid, list(attempt.staged))
     if persisted:
         forget_attempt(storage, attempt)
-    return _report(attempt, completed.metadata, completed.files_deleted), completed.metadata
+    return (_report(attempt, completed.metadata, completed.files_deleted, Prices.parse(pipeline.config.storage_prices)),
+            completed.metadata)
 
 
 def _acknowledge_and_commit(storage: CheckpointStorage, coordinator: CheckpointCoordinator,
-                            attempt: PendingAttempt, inject: str | None) -> CompletedCheckpoint:
+                            attempt: PendingAttempt, inject: str | None, prices: Prices) -> CompletedCheckpoint:
     """Every handle of the attempt acknowledged, then `_metadata` written (exclusive create),
     re-checking after the commit the attempt's fence (an abort that claimed it meanwhile wins)
     and the checkpoint its state was restored from (a rollback retired it meanwhile)."""
@@ -228,16 +235,22 @@ def _acknowledge_and_commit(storage: CheckpointStorage, coordinator: CheckpointC
     fail_at("before-commit", inject, f"checkpoint {cid} acknowledged, _metadata not written")
     return coordinator.complete(cid, source_offsets=committed_offsets(attempt),
                                 recheck=lambda: fenced(storage, attempt.attempt_id), base=attempt.base,
-                                skipped_files=attempt.skipped_files)
+                                skipped_files=attempt.skipped_files,
+                                requests=lambda: (attempt.requests or RequestLedger()) + ledger.drain(),
+                                prices=prices)
 
 
-def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: int) -> BatchReport:
+def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: int, prices: Prices) -> BatchReport:
+    """What the run says of checkpoint N; its requests are those `_metadata` records and the ones
+    made since (the commit itself, retention's deletes, the sink's commit)."""
+    requests = (meta.stats.ledger or attempt.requests or RequestLedger()) + ledger.drain()
     return BatchReport(
         checkpoint_id=meta.checkpoint_id, files=attempt.files, rows=attempt.rows,
         state_size=meta.stats.state_size, checkpointed_size=meta.stats.checkpointed_size,
         files_new=meta.stats.files_new, files_reused=meta.stats.files_reused, files_deleted=files_deleted,
         seconds=time.time() - attempt.started_at, restored=tuple(s.restore for s in attempt.subtasks),
         watermark=attempt.watermark, late_rows=attempt.late_rows, skipped=meta.newly_skipped(), read=attempt.read,
+        requests=requests, estimated_cost_usd=prices.cost(requests),
     )
 
 
@@ -251,7 +264,7 @@ def _finish_committed(pipeline: BatchDriver, attempt: PendingAttempt) -> tuple[B
     forget_attempt(pipeline.storage, attempt)
     log.warning("checkpoint %s of attempt %s was committed by an earlier try; its output is committed now",
                 attempt.checkpoint_id, attempt.attempt_id)
-    return _report(attempt, meta, 0), meta
+    return _report(attempt, meta, 0, Prices.parse(pipeline.config.storage_prices)), meta
 
 
 def _take_over(

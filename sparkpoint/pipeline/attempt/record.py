@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.ledger import RequestLedger
 from sparkpoint.checkpoint.metadata import (
     READ_KEY,
     CheckpointMetadata,
@@ -78,6 +79,9 @@ class PendingAttempt:
     # another job's checkpoint): its commit stands only while that checkpoint was not retired (a
     # rollback or a fallback past it). Absent in older records.
     base: int | None = None
+    # The storage requests of the Spark half: the driver's and every task's (`sparkpoint.checkpoint.ledger`).
+    # Absent in older records.
+    requests: RequestLedger | None = None
 
     @property
     def path(self) -> str:
@@ -115,6 +119,7 @@ class PendingAttempt:
             **({"skipped_files": [f.to_json() for f in self.skipped_files]} if self.skipped_files else {}),
             **({"read": self.read} if self.read is not None else {}),
             **({"base": self.base} if self.base is not None else {}),
+            **({"requests": self.requests.to_json()} if self.requests is not None else {}),
         }
 
     def dumps(self) -> bytes:
@@ -144,6 +149,7 @@ class PendingAttempt:
                 skipped_files=load_skipped_files(raw.get("skipped_files", []), f"{where}: skipped_files"),
                 read=read_facts(raw.get("read")),
                 base=None if raw.get("base") is None else _int(raw["base"]),
+                requests=RequestLedger.from_json(raw["requests"], f"{where}: requests") if "requests" in raw else None,
             )
             SourceOffsets.from_json(attempt.source_offsets)
             for h in attempt.state_handles():

@@ -53,10 +53,12 @@ def _changelog_problem(storage: CheckpointStorage, f: FileHandle, limit: int) ->
 
 
 def _stored_crc32(storage: CheckpointStorage, rel: str) -> int:
-    crc = 0
+    crc, size = 0, 0
     with storage.fs.open(storage.abspath(rel), "rb") as stream:
         while chunk := stream.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    storage.count_request("GET", down=size)
     return crc & 0xFFFFFFFF
 
 
