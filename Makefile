@@ -88,6 +88,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_timers_vs_spark
 	$(BIN)/python -m benchmarks.bench_routing
 	$(BIN)/python -m benchmarks.bench_table_commit
+	$(BIN)/python -m benchmarks.bench_observability
 
 clean:
 	rm -rf $(VENV) .sparkpoint

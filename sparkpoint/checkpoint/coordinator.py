@@ -36,7 +36,6 @@ from sparkpoint.checkpoint import store
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import CheckpointDeclined, CheckpointSuperseded, DeletionBlocked, UnknownSharedState
 from sparkpoint.checkpoint.files import stored_content_problems, stored_size_problems
-from sparkpoint.checkpoint.ledger import Prices, RequestLedger
 from sparkpoint.checkpoint.metadata import (
     CheckpointMetadata,
     CheckpointStats,
@@ -177,7 +176,7 @@ class CheckpointCoordinator:
     def complete(
         self, checkpoint_id: int, source_offsets: Any = None, *, recheck: Callable[[], str | None] | None = None,
         skipped_files: tuple[SkippedFile, ...] = (), base: int | None = None,
-        requests: Callable[[], RequestLedger] | None = None, prices: Prices | None = None,
+        observe: Callable[[CheckpointStats], CheckpointStats] | None = None,
     ) -> CompletedCheckpoint:
         """Commit checkpoint N (see the invariants above). `recheck`, called right after the
         commit, says why this checkpoint must not stand after all (a fence a recovery set while we
@@ -185,9 +184,9 @@ class CheckpointCoordinator:
         is raised. `base`: the checkpoint of this job N's state was restored from; when its
         `_metadata` is gone right after the commit (a rollback or a fallback retired it), N is
         withdrawn too and CheckpointSuperseded raised (invariant 7). `skipped_files`: the input
-        files consumed unprocessed up to N, recorded as given. `requests`: the storage requests N
-        made, asked right before the commit (`sparkpoint.checkpoint.ledger`), recorded in its
-        stats with their cost by `prices` (S3 Standard's by default)."""
+        files consumed unprocessed up to N, recorded as given. `observe`: adds what the caller
+        observed of N to its stats, right before the commit (the storage requests it made, the
+        time it took: `CheckpointStats.observed`)."""
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
@@ -199,8 +198,8 @@ class CheckpointCoordinator:
                     "completed first"
                 )
             meta = replace(self._build_metadata(pending, source_offsets), skipped_files=tuple(skipped_files))
-            if requests is not None:
-                meta = replace(meta, stats=meta.stats.with_requests(requests(), prices or Prices()))
+            if observe is not None:
+                meta = replace(meta, stats=observe(meta.stats))
         except BaseException:
             self.abort(checkpoint_id, reason="completion failed before the commit")
             raise

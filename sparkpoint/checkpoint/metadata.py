@@ -301,6 +301,13 @@ class CheckpointStats:
     files_reused: int = 0
     ledger: RequestLedger | None = None
     estimated_cost_usd: float | None = None
+    # What the run that took it observed (absent in older checkpoints): seconds from its trigger
+    # to its commit, the rows its batch brought (per operator: every operator reads the whole batch),
+    # the late ones, and its restore by phase (seconds of the slowest subtask, bytes of all).
+    duration_seconds: float | None = None
+    records_in: int | None = None
+    late_rows: int | None = None
+    restore: Mapping[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -311,10 +318,18 @@ class CheckpointStats:
         }
         if self.ledger is not None:  # older readers ignore fields of stats they do not know
             out.update(self.ledger.to_json(), estimated_cost_usd=self.estimated_cost_usd)
+        for name in OBSERVED:
+            if getattr(self, name) is not None:
+                out[name] = dict(self.restore or {}) if name == "restore" else getattr(self, name)
         return out
 
-    def with_requests(self, ledger: RequestLedger, prices: Prices) -> CheckpointStats:
-        return replace(self, ledger=ledger, estimated_cost_usd=prices.cost(ledger))
+    def observed(self, ledger: RequestLedger, prices: Prices, **run: Any) -> CheckpointStats:
+        """These stats with the requests `ledger` counted, their cost by `prices`, and what the
+        run observed (`run`: any of OBSERVED)."""
+        return replace(self, ledger=ledger, estimated_cost_usd=prices.cost(ledger), **run)
+
+
+OBSERVED = ("duration_seconds", "records_in", "late_rows", "restore")
 
 
 READ_KEY = "read"  # in a committed `_metadata`'s source offsets: how its batch was read
@@ -743,7 +758,25 @@ def _stats_from_json(v: Validator, raw: Any) -> CheckpointStats:
         files_new=v.integer(obj, "files_new", "stats") if "files_new" in obj else 0,
         files_reused=v.integer(obj, "files_reused", "stats") if "files_reused" in obj else 0,
         ledger=ledger, estimated_cost_usd=None if cost is None else float(cost),
+        **_observed_from_json(v, obj),
     )
+
+
+def _observed_from_json(v: Validator, obj: dict[str, Any]) -> dict[str, Any]:
+    """The OBSERVED fields of stats that are there, each a number >= 0 (`restore`: of them)."""
+    out: dict[str, Any] = {}
+    for name in OBSERVED:
+        if obj.get(name) is None:
+            continue
+        values = obj[name] if name == "restore" else {name: obj[name]}
+        if not isinstance(values, dict) or not all(
+                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                for x in values.values()):
+            raise v.fail(f"stats.{name}", f"must be {'an object of ' if name == 'restore' else ''}numbers >= 0, "
+                                          f"got {str(obj[name])[:80]!r}")
+        out[name] = {k: float(x) for k, x in values.items()} if name == "restore" else (
+            float(obj[name]) if name == "duration_seconds" else int(obj[name]))
+    return out
 
 
 def _operators_from_json(v: Validator, raw: Any, checkpoint_id: int) -> dict[str, OperatorState]:

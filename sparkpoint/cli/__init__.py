@@ -1,5 +1,5 @@
-"""The `sparkpoint` command: generate, run, skip, state, diff, verify, gc, list, inspect, registry, restore,
-savepoint, rollback, bootstrap.
+"""The `sparkpoint` command: generate, run, skip, state, diff, verify, gc, list, inspect, registry, metrics,
+restore, savepoint, rollback, bootstrap.
 
 Also `check-upgrade`: what restoring a checkpoint into a changed pipeline would do, before running it.
 Exit status: 0 fine, 1 `verify` found bad files or `check-upgrade` a restore that would be refused,
@@ -8,7 +8,7 @@ raised; the message names the cause).
 
 The parser is in `parser` (one function per command), the commands by family in `run` (run,
 follow, skip, generate), `state` (state, diff, restore, check-upgrade, bootstrap), `catalog`
-(list, inspect, registry) and `maintenance` (verify, gc, savepoint, rollback); `common` reads the arguments
+(list, inspect, registry, metrics) and `maintenance` (verify, gc, savepoint, rollback); `common` reads the arguments
 every command shares and `output` prints.
 """
 

@@ -1,4 +1,4 @@
-"""`list`, `inspect` and `registry`: read-only views of a job's checkpoints, as tables or JSON
+"""`list`, `inspect`, `registry` and `metrics`: read-only views of a job's checkpoints, as tables or JSON
 (`sparkpoint.checkpoint.catalog` gathers what they show)."""
 
 from __future__ import annotations
@@ -121,4 +121,18 @@ def cmd_registry(args: argparse.Namespace) -> int:
           f"{totals['references']} references; owned: {totals['owned_files']} files, {size(totals['owned_bytes'])}")
     for reason in totals["deletion_blocked"]:
         print(f"deletion blocked: {reason}")
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """The metrics of `sparkpoint.checkpoint.metrics` from the retained checkpoints (gauges: the
+    newest; counters: summed over them), in Prometheus' text format."""
+    from sparkpoint.checkpoint.catalog import existing_store
+    from sparkpoint.checkpoint.metrics import metrics_of_checkpoints
+
+    storage = job_storage(args)
+    listing = existing_store(storage).load_all()
+    for cid, why in sorted(listing.unreadable.items()):
+        print(f"# chk-{cid} UNREADABLE: {why}")
+    print(metrics_of_checkpoints(storage.job_id, listing.checkpoints).text(), end="")
     return 0

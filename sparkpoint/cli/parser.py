@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeAlias
 
-from sparkpoint.cli.catalog import cmd_inspect, cmd_list, cmd_registry
+from sparkpoint.cli.catalog import cmd_inspect, cmd_list, cmd_metrics, cmd_registry
 from sparkpoint.cli.maintenance import cmd_gc, cmd_rollback, cmd_savepoint, cmd_verify
 from sparkpoint.cli.run import cmd_generate, cmd_run, cmd_skip
 from sparkpoint.cli.state import cmd_bootstrap, cmd_check_upgrade, cmd_diff, cmd_restore, cmd_state
@@ -212,6 +212,13 @@ def _registry(sub: Commands) -> None:
     p.set_defaults(fn=cmd_registry)
 
 
+def _metrics(sub: Commands) -> None:
+    p = sub.add_parser("metrics", help="the pipeline's metrics (Flink's names) in Prometheus' text format, as its "
+                                       "retained checkpoints tell them")
+    _job_args(p)
+    p.set_defaults(fn=cmd_metrics)
+
+
 def _restore(sub: Commands) -> None:
     p = sub.add_parser("restore", help="one subtask's state as a verified RocksDB directory, for debugging")
     _job_args(p)
@@ -263,6 +270,6 @@ def _bootstrap(sub: Commands) -> None:
 
 # In the order `sparkpoint --help` lists them.
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
-    _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _list, _inspect, _registry, _restore,
+    _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _list, _inspect, _registry, _metrics, _restore,
     _savepoint, _rollback, _bootstrap,
 )

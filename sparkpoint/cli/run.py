@@ -255,6 +255,7 @@ def _finished(args: argparse.Namespace, pipeline: StatefulPipeline, follow: Foll
         if not args.json:
             print(f"sparkpoint run: following stopped after {len(reports)} checkpoint{'s' * (len(reports) != 1)}",
                   file=sys.stderr)
+        _requests_after_last_checkpoint(args)
         return 0
     if not reports and not args.json:  # a file that may still be landing was warned of above
         print("no batch taken: the next unconsumed file may still be being written" if pipeline.waiting_for
@@ -262,7 +263,19 @@ def _finished(args: argparse.Namespace, pipeline: StatefulPipeline, follow: Foll
     empty = pipeline.source.nothing_to_read()
     if empty:
         print(f"sparkpoint run: warning: {empty}", file=sys.stderr)
+    _requests_after_last_checkpoint(args)
     return 0
+
+
+def _requests_after_last_checkpoint(args: argparse.Namespace) -> None:
+    """The storage requests no checkpoint's ledger holds: those after the last one (looking for
+    another batch), on stderr, so that the run's requests add up."""
+    from sparkpoint.checkpoint import ledger
+
+    left = ledger.drain()
+    if left.total or sum(left.input_requests.values()):
+        shown = json.dumps(left.to_json()) if args.json else f"{left.line()} input={dict(left.input_requests)}"
+        print(f"sparkpoint run: requests after the last checkpoint: {shown}", file=sys.stderr)
 
 
 def _follow_options(args: argparse.Namespace) -> FollowOptions | None:

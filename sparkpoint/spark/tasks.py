@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 RESULT_SCHEMA = (
     "op int, subtask int, handle string, staged array<string>, rows long, late long, restore string, seconds double, "
-    "read_bytes long, requests string"
+    "read_bytes long, requests string, restore_phases string"
 )
 
 
@@ -305,10 +305,18 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
         [{
             "op": op_index, "subtask": subtask, "handle": handle.dumps(), "staged": staged, "rows": len(batch),
             "late": late, "restore": restored.source, "seconds": time.monotonic() - started,
+            "restore_phases": json.dumps(restore_phases(restored)),
             "read_bytes": read_bytes, "requests": json.dumps((ledger.drain() + (reading or ledger.RequestLedger())
                                                               ).to_json()),
         }]
     )
+
+
+def restore_phases(restored: RestoreResult) -> dict[str, float | int]:
+    """How long a subtask's restore took by phase, and the bytes it took from each copy."""
+    return {"local_seconds": round(restored.local_seconds, 6), "download_seconds": round(restored.download_seconds, 6),
+            "open_seconds": round(restored.open_seconds, 6), "local_bytes": restored.local_bytes,
+            "remote_bytes": restored.downloaded_bytes}
 
 
 def _attempt(

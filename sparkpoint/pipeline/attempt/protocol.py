@@ -32,15 +32,17 @@ from sparkpoint.checkpoint.errors import (
     UnknownSharedState,
 )
 from sparkpoint.checkpoint.ledger import Prices, RequestLedger
-from sparkpoint.checkpoint.metadata import CheckpointMetadata, SkippedFile, metadata_path
+from sparkpoint.checkpoint.metadata import CheckpointMetadata, CheckpointStats, SkippedFile, metadata_path
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
+from sparkpoint.pipeline import monitoring
 from sparkpoint.pipeline.attempt.record import (
     ATTEMPT_KEY,
     AttemptError,
     PendingAttempt,
     SubtaskRun,
     committed_offsets,
+    restore_summary,
     watermark_of,
 )
 from sparkpoint.pipeline.attempt.store import forget_attempt
@@ -116,6 +118,7 @@ def run_spark_half(
     except KeyboardInterrupt:
         raise  # stop at once: the uploads are the orphan sweep's (or recovery's), as after a kill
     except BaseException as e:
+        monitoring.checkpoint_failed(pipeline.config)
         _abort_failed_job(coordinator, cid, files, e)
         raise
     return PendingAttempt(
@@ -149,7 +152,9 @@ def _results_of(pipeline: BatchDriver, results: list[dict[str, Any]], route: str
         "handles": tuple(r["handle"] for r in results),
         "staged": tuple(sorted(name for r in results for name in r["staged"] or ())),
         "subtasks": tuple(SubtaskRun(uids[int(r["op"])], int(r["subtask"]), str(r["restore"]), int(r["rows"]),
-                                     float(r["seconds"])) for r in results),
+                                     float(r["seconds"]),
+                                     json.loads(r["restore_phases"]) if r.get("restore_phases") else None)
+                          for r in results),
         "rows": sum(int(r["rows"]) for r in results) // len(uids),
         "late_rows": sum(int(r["late"]) for r in results if int(r["op"]) == 0),
         "read": {"routing": route, "bytes_read": sum(int(r.get("read_bytes") or 0) for r in results),
@@ -208,9 +213,11 @@ def complete_attempt(
     except CheckpointAlreadyExists:
         if persisted and committed_by_attempt(storage, attempt):  # another completer of this attempt won: done
             return _finish_committed(pipeline, attempt)
+        monitoring.checkpoint_failed(pipeline.config)
         _after_failure(storage, attempt, held)
         raise
     except BaseException as e:
+        monitoring.checkpoint_failed(pipeline.config)
         coordinator.abort(cid, reason=f"batch {list(attempt.files)} failed to complete: {type(e).__name__}")
         _after_failure(storage, attempt, held)
         raise
@@ -219,8 +226,9 @@ def complete_attempt(
         pipeline.sink.commit(cid, list(attempt.staged))
     if persisted:
         forget_attempt(storage, attempt)
-    return (_report(attempt, completed.metadata, completed.files_deleted, Prices.parse(pipeline.config.storage_prices)),
-            completed.metadata)
+    report = _report(attempt, completed.metadata, completed.files_deleted, Prices.parse(pipeline.config.storage_prices))
+    monitoring.checkpoint_completed(pipeline.config, completed.metadata)
+    return report, completed.metadata
 
 
 def _acknowledge_and_commit(storage: CheckpointStorage, coordinator: CheckpointCoordinator,
@@ -236,8 +244,15 @@ def _acknowledge_and_commit(storage: CheckpointStorage, coordinator: CheckpointC
     return coordinator.complete(cid, source_offsets=committed_offsets(attempt),
                                 recheck=lambda: fenced(storage, attempt.attempt_id), base=attempt.base,
                                 skipped_files=attempt.skipped_files,
-                                requests=lambda: (attempt.requests or RequestLedger()) + ledger.drain(),
-                                prices=prices)
+                                observe=lambda stats: observed(stats, attempt, prices))
+
+
+def observed(stats: CheckpointStats, attempt: PendingAttempt, prices: Prices) -> CheckpointStats:
+    """`stats` with what the attempt observed, right before its commit: every storage request of
+    both halves so far, the seconds since its trigger, its rows, late rows and restore phases."""
+    return stats.observed((attempt.requests or RequestLedger()) + ledger.drain(), prices,
+                          duration_seconds=round(time.time() - attempt.started_at, 3), records_in=attempt.rows,
+                          late_rows=attempt.late_rows, restore=restore_summary(attempt.subtasks))
 
 
 def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: int, prices: Prices) -> BatchReport:

@@ -49,6 +49,30 @@ class SubtaskRun:
     restore: str  # working | local | primary | rescale | empty
     rows: int
     seconds: float
+    # Its restore by phase (`sparkpoint.spark.tasks.restore_phases`). Absent in older records.
+    phases: dict[str, float] | None = None
+
+
+RESTORE_PHASES = ("local_seconds", "download_seconds", "open_seconds", "local_bytes", "remote_bytes")
+
+
+def restore_summary(subtasks: Iterable[SubtaskRun]) -> dict[str, float] | None:
+    """A batch's restore by phase: the slowest subtask's seconds of each phase (they run side by
+    side), the bytes of all (None: no subtask says)."""
+    phases = [s.phases for s in subtasks if s.phases]
+    if not phases:
+        return None
+    return {k: (max if k.endswith("_seconds") else sum)(float(p.get(k, 0)) for p in phases)
+            for k in RESTORE_PHASES}
+
+
+def _phases(raw: Any) -> dict[str, float] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k, 0), int | float) and raw.get(k, 0) >= 0
+                                            for k in RESTORE_PHASES):
+        raise ValueError(f"restore phases {str(raw)[:200]!r} are not seconds and bytes >= 0")
+    return {k: float(raw.get(k, 0)) for k in RESTORE_PHASES}
 
 
 @dataclass(frozen=True)
@@ -111,7 +135,7 @@ class PendingAttempt:
             "files": list(self.files),
             "subtasks": [
                 {"operator": s.operator, "subtask": s.subtask, "restore": s.restore, "rows": s.rows,
-                 "seconds": s.seconds}
+                 "seconds": s.seconds, **({"phases": s.phases} if s.phases is not None else {})}
                 for s in self.subtasks
             ],
             "rows": self.rows, "started_at": self.started_at, "watermark": self.watermark,
@@ -140,7 +164,7 @@ class PendingAttempt:
                 source_offsets=dict(raw["source_offsets"]), files=tuple(str(f) for f in raw["files"]),
                 subtasks=tuple(
                     SubtaskRun(str(s["operator"]), _int(s["subtask"]), str(s["restore"]), _int(s["rows"]),
-                               float(s["seconds"]))
+                               float(s["seconds"]), _phases(s.get("phases")))
                     for s in raw["subtasks"]
                 ),
                 rows=_int(raw["rows"]), started_at=float(raw["started_at"]),

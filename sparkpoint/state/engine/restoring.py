@@ -46,6 +46,13 @@ class RestoreResult:
     fell_back_from: tuple[int, ...] = ()
     problems: tuple[str, ...] = field(default=())
     migrated: int = 0  # entries rewritten because their RecordCodec's fields changed
+    # The restore's phases (the metrics show them): verifying and installing the task-local copy,
+    # downloading from stable storage (verified), opening the database; and the bytes it took from
+    # the task-local copy (what a download would have fetched).
+    local_seconds: float = 0.0
+    download_seconds: float = 0.0
+    open_seconds: float = 0.0
+    local_bytes: int = 0
 
 
 class RestoreTarget(Protocol):
@@ -155,7 +162,8 @@ class Restorer:
         if self.local.holds(cid, handle, self._source.job_url):
             try:
                 self.local.open_working()
-                return RestoreResult(cid, "working", files=files, seconds=time.monotonic() - started)
+                took = time.monotonic() - started
+                return RestoreResult(cid, "working", files=files, seconds=took, open_seconds=took)
             except StateBackendError as e:  # a copy replaces it: no checkpoint is touched either way
                 log.warning("working database of checkpoint %s does not open (%s); restoring a copy", cid, e)
         self.local.forget_working()
@@ -174,18 +182,23 @@ class Restorer:
                     record_fingerprints(local, [f.local_name for f in handle.files()], {})  # all checked now
                     self.local.write_marker(cid, handle, self._source.job_url)
                     self._repair_primary(handle, deep=False)  # a missing or truncated primary file: rewritten
-                    return RestoreResult(cid, "local", files=files, seconds=time.monotonic() - started)
+                    took = time.monotonic() - started
+                    return RestoreResult(cid, "local", files=files, seconds=took, local_seconds=took,
+                                         local_bytes=sum(f.size for f in handle.files()))
             log.warning("task-local copy of checkpoint %s fails verification, using stable storage: %s", cid,
                         "; ".join(problems))
             # kept until the download replaces it: its good files may repair a bad primary copy
-        downloaded = self._download(handle, cid)
+        downloaded, download_seconds, open_seconds = self._download(handle, cid)
         self.local.write_marker(cid, handle, self._source.job_url)
         return RestoreResult(
             cid, "primary", files=files, downloaded_bytes=downloaded, seconds=time.monotonic() - started,
-            problems=problems,
+            problems=problems, download_seconds=download_seconds, open_seconds=open_seconds,
         )
 
-    def _download(self, handle: SubtaskStateHandle, cid: int) -> int:
+    def _download(self, handle: SubtaskStateHandle, cid: int) -> tuple[int, float, float]:
+        """Download and verify `handle`'s files, keep the task-local copy, open the database:
+        (bytes downloaded, seconds downloading and verifying, seconds keeping and opening)."""
+        started = time.monotonic()
         target = self.local.dir / f"download-{uuid.uuid4().hex[:8]}"
         try:
             downloaded = download_verified(self._source, handle, cid, target)
@@ -193,6 +206,7 @@ class Restorer:
             if not self._repair_primary(handle, deep=True):
                 raise
             downloaded = download_verified(self._source, handle, cid, target)
+        fetched = time.monotonic()
         try:
             if self.local_recovery:  # keep the verified files as the task-local copy
                 local = self.local.copy_dir(cid)
@@ -204,7 +218,7 @@ class Restorer:
             self.local.install(target, handle, cid)
         finally:
             shutil.rmtree(target, ignore_errors=True)
-        return downloaded
+        return downloaded, fetched - started, time.monotonic() - fetched
 
     def _repair_primary(self, handle: SubtaskStateHandle, *, deep: bool) -> bool:
         """Rewrite the handle's bad files in stable storage from good task-local copies (see
@@ -245,12 +259,14 @@ class Restorer:
                 target = work / str(i)
                 downloaded += download_verified(self._source, h, cid, target)
                 sources.append(target)
+            fetched = time.monotonic()
             self.local.install_rescaled(sources, handles, cid)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return RestoreResult(
             cid, "rescale", files=sum(len(h.shared) + len(h.private) for h in handles),
             downloaded_bytes=downloaded, seconds=time.monotonic() - started,
+            download_seconds=fetched - started, open_seconds=time.monotonic() - fetched,
         )
 
     def _reset_empty(self) -> None:
