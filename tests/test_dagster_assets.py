@@ -78,6 +78,11 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     assert got["batch_size_bytes"] == (tmp_path / "in" / "batch-000001.parquet").stat().st_size
     assert got["input_read_bytes"] == meta.source_offsets["read"]["bytes_read"] == 2 * got["batch_size_bytes"]
     assert got["read_amplification"] == 2.0 and got["input_read"] == readable_size(got["input_read_bytes"])
+    # the request ledger: what `_metadata` counted up to the commit, and what the commit made after it
+    assert meta.stats.ledger is not None and got["requests_total"] == sum(got["requests"].values())
+    assert all(got["requests"][op] >= n for op, n in meta.stats.ledger.requests.items())
+    assert got["requests"]["PUT"] > got["files_new"]  # each new file, and `_metadata`
+    assert got["input_requests"]["GET"] >= 2 and got["input_bytes"] > 0 and got["estimated_cost_usd"] > 0
 
     sst = values(by_key[SSTABLE_KEYS["user_totals"]])
     handles = meta.operators["user_totals"].subtasks

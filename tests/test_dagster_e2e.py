@@ -26,7 +26,9 @@ METADATA_KEYS = {"checkpoint_id", "summary", "path", "state_size_bytes", "state_
                  "checkpointed_size",
                  "incremental_ratio", "files_new", "files_reused", "files_deleted", "registry_files", "retained",
                  "duration_seconds", "batch", "dagster/row_count", "prune_due",
-                 "routing", "input_read", "input_read_bytes", "batch_size", "batch_size_bytes", "read_amplification"}
+                 "routing", "input_read", "input_read_bytes", "batch_size", "batch_size_bytes", "read_amplification",
+                 "requests", "requests_total", "input_requests", "bytes_up", "bytes_down", "input_bytes",
+                 "estimated_cost_usd"}
 
 
 # Where a retained checkpoint precedes it (every committing step reports them, a recovery's too).

@@ -50,7 +50,7 @@ def test_stats_keep_the_ledger_and_older_stats_still_read(tmp_path: Path):
     counted = RequestLedger({"PUT": 7, "GET": 1, "LIST": 2, "HEAD": 3, "DELETE": 0, "COPY": 0}, 900, 40,
                             {"PUT": 0, "GET": 2, "LIST": 1, "HEAD": 0, "DELETE": 0, "COPY": 0}, 5000)
     from dataclasses import replace
-    with_ledger = replace(meta, stats=meta.stats.with_requests(counted, Prices()))
+    with_ledger = replace(meta, stats=meta.stats.observed(counted, Prices()))
     raw = json.loads(with_ledger.dumps())
     assert raw["stats"]["requests"] == {"PUT": 7, "GET": 1, "LIST": 2, "HEAD": 3, "DELETE": 0, "COPY": 0}
     assert raw["stats"]["input"] == {"requests": {"PUT": 0, "GET": 2, "LIST": 1, "HEAD": 0, "DELETE": 0, "COPY": 0},
@@ -113,3 +113,12 @@ def test_on_s3_the_ledger_equals_what_the_server_was_asked(tmp_path: Path, s3_en
         proxy.close()
     assert counted.to_json() == asked
     assert counted.requests["DELETE"] > 0 and counted.requests["GET"] > 0 and counted.requests["PUT"] > 0
+
+
+def test_input_under_a_bucket_root_leaves_the_checkpoints_below_it_checkpoint_traffic():
+    bucket = "mixed-" + uuid.uuid4().hex[:8]
+    ledger.mark_input(bucket)  # input files land at the bucket's root
+    ledger.mark_checkpoints(f"{bucket}/ckpt/job")
+    assert ledger.channel_of(f"/{bucket}/b-001.parquet") == ledger.INPUT
+    assert ledger.channel_of(f"/{bucket}/ckpt/job/chk-1/_metadata") == ledger.CHECKPOINT
+    assert ledger.channel_of("/elsewhere/x") == ledger.CHECKPOINT

@@ -174,7 +174,8 @@ class _Tally:
 
 
 _TALLY = _Tally()
-_INPUT_ROOTS: set[str] = set()
+# path -> channel, replaced whole, never changed in place: read from any thread
+_ROOTS: Mapping[str, str] = {}
 _HOOKED = "sparkpoint-ledger"
 
 
@@ -189,14 +190,28 @@ def drain() -> RequestLedger:
 
 
 def mark_input(path: str) -> None:
-    """Requests for `path` (a bucket/key prefix, as the filesystem names it) and below are input reads."""
-    _INPUT_ROOTS.add(path.strip("/"))
+    """Requests for `path` (a bucket/key prefix, as the filesystem names it) and below are input
+    reads, unless a checkpoint root below it holds them (`mark_checkpoints`)."""
+    _mark(path, INPUT)
+
+
+def mark_checkpoints(path: str) -> None:
+    """Requests for `path` and below are checkpoint traffic, whatever input root holds it."""
+    _mark(path, CHECKPOINT)
+
+
+def _mark(path: str, channel: str) -> None:
+    global _ROOTS
+    with _TALLY._lock:
+        if _ROOTS.get(path.strip("/")) != channel:
+            _ROOTS = {**_ROOTS, path.strip("/"): channel}
 
 
 def channel_of(path: str) -> str:
-    """INPUT for a path under an input root, else CHECKPOINT."""
-    path = path.strip("/")
-    return INPUT if any(path == r or path.startswith(r + "/") for r in _INPUT_ROOTS) else CHECKPOINT
+    """The channel of the longest marked root `path` is under (CHECKPOINT when none)."""
+    path, roots = path.strip("/"), _ROOTS
+    under = [r for r in roots if path == r or path.startswith(r + "/") or not r]
+    return roots[max(under, key=len)] if under else CHECKPOINT
 
 
 def counts_requests(fs: Any) -> bool:

@@ -192,6 +192,7 @@ class CheckpointStorage:
         self._local = isinstance(fs, LocalFileSystem)
         # On S3 every HTTP request is counted from botocore's hooks; elsewhere each operation here.
         self._seam_counts = not ledger.watch(fs)
+        ledger.mark_checkpoints(self.root)
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.url!r}, job_id={self.job_id!r})"

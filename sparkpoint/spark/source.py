@@ -408,7 +408,7 @@ def read_parquet_counted(url: str, storage_options: dict[str, Any], columns: lis
         # No read-ahead cache: what the tasks fetch from storage is what pyarrow reads (an object
         # store's default block cache fetches megabytes around each read, uncounted).
         fs, path = fsspec.core.url_to_fs(url, **storage_options)
-        ledger.mark_input(path)
+        ledger.mark_input(posixpath.dirname(path))  # its directory: one root for a batch's files
         seam = not ledger.watch(fs)
         with fs.open(path, "rb", cache_type="none") as raw:
             f = _CountingFile(raw)
