@@ -11,8 +11,12 @@ unless `--no-s3`). The variants, in `VARIANTS` (one entry each; add yours there)
 * `ledger+metrics`: and the metrics of each checkpoint taken and rendered in Prometheus' text
   format (and pushed, with `--pushgateway URL`).
 
-Variants take turns checkpoint by checkpoint (the machine's drift hits them alike); the figure is
-the median seconds per checkpoint and its overhead against the baseline.
+Variants take turns checkpoint by checkpoint (the machine's drift hits them alike). Two figures:
+the median seconds per checkpoint and its overhead against the baseline (whole checkpoints: on a
+shared machine their noise is larger than the ledger); and the time spent observing, measured
+directly: draining and recording the ledger, the metrics, and each counted request times what
+counting one costs (`per_request_seconds`: the botocore hooks of a request on S3, a seam count
+elsewhere), as a share of the baseline's median checkpoint.
 
 Run: .venv/bin/python -m benchmarks.bench_observability [--checkpoints 30] [--keys 50000] [--quick]
 Prints a table, writes benchmarks/results/observability.json (observability_quick.json with --quick).
@@ -57,6 +61,7 @@ class Variant:
     ledger: bool
     after: Callable[[CheckpointMetadata], None] | None = None
     seconds: list[float] = field(default_factory=list)
+    observing: list[float] = field(default_factory=list)  # seconds spent observing, measured directly
 
 
 def variants(pushgateway: str | None) -> list[Variant]:
@@ -96,6 +101,32 @@ def ledger_switched(storage: CheckpointStorage, on: bool) -> Iterator[None]:
         ledger.drain()
 
 
+def per_request_seconds(storage: CheckpointStorage, n: int = 20_000) -> float:
+    """What counting one request costs: on S3 the botocore hooks of one request and its response,
+    elsewhere one count at the seam."""
+    if storage._seam_counts:
+        t = time.perf_counter()
+        for _ in range(n):
+            ledger.count("PUT", up=100)
+        took = (time.perf_counter() - t) / n
+    else:
+        class Request:
+            method, url, body = "PUT", f"http://127.0.0.1:1/{storage.root}/chk-1/x", b"x"
+            headers = {"Content-Length": "1"}
+            context: dict[str, Any] = {}
+
+        request = Request()
+        response = {"headers": {"Content-Length": "100"}}
+        t = time.perf_counter()
+        for _ in range(n):
+            ledger._created(request)
+            ledger._sent(request)
+            ledger._received(response_dict=response, context=request.context)
+        took = (time.perf_counter() - t) / n
+    ledger.drain()
+    return took
+
+
 class Job:
     """Two subtasks of one operator and their coordinator on `storage`."""
 
@@ -106,6 +137,7 @@ class Job:
                          for i in range(2)]
         for b in self.backends:
             b.restore(None)
+        self.per_request = per_request_seconds(storage)
         self.rng = random.Random(seed)
         self.keys = [f"k{i:08d}" for i in range(keys)]
         self._update(1.0)
@@ -124,13 +156,25 @@ class Job:
             pending = self.coordinator.trigger(expected={"counts": 2})
             for b in self.backends:
                 self.coordinator.acknowledge(pending.checkpoint_id, b.snapshot(pending.checkpoint_id))
-            observe = ((lambda stats: stats.observed(ledger.drain(), Prices(), duration_seconds=0.0))
-                       if variant.ledger else None)
-            done = self.coordinator.complete(pending.checkpoint_id, observe=observe)
+            spent = 0.0
+
+            def observe(stats: Any) -> Any:
+                nonlocal spent
+                t = time.perf_counter()
+                counted = ledger.drain()
+                out = stats.observed(counted, Prices(), duration_seconds=0.0)
+                requests = counted.total + sum(counted.input_requests.values())
+                spent += time.perf_counter() - t + requests * self.per_request
+                return out
+
+            done = self.coordinator.complete(pending.checkpoint_id, observe=observe if variant.ledger else None)
             for b in self.backends:
                 b.confirm(pending.checkpoint_id)
             if variant.after is not None:
+                t = time.perf_counter()
                 variant.after(done.metadata)
+                spent += time.perf_counter() - t
+        variant.observing.append(spent)
         return time.perf_counter() - started
 
     def close(self) -> None:
@@ -152,6 +196,8 @@ def run(where: str, storage_options: dict[str, Any], args: argparse.Namespace, w
     base = statistics.median(chosen[0].seconds)
     return {v.name: {"median_seconds": round(statistics.median(v.seconds), 5),
                      "overhead_pct": round(100 * (statistics.median(v.seconds) - base) / base, 2),
+                     "observing_ms": round(1000 * statistics.median(v.observing), 3),
+                     "observing_pct": round(100 * statistics.median(v.observing) / base, 3),
                      "seconds": [round(s, 5) for s in v.seconds]} for v in chosen}
 
 
@@ -197,10 +243,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _print(results: dict[str, Any]) -> None:
     print(f"Observing a checkpoint: median seconds per checkpoint ({results['args']['checkpoints']} checkpoints, "
           f"{results['args']['keys']} keys, {results['args']['churn']:.0%} updated each)")
-    print(f"{'storage':8} {'variant':18} {'median s':>10} {'overhead':>9}")
+    print("'overhead' compares whole checkpoints (the machine's noise included); 'observing' is the time spent "
+          "observing, measured directly (counting each request, draining, recording, the metrics)")
+    print(f"{'storage':8} {'variant':18} {'median s':>10} {'overhead':>9} {'observing ms':>13} {'observing':>10}")
     for storage, rows in results["storages"].items():
         for name, row in rows.items():
-            print(f"{storage:8} {name:18} {row['median_seconds']:>10.4f} {row['overhead_pct']:>8.2f}%")
+            print(f"{storage:8} {name:18} {row['median_seconds']:>10.4f} {row['overhead_pct']:>8.2f}% "
+                  f"{row['observing_ms']:>13.3f} {row['observing_pct']:>9.3f}%")
 
 
 if __name__ == "__main__":
