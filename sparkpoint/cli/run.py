@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -269,13 +270,18 @@ def _finished(args: argparse.Namespace, pipeline: StatefulPipeline, follow: Foll
 
 def _requests_after_last_checkpoint(args: argparse.Namespace) -> None:
     """The storage requests no checkpoint's ledger holds: those after the last one (looking for
-    another batch), on stderr, so that the run's requests add up."""
+    another batch), so that the run's requests add up: with `--json` on standard error, as JSON;
+    otherwise logged (shown with --verbose), keeping the run's terminal quiet."""
     from sparkpoint.checkpoint import ledger
 
     left = ledger.drain()
-    if left.total or sum(left.input_requests.values()):
-        shown = json.dumps(left.to_json()) if args.json else f"{left.line()} input={dict(left.input_requests)}"
-        print(f"sparkpoint run: requests after the last checkpoint: {shown}", file=sys.stderr)
+    if not (left.total or sum(left.input_requests.values())):
+        return
+    if args.json:
+        print(f"sparkpoint run: requests after the last checkpoint: {json.dumps(left.to_json())}", file=sys.stderr)
+    else:
+        logging.getLogger("sparkpoint").info("requests after the last checkpoint: %s input=%s", left.line(),
+                                             dict(left.input_requests))
 
 
 def _follow_options(args: argparse.Namespace) -> FollowOptions | None:
