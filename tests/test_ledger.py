@@ -122,3 +122,15 @@ def test_input_under_a_bucket_root_leaves_the_checkpoints_below_it_checkpoint_tr
     assert ledger.channel_of(f"/{bucket}/b-001.parquet") == ledger.INPUT
     assert ledger.channel_of(f"/{bucket}/ckpt/job/chk-1/_metadata") == ledger.CHECKPOINT
     assert ledger.channel_of("/elsewhere/x") == ledger.CHECKPOINT
+
+
+def test_the_price_table_and_the_exporters_are_settings_refused_by_name_when_bad():
+    from sparkpoint.pipeline.settings import resolve_settings
+
+    assert resolve_settings({"storage_prices": "PUT=0.01"}) == {"storage_prices": "PUT=0.01"}
+    assert resolve_settings({"metrics.reporter.promgateway.hostUrl": "http://127.0.0.1:9091"}) == {
+        "metrics_pushgateway": "http://127.0.0.1:9091"}
+    with pytest.raises(ValueError, match="setting 'storage_prices'.*NAME=USD"):
+        resolve_settings({"storage_prices": "PUT:0.01"})
+    with pytest.raises(ValueError, match="setting 'metrics_otlp_endpoint'.*http://"):
+        resolve_settings({"metrics_otlp_endpoint": "collector:4318"})
