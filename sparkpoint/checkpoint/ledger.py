@@ -88,7 +88,7 @@ class RequestLedger:
                    _count_from_json(inp.get("bytes", 0), f"{where}.input.bytes"))
 
     def line(self) -> str:
-        """`requests=PUT:12,GET:3,LIST:2 up=1.2MB down=40KB` (operations with none left out)."""
+        """`requests=PUT:12,GET:3,LIST:2 up=1200B down=40B` (operations with none left out)."""
         counts = ",".join(f"{op}:{n}" for op, n in self.requests.items() if n) or "0"
         return f"requests={counts} up={self.bytes_up}B down={self.bytes_down}B"
 
