@@ -14,6 +14,7 @@ Each takes the pipeline's driver through its public seam (`BatchDriver`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -30,6 +31,7 @@ from sparkpoint.checkpoint.errors import (
     UnknownSharedState,
 )
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SkippedFile, metadata_path
+from sparkpoint.checkpoint.phases import Phase, phases_from_json
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.attempt.record import (
@@ -53,6 +55,7 @@ from sparkpoint.pipeline.claims import (
     release,
     take_over,
 )
+from sparkpoint.pipeline.observe import observe_checkpoint
 from sparkpoint.pipeline.runtime import BatchDriver, BatchReport, BatchStart
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
 from sparkpoint.spark.routing import FileLayout, batch_bytes, choose_route
@@ -146,12 +149,20 @@ def _results_of(pipeline: BatchDriver, results: list[dict[str, Any]], route: str
         "handles": tuple(r["handle"] for r in results),
         "staged": tuple(sorted(name for r in results for name in r["staged"] or ())),
         "subtasks": tuple(SubtaskRun(uids[int(r["op"])], int(r["subtask"]), str(r["restore"]), int(r["rows"]),
-                                     float(r["seconds"])) for r in results),
+                                     float(r["seconds"]), _phases(r.get("phases"))) for r in results),
         "rows": sum(int(r["rows"]) for r in results) // len(uids),
         "late_rows": sum(int(r["late"]) for r in results if int(r["op"]) == 0),
         "read": {"routing": route, "bytes_read": sum(int(r.get("read_bytes") or 0) for r in results),
                  "batch_bytes": read_bytes},
     }
+
+
+def _phases(raw: Any) -> tuple[Phase, ...]:
+    """A subtask's timed phases from its result row (JSON text; none from an older task)."""
+    try:
+        return phases_from_json(json.loads(raw)) if isinstance(raw, str) else ()
+    except ValueError:
+        return ()
 
 
 def _watermarks(pipeline: BatchDriver, start: BatchStart, highest: int | None) -> tuple[int | None, int | None]:
@@ -195,6 +206,7 @@ def complete_attempt(
     if coordinator is None:
         _, coordinator = pipeline.begin()
         coordinator.trigger(expected=attempt.expected, checkpoint_id=cid, names=pipeline.operator_names())
+    commit_started = time.time()
     try:
         completed = _acknowledge_and_commit(storage, coordinator, attempt, inject)
     except (InjectedFailure, KeyboardInterrupt):
@@ -209,11 +221,16 @@ def complete_attempt(
         _after_failure(storage, attempt, held)
         raise
     crash_point("after-metadata-before-sink-commit")
+    committed = time.time()
     if pipeline.sink:
         pipeline.sink.commit(cid, list(attempt.staged))
     if persisted:
         forget_attempt(storage, attempt)
-    return _report(attempt, completed.metadata, completed.files_deleted), completed.metadata
+    report = _report(attempt, completed.metadata, completed.files_deleted)
+    observe_checkpoint(pipeline.config, storage, pipeline.sink, attempt, completed.metadata, report,
+                       driver_phases=(("commit", -1, commit_started, committed), ("sink commit", -1, committed,
+                                                                                   time.time())))
+    return report, completed.metadata
 
 
 def _acknowledge_and_commit(storage: CheckpointStorage, coordinator: CheckpointCoordinator,
@@ -251,7 +268,9 @@ def _finish_committed(pipeline: BatchDriver, attempt: PendingAttempt) -> tuple[B
     forget_attempt(pipeline.storage, attempt)
     log.warning("checkpoint %s of attempt %s was committed by an earlier try; its output is committed now",
                 attempt.checkpoint_id, attempt.attempt_id)
-    return _report(attempt, meta, 0), meta
+    report = _report(attempt, meta, 0)
+    observe_checkpoint(pipeline.config, pipeline.storage, pipeline.sink, attempt, meta, report)
+    return report, meta
 
 
 def _take_over(

@@ -25,6 +25,7 @@ from sparkpoint.checkpoint.metadata import (
     state_facts,
 )
 from sparkpoint.checkpoint.paths import validate_name
+from sparkpoint.checkpoint.phases import Phase, phases_from_json
 from sparkpoint.pipeline.claims import PENDING_DIR
 from sparkpoint.spark.source import SourceOffsets
 
@@ -48,6 +49,7 @@ class SubtaskRun:
     restore: str  # working | local | primary | rescale | empty
     rows: int
     seconds: float
+    phases: tuple[Phase, ...] = ()  # its timed phases (sparkpoint.checkpoint.phases); absent in older records
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class PendingAttempt:
             "files": list(self.files),
             "subtasks": [
                 {"operator": s.operator, "subtask": s.subtask, "restore": s.restore, "rows": s.rows,
-                 "seconds": s.seconds}
+                 "seconds": s.seconds, **({"phases": [list(p) for p in s.phases]} if s.phases else {})}
                 for s in self.subtasks
             ],
             "rows": self.rows, "started_at": self.started_at, "watermark": self.watermark,
@@ -135,7 +137,7 @@ class PendingAttempt:
                 source_offsets=dict(raw["source_offsets"]), files=tuple(str(f) for f in raw["files"]),
                 subtasks=tuple(
                     SubtaskRun(str(s["operator"]), _int(s["subtask"]), str(s["restore"]), _int(s["rows"]),
-                               float(s["seconds"]))
+                               float(s["seconds"]), phases_from_json(s.get("phases")))
                     for s in raw["subtasks"]
                 ),
                 rows=_int(raw["rows"]), started_at=float(raw["started_at"]),
