@@ -90,14 +90,13 @@ def history_record(attempt: RunFacts, meta: CheckpointMetadata, report: BatchRep
     for s in attempt.subtasks:
         if s.restore not in NO_RESTORE:
             restored[s.restore] = restored.get(s.restore, 0) + 1
-    phases = phase_seconds(s.phases for s in attempt.subtasks)
     return {
         "checkpoint_id": cid, "kind": meta.kind, "attempt_id": attempt.attempt_id,
         "created_at": meta.created_at, "completed_at": utc_now_iso(), "seconds": round(report.seconds, 3),
         "state_size": meta.stats.state_size, "checkpointed_size": meta.stats.checkpointed_size,
         "files_new": meta.stats.files_new, "files_reused": meta.stats.files_reused,
         "files_deleted": report.files_deleted, "rows": report.rows, "input_files": len(report.files),
-        "restored": restored, "phase_seconds": phases,
+        "restored": restored, "phase_seconds": dict(report.phase_seconds),
         "sst_new": sum(1 for f in new if f.local_name.endswith(".sst")),
         "changelog": meta.has_changelog(),
         **ledger(meta),

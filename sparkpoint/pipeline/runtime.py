@@ -154,6 +154,8 @@ class BatchReport:
     late_rows: int = 0  # rows below the watermark the batch started with (dropped unless late="process")
     skipped: tuple[SkippedFile, ...] = ()  # input files this checkpoint consumed without processing them
     read: dict[str, Any] | None = None  # how the batch was read: routing, bytes_read, batch_bytes
+    # The longest any subtask spent in each phase (restore, download, process, timers, snapshot, upload, ...)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def read_amplification(self) -> float | None:
@@ -190,6 +192,7 @@ class BatchReport:
             "routing": self.read["routing"] if self.read else None,
             "bytes_read": self.read["bytes_read"] if self.read else None,
             "batch_bytes": self.read["batch_bytes"] if self.read else None,
+            "phase_seconds": dict(self.phase_seconds),
         }
 
 

@@ -55,6 +55,7 @@ from sparkpoint.pipeline.claims import (
     release,
     take_over,
 )
+from sparkpoint.pipeline.history import phase_seconds
 from sparkpoint.pipeline.observe import observe_checkpoint
 from sparkpoint.pipeline.runtime import BatchDriver, BatchReport, BatchStart
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
@@ -255,6 +256,7 @@ def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: in
         files_new=meta.stats.files_new, files_reused=meta.stats.files_reused, files_deleted=files_deleted,
         seconds=time.time() - attempt.started_at, restored=tuple(s.restore for s in attempt.subtasks),
         watermark=attempt.watermark, late_rows=attempt.late_rows, skipped=meta.newly_skipped(), read=attempt.read,
+        phase_seconds=phase_seconds(s.phases for s in attempt.subtasks),
     )
 
 
