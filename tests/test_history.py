@@ -20,18 +20,7 @@ from sparkpoint.checkpoint.history import compact, read_history, record_path, se
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.cli import main
 from sparkpoint.pipeline.history import history_rows
-from tests.support.furnace_pipeline import InProcessPipeline, furnace_config, land, peak_heat
-
-
-def in_memory_tracer() -> tuple[Any, Any]:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider.get_tracer("test"), exporter
+from tests.support.furnace_pipeline import InProcessPipeline, furnace_config, in_memory_tracer, land, peak_heat
 
 
 @pytest.fixture(scope="module")

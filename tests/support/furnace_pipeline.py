@@ -56,3 +56,15 @@ class InProcessPipeline(StatefulPipeline):
     def run_spark(self, spec: Any, urls: list[str], *route: Any) -> list[dict[str, Any]]:
         ids = iter([pd.DataFrame({"id": list(range(spec.parallelism))})])
         return [row for frame in run_slots(spec, urls, ids) for row in frame.to_dict("records")]
+
+
+def in_memory_tracer() -> tuple[Any, Any]:
+    """A tracer whose spans the returned OpenTelemetry SDK in-memory exporter holds."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("test"), exporter
