@@ -82,23 +82,28 @@ def phase_seconds(phases: Iterable[Iterable[Phase]]) -> dict[str, float]:
     return out
 
 
+def rocksdb_files_new(meta: CheckpointMetadata) -> int:
+    """The RocksDB files (not changelog files, not the slices of a materialization in steps) this
+    checkpoint uploaded: with a changelog, a checkpoint that has any materialized its state (at
+    once, or by switching to the slices uploaded before)."""
+    cid = meta.checkpoint_id
+    return sum(1 for f in meta.restored_files() if f.created_by == cid and not is_changelog_name(f.local_name))
+
+
 def history_record(attempt: RunFacts, meta: CheckpointMetadata, report: BatchReport) -> dict[str, Any]:
     """What the history keeps of a checkpoint that stands: a few hundred bytes."""
-    cid = meta.checkpoint_id
-    new = [f for f in meta.files() if f.created_by == cid]
     restored: dict[str, int] = {}
     for s in attempt.subtasks:
         if s.restore not in NO_RESTORE:
             restored[s.restore] = restored.get(s.restore, 0) + 1
     return {
-        "checkpoint_id": cid, "kind": meta.kind, "attempt_id": attempt.attempt_id,
+        "checkpoint_id": meta.checkpoint_id, "kind": meta.kind, "attempt_id": attempt.attempt_id,
         "created_at": meta.created_at, "completed_at": utc_now_iso(), "seconds": round(report.seconds, 3),
         "state_size": meta.stats.state_size, "checkpointed_size": meta.stats.checkpointed_size,
         "files_new": meta.stats.files_new, "files_reused": meta.stats.files_reused,
         "files_deleted": report.files_deleted, "rows": report.rows, "input_files": len(report.files),
         "restored": restored, "phase_seconds": dict(report.phase_seconds),
-        "sst_new": sum(1 for f in new if f.local_name.endswith(".sst")),
-        "changelog": meta.has_changelog(),
+        "rocksdb_files_new": rocksdb_files_new(meta), "changelog": meta.has_changelog(),
         **ledger(meta),
     }
 
@@ -116,25 +121,23 @@ def _row_of_record(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def _row_of_metadata(meta: CheckpointMetadata) -> dict[str, Any]:
     """A retained checkpoint the history has no record of (taken before it was kept, or a savepoint)."""
-    new = [f for f in meta.files() if f.created_by == meta.checkpoint_id]
     return {
         **dict.fromkeys(HISTORY_COLUMNS), "checkpoint_id": meta.checkpoint_id, "kind": meta.kind,
         "completed_at": meta.created_at, "state_size": meta.stats.state_size,
         "checkpointed_size": meta.stats.checkpointed_size, "files_new": meta.stats.files_new,
         "files_reused": meta.stats.files_reused, "restored": {}, "phase_seconds": {},
-        "sst_new": sum(1 for f in new if f.local_name.endswith(".sst")),
-        "changelog": any(is_changelog_name(f.local_name) for f in meta.files()), **ledger(meta),
+        "rocksdb_files_new": rocksdb_files_new(meta), "changelog": meta.has_changelog(), **ledger(meta),
     }
 
 
 def history_rows(storage: CheckpointStorage, *, limit: int | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """One row per checkpoint the history recorded or the job retains, oldest first (the newest
     `limit` of them), with HISTORY_COLUMNS; and what could not be read. `materialized`: a
-    checkpoint of a job with a changelog that uploaded SSTs (its state materialized)."""
+    checkpoint of a job with a changelog that materialized its state (`rocksdb_files_new`)."""
     listing = existing_store(storage).load_all()
     history = read_history(storage)
     retained = {m.checkpoint_id: m for m in listing.checkpoints}
-    rows: dict[int, dict[str, Any]] = {cid: {**_row_of_record(r), "sst_new": r.get("sst_new"),
+    rows: dict[int, dict[str, Any]] = {cid: {**_row_of_record(r), "rocksdb_files_new": r.get("rocksdb_files_new"),
                                               "changelog": r.get("changelog")}
                                        for cid, r in history.records.items()}
     for cid, meta in retained.items():
@@ -146,7 +149,7 @@ def history_rows(storage: CheckpointStorage, *, limit: int | None = None) -> tup
     for cid in sorted(rows)[-limit:] if limit else sorted(rows):
         row = rows[cid]
         row["retained"] = cid in retained
-        row["materialized"] = bool(with_changelog and row.pop("sst_new", 0))
+        row["materialized"] = bool(with_changelog and row.pop("rocksdb_files_new", 0))
         row.pop("changelog", None)
         out.append(row)
     unreadable = [*history.unreadable, *(f"chk-{cid}/_metadata: {why}" for cid, why in listing.unreadable.items())]
