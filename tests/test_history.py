@@ -109,7 +109,7 @@ def test_every_checkpoint_sends_a_start_and_a_complete_lineage_event(furnaces: d
     last = events[-1]
     assert last["job"] == {"namespace": "sparkpoint", "name": "furnaces", "facets": last["job"]["facets"]}
     assert last["job"]["facets"]["jobType"]["jobType"] == "CHECKPOINT"
-    assert [i["name"] for i in last["inputs"]] == [str(furnaces["root"] / "in" / "b2.parquet")]
+    assert [i["name"] for i in last["inputs"]] == [str(furnaces["root"] / "in" / "b0002.parquet")]
     out = last["outputs"][0]
     assert (out["namespace"], out["name"]) == ("file", str(furnaces["root"] / "out"))
     assert out["outputFacets"]["outputStatistics"]["rowCount"] == 6  # every furnace got hotter

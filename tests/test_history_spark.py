@@ -46,4 +46,5 @@ def test_spark_tasks_phases_become_history_spans_and_lineage(spark: Any, tmp_pat
 
     events = [json.loads(line) for line in (tmp_path / "ol.jsonl").read_text().splitlines()]
     assert [(e["eventType"], e["inputs"][0]["name"].rsplit("/", 1)[1]) for e in events] == [
-        ("START", "b0.parquet"), ("COMPLETE", "b0.parquet"), ("START", "b1.parquet"), ("COMPLETE", "b1.parquet")]
+        ("START", "b0000.parquet"), ("COMPLETE", "b0000.parquet"), ("START", "b0001.parquet"),
+        ("COMPLETE", "b0001.parquet")]

@@ -36,12 +36,14 @@ peak_heat = KeyedOperator("peak_heat", key="furnace", key_type="string", columns
                           export=export_peaks, emits=True, schema={"furnace": "string", "peak": "float64"})
 
 
-def land(input_dir: Path, batches: int, rows: int = 40) -> None:
-    """`batches` files b0.parquet.. of `rows` readings over 6 furnaces, hotter each batch."""
+def land(input_dir: Path, batches: int, rows: int = 40, furnaces: int = 6) -> None:
+    """`batches` files b0000.parquet.. of `rows` readings spread over `furnaces` furnaces (each batch
+    another stretch of them when they outnumber its rows), hotter each batch."""
     input_dir.mkdir(parents=True, exist_ok=True)
     for b in range(batches):
-        pd.DataFrame({"furnace": [f"f{i % 6}" for i in range(rows)],
-                      "celsius": [900.0 + 10 * b + i for i in range(rows)]}).to_parquet(input_dir / f"b{b}.parquet")
+        pd.DataFrame({"furnace": [f"f{(i * 7919 + b * rows) % furnaces}" for i in range(rows)],
+                      "celsius": [900.0 + 10 * b + i % 97 for i in range(rows)]}).to_parquet(
+            input_dir / f"b{b:04d}.parquet")
 
 
 def furnace_config(root: Path, **settings: Any) -> PipelineConfig:
