@@ -222,15 +222,15 @@ def complete_attempt(
         _after_failure(storage, attempt, held)
         raise
     crash_point("after-metadata-before-sink-commit")
-    committed = time.time()
+    phases: list[Phase] = [("commit", -1, commit_started, time.time())]
     if pipeline.sink:
         pipeline.sink.commit(cid, list(attempt.staged))
+        phases.append(("sink commit", -1, phases[0][3], time.time()))
     if persisted:
         forget_attempt(storage, attempt)
     report = _report(attempt, completed.metadata, completed.files_deleted)
     observe_checkpoint(pipeline.config, storage, pipeline.sink, attempt, completed.metadata, report,
-                       driver_phases=(("commit", -1, commit_started, committed), ("sink commit", -1, committed,
-                                                                                   time.time())))
+                       driver_phases=phases)
     return report, completed.metadata
 
 
