@@ -198,3 +198,29 @@ def test_bad_observability_settings_are_refused_by_name(tmp_path: Path):
         InProcessPipeline(None, furnace_config(tmp_path, lineage_transport="kafka://broker"), (peak_heat,))
     with pytest.raises(PipelineError, match="history_max_checkpoints must be a whole number >= 0"):
         InProcessPipeline(None, furnace_config(tmp_path, history_max_checkpoints=-1), (peak_heat,))
+
+
+def test_lineage_of_tables_names_the_input_version_consumed_and_the_output_version_made(tmp_path: Path):
+    import pandas as pd
+    from deltalake import write_deltalake
+
+    from sparkpoint import DeltaTable, Pipeline
+
+    for hour in range(2):  # the input table's versions 0 and 1
+        write_deltalake(str(tmp_path / "readings"), pd.DataFrame({"furnace": ["f1", "f2"],
+                                                                  "celsius": [900.0 + hour, 950.0 + hour]}),
+                        mode="append")
+    pipeline = Pipeline("furnaces", [peak_heat], input=DeltaTable(str(tmp_path / "readings")),
+                        output=DeltaTable(str(tmp_path / "peaks")), checkpoints_url=str(tmp_path / "ckpt"),
+                        local_dir=str(tmp_path / "local"), parallelism=2)
+    config = pipeline.config(lineage_transport=f"file://{tmp_path}/lineage.jsonl")
+    InProcessPipeline(None, config, (peak_heat,)).run()
+    events = [json.loads(line) for line in (tmp_path / "lineage.jsonl").read_text().splitlines()]
+    completes = [e for e in events if e["eventType"] == "COMPLETE"]
+    assert len(completes) == 2  # one checkpoint per input version
+    assert [(e["inputs"][0]["name"], e["inputs"][0]["facets"]["version"]["datasetVersion"]) for e in completes] == [
+        (str(tmp_path / "readings"), str(v)) for v in range(len(completes))]
+    outputs = [e["outputs"][0] for e in completes]
+    assert {o["name"] for o in outputs} == {str(tmp_path / "peaks")}
+    assert [o["facets"]["version"]["datasetVersion"] for o in outputs] == [str(v) for v in range(len(completes))]
+    assert sum(o["outputFacets"]["outputStatistics"]["rowCount"] for o in outputs) == 4  # each hour raised both

@@ -47,9 +47,10 @@ def land(input_dir: Path, batches: int, rows: int = 40, furnaces: int = 6) -> No
 
 
 def furnace_config(root: Path, **settings: Any) -> PipelineConfig:
+    settings = {"output_url": f"file://{root}/out", "parallelism": 2, "max_parallelism": 8,
+                "local_dir": str(root / "local"), **settings}
     return PipelineConfig(input_url=str(root / "in"), checkpoints_url=f"file://{root}/ckpt", job_id="furnaces",
-                          output_url=f"file://{root}/out", parallelism=2, max_parallelism=8,
-                          local_dir=str(root / "local"), **settings)
+                          **settings)
 
 
 class InProcessPipeline(StatefulPipeline):
