@@ -224,3 +224,20 @@ def test_lineage_of_tables_names_the_input_version_consumed_and_the_output_versi
     assert {o["name"] for o in outputs} == {str(tmp_path / "peaks")}
     assert [o["facets"]["version"]["datasetVersion"] for o in outputs] == [str(v) for v in range(len(completes))]
     assert sum(o["outputFacets"]["outputStatistics"]["rowCount"] for o in outputs) == 4  # each hour raised both
+
+
+def test_the_phases_cross_from_the_spark_half_to_a_completer_in_another_process():
+    """A Dagster or Airflow checkpoint step completes in another process: the pending attempt's
+    JSON carries each subtask's phases (an older record without them reads as none)."""
+    from sparkpoint.pipeline.attempt.record import PendingAttempt, SubtaskRun
+
+    phases = (("restore", -1, 10.0, 10.5), ("download", 0, 10.1, 10.4), ("snapshot", -1, 11.0, 12.0))
+    run = SubtaskRun("peak_heat", 0, "primary", 40, 2.0, phases)
+    attempt = PendingAttempt(job_id="furnaces", checkpoint_id=3, attempt_id="run-1", expected={"peak_heat": 1},
+                             handles=(), staged=(), source_offsets={"version": 1, "consumed": ["b0000.parquet"]},
+                             files=("b0000.parquet",), subtasks=(run,), rows=40, started_at=9.0)
+    again = PendingAttempt.loads(attempt.dumps())
+    assert again.subtasks[0].phases == phases
+    raw = json.loads(attempt.dumps())
+    del raw["subtasks"][0]["phases"]
+    assert PendingAttempt.from_json(raw).subtasks[0].phases == ()
