@@ -89,6 +89,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks.bench_routing
 	$(BIN)/python -m benchmarks.bench_table_commit
 	$(BIN)/python -m benchmarks.bench_observability
+	$(BIN)/python -m benchmarks.bench_observers
 
 clean:
 	rm -rf $(VENV) .sparkpoint

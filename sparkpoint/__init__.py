@@ -46,6 +46,7 @@ _HOMES = {
     "list_checkpoints": "sparkpoint.api",
     "registry": "sparkpoint.api",
     "rollback": "sparkpoint.api",
+    "history": "sparkpoint.api",
     "build_pipeline_defs": "sparkpoint.factory",
     "PipelineComponent": "sparkpoint.component",
 }

@@ -6,10 +6,12 @@
     sparkpoint.registry("file:///data/checkpoints", "clicks")
     sparkpoint.diff_state("file:///data/checkpoints", "clicks", user_totals, 5, 9)
     sparkpoint.rollback(clicks, to=7, dry_run=True).message
+    sparkpoint.history(clicks, plot="history.png")
 
 The same data as `sparkpoint list --json`, `sparkpoint state` and `sparkpoint registry --json`:
 each comes from one function of `sparkpoint.checkpoint.catalog` (or `sparkpoint.state.extract.state_table`) that the
-command line prints. `rollback` is `sparkpoint rollback` (`sparkpoint.pipeline.rollback`).
+command line prints. `rollback` is `sparkpoint rollback` (`sparkpoint.pipeline.rollback`), `history` is
+`sparkpoint history` (`sparkpoint.pipeline.history`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from sparkpoint.pipeline.rollback import RollbackReport
     from sparkpoint.pipeline.spec import Pipeline
 
-__all__ = ["diff_state", "list_checkpoints", "read_state", "registry", "rollback", "state_table"]
+__all__ = ["diff_state", "history", "list_checkpoints", "read_state", "registry", "rollback", "state_table"]
 
 
 def list_checkpoints(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -191,6 +193,58 @@ def rollback(pipeline: Pipeline, to: int, *, dry_run: bool = False) -> RollbackR
     from sparkpoint.pipeline.rollback import rollback as rollback_config
 
     return rollback_config(pipeline.config(), to, operators=pipeline.operators, dry_run=dry_run)
+
+
+def history(
+    pipeline: Pipeline | None = None, *, url: str | None = None, job_id: str | None = None,
+    storage_options: dict[str, Any] | None = None, plot: str | None = None, last: int | None = None,
+) -> pd.DataFrame:
+    """The job's checkpoint history, one row per checkpoint, oldest first: what `sparkpoint history
+    --json` gives. Kept in `<job>/_history/` by every completed checkpoint (up to the setting
+    `history_max_checkpoints`), merged with the retained `_metadata`, so it outlives retention
+    and restarts.
+
+    Example:
+        ```python
+        frame = sparkpoint.history(clicks, plot="history.png")
+        frame[["checkpoint_id", "seconds", "checkpointed_size", "restored"]].tail()
+        ```
+
+    Args:
+        pipeline: the `Pipeline` whose job to read (its checkpoints location, job id and storage options).
+        url: the checkpoints directory (any fsspec URL), instead of a pipeline's (with `job_id`).
+        job_id: the job, instead of the pipeline's.
+        storage_options: fsspec options of `url` (default: the pipeline's).
+        plot: a PNG file to draw sizes and durations over the checkpoints into (needs matplotlib).
+        last: only the newest `last` checkpoints.
+
+    Returns:
+        A DataFrame with the columns `checkpoint_id`, `kind`, `completed_at`, `seconds` (trigger to
+        completion), `state_size`, `checkpointed_size`, `files_new`, `files_reused`, `files_deleted`,
+        `rows`, `requests` (by operation), `bytes_up`, `bytes_down`, `estimated_cost_usd` (None where
+        the checkpoint recorded no request ledger), `restored` (subtasks by where their state came
+        from), `restore_seconds`, `materialized`, `retained`, `phase_seconds`; what could not be read
+        in `df.attrs["unreadable"]`.
+
+    Raises:
+        CheckpointNotFound: no job directory there.
+        ValueError: neither a pipeline nor `url` and `job_id`.
+    """
+    from sparkpoint.pipeline.history import HISTORY_COLUMNS, history_rows, plot_history
+
+    if pipeline is not None:
+        url = url or pipeline.location("checkpoints")
+        job_id = job_id or pipeline.effective_job_id
+        storage_options = storage_options if storage_options is not None else dict(pipeline.storage_options)
+    if not url or not job_id:
+        raise ValueError("history needs a pipeline, or url= and job_id= naming the job's checkpoints")
+    storage = CheckpointStorage(url, job_id, storage_options)
+    rows, unreadable = history_rows(storage, limit=last)
+    if plot:
+        plot_history(rows, plot, title=f"checkpoints of {job_id}")
+    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+    frame.attrs["unreadable"] = unreadable
+    return frame
 
 
 def _code_of(operator: str | KeyedOperator) -> KeyedOperator:

@@ -69,6 +69,8 @@ def test_materializing_twice_makes_two_checkpoints_whose_metadata_matches_storag
     one = CompletedCheckpointStore(storage).load(1)
     assert got["registry_files"] == len(meta.paths() | one.paths()) + 2  # + both _metadata
     assert got["duration_seconds"] > 0
+    # what `sparkpoint history` shows beside it: no subtask restored (they went on from their databases)
+    assert got["restored_subtasks"] == 0 and 0 < got["phase_upload_seconds"] <= got["phase_snapshot_seconds"]
     assert got["dagster/row_count"] == 1500
     assert got["batch"] == ["batch-000001.parquet"]
     assert got["prune_due"] == []

@@ -10,8 +10,9 @@ figures to `build/interleavings/<scenario>-<mode>.json`.
 
 The checker is shown not to be vacuous: with the abort and the sweep as they were before the
 fourth review (N1, N2), the savepoint's id as it was before the fifth (item 4), retention
-without the checksum of reused files (item 7), the same exploration finds the loss; and a commit
-without the re-check of its base loses a batch under the schedule of a rollback that shows it.
+without the checksum of reused files (item 7), the same exploration finds the loss; a commit
+without the re-check of its base loses a batch under the schedule of a rollback that shows it; and
+a history record written before the commit is found naming a loser of the race.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sparkpoint.checkpoint.savepoint as savepoint_module
 import sparkpoint.pipeline.attempt.protocol as attempt_module
 import sparkpoint.pipeline.maintenance as maintenance_module
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
+from sparkpoint.checkpoint.history import write_record
 from sparkpoint.checkpoint.savepoint import SavepointResult
 from tests.support.interleavings import SCENARIOS, Checker, Report, default_choice, describe, legs
 
@@ -207,6 +209,23 @@ def test_the_checker_finds_item_7_with_retention_as_it_was(tmp_path: Path, monke
     report = Checker(SCENARIOS["rot-vs-run-from-task-local-copy"], tmp_path).explore(bound=0)
     assert report.violations, report.line()
     assert any("cannot go on" in v for o in report.violations for v in o.violations)
+
+
+def test_the_checker_finds_a_history_record_written_before_the_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The history is written by the completer after its commit stood (DESIGN rule 14). A completer
+    that wrote its record before committing would leave, when it loses the race for chk-N, a record
+    of another writer's checkpoint under its own attempt."""
+    real = attempt_module._acknowledge_and_commit
+
+    def record_first(storage: Any, coordinator: Any, attempt: Any, inject: Any) -> Any:
+        write_record(storage, {"checkpoint_id": attempt.checkpoint_id, "attempt_id": attempt.attempt_id},
+                     previous=attempt.base)
+        return real(storage, coordinator, attempt, inject)
+
+    monkeypatch.setattr(attempt_module, "_acknowledge_and_commit", record_first)
+    report = Checker(SCENARIOS["two-completers"], tmp_path).sample(20, seed=SEED, bound=2, until_found=True)
+    assert report.violations, report.line()
+    assert any("history record of chk-2 names attempt" in v for o in report.violations for v in o.violations)
 
 
 def test_a_run_committing_over_a_checkpoint_a_rollback_retired_withdraws_and_without_the_check_loses_a_batch(

@@ -15,6 +15,7 @@ from sparkpoint.checkpoint.catalog import readable_size
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.pipeline.driver import StatefulPipeline
+from sparkpoint.pipeline.history import NO_RESTORE
 from sparkpoint.pipeline.maintenance import checkpoint_facts
 from sparkpoint.pipeline.runtime import BatchReport
 from sparkpoint.spark.tablesource import TableSource
@@ -140,6 +141,7 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
         out["bytes_down"] = facts["bytes_down"]
         out["input_bytes"] = facts["input"]["bytes"]
         out["estimated_cost_usd"] = facts["estimated_cost_usd"]
+    out.update(history_entries(report))
     if recovered_run:
         out["recovered_run"] = dg.MetadataValue.dagster_run(recovered_run)
     if previous is not None:  # the checkpoint before it, to open beside it (and to diff against)
@@ -148,6 +150,16 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
     for kind in ("keys_added", "keys_removed", "keys_changed"):  # per operator, where cheap to know
         if changes:
             out[kind] = dg.MetadataValue.json({op: c[kind] for op, c in changes.items()})
+    return out
+
+
+def history_entries(report: BatchReport) -> dict[str, Any]:
+    """What `sparkpoint history` shows of a checkpoint beyond its sizes, as numbers the UI plots:
+    the subtasks that restored state (not those that went on from their open database) and the
+    longest time a subtask spent in each phase (`phase_restore_seconds`, `phase_upload_seconds`, ...)."""
+    out: dict[str, Any] = {"restored_subtasks": sum(1 for source in report.restored if source not in NO_RESTORE)}
+    for phase, seconds in sorted(report.phase_seconds.items()):
+        out[f"phase_{phase.replace(' ', '_')}_seconds"] = seconds
     return out
 
 

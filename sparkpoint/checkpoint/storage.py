@@ -33,6 +33,7 @@ from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, PathEscapesJob
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir, is_plain_name, validate_relative
+from sparkpoint.checkpoint.phases import phase
 
 _CHUNK = 4 * 1024 * 1024
 log = logging.getLogger(__name__)
@@ -389,7 +390,8 @@ class CheckpointStorage:
             return FileHandle(local_name=os.path.basename(local), path=rel, size=size, crc32=crc,
                               created_by=checkpoint_id)
 
-        handles = self.parallel(one, targets)  # waits on fsync: all the workers (measured faster)
+        with phase("upload"):
+            handles = self.parallel(one, targets)  # waits on fsync: all the workers (measured faster)
         if self._local:
             for d in {posixpath.dirname(t) for _, _, t in targets}:
                 fsync_dir(d)
@@ -416,7 +418,8 @@ class CheckpointStorage:
             self.count_request("GET", down=size)
             return size, crc
 
-        return self.parallel(one, sources, workers=self._copy_workers)
+        with phase("download"):
+            return self.parallel(one, sources, workers=self._copy_workers)
 
     def get_files(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Download (relative source, local path) pairs in parallel."""

@@ -136,3 +136,40 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         print(f"# chk-{cid} UNREADABLE: {why}")
     print(metrics_of_checkpoints(storage.job_id, listing.checkpoints).text(), end="")
     return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from sparkpoint.pipeline.history import history_rows, plot_history, total_requests
+
+    storage = job_storage(args)
+    rows, unreadable = history_rows(storage, limit=args.last)
+    if args.plot:
+        plot_history(rows, args.plot, title=f"checkpoints of {storage.job_id}")
+    if printed_json(args, {"checkpoints": rows, "unreadable": unreadable, "plot": args.plot}):
+        return 0
+    table(
+        f"{len(rows)} checkpoint(s) of {storage.job_id} in its history (+ retained; * materialization)",
+        ["id", "kind", "completed", "restored", "duration", "state size", "uploaded", "files new", "rows",
+         "requests", "up", "down", "cost"],
+        [[f"chk-{r['checkpoint_id']}{'*' if r['materialized'] else ''}{'+' if r['retained'] else ''}", r["kind"],
+          r["completed_at"], _restored(r["restored"]), _or_dash(r["seconds"], "{:.2f} s"), size(r["state_size"]),
+          size(r["checkpointed_size"]), _or_dash(r["files_new"]), _or_dash(r["rows"]),
+          _or_dash(total_requests(r)), size(r["bytes_up"]) or "-", size(r["bytes_down"]) or "-",
+          _or_dash(r["estimated_cost_usd"], "${:.6f}")] for r in rows],
+        right=9,
+    )
+    if args.plot:
+        print(f"plot: {args.plot}")
+    for why in unreadable:
+        print(f"UNREADABLE: {why}")
+    return 0
+
+
+def _or_dash(value: Any, fmt: str = "{}") -> str:
+    """A value as `fmt` shows it; "-" when it was not recorded."""
+    return "-" if value is None else fmt.format(value)
+
+
+def _restored(restored: dict[str, int]) -> str:
+    """`primary×2`: how many subtasks restored state, from where."""
+    return ", ".join(f"{source}×{n}" for source, n in sorted(restored.items())) or "-"

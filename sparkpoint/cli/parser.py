@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeAlias
 
-from sparkpoint.cli.catalog import cmd_inspect, cmd_list, cmd_metrics, cmd_registry
+from sparkpoint.cli.catalog import cmd_history, cmd_inspect, cmd_list, cmd_metrics, cmd_registry
 from sparkpoint.cli.maintenance import cmd_gc, cmd_rollback, cmd_savepoint, cmd_verify
 from sparkpoint.cli.run import cmd_generate, cmd_run, cmd_skip
 from sparkpoint.cli.state import cmd_bootstrap, cmd_check_upgrade, cmd_diff, cmd_restore, cmd_state
@@ -219,6 +219,17 @@ def _metrics(sub: Commands) -> None:
     p.set_defaults(fn=cmd_metrics)
 
 
+def _history(sub: Commands) -> None:
+    p = sub.add_parser("history", help="every checkpoint the job's history kept (and the retained ones): durations, "
+                       "sizes, requests and restores, as a table, JSON or a picture")
+    _job_args(p)
+    p.add_argument("--plot", metavar="FILE.png", help="draw sizes and durations over the checkpoints into FILE.png "
+                   "(materializations and restores marked)")
+    p.add_argument("--last", type=positive_int, metavar="N", help="only the newest N checkpoints")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_history)
+
+
 def _restore(sub: Commands) -> None:
     p = sub.add_parser("restore", help="one subtask's state as a verified RocksDB directory, for debugging")
     _job_args(p)
@@ -270,6 +281,6 @@ def _bootstrap(sub: Commands) -> None:
 
 # In the order `sparkpoint --help` lists them.
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
-    _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _list, _inspect, _registry, _metrics, _restore,
-    _savepoint, _rollback, _bootstrap,
+    _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _list, _inspect, _registry, _metrics, _history,
+    _restore, _savepoint, _rollback, _bootstrap,
 )

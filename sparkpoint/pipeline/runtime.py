@@ -157,6 +157,8 @@ class BatchReport:
     read: dict[str, Any] | None = None  # how the batch was read: routing, bytes_read, batch_bytes
     requests: RequestLedger | None = None  # the storage requests of this checkpoint (sparkpoint.checkpoint.ledger)
     estimated_cost_usd: float | None = None  # what they cost by the pipeline's `storage_prices`
+    # The longest any subtask spent in each phase (restore, download, process, timers, snapshot, upload, ...)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def read_amplification(self) -> float | None:
@@ -196,6 +198,7 @@ class BatchReport:
             "batch_bytes": self.read["batch_bytes"] if self.read else None,
             **(self.requests.to_json() if self.requests is not None else {}),
             "estimated_cost_usd": self.estimated_cost_usd,
+            "phase_seconds": dict(self.phase_seconds),
         }
 
 

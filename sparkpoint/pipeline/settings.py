@@ -33,6 +33,7 @@ ROUTINGS = ("auto", "read-all", "shuffle")
 MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
 REPLAY_WINDOW = 7 * 24 * 3600.0  # sparkpoint.tables.sink's DEFAULT_REPLAY_WINDOW
+HISTORY_KEEP = 10_000  # sparkpoint.checkpoint.history's DEFAULT_KEEP
 
 _SIZE = re.compile(r"(\d+)\s*(k|kb|m|mb|g|gb|t|tb)?")
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -125,6 +126,20 @@ def _optional_url(value: Any) -> str | None:
     if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", text):
         raise ValueError(f"expected an http:// or https:// URL such as http://127.0.0.1:9091, got {text!r}")
     return text
+def _optional_text(value: Any) -> str | None:
+    return None if value is None or _lower(value) in ("none", "off", "") else str(value).strip()
+
+
+def check_history_max_checkpoints(value: Any) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return [f"history_max_checkpoints must be a whole number >= 0 (0: no history), got {value!r}"]
+    return []
+
+
+def check_lineage_transport(value: Any) -> list[str]:
+    if value is None or value == "console" or str(value).startswith(("file://", "http://", "https://")):
+        return []
+    return [f"lineage_transport must be file:///<path>, an http(s):// URL, console or none, got {value!r}"]
 
 
 def check_routing(value: Any) -> list[str]:
@@ -429,6 +444,28 @@ SETTINGS: tuple[Setting, ...] = (
         "an OpenTelemetry collector's OTLP/HTTP metrics endpoint (`http://host:4318/v1/metrics`): the "
         "pipeline's metrics are exported there after every checkpoint; none: not exported",
         _optional_url, flink=("metrics.reporter.otel.exporter.endpoint",)),
+    Setting(
+        "history_max_checkpoints", int, HISTORY_KEEP,
+        "checkpoints the job's history keeps (`<job>/_history/`, read by `sparkpoint history`): a record of a few "
+        "hundred bytes each, written by the completer after `_metadata`, folded into segments of 1,000; `0`: "
+        "no history is written",
+        int, check=check_history_max_checkpoints),
+    Setting(
+        "traces_endpoint", str | None, None,
+        "OpenTelemetry traces, one per checkpoint and one per restore, with a span per operator, subtask and phase: "
+        "an OTLP/HTTP endpoint (`http://127.0.0.1:4318/v1/traces`), or `global` for the tracer provider the "
+        "process installed; `none`: off (nothing is imported)",
+        _optional_text),
+    Setting(
+        "lineage_transport", str | None, None,
+        "OpenLineage run events, a START and a COMPLETE per checkpoint (inputs: the batch's files or table version; "
+        "output: the sink): `file:///path/events.jsonl` (the client's file transport, one event a line), an "
+        "`http(s)://` URL (its HTTP transport) or `console`; `none`: off (nothing is imported)",
+        _optional_text, check=check_lineage_transport),
+    Setting(
+        "lineage_namespace", str, "sparkpoint",
+        "the OpenLineage job namespace of the pipeline's job (the job's name is its job id)",
+        str),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

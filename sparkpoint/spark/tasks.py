@@ -35,6 +35,7 @@ import pandas as pd
 from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.interleave import stepping, storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
+from sparkpoint.checkpoint.phases import phase, recording
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark import routing
 from sparkpoint.spark.faults import fail_at
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 
 RESULT_SCHEMA = (
     "op int, subtask int, handle string, staged array<string>, rows long, late long, restore string, seconds double, "
-    "read_bytes long, requests string, restore_phases string"
+    "read_bytes long, requests string, restore_phases string, phases string"
 )
 
 
@@ -286,7 +287,7 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
         local_recovery=spec.local_recovery, changelog=spec.changelog, states=op.states, key_type=op.key_type,
     )
     meta = CheckpointMetadata.loads(spec.restore_metadata) if spec.restore_metadata else None
-    with _exclusive(backend.dir):
+    with _exclusive(backend.dir), recording() as phases:
         try:
             outcome = _attempt(spec, op_index, subtask, batch, backend, meta, source)
         except Exception as e:
@@ -308,6 +309,7 @@ def run_subtask(spec: TaskSpec, op_index: int, subtask: int, batch: pd.DataFrame
             "restore_phases": json.dumps(restore_phases(restored)),
             "read_bytes": read_bytes, "requests": json.dumps((ledger.drain() + (reading or ledger.RequestLedger())
                                                               ).to_json()),
+            "phases": json.dumps(phases.to_json()),
         }]
     )
 
@@ -324,17 +326,21 @@ def _attempt(
     meta: CheckpointMetadata | None, source: CheckpointStorage | None,
 ) -> tuple[RestoreResult, list[str], SubtaskStateHandle]:
     op = spec.operators[op_index]
-    restored = backend.restore(meta, claim_mode=spec.claim_mode, source=source, allow_missing=spec.allow_new_operators)
+    with phase("restore"):
+        restored = backend.restore(meta, claim_mode=spec.claim_mode, source=source,
+                                   allow_missing=spec.allow_new_operators)
     try:
         changed = run_batch(op, backend, batch, processing_us=spec.batch_time_us, watermark_us=spec.watermark_us,
                             event_time=spec.event_time is not None)
         staged: list[str] = []
         if op.emits and spec.sink is not None and changed is not None:
             # Output files are named by the display name: a name per checkpoint, never state.
-            staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)
+            with phase("stage"):
+                staged = spec.sink.stage(spec.checkpoint_id, op.name, subtask, changed)
         if op_index == 0 and subtask == 0:
             fail_at("before-upload", spec.inject_failure, f"{op.name}/{subtask} before its snapshot upload")
-        handle = backend.snapshot(spec.checkpoint_id)
+        with phase("snapshot"):
+            handle = backend.snapshot(spec.checkpoint_id)
     except BaseException:
         try:
             backend.close()

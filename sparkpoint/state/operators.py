@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sparkpoint.checkpoint.paths import validate_name
+from sparkpoint.checkpoint.phases import phase
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.record import parse_field
 from sparkpoint.state.schema import DeclaredStates, declarations
@@ -164,11 +165,14 @@ def run_batch(
     sink: `process`'s changed rows and what the timers emitted (None when neither made rows)."""
     state.default_clock = "event" if event_time else "processing"
     state.set_time(processing_us=processing_us, watermark_us=watermark_us)
-    changed = op.process(batch, state) if len(batch) else None
-    fired = fire_timers(op, state, processing_us=processing_us, watermark_us=state.clock("event"))
+    with phase("process"):
+        changed = op.process(batch, state) if len(batch) else None
+    with phase("timers"):
+        fired = fire_timers(op, state, processing_us=processing_us, watermark_us=state.clock("event"))
     if fired:  # what the timers emitted is committed with this batch's checkpoint, like its rows
         changed = pd.concat([c for c in [changed, *fired] if c is not None and len(c)], ignore_index=True)
-    state.expire()  # the TTL sweep: bounded, its deletes go into this checkpoint like any write
+    with phase("expire"):
+        state.expire()  # the TTL sweep: bounded, its deletes go into this checkpoint like any write
     return changed
 
 

@@ -67,6 +67,7 @@ import pandas as pd
 import pyarrow as pa
 
 from sparkpoint.checkpoint.files import stored_size_problems
+from sparkpoint.checkpoint.history import HISTORY_DIR, read_history
 from sparkpoint.checkpoint.interleave import set_step_hook, storage_step
 from sparkpoint.checkpoint.savepoint import SavepointResult
 from sparkpoint.checkpoint.storage import CheckpointStorage
@@ -1110,7 +1111,27 @@ def violations(run: Run, actors: dict[str, _Actor], neighbours: dict[str, bytes]
                     if p.path not in rotted]
         if problems:
             found.append(f"retained chk-{meta.checkpoint_id} lost files: {problems[0]}")
-    return found + both_won(run, actors) + savepoint_problems(run, actors)
+    return found + both_won(run, actors) + savepoint_problems(run, actors) + history_problems(run)
+
+
+def history_problems(run: Run) -> list[str]:
+    """The history (written by completers after their commit, DESIGN rule 14) holds only records of
+    checkpoints that stood: a record of chk-N whose `_metadata` is still there names the attempt
+    that committed it (a loser of the race for N, or a completer whose commit was withdrawn, wrote
+    none), and every record reads."""
+    storage = run.storage()
+    history = read_history(storage)
+    found = [f"unreadable history: {why}" for why in history.unreadable]
+    for cid, record in history.records.items():
+        try:
+            meta = CompletedCheckpointStore(storage).load(cid)
+        except Exception:  # noqa: BLE001  subsumed, retired or withdrawn since: the record stays as history
+            continue
+        committed = meta.source_offsets.get("attempt") if isinstance(meta.source_offsets, dict) else None
+        if committed is not None and record.get("attempt_id") != committed:
+            found.append(f"history record of chk-{cid} names attempt {record.get('attempt_id')}, chk-{cid} was "
+                         f"committed by {committed}")
+    return found
 
 
 Reference = tuple[list[tuple[Any, ...]], dict[str, int]]
@@ -1165,7 +1186,7 @@ def end_state(run: Run) -> tuple[tuple[str, str], ...]:
     for path in fs.find(run.url):
         rel = path[len(prefix):]
         content = ""
-        if rel.endswith(("_metadata", ".json", ".claim")):
+        if rel.endswith(("_metadata", ".json", ".claim")) and f"/{HISTORY_DIR}/" not in f"/{rel}":
             content = _UNIQUE.sub("*", _VOLATILE.sub("", fs.cat_file(path).decode("utf-8", "replace")))
         state.append((_UNIQUE.sub("*", rel), content))
     if run.table:  # what the table holds, and every file in its location

@@ -33,6 +33,7 @@ from sparkpoint.checkpoint.errors import (
 )
 from sparkpoint.checkpoint.ledger import Prices, RequestLedger
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, CheckpointStats, SkippedFile, metadata_path
+from sparkpoint.checkpoint.phases import Phase, phases_from_json
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline import monitoring
@@ -58,6 +59,8 @@ from sparkpoint.pipeline.claims import (
     release,
     take_over,
 )
+from sparkpoint.pipeline.history import phase_seconds
+from sparkpoint.pipeline.observe import observe_checkpoint
 from sparkpoint.pipeline.runtime import BatchDriver, BatchReport, BatchStart
 from sparkpoint.spark.faults import InjectedFailure, check_point, fail_at
 from sparkpoint.spark.routing import FileLayout, batch_bytes, choose_route
@@ -152,7 +155,7 @@ def _results_of(pipeline: BatchDriver, results: list[dict[str, Any]], route: str
         "handles": tuple(r["handle"] for r in results),
         "staged": tuple(sorted(name for r in results for name in r["staged"] or ())),
         "subtasks": tuple(SubtaskRun(uids[int(r["op"])], int(r["subtask"]), str(r["restore"]), int(r["rows"]),
-                                     float(r["seconds"]),
+                                     float(r["seconds"]), _phases(r.get("phases")),
                                      json.loads(r["restore_phases"]) if r.get("restore_phases") else None)
                           for r in results),
         "rows": sum(int(r["rows"]) for r in results) // len(uids),
@@ -162,6 +165,14 @@ def _results_of(pipeline: BatchDriver, results: list[dict[str, Any]], route: str
         "requests": sum((RequestLedger.from_json(json.loads(r["requests"]), "a task's requests")
                          for r in results if r.get("requests")), ledger.drain()),
     }
+
+
+def _phases(raw: Any) -> tuple[Phase, ...]:
+    """A subtask's timed phases from its result row (JSON text; none from an older task)."""
+    try:
+        return phases_from_json(json.loads(raw)) if isinstance(raw, str) else ()
+    except ValueError:
+        return ()
 
 
 def _watermarks(pipeline: BatchDriver, start: BatchStart, highest: int | None) -> tuple[int | None, int | None]:
@@ -205,6 +216,7 @@ def complete_attempt(
     if coordinator is None:
         _, coordinator = pipeline.begin()
         coordinator.trigger(expected=attempt.expected, checkpoint_id=cid, names=pipeline.operator_names())
+    commit_started = time.time()
     try:
         completed = _acknowledge_and_commit(storage, coordinator, attempt, inject,
                                             Prices.parse(pipeline.config.storage_prices))
@@ -222,12 +234,16 @@ def complete_attempt(
         _after_failure(storage, attempt, held)
         raise
     crash_point("after-metadata-before-sink-commit")
+    phases: list[Phase] = [("commit", -1, commit_started, time.time())]
     if pipeline.sink:
         pipeline.sink.commit(cid, list(attempt.staged))
+        phases.append(("sink commit", -1, phases[0][3], time.time()))
     if persisted:
         forget_attempt(storage, attempt)
     report = _report(attempt, completed.metadata, completed.files_deleted, Prices.parse(pipeline.config.storage_prices))
     monitoring.checkpoint_completed(pipeline.config, completed.metadata)
+    observe_checkpoint(pipeline.config, storage, pipeline.sink, attempt, completed.metadata, report,
+                       driver_phases=phases)
     return report, completed.metadata
 
 
@@ -266,6 +282,7 @@ def _report(attempt: PendingAttempt, meta: CheckpointMetadata, files_deleted: in
         seconds=time.time() - attempt.started_at, restored=tuple(s.restore for s in attempt.subtasks),
         watermark=attempt.watermark, late_rows=attempt.late_rows, skipped=meta.newly_skipped(), read=attempt.read,
         requests=requests, estimated_cost_usd=prices.cost(requests),
+        phase_seconds=phase_seconds(s.phases for s in attempt.subtasks),
     )
 
 
@@ -279,7 +296,9 @@ def _finish_committed(pipeline: BatchDriver, attempt: PendingAttempt) -> tuple[B
     forget_attempt(pipeline.storage, attempt)
     log.warning("checkpoint %s of attempt %s was committed by an earlier try; its output is committed now",
                 attempt.checkpoint_id, attempt.attempt_id)
-    return _report(attempt, meta, 0, Prices.parse(pipeline.config.storage_prices)), meta
+    report = _report(attempt, meta, 0, Prices.parse(pipeline.config.storage_prices))
+    observe_checkpoint(pipeline.config, pipeline.storage, pipeline.sink, attempt, meta, report)
+    return report, meta
 
 
 def _take_over(

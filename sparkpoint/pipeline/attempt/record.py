@@ -26,6 +26,7 @@ from sparkpoint.checkpoint.metadata import (
     state_facts,
 )
 from sparkpoint.checkpoint.paths import validate_name
+from sparkpoint.checkpoint.phases import Phase, phases_from_json
 from sparkpoint.pipeline.claims import PENDING_DIR
 from sparkpoint.spark.source import SourceOffsets
 
@@ -49,8 +50,9 @@ class SubtaskRun:
     restore: str  # working | local | primary | rescale | empty
     rows: int
     seconds: float
+    phases: tuple[Phase, ...] = ()  # its timed phases (sparkpoint.checkpoint.phases); absent in older records
     # Its restore by phase (`sparkpoint.spark.tasks.restore_phases`). Absent in older records.
-    phases: dict[str, float] | None = None
+    restore_phases: dict[str, float] | None = None
 
 
 RESTORE_PHASES = ("local_seconds", "download_seconds", "open_seconds", "local_bytes", "remote_bytes")
@@ -59,14 +61,14 @@ RESTORE_PHASES = ("local_seconds", "download_seconds", "open_seconds", "local_by
 def restore_summary(subtasks: Iterable[SubtaskRun]) -> dict[str, float] | None:
     """A batch's restore by phase: the slowest subtask's seconds of each phase (they run side by
     side), the bytes of all (None: no subtask says)."""
-    phases = [s.phases for s in subtasks if s.phases]
+    phases = [s.restore_phases for s in subtasks if s.restore_phases]
     if not phases:
         return None
     return {k: (max if k.endswith("_seconds") else sum)(float(p.get(k, 0)) for p in phases)
             for k in RESTORE_PHASES}
 
 
-def _phases(raw: Any) -> dict[str, float] | None:
+def _restore_phases(raw: Any) -> dict[str, float] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or not all(isinstance(raw.get(k, 0), int | float) and raw.get(k, 0) >= 0
@@ -135,7 +137,8 @@ class PendingAttempt:
             "files": list(self.files),
             "subtasks": [
                 {"operator": s.operator, "subtask": s.subtask, "restore": s.restore, "rows": s.rows,
-                 "seconds": s.seconds, **({"phases": s.phases} if s.phases is not None else {})}
+                 "seconds": s.seconds, **({"phases": [list(p) for p in s.phases]} if s.phases else {}),
+                 **({"restore_phases": s.restore_phases} if s.restore_phases is not None else {})}
                 for s in self.subtasks
             ],
             "rows": self.rows, "started_at": self.started_at, "watermark": self.watermark,
@@ -164,7 +167,8 @@ class PendingAttempt:
                 source_offsets=dict(raw["source_offsets"]), files=tuple(str(f) for f in raw["files"]),
                 subtasks=tuple(
                     SubtaskRun(str(s["operator"]), _int(s["subtask"]), str(s["restore"]), _int(s["rows"]),
-                               float(s["seconds"]), _phases(s.get("phases")))
+                               float(s["seconds"]), phases_from_json(s.get("phases")),
+                               _restore_phases(s.get("restore_phases")))
                     for s in raw["subtasks"]
                 ),
                 rows=_int(raw["rows"]), started_at=float(raw["started_at"]),
