@@ -221,18 +221,23 @@ class ParquetDirectorySource:
     def _warn_late(self, offsets: SourceOffsets, names: list[str]) -> None:
         """With `rescan`: name the batch files at or below the floor modified after the floor's
         own file (they landed after it, most likely late: refused by the floor, never read)."""
-        floor = self._seen.get(offsets.floor or "")
-        since = _modified(floor.info) if floor is not None else None
-        if since is None:
+        floor = offsets.floor
+        since = self._modified_at(floor) if floor is not None and floor in self._seen else None
+        if floor is None or since is None:
             return
-        late = [n for n in names if offsets.floor is not None and n <= offsets.floor and n in self._seen
-                and (_modified(self._seen[n].info) or 0.0) > since]
+        late = [n for n in names if n <= floor and (self._modified_at(n) or 0.0) > since]
         if late:
             shown = ", ".join(late[:10]) + (f" and {len(late) - 10} more" if len(late) > 10 else "")
             log.warning("input %s: %d batch file(s) below the floor %r were modified after it and look late: %s. "
                         "The floor closed their names: no run reads them. To have one read, land it again under a "
                         "name above %r (docs: A pipeline's life)", self.url, len(late), offsets.floor, shown,
                         offsets.mark)
+
+    def _modified_at(self, name: str) -> float | None:
+        """Batch file `name`'s modification time: from the listing where it says (S3), else a stat."""
+        entry = self._seen.get(name)
+        known = _modified(entry.info) if entry is not None else None
+        return known if known is not None else self.stat(name).modified
 
     def file_columns(self, names: list[str]) -> dict[str, FileColumns]:
         return {}  # a batch file holds every column its rows have
