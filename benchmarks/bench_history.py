@@ -38,7 +38,7 @@ Run:
 
     .venv/bin/python -m benchmarks.bench_history                 # ~5 min: file:// to 10^5, S3 to 10^4
     .venv/bin/python -m benchmarks.bench_history --quick         # 10^2..10^3, seconds
-    .venv/bin/python -m benchmarks.bench_history --plot-only     # docs/img/history.png from the JSON
+    .venv/bin/python -m benchmarks.bench_history --plot-only     # tables and picture again from the JSON
 
 Results: benchmarks/results/history.json, and the curves in docs/img/history.png.
 """
@@ -164,13 +164,16 @@ def counting_moto() -> Iterator[tuple[str, Counter[str]]]:
 def checkpoint(storage: CheckpointStorage, coordinator: CheckpointCoordinator, source: ParquetDirectorySource,
                lander: Lander, trace: bool) -> dict[str, float]:
     """One checkpoint of the life: plan (read the latest `_metadata`, list, advance), commit.
-    With `trace`, the planning is done a second time under tracemalloc (its time and requests
-    are the first's) and its peak, with the commit's, is the checkpoint's peak memory."""
+    With `trace` (a measured point), the planning is timed `REPEAT` times, then done once more
+    under tracemalloc (its requests are the first's), whose peak with the commit's is the
+    checkpoint's peak memory."""
     requests = lander.requests(source)
+    began = time.perf_counter()
     after, files = plan(storage, source)
+    planning = time.perf_counter() - began
     listed = lander.requests(source) - requests
-    planning = min(timed(lambda: plan(storage, source)) for _ in range(REPEAT))  # the machine is shared: the least
-    if trace:
+    if trace:  # planning changes nothing: timed again, the least kept (the machine is shared)
+        planning = min([planning, *(timed(lambda: plan(storage, source)) for _ in range(REPEAT - 1))])
         tracemalloc.start()
         after, files = plan(storage, source)
     done = commit(coordinator, after)
@@ -254,10 +257,18 @@ def fit(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(lx, ly)) / sum((x - mx) ** 2 for x in lx)
 
 
-def exponents(rows: list[dict[str, Any]], way: str) -> dict[str, float]:
-    xs = [float(r["history"]) for r in rows if r.get(way)]
-    return {m: round(fit(xs, [float(r[way][m]) for r in rows if r.get(way)]), 3) for m in METRICS} if len(xs) > 1 \
-        else {}
+def exponents(rows: list[dict[str, Any]], way: str, since: int = 0) -> dict[str, float]:
+    """Per metric the fitted exponent over the measured points of `way` from history `since` on."""
+    measured = [r for r in rows if r.get(way) and not r.get("modelled") and r["history"] >= since]
+    xs = [float(r["history"]) for r in measured]
+    return {m: round(fit(xs, [float(r[way][m]) for r in measured]), 3) for m in METRICS} if len(xs) > 1 else {}
+
+
+def fitted(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The exponents of both ways over every measured point, and the bounded way's once a date
+    partition is full (a local listing reads the floor's partition whole: a young job's is smaller)."""
+    return {"bounded": exponents(rows, "bounded"), "today": exponents(rows, "today"),
+            "bounded, full partitions": exponents(rows, "bounded", FILES_PER_PARTITION)}
 
 
 def modelled(rows: list[dict[str, Any]], points: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -285,8 +296,7 @@ def table(kind: str, rows: list[dict[str, Any]], fitted: dict[str, dict[str, flo
             lines.append(f"{r['history']:>8,}  {way:<8} " + " ".join(cells) + mark)
     for way, fx in fitted.items():
         if fx:
-            lines.append(f"{'exponent':>8}  {way:<8} " + " ".join(
-                f"{fx[m]:>{w}.2f}" for m, w in zip(METRICS, (12, 12, 9, 10))))
+            lines.append(f"exponent ({way}): " + ", ".join(f"{m} {fx[m]:.2f}" for m in METRICS))
     return "\n".join(lines) + "\n"
 
 
@@ -326,33 +336,37 @@ def main() -> None:
     parser.add_argument("--no-s3", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--picture", type=Path, default=PICTURE)
-    parser.add_argument("--plot-only", action="store_true", help="draw the picture from --out's JSON")
+    parser.add_argument("--plot-only", action="store_true", help="the tables and the picture from --out's JSON")
     args = parser.parse_args()
     if args.plot_only:
-        plot(json.loads(args.out.read_text()), args.picture)
+        report(json.loads(args.out.read_text()), args.out, args.picture)
         return
     points = HISTORY[:2] if args.quick else HISTORY
     history = points[-1] + FILES_PER_CHECKPOINT
-    results: dict[str, Any] = {"files_per_checkpoint": FILES_PER_CHECKPOINT,
-                               "recent_names": offsets_module.RECENT_NAMES, "points": list(points)}
+    results: dict[str, Any] = {"files_per_checkpoint": FILES_PER_CHECKPOINT, "files_per_partition":
+                               FILES_PER_PARTITION, "recent_names": offsets_module.RECENT_NAMES, "points": list(points)}
     with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
         work = Path(tmp)
-        rows = life(LocalLander(work / "input"), work, history, points, "file", print)
-        results["file"] = {"rows": rows, "exponents": {w: exponents(rows, w) for w in ("bounded", "today")}}
-        print(table("file://", rows, results["file"]["exponents"]))
+        results["file"] = {"rows": life(LocalLander(work / "input"), work, history, points, "file", print)}
         if not args.no_s3:
             s3_points = tuple(p for p in points if p <= args.s3_history)
             with counting_moto() as (endpoint, counts):
                 s3_rows = life(S3Lander(endpoint, counts), work, s3_points[-1] + FILES_PER_CHECKPOINT, s3_points,
                                "s3", print)
-            fitted = {w: exponents(s3_rows, w) for w in ("bounded", "today")}
-            s3_rows += modelled(s3_rows, points)
-            results["s3"] = {"rows": s3_rows, "exponents": fitted, "measured_to": s3_points[-1]}
-            print(table("S3 (moto, requests counted by the server)", s3_rows, fitted))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, args.picture)
-    print(f"wrote {args.out} and {args.picture}")
+            results["s3"] = {"rows": s3_rows + modelled(s3_rows, points), "measured_to": s3_points[-1]}
+    report(results, args.out, args.picture)
+
+
+def report(results: dict[str, Any], out: Path, picture: Path) -> None:
+    """Fit, print the tables, write the JSON and draw the picture."""
+    for kind, title in (("file", "file://"), ("s3", "S3 (moto, requests counted by the server)")):
+        if kind in results:
+            results[kind]["exponents"] = fitted(results[kind]["rows"])
+            print(table(title, results[kind]["rows"], results[kind]["exponents"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, picture)
+    print(f"wrote {out} and {picture}")
 
 
 if __name__ == "__main__":

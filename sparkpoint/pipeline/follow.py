@@ -124,7 +124,11 @@ class Inbox:
     def committed(self, done: Committed) -> None:
         taken = set(done.files)
         self._offsets = offsets_of(done.metadata)
-        self._taken = taken if self._offsets.table is None else self._taken | taken  # a table's name no file
+        if self._offsets.table is None:  # a directory: its offsets say what was consumed; polls go on from its floor
+            self._taken = taken
+            self.watch.unconsumed(self._offsets)
+        else:  # a table's offsets name no file
+            self._taken |= taken
         self.pending = [n for n in self.pending if n not in taken]
         self._synced = done.metadata.checkpoint_id
 

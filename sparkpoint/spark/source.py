@@ -324,7 +324,7 @@ class DirectoryWatch:
         from its floor on."""
         own = self.source._own(offsets)
         self.source._floor = own.floor
-        self.seen = {n for n in self.seen if not own.includes(n) or n in set(own.consumed)}
+        self.seen = {n for n in self.seen if own.floor is None or n > own.floor}  # what the floor closed goes
         return sorted(n for n in self.seen if not own.includes(n))
 
     def _full(self, now: float) -> list[str]:
