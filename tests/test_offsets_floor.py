@@ -116,6 +116,20 @@ def test_rescan_lists_everything_and_names_the_late_files(tmp_path: Path, monkey
     assert "date=2026-11-01/p-1.parquet" in caplog.text and "look late" in caplog.text
 
 
+def test_rescan_reaches_the_source_from_the_cli_the_api_and_the_dagster_resource(tmp_path: Path):
+    from sparkpoint.cli import build_parser
+    from sparkpoint.cli.run import run_config
+    from sparkpoint.pipeline.settings import of_role
+
+    (tmp_path / "in").mkdir()
+    base = ["run", "--input", str(tmp_path / "in"), "--checkpoints", str(tmp_path / "c"), "--job-id", "j"]
+    assert run_config(build_parser().parse_args([*base, "--rescan"]))[1].rescan is True
+    assert run_config(build_parser().parse_args(base))[1].rescan is False
+    assert "rescan" in {s.name for s in of_role("source")}, "a field of the Dagster source resource"
+    driver = StatefulPipeline(None, rain.rain_in(tmp_path, rescan=True).config(), (rain.rain_per_station,))
+    assert isinstance(driver.source, ParquetDirectorySource) and driver.source.rescan
+
+
 @pytest.mark.parametrize("raw, what", [
     ({"version": 3, "floor": "../../etc/passwd", "consumed": []}, "'..'"),
     ({"version": 3, "floor": None, "consumed": ["/abs.parquet"]}, "leading '/'"),
