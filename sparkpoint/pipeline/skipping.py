@@ -28,7 +28,7 @@ def skip_file(pipeline: StatefulPipeline, name: str, reason: str) -> tuple[Batch
         previous = {s.file: s for s in carried_skips(start.metadata)}.get(name)
         how = f"skipped by chk-{previous.checkpoint_id} ({previous.check}: {previous.reason})" if previous \
             else "processed" if name in start.offsets.consumed else \
-            f"its name is at or below the floor {start.offsets.floor!r}, which only the consumed names reach"
+            f"at or below the floor {start.offsets.floor!r}: processed, or landed late and refused"
         latest = f"chk-{start.metadata.checkpoint_id}" if start.metadata else "the checkpoint it starts from"
         raise PipelineError(f"cannot skip {name!r}: {latest} has consumed it already ({how}); nothing to do")
     pending = pipeline.source.pending(start.offsets)
