@@ -139,6 +139,8 @@ def test_rescan_reaches_the_source_from_the_cli_the_api_and_the_dagster_resource
     ({"version": 3, "floor": 7, "consumed": []}, "not an input file name"),
     ({"version": 3, "floor": None, "consumed": ["a\nb.parquet"]}, "control characters"),
     ({"version": 9, "consumed": []}, "version 1 or 3"),
+    ({"version": 1, "consumed": ["a.parquet", "../../../etc/shadow"]}, "'..'"),
+    ({"version": 1, "consumed": [3]}, "not an input file name"),
 ])
 def test_hostile_offsets_are_refused_with_a_clear_error(raw: dict[str, Any], what: str):
     with pytest.raises(OffsetsError, match=what) as caught:

@@ -97,13 +97,10 @@ class SourceOffsets:
                 raise OffsetsError(f"source offsets {_shown(raw)} are not sparkpoint table offsets: {e}") from e
         if version == FLOOR_OFFSETS_VERSION:
             return _floor_offsets(raw)
-        if (
-            version != OFFSETS_VERSION
-            or not isinstance(raw.get("consumed"), list)
-            or not all(isinstance(n, str) for n in raw["consumed"])
-        ):
+        if version != OFFSETS_VERSION or not isinstance(raw.get("consumed"), list):
             raise OffsetsError(f"source offsets {_shown(raw)} are not sparkpoint directory offsets (version 1 or 3)")
-        return cls(tuple(raw["consumed"]))
+        where = f"source offsets {_shown(raw)} (version 1): consumed"
+        return cls(tuple(check_name(n, where) for n in raw["consumed"]))
 
     def after(self, files: Iterable[str]) -> SourceOffsets:
         """These offsets with `files` consumed too, the floor where it was."""
@@ -124,7 +121,7 @@ class SourceOffsets:
         movable = sum(1 for n in names if held is None or n < held)
         k = min(movable, len(names) - keep)
         if k <= 0:
-            return SourceOffsets(tuple(names), floor=self.floor)
+            return self  # version 1 keeps its names in the order read
         return SourceOffsets(tuple(names[k:]), floor=names[k - 1])
 
 
