@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,18 @@ def state_of(pipeline: Any, tmp_path: Path) -> pd.DataFrame:
     assert main(["state", "--pipeline", "tests.support.follow_pipeline:rain", "--checkpoints", str(tmp_path / "ckpt"),
                  "--job-id", "rain", "--operator", "rain_per_station", "--format", "parquet", "--out", str(out)]) == 0
     return pd.read_parquet(out)
+
+
+def test_a_watch_sees_a_file_landing_in_the_newest_date_partition(tmp_path: Path):
+    """A file landing in a partition leaves the input directory's own modification time alone:
+    the watch looks at the newest partition's too."""
+    land(tmp_path, "date=2026-11-28/a.parquet", "date=2026-11-29/b.parquet")
+    past = time.time() - 30
+    for directory in (tmp_path, tmp_path / "date=2026-11-28", tmp_path / "date=2026-11-29"):
+        os.utime(directory, (past, past))
+    watch = ParquetDirectorySource(str(tmp_path)).watch()
+    assert watch.poll() == ["date=2026-11-28/a.parquet", "date=2026-11-29/b.parquet"]
+    assert watch.poll() == [], "a new partition: listed once more, its time taken before the listing"
+    assert watch.poll() == [] and watch.listings["full"] == 2, "nothing moved since: nothing listed"
+    land(tmp_path, "date=2026-11-29/c.parquet")
+    assert watch.poll() == ["date=2026-11-29/c.parquet"]

@@ -338,7 +338,8 @@ class DirectoryWatch:
         return "file" in protocols(self.source.fs)
 
     def _directory_mtimes(self) -> tuple[float | None, ...]:
-        """The modification times of the directory and of its newest date partition (where files land)."""
+        """The modification times of the directory and of its newest date partition seen so far
+        (where files land): a partition new to a listing makes the next poll list once more."""
         source = self.source
         newest = max((n.split("/", 1)[0] for n in self.seen if "/" in n), default=None)
         paths = [source.root, *([posixpath.join(source.root, newest)] if newest else [])]
