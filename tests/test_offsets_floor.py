@@ -72,6 +72,15 @@ def test_version_1_offsets_are_converted_with_no_file_read_twice_or_lost(tmp_pat
     assert source.pending(offsets) == [], "nothing read twice"
 
 
+def test_a_young_job_writes_version_3_with_no_floor_and_every_name(tmp_path: Path):
+    land(tmp_path, "b.parquet", "a.parquet")
+    source = ParquetDirectorySource(str(tmp_path))
+    offsets = source.advance(SourceOffsets(()), source.pending(SourceOffsets(())))
+    assert offsets.to_json() == {"version": 3, "floor": None, "consumed": ["a.parquet", "b.parquet"]}
+    assert SourceOffsets.from_json(offsets.to_json()) == offsets
+    assert SourceOffsets(()).to_json() == {"version": 1, "consumed": []}, "nothing consumed: what every version reads"
+
+
 def test_the_floor_never_passes_a_file_a_listing_saw_unconsumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(offsets_module, "RECENT_NAMES", 1)
     land(tmp_path, "a.parquet", "b.parquet", "c.parquet", "d.parquet")
@@ -176,7 +185,9 @@ def test_a_job_checkpointed_with_version_1_offsets_goes_on_exactly_once(spark: A
     make = rain.rain_in(tmp_path, files_per_checkpoint=2)
     for i in range(4):
         rain.land(tmp_path, i)
-    StatefulPipeline(spark, make.config(), (rain.rain_per_station,)).run()
+    monkeypatch.setattr(SourceOffsets, "to_json", lambda self: {"version": 1, "consumed": list(self.consumed)})
+    StatefulPipeline(spark, make.config(), (rain.rain_per_station,)).run()  # as the older code wrote them
+    monkeypatch.undo()
     first = latest_offsets(make)
     assert first == {"version": 1, "consumed": [f"rain-{i:05d}.parquet" for i in range(4)]}
     monkeypatch.setattr(offsets_module, "RECENT_NAMES", 2)

@@ -14,10 +14,10 @@ it, at most `RECENT_NAMES` of them beyond those a gap holds up. The rule (docs/l
   name, and no run reads it (`--rescan` names it in a warning). Land it again under a name above
   the newest consumed one.
 
-Until the floor first rises (more than `RECENT_NAMES` names consumed) the offsets are written as
-version 1, every consumed name in the order read, which every sparkpoint reads. A version-1
-`_metadata` of any length is read, and becomes version 3 at the next checkpoint. A table's
-offsets (version 2) are the table version reached.
+Until a job has consumed more than `RECENT_NAMES` files the floor is unset (`null`) and every
+consumed name is recorded. A version-1 `_metadata` (every consumed name, in the order read, as
+older versions wrote it) of any length is read, and becomes version 3 at the next checkpoint.
+A table's offsets (version 2) are the table version reached.
 """
 
 from __future__ import annotations
@@ -47,13 +47,15 @@ class OffsetsError(SourceError):
 @dataclass(frozen=True)
 class SourceOffsets:
     """Where a checkpoint got to in its input. A directory's: `floor` (every batch name at or
-    below it is settled) and `consumed`, the names consumed above it, in name order; or, with no
-    floor (version 1), every consumed name in the order read. A table's:
-    `table`, the version reached (version 2, `consumed` empty)."""
+    below it is settled; None: none yet) and `consumed`, the names consumed above it, in name
+    order (version 3, `bounded`); or every consumed name in the order read (version 1, as read
+    from an older `_metadata`, until a source advances it). A table's: `table`, the version
+    reached (version 2, `consumed` empty)."""
 
     consumed: tuple[str, ...] = ()
     table: TableOffset | None = None
     floor: str | None = None
+    bounded: bool = False  # version 3: written with a floor (the offsets a source advances)
 
     def includes(self, name: str) -> bool:
         """This checkpoint has consumed input file `name`, or recorded it skipped (skipped files
@@ -81,7 +83,7 @@ class SourceOffsets:
     def to_json(self) -> dict[str, Any]:
         if self.table is not None:
             return {"version": TABLE_OFFSETS_VERSION, "consumed": [], "table": self.table.to_json()}
-        if self.floor is None:  # nothing settled yet: every consumed name, as every version reads them
+        if not self.bounded and self.floor is None:  # as read (or nothing consumed yet): as older versions wrote
             return {"version": OFFSETS_VERSION, "consumed": list(self.consumed)}
         return {"version": FLOOR_OFFSETS_VERSION, "floor": self.floor, "consumed": list(self.consumed)}
 
@@ -105,9 +107,9 @@ class SourceOffsets:
     def after(self, files: Iterable[str]) -> SourceOffsets:
         """These offsets with `files` consumed too, the floor where it was."""
         new = tuple(dict.fromkeys(f for f in files if not self.includes(f)))
-        if self.floor is None:
+        if not self.bounded and self.floor is None:
             return SourceOffsets(self.consumed + new)  # in the order read, as version 1 has them
-        return SourceOffsets(tuple(sorted({*self.consumed, *new})), floor=self.floor)
+        return SourceOffsets(tuple(sorted({*self.consumed, *new})), floor=self.floor, bounded=True)
 
     def compacted(self, unconsumed: Iterable[str], keep: int | None = None) -> SourceOffsets:
         """These offsets with the floor raised as far as the rule allows: below the lowest of
@@ -121,8 +123,8 @@ class SourceOffsets:
         movable = sum(1 for n in names if held is None or n < held)
         k = min(movable, len(names) - keep)
         if k <= 0:
-            return self  # version 1 keeps its names in the order read
-        return SourceOffsets(tuple(names[k:]), floor=names[k - 1])
+            return SourceOffsets(tuple(names), floor=self.floor, bounded=True)
+        return SourceOffsets(tuple(names[k:]), floor=names[k - 1], bounded=True)
 
 
 def check_name(name: Any, where: str) -> str:
@@ -151,7 +153,7 @@ def _floor_offsets(raw: dict[str, Any]) -> SourceOffsets:
         raise OffsetsError(f"{where}: 'consumed' must be in name order, each name once")
     if floor is not None and names and names[0] <= floor:
         raise OffsetsError(f"{where}: consumed name {names[0]!r} is not above the floor {floor!r}")
-    return SourceOffsets(names, floor=floor)
+    return SourceOffsets(names, floor=floor, bounded=True)
 
 
 def _shown(raw: Any) -> str:
