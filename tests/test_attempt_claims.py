@@ -32,7 +32,7 @@ from sparkpoint.pipeline.claims import claim_path
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.maintenance import settle_attempts
 from sparkpoint.pipeline.runtime import PipelineConfig
-from sparkpoint.spark.source import SourceOffsets
+from sparkpoint.spark.offsets import SourceOffsets
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.sample import SAMPLE_OPERATORS
 from tests.support.helpers import FakeSubtask

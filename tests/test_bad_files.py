@@ -25,7 +25,8 @@ from sparkpoint.pipeline.attempt import AttemptError, PendingAttempt
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.skipping import skip_file
-from sparkpoint.spark.source import BadInputFile, SourceError
+from sparkpoint.spark.offsets import SourceError
+from sparkpoint.spark.source import BadInputFile
 from tests.support.helpers import cli
 from tests.support.meters_pipeline import BAD, bad, good, meters, settled, state_of, totals
 

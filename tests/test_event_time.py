@@ -26,7 +26,8 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import PipelineError
-from sparkpoint.spark.source import BadInputFile, SourceError
+from sparkpoint.spark.offsets import SourceError
+from sparkpoint.spark.source import BadInputFile
 from sparkpoint.state.codecs import JsonCodec
 from sparkpoint.state.operators import KeyedOperator
 from tests.support.interleavings import InProcessPipeline

@@ -16,7 +16,8 @@ import pytest
 from deltalake import DeltaTable as DeltaRs
 from deltalake import write_deltalake
 
-from sparkpoint.spark.source import InputNeeds, ParquetDirectorySource, SourceError, SourceOffsets
+from sparkpoint.spark.offsets import SourceError, SourceOffsets
+from sparkpoint.spark.source import InputNeeds, ParquetDirectorySource
 from sparkpoint.spark.tablesource import TableSource, open_source
 from sparkpoint.tables.conf import split_catalog_conf
 from sparkpoint.tables.source import TableChangeRefused, TableOffset, TableVersionsGone

@@ -23,7 +23,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
 from sparkpoint.pipeline.runtime import PipelineError
 from sparkpoint.pipeline.upgrade import plan_restore
-from sparkpoint.spark.source import SourceOffsets
+from sparkpoint.spark.offsets import SourceOffsets
 from sparkpoint.state.keygroups import key_group_for
 from tests.support import shop_pipelines as shop
 from tests.support.backends import make_backend

@@ -38,8 +38,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SkippedFile
+from sparkpoint.spark.offsets import SourceError
 from sparkpoint.spark.settling import SETTLE_SECONDS, FileSeen, settle
-from sparkpoint.spark.source import BadInputFile, BatchSource, FileVerdict, InputNeeds, SourceError
+from sparkpoint.spark.source import BadInputFile, BatchSource, FileVerdict, InputNeeds
 from sparkpoint.state.eventtime import MAX_FUTURE_EVENT_TIME, iso_micros, lateness_micros
 from sparkpoint.state.operators import KeyedOperator
 

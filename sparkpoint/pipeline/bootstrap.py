@@ -45,7 +45,7 @@ from sparkpoint.spark.bootstrap import (
     bootstrap_slots,
     check_initial_table,
 )
-from sparkpoint.spark.source import SourceOffsets
+from sparkpoint.spark.offsets import SourceOffsets
 from sparkpoint.state.keygroups import check_parallelism
 
 SAVEPOINT_ID = 1  # the savepoint's `chk-<N>`: the first checkpoint of a job that never ran

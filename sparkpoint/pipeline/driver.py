@@ -53,8 +53,9 @@ from sparkpoint.pipeline.runtime import (
     validate_config,
 )
 from sparkpoint.pipeline.upgrade import RestorePlan
+from sparkpoint.spark.offsets import SourceOffsets
 from sparkpoint.spark.routing import READ_ALL, SHUFFLE, FileLayout, read_units, shuffle_job
-from sparkpoint.spark.source import BatchSource, FileVerdict, SourceOffsets
+from sparkpoint.spark.source import BatchSource, FileVerdict
 from sparkpoint.spark.tablesource import open_source
 from sparkpoint.spark.tasks import (
     LOCAL_DIR_ENV,
@@ -106,7 +107,7 @@ class StatefulPipeline:
         self.store = CompletedCheckpointStore(self.storage)
         self.source: BatchSource = open_source(
             config.input_table or table_of(config.input_url), config.input_options,
-            changes=config.table_changes, resume_from=config.table_resume_from)
+            changes=config.table_changes, resume_from=config.table_resume_from, rescan=config.rescan)
         self._file_checks = FileChecks(input_needs(self.operators, config.event_time), config.on_bad_file,
                                        max_future_event_time=config.max_future_event_time,
                                        settle_seconds=config.settle_seconds)
@@ -134,8 +135,9 @@ class StatefulPipeline:
         return offsets_of(latest) if latest is not None else SourceOffsets(())
 
     def consumed_files(self) -> tuple[str, ...]:
-        """The input files the latest checkpoint has consumed (none before the first; none named
-        for a table input, whose offsets are the version reached)."""
+        """The input files the latest checkpoint records as consumed: every one until its offsets
+        settle names below a floor, then the newest ones, above it (`SourceOffsets`; none before
+        the first checkpoint; none for a table input, whose offsets are the version reached)."""
         return self.consumed_offsets().consumed
 
     def pending_files(self) -> list[str]:

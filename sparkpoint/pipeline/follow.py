@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sparkpoint.pipeline.driver import Committed, StatefulPipeline
-from sparkpoint.pipeline.runtime import BatchStart, PipelineError
-from sparkpoint.spark.source import FULL_LISTING_SECONDS, BatchWatch, SourceError
+from sparkpoint.pipeline.runtime import BatchStart, PipelineError, offsets_of
+from sparkpoint.spark.offsets import SourceError, SourceOffsets
+from sparkpoint.spark.source import FULL_LISTING_SECONDS, BatchWatch
 from sparkpoint.tables.source import TableChangeRefused
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ class Inbox:
     def __init__(self, watch: BatchWatch):
         self.watch = watch
         self.pending: list[str] = []
-        self._consumed: set[str] = set()
+        self._offsets = SourceOffsets(())  # the latest checkpoint's offsets (what it consumed) ...
+        self._taken: set[str] = set()  # ... and the files the last commits took (a table's offsets name none)
         self._synced: int | None = -1  # the checkpoint id the consumed set is that of (-1: none yet)
 
     def sync(self, start: BatchStart) -> None:
@@ -100,7 +102,7 @@ class Inbox:
         cid = start.metadata.checkpoint_id if start.metadata is not None else None
         if cid == self._synced:
             return
-        self._consumed = set(start.offsets.consumed)
+        self._offsets, self._taken = start.offsets, set()
         self.pending = self.watch.unconsumed(start.offsets)
         self._synced = cid
 
@@ -112,7 +114,7 @@ class Inbox:
                 return
             raise
         for name in new:
-            if name in self._consumed:
+            if name in self._taken or self._offsets.includes(name):
                 continue
             if self.watch.by_name:
                 bisect.insort(self.pending, name)
@@ -121,7 +123,12 @@ class Inbox:
 
     def committed(self, done: Committed) -> None:
         taken = set(done.files)
-        self._consumed |= taken
+        self._offsets = offsets_of(done.metadata)
+        if self._offsets.table is None:  # a directory: its offsets say what was consumed; polls go on from its floor
+            self._taken = taken
+            self.watch.unconsumed(self._offsets)
+        else:  # a table's offsets name no file
+            self._taken |= taken
         self.pending = [n for n in self.pending if n not in taken]
         self._synced = done.metadata.checkpoint_id
 

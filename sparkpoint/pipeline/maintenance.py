@@ -27,11 +27,11 @@ from sparkpoint.pipeline.attempt import (
     PendingAttempt,
     abort_attempt,
     complete_attempt,
-    consumed_files,
     forget_tombstones,
     list_attempts,
     overtaken_by,
     pending_paths,
+    recorded_offsets,
     set_aside_unreadable,
     spark_half_with_fallback,
     written_by,
@@ -339,7 +339,7 @@ def committed_by(storage: CheckpointStorage, files: tuple[str, ...]) -> Committe
         return None
     checkpoints = sorted(CompletedCheckpointStore(storage).load_all().checkpoints, key=lambda m: m.checkpoint_id)
     for i, meta in enumerate(checkpoints):
-        if set(files) <= set(consumed_files(meta)):
+        if all(map(recorded_offsets(meta).includes, files)):
             return CommittedBy(meta.checkpoint_id, written_by(meta), exact=i > 0 or meta.checkpoint_id == 1)
     return None
 

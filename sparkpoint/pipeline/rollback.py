@@ -32,7 +32,7 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.retired import next_id_after
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
-from sparkpoint.pipeline.attempt import PendingAttempt, consumed_files, list_attempts
+from sparkpoint.pipeline.attempt import PendingAttempt, list_attempts, recorded_offsets
 from sparkpoint.pipeline.claims import COMPLETE, current_holder
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, open_output
 from sparkpoint.state.operators import KeyedOperator
@@ -137,8 +137,8 @@ def rollback_job(storage: CheckpointStorage, sink: OutputSink | None, to: int, *
         return RollbackReport(storage.job_url, to, (), {}, (), next_id_after(storage, to), _url(sink), dry_run)
     _refuse_run_in_progress(storage, newer[0].checkpoint_id)
     output = {cid: tuple(files) for cid, files in sorted((sink.committed() if sink else {}).items()) if cid > to}
-    done = set(consumed_files(target))
-    replayed = tuple(f for f in consumed_files(newer[0]) if f not in done)
+    done = recorded_offsets(target)  # replayed: what the newest retired one records (above its floor) and `to` lacks
+    replayed = tuple(f for f in recorded_offsets(newer[0]).consumed if not done.includes(f))
     retired = tuple((m.checkpoint_id, m.kind) for m in newer)
     report = RollbackReport(storage.job_url, to, retired, output, replayed,
                             max(next_id_after(storage, to), newer[0].checkpoint_id + 1), _url(sink), dry_run)

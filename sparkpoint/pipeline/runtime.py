@@ -25,8 +25,9 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.badfiles import BatchCheck
 from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
+from sparkpoint.spark.offsets import SourceOffsets
 from sparkpoint.spark.routing import READ_ALL, FileLayout
-from sparkpoint.spark.source import BatchSource, FileVerdict, SourceOffsets
+from sparkpoint.spark.source import BatchSource, FileVerdict
 from sparkpoint.spark.tasks import TaskSpec
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.rocksdb import RocksDBOptions

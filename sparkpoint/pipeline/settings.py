@@ -391,6 +391,15 @@ SETTINGS: tuple[Setting, ...] = (
                   "before --follow takes it); default 2", type=seconds, metavar="SECONDS"),
         resource=Resource("source")),
     Setting(
+        "rescan", bool, False,
+        "list the whole input directory (every date partition), not only the names above the offsets' floor: "
+        "slower the longer the job has run; it names in a warning the batch files below the floor that look late "
+        "(modified after the floor's file), which the floor refuses (docs: A pipeline's life)",
+        parse_bool,
+        flag=Flag("--rescan", "list the whole input directory, not only above the last checkpoint's floor, and "
+                  "warn of late files below it", switch=True),
+        resource=Resource("source")),
+    Setting(
         "routing", str, "auto",
         "how a batch's rows reach their subtasks: `read-all` (each subtask's task reads the whole batch; one "
         "stage), `shuffle` (read once, routed by key group through Spark's shuffle) or `auto` (the shuffle once "

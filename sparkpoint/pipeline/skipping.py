@@ -7,7 +7,7 @@ from sparkpoint.pipeline.attempt.protocol import complete_attempt, run_spark_hal
 from sparkpoint.pipeline.badfiles import MANUAL, carried_skips
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import BatchReport, PipelineError
-from sparkpoint.spark.source import SourceError
+from sparkpoint.spark.offsets import SourceError
 
 
 def skip_file(pipeline: StatefulPipeline, name: str, reason: str) -> tuple[BatchReport, CheckpointMetadata]:
@@ -24,10 +24,11 @@ def skip_file(pipeline: StatefulPipeline, name: str, reason: str) -> tuple[Batch
     if problem:
         raise PipelineError(f"cannot skip {name!r}: {problem}")
     start, coordinator = pipeline.begin()
-    if name in start.offsets.consumed:
+    if start.offsets.includes(name):
         previous = {s.file: s for s in carried_skips(start.metadata)}.get(name)
         how = f"skipped by chk-{previous.checkpoint_id} ({previous.check}: {previous.reason})" if previous \
-            else "processed"
+            else "processed" if name in start.offsets.consumed else \
+            f"at or below the floor {start.offsets.floor!r}: processed, or landed late and refused"
         latest = f"chk-{start.metadata.checkpoint_id}" if start.metadata else "the checkpoint it starts from"
         raise PipelineError(f"cannot skip {name!r}: {latest} has consumed it already ({how}); nothing to do")
     pending = pipeline.source.pending(start.offsets)

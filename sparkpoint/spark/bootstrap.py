@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from sparkpoint.checkpoint.metadata import SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
-from sparkpoint.spark.source import ACCEPTED, SourceError, SourceSchemaError, read_parquet
+from sparkpoint.spark.offsets import SourceError
+from sparkpoint.spark.source import ACCEPTED, SourceSchemaError, read_parquet
 from sparkpoint.spark.tasks import LOCAL_DIR_ENV
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.engine.changelog import ChangelogOptions

@@ -6,6 +6,7 @@ name that sorts early is still read exactly once.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import time
 from dataclasses import dataclass
@@ -21,21 +22,18 @@ import pyarrow.parquet as pq
 from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import storage_url
+from sparkpoint.spark.listing import DirectoryLister, Entry, is_s3, protocols
+from sparkpoint.spark.offsets import SourceError, SourceOffsets
 from sparkpoint.state.record import arrow_type_name
-from sparkpoint.tables.source import TableOffset
 
-OFFSETS_VERSION = 1  # a directory's offsets: the consumed file names
-TABLE_OFFSETS_VERSION = 2  # a table's: the version reached (older readers refuse them, as they must)
+log = logging.getLogger(__name__)
+
 SAMPLE_COLUMNS = ["event_id", "user_id", "item_id", "amount", "ts"]
 
 
 ACCEPTED = "*.parquet, names starting with _ or . skipped"
 FULL_LISTING_SECONDS = 60.0  # a watch lists the whole directory at least this often
 RECENT_SECONDS = 1.0  # a directory changed this recently is listed again (its mtime has a coarse clock)
-
-
-class SourceError(SparkpointError):
-    """The input directory cannot be read, or a checkpoint's offsets belong elsewhere."""
 
 
 class SourceSchemaError(SourceError):
@@ -85,42 +83,6 @@ class FileVerdict:
 
 
 @dataclass(frozen=True)
-class SourceOffsets:
-    """Where a checkpoint got to in its input: a directory's consumed file names, in the order
-    they were read (version 1); or, for a table, the table version reached (version 2, `table`,
-    with `consumed` empty): an offset that does not grow with the table's history."""
-
-    consumed: tuple[str, ...]  # file names, in the order they were read
-    table: TableOffset | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        if self.table is not None:
-            return {"version": TABLE_OFFSETS_VERSION, "consumed": [], "table": self.table.to_json()}
-        return {"version": OFFSETS_VERSION, "consumed": list(self.consumed)}
-
-    @classmethod
-    def from_json(cls, raw: Any) -> SourceOffsets:
-        if raw is None:
-            return cls(())
-        if isinstance(raw, dict) and raw.get("version") == TABLE_OFFSETS_VERSION:
-            try:
-                return cls((), TableOffset.from_json(raw.get("table")))
-            except ValueError as e:
-                raise SourceError(f"source offsets {str(raw)[:200]!r} are not sparkpoint table offsets: {e}") from e
-        if (
-            not isinstance(raw, dict)
-            or raw.get("version") != OFFSETS_VERSION
-            or not isinstance(raw.get("consumed"), list)
-            or not all(isinstance(n, str) for n in raw["consumed"])
-        ):
-            raise SourceError(f"source offsets {str(raw)[:200]!r} are not sparkpoint directory offsets (version 1)")
-        return cls(tuple(raw["consumed"]))
-
-    def after(self, files: list[str]) -> SourceOffsets:
-        return SourceOffsets(self.consumed + tuple(files))
-
-
-@dataclass(frozen=True)
 class BatchStat:
     """What a listing tells of a batch file: its size, and when it was last modified (seconds
     since the epoch; None where the filesystem does not say)."""
@@ -166,12 +128,15 @@ class BatchWatch(Protocol):
 
 
 class ParquetDirectorySource:
-    """One Parquet file per batch in a directory of any fsspec filesystem."""
+    """One Parquet file per batch in a directory of any fsspec filesystem (and its date
+    partitions `date=YYYY-MM-DD/`). A run lists only names above its offsets' floor
+    (`sparkpoint.spark.listing`); with `rescan`, the whole directory, and it names the batch
+    files the floor closed that look late (modified after the floor's own file) in a warning."""
 
     accepted = ACCEPTED
     whole = False  # a file may show while it is still being copied
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, rescan: bool = False):
         url = storage_url(url)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
@@ -182,6 +147,14 @@ class ParquetDirectorySource:
         self._seam_counts = not ledger.watch(self.fs)  # input reads, apart from checkpoint traffic
         ledger.mark_input(self.root)
         self._count("HEAD")
+        self.rescan = rescan
+        self.lister = DirectoryLister(self.fs, self.root)
+        # What this source's listings saw, above `_seen_from` (a floor; None: everything): the
+        # batch names `advance` must not let the floor pass while they are unconsumed.
+        self._seen: dict[str, Entry] = {}
+        self._seen_from: str | None = None
+        self._listed = False
+        self._floor: str | None = None  # the floor of the offsets last asked about (where listings start)
         if not self.fs.isdir(self.root):
             raise SourceError(f"input directory {url} does not exist (or is not a directory)")
 
@@ -190,16 +163,28 @@ class ParquetDirectorySource:
             ledger.count(op, down=down, channel=ledger.INPUT)
 
     def files(self) -> list[str]:
-        """Names of the Parquet files present, in name order (hidden and `_` files skipped)."""
+        """Names of the Parquet files present above the last offsets' floor (all of them with
+        `rescan`, or before any offsets), in name order (hidden and `_` files skipped)."""
         return self.listing()[0]
 
-    def listing(self) -> tuple[list[str], list[str]]:
-        """(batch files, other names skipped), each in name order."""
-        self.fs.invalidate_cache(self.root)
-        self._count("LIST")
-        names = sorted(posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False))
-        accepted = [n for n in names if is_batch_name(n)]
-        return accepted, [n for n in names if n not in set(accepted)]
+    def listing(self, after: str | None = None) -> tuple[list[str], list[str]]:
+        """(batch files, other names skipped), each in name order: above `after` when given
+        (the names that landed after it), else above the last offsets' floor (everything with
+        `rescan`, or before any offsets were asked about)."""
+        start = after if after is not None else None if self.rescan else self._floor
+        try:
+            listed = self.lister.requests
+            entries = self.lister.names(start)
+            for _ in range(self.lister.requests - listed):
+                self._count("LIST")
+        except OSError as e:
+            raise SourceError(f"cannot list input directory {self.url}: {e}") from e
+        batches = {e.name: e for e in entries if not e.directory and is_batch_name(e.name)}
+        if after is None:  # all there is above `start`: what `advance` may trust
+            self._seen, self._seen_from, self._listed = batches, start, True
+        else:
+            self._seen.update(batches)
+        return list(batches), [e.name for e in entries if e.name not in batches]
 
     def watch(self, full_listing_seconds: float = FULL_LISTING_SECONDS) -> DirectoryWatch:
         """What a long-running reader polls for batch files as they land (`DirectoryWatch`)."""
@@ -208,7 +193,7 @@ class ParquetDirectorySource:
     def nothing_to_read(self) -> str | None:
         """Why the directory holds no batch at all although it holds files (None otherwise)."""
         accepted, skipped = self.listing()
-        if accepted or not skipped:
+        if accepted or not skipped or self._floor is not None:
             return None
         shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
         return f"input directory {self.url} holds no batch file ({ACCEPTED}); skipped: {shown}"
@@ -230,12 +215,42 @@ class ParquetDirectorySource:
         return verdicts
 
     def pending(self, offsets: SourceOffsets) -> list[str]:
-        done = set(self._own(offsets).consumed)
-        return [n for n in self.files() if n not in done]
+        """The batch files `offsets` has not consumed, in name order: listed from its floor on."""
+        own = self._own(offsets)
+        self._floor = own.floor
+        names = self.files()
+        if self.rescan and own.floor is not None:
+            self._warn_late(own, names)
+        return [n for n in names if not own.includes(n)]
 
     def advance(self, offsets: SourceOffsets, names: list[str]) -> SourceOffsets:
-        """`offsets` with `names` consumed: every name is recorded."""
-        return self._own(offsets).after(names)
+        """`offsets` with `names` consumed, the floor raised as far as what this source listed
+        allows (`SourceOffsets.compacted`): never to an unconsumed file it saw."""
+        own = self._own(offsets).after(names)
+        if not self._listed or (self._seen_from is not None and (own.floor is None or self._seen_from > own.floor)):
+            return own  # it did not list everything above the floor: the floor stays
+        return own.compacted(self._seen)
+
+    def _warn_late(self, offsets: SourceOffsets, names: list[str]) -> None:
+        """With `rescan`: name the batch files at or below the floor modified after the floor's
+        own file (they landed after it, most likely late: refused by the floor, never read)."""
+        floor = offsets.floor
+        since = self._modified_at(floor) if floor is not None and floor in self._seen else None
+        if floor is None or since is None:
+            return
+        late = [n for n in names if n <= floor and (self._modified_at(n) or 0.0) > since]
+        if late:
+            shown = ", ".join(late[:10]) + (f" and {len(late) - 10} more" if len(late) > 10 else "")
+            log.warning("input %s: %d batch file(s) below the floor %r were modified after it and look late: %s. "
+                        "The floor closed their names: no run reads them. To have one read, land it again under a "
+                        "name above %r (docs: A pipeline's life)", self.url, len(late), offsets.floor, shown,
+                        offsets.mark)
+
+    def _modified_at(self, name: str) -> float | None:
+        """Batch file `name`'s modification time: from the listing where it says (S3), else a stat."""
+        entry = self._seen.get(name)
+        known = _modified(entry.info) if entry is not None else None
+        return known if known is not None else self.stat(name).modified
 
     def file_columns(self, names: list[str]) -> dict[str, FileColumns]:
         return {}  # a batch file holds every column its rows have
@@ -265,7 +280,8 @@ class ParquetDirectorySource:
 
 
 def is_batch_name(name: str) -> bool:
-    return name.endswith(".parquet") and not name.startswith(("_", "."))
+    """A batch file's name: `*.parquet`, its file name not starting with `_` or `.`."""
+    return name.endswith(".parquet") and not posixpath.basename(name).startswith(("_", "."))
 
 
 class DirectoryWatch:
@@ -274,15 +290,17 @@ class DirectoryWatch:
 
     * On S3 (s3fs) a poll lists only the names after the newest one seen (`StartAfter`): its cost
       follows what landed since, not what the directory holds.
-    * On a local disk a poll is one `stat` of the directory: it is listed again only when its
-      modification time moved, or moved less than `RECENT_SECONDS` ago (that clock is coarse: a
-      file created in the same tick as the last listing leaves it unchanged).
+    * On a local disk a poll is one `stat` of the directory (and of its newest date partition):
+      it is listed again only when a modification time moved, or moved less than
+      `RECENT_SECONDS` ago (that clock is coarse: a file created in the same tick as the last
+      listing leaves it unchanged).
     * Elsewhere (memory, GCS, Azure, HDFS...) a poll lists the directory.
 
-    Whatever the filesystem, the whole directory is listed at least every `full_listing_seconds`:
-    a file that lands late under a name sorting before the newest one seen (which `StartAfter`
-    cannot see) is found then. `poll` returns names never returned before, in name order; what
-    was consumed is the caller's to remember."""
+    At least every `full_listing_seconds` the directory is listed from the offsets' floor on
+    (the whole of it with `rescan`): a file that lands late under a name sorting before the
+    newest one seen (which `StartAfter` cannot see) but above the floor is found then. `poll`
+    returns names never returned before, in name order; what was consumed is the caller's to
+    remember."""
 
     by_name = True  # a late file may sort before the newest one seen
 
@@ -293,8 +311,8 @@ class DirectoryWatch:
         self.newest: str | None = None
         self.listings = {"full": 0, "after": 0, "stat": 0}  # what the polls cost, by kind
         self._last_full: float | None = None
-        self._dir_mtime: float | None = None
-        self._s3 = _is_s3(source.fs)
+        self._dir_mtime: tuple[float | None, ...] | None = None
+        self._s3 = is_s3(source.fs)
 
     def poll(self, now: float | None = None) -> list[str]:
         """Batch names that appeared since the last poll (all of them at the first), in name order."""
@@ -304,7 +322,7 @@ class DirectoryWatch:
             names = self._full(now)
         elif self._s3 and self.newest is not None:
             self.listings["after"] += 1
-            names = self._s3_names_after(self.newest)
+            names = self.source.listing(after=self.newest)[0]
         elif self._local() and not self._directory_changed(now):
             return []
         else:
@@ -316,56 +334,39 @@ class DirectoryWatch:
         return new
 
     def unconsumed(self, offsets: SourceOffsets) -> list[str]:
-        """The names seen so far that `offsets` has not consumed, in name order."""
-        consumed = set(self.source._own(offsets).consumed)
-        return sorted(n for n in self.seen if n not in consumed)
+        """The names seen so far that `offsets` has not consumed, in name order; the polls list
+        from its floor on."""
+        own = self.source._own(offsets)
+        self.source._floor = own.floor
+        self.seen = {n for n in self.seen if own.floor is None or n > own.floor}  # what the floor closed goes
+        return sorted(n for n in self.seen if not own.includes(n))
 
     def _full(self, now: float) -> list[str]:
         self.listings["full"] += 1
         self._last_full = now
         if self._local():
-            self._dir_mtime = self._directory_mtime()  # before the listing: a change during it is seen next time
+            self._dir_mtime = self._directory_mtimes()  # before the listing: a change during it is seen next time
         return self.source.listing()[0]
 
     def _local(self) -> bool:
-        return "file" in _protocols(self.source.fs)
+        return "file" in protocols(self.source.fs)
 
-    def _directory_mtime(self) -> float | None:
+    def _directory_mtimes(self) -> tuple[float | None, ...]:
+        """The modification times of the directory and of its newest date partition seen so far
+        (where files land): a partition new to a listing makes the next poll list once more."""
+        source = self.source
+        newest = max((n.split("/", 1)[0] for n in self.seen if "/" in n), default=None)
+        paths = [source.root, *([posixpath.join(source.root, newest)] if newest else [])]
         try:
-            return _modified(self.source.fs.info(self.source.root))
+            return tuple(_modified(source.fs.info(p)) for p in paths)
         except (OSError, ValueError) as e:
-            raise SourceError(f"cannot look at input directory {self.source.url}: {e}") from e
+            raise SourceError(f"cannot look at input directory {source.url}: {e}") from e
 
     def _directory_changed(self, now: float) -> bool:
         self.listings["stat"] += 1
-        mtime = self._directory_mtime()
-        return mtime is None or mtime != self._dir_mtime or now - mtime < RECENT_SECONDS
-
-    def _s3_names_after(self, after: str) -> list[str]:
-        """Names under the directory after `after` in S3's (UTF-8 binary = code point) order."""
-        fs = self.source.fs
-        bucket, key, _ = fs.split_path(self.source.root)
-        prefix = key.rstrip("/") + "/" if key else ""
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "StartAfter": prefix + after}
-        names: list[str] = []
-        try:
-            while True:
-                page = fs.call_s3("list_objects_v2", **kwargs)
-                names += [c["Key"][len(prefix):] for c in page.get("Contents", [])]
-                if not page.get("IsTruncated"):
-                    return names
-                kwargs = {**kwargs, "ContinuationToken": page["NextContinuationToken"]}
-        except OSError as e:
-            raise SourceError(f"cannot list input directory {self.source.url}: {e}") from e
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def _is_s3(fs: Any) -> bool:
-    return bool({"s3", "s3a"} & set(_protocols(fs))) and hasattr(fs, "call_s3") and hasattr(fs, "split_path")
+        mtimes = self._directory_mtimes()
+        return (None in mtimes or mtimes != self._dir_mtime
+                or any(t is not None and now - t < RECENT_SECONDS for t in mtimes))
 
 
 def _modified(info: dict[str, Any]) -> float | None:

@@ -20,14 +20,13 @@ from typing import Any
 import fsspec
 import pandas as pd
 
+from sparkpoint.spark.offsets import SourceError, SourceOffsets
 from sparkpoint.spark.source import (
     BatchStat,
     FileColumns,
     FileVerdict,
     InputNeeds,
     ParquetDirectorySource,
-    SourceError,
-    SourceOffsets,
     check_parquet,
     read_parquet,
 )
@@ -53,9 +52,10 @@ CHANGES_KEY = "source.table.changes"  # the `--conf` key of `table_changes`
 
 
 def open_source(spec: TableSpec, options: Mapping[str, Any], *, changes: str = "fail",
-                resume_from: int | None = None) -> ParquetDirectorySource | TableSource:
-    """The input `spec` names, read with fsspec `options`: a directory of Parquet files, or a
-    table (`changes`: the `table_changes` setting; `resume_from`: `table_resume_from`)."""
+                resume_from: int | None = None, rescan: bool = False) -> ParquetDirectorySource | TableSource:
+    """The input `spec` names, read with fsspec `options`: a directory of Parquet files (`rescan`:
+    listed whole), or a table (`changes`: the `table_changes` setting; `resume_from`:
+    `table_resume_from`)."""
     if isinstance(spec, DeltaTable):
         return TableSource(DeltaLog(spec, options, feed=changes == "feed"), options, changes=changes,
                            resume_from=resume_from)
@@ -66,7 +66,7 @@ def open_source(spec: TableSpec, options: Mapping[str, Any], *, changes: str = "
                 f"give for Iceberg tables; set --conf {CHANGES_KEY}=fail (deletes and overwrites stop the job, "
                 "naming the snapshot) or skip (they are passed over)")
         return TableSource(IcebergLog(spec), options, changes=changes, resume_from=resume_from)
-    return ParquetDirectorySource(spec.url, dict(options))
+    return ParquetDirectorySource(spec.url, dict(options), rescan=rescan)
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,10 @@ class TableSource:
     # --- the plan of what is pending ---------------------------------------------------------------
 
     def _offset(self, offsets: SourceOffsets) -> TableOffset | None:
-        if offsets.consumed:
+        if offsets.consumed or offsets.floor is not None:
             raise SourceError(
-                f"the checkpoint's source offsets are a directory's ({len(offsets.consumed)} consumed file names, "
-                f"the last {offsets.consumed[-1]!r}), and this job's input is table {self.url}: a job keeps the "
+                f"the checkpoint's source offsets are a directory's (consumed file names up to {offsets.mark!r}), "
+                f"and this job's input is table {self.url}: a job keeps the "
                 "input it started with. Name that directory as the input again, or start a new job (another "
                 "--job-id) on this table")
         table = offsets.table

@@ -39,8 +39,9 @@ from sparkpoint.checkpoint.phases import phase, recording
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.spark import routing
 from sparkpoint.spark.faults import fail_at
+from sparkpoint.spark.offsets import SourceError
 from sparkpoint.spark.routing import ReadUnit
-from sparkpoint.spark.source import FileColumns, SourceError, read_parquet_counted
+from sparkpoint.spark.source import FileColumns, read_parquet_counted
 from sparkpoint.state.backend import RestoreResult, RocksDBStateBackend
 from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.localfiles import open_no_follow

@@ -64,7 +64,7 @@ from sparkpoint.pipeline.attempt.record import (
     SubtaskRun,
     attempt_path,
     committed_offsets,
-    consumed_files,
+    recorded_offsets,
     snapshot_summary,
     watermark_of,
     written_by,
@@ -93,8 +93,8 @@ from sparkpoint.pipeline.attempt.store import (
 __all__ = [
     "ATTEMPT_KEY", "LOST_RACE", "AbortOutcome", "AttemptAborted", "AttemptError", "AttemptIdReused",
     "AttemptInProgress", "AttemptListing", "Overtaken", "PendingAttempt", "SubtaskRun", "abort_attempt",
-    "attempt_path", "committed_offsets", "complete_attempt", "consumed_files", "finish_step",
+    "attempt_path", "committed_offsets", "complete_attempt", "finish_step",
     "finish_step_or_overtaken", "forget_tombstones", "list_attempts", "load_attempt", "overtaken_by",
-    "pending_attempts", "pending_paths", "run_spark_half", "save_attempt", "set_aside_unreadable",
+    "pending_attempts", "pending_paths", "recorded_offsets", "run_spark_half", "save_attempt", "set_aside_unreadable",
     "snapshot_summary", "spark_half_with_fallback", "start_step", "start_steps", "watermark_of", "written_by",
 ]

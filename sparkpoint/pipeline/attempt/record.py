@@ -28,7 +28,7 @@ from sparkpoint.checkpoint.metadata import (
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.phases import Phase, phases_from_json
 from sparkpoint.pipeline.claims import PENDING_DIR
-from sparkpoint.spark.source import SourceOffsets
+from sparkpoint.spark.offsets import SourceOffsets
 
 ATTEMPT_FORMAT = "sparkpoint-pending-attempt"
 ATTEMPT_VERSION = 1
@@ -253,11 +253,12 @@ def written_by(meta: CheckpointMetadata) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
-def consumed_files(meta: CheckpointMetadata) -> tuple[str, ...]:
-    """The input files a checkpoint's source offsets list as consumed (all batches up to it)."""
+def recorded_offsets(meta: CheckpointMetadata) -> SourceOffsets:
+    """A checkpoint's source offsets (`includes(name)`: it consumed input file `name`); none
+    where they cannot be read."""
     raw = meta.source_offsets
     try:
-        return SourceOffsets.from_json(raw.get("source") if isinstance(raw, dict) else raw).consumed
+        return SourceOffsets.from_json(raw.get("source") if isinstance(raw, dict) else raw)
     except SparkpointError:
-        return ()
+        return SourceOffsets(())
 

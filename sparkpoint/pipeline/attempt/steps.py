@@ -24,7 +24,7 @@ from sparkpoint.pipeline.attempt.protocol import (
     complete_attempt,
     run_spark_half,
 )
-from sparkpoint.pipeline.attempt.record import PendingAttempt, consumed_files, written_by
+from sparkpoint.pipeline.attempt.record import PendingAttempt, recorded_offsets, written_by
 from sparkpoint.pipeline.attempt.store import load_attempt, pending_attempts, save_attempt
 from sparkpoint.pipeline.claims import ABORT, claim_holder
 from sparkpoint.pipeline.runtime import BatchDriver, BatchReport, BatchStart, PipelineError
@@ -176,8 +176,8 @@ def overtaken_by(storage: CheckpointStorage, attempt: PendingAttempt) -> Overtak
         first = store.load(ids[0])
         by_savepoint = first.is_savepoint
         by_attempt = None if by_savepoint else written_by(first)
-        consumed = set(consumed_files(store.load(ids[-1])))
-        pending = tuple(f for f in attempt.files if f not in consumed)
+        consumed = recorded_offsets(store.load(ids[-1]))
+        pending = tuple(f for f in attempt.files if not consumed.includes(f))
     except (SparkpointError, OSError) as e:  # a report only: the outcome stands without it
         log.warning("checkpoint %s: could not read who overtook attempt %s (%s)", attempt.checkpoint_id,
                     attempt.attempt_id, e)
