@@ -28,6 +28,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.checkpoint.crash import crash_point
+from sparkpoint.checkpoint.deletes import DeleteReport, DeletesFailed, delete_exact
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle
@@ -188,6 +189,8 @@ class CheckpointStorage:
         self.max_workers = max_workers
         self.retry = retry or RetryPolicy()
         self.retried = 0  # transient errors retried so far (the fault tests read it)
+        self.delete_requests = 0  # delete requests sent so far off the local disk (a batch of keys is one)
+        self.last_delete: DeleteReport | None = None  # the last bulk delete off the local disk
         self._local = isinstance(fs, LocalFileSystem)
 
     def __repr__(self) -> str:
@@ -413,10 +416,13 @@ class CheckpointStorage:
         self.parallel(one, sources)
 
     def delete(self, rels: Iterable[str]) -> int:
-        """Delete files in parallel; files already gone are fine. Returns how many were asked.
+        """Delete files; files already gone are fine. Returns how many were asked.
 
         Every path is checked before the first delete: one that is not safely inside the job
-        directory (`..`, a link) raises PathEscapesJobDirectory and nothing is deleted.
+        directory (`..`, a link) raises PathEscapesJobDirectory and nothing is deleted. On S3 the
+        deletes go in batches of 1,000 keys (`sparkpoint.checkpoint.deletes`), a key the batch
+        refused is tried again alone; files that still fail raise DeletesFailed naming them (the
+        others stay deleted). Elsewhere one delete per file, in parallel.
         """
         plain_dirs: set[str] = set()
         paths = sorted({self._abspath(rel, plain_dirs) for rel in rels})
@@ -426,15 +432,11 @@ class CheckpointStorage:
             n = max(1, min(self.max_workers, len(paths) // 256))
             self.parallel(_unlink_all, [paths[i * len(paths) // n : (i + 1) * len(paths) // n] for i in range(n)])
             return len(paths)
-
-        def rm(path: str) -> None:
-            storage_step("delete", path)
-            try:
-                self._retrying(f"deleting {path}", self.fs.rm_file, path)
-            except FileNotFoundError:  # gone already (or by an earlier try whose response was lost)
-                pass
-
-        self.parallel(rm, paths)
+        report = delete_exact(self.fs, paths, retrying=self._retrying, parallel=self.parallel)
+        self.delete_requests += report.requests
+        self.last_delete = report
+        if not report.ok:
+            raise DeletesFailed(report, self.job_url)
         return len(paths)
 
     def parallel(self, fn: Any, items: Sequence[Any], *, workers: int | None = None) -> list[Any]:

@@ -132,6 +132,10 @@ def validate_config(config: PipelineConfig) -> None:
     for setting in SETTINGS:  # each setting's own check (on_bad_file, max_future_event_time, routing, ...)
         if setting.check is not None and setting.field == setting.name:
             problems += setting.check(getattr(config, setting.name))
+    if config.input_table is not None and config.input_cleanup != "keep":
+        problems.append(f"input_cleanup={config.input_cleanup} cannot apply to input table {config.input_url}: its "
+                        "files are the table's (Delta's VACUUM, Iceberg's expire_snapshots clean them); set "
+                        "input_cleanup=keep")
     if problems:
         raise PipelineError("; ".join(problems))
 

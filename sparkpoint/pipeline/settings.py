@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention, parse_bool
+from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 
 # The values the modules that act on them own (sparkpoint.pipeline.badfiles, .spark.routing,
@@ -32,6 +33,7 @@ ROUTINGS = ("auto", "read-all", "shuffle")
 MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
 REPLAY_WINDOW = 7 * 24 * 3600.0  # sparkpoint.tables.sink's DEFAULT_REPLAY_WINDOW
+INPUT_CLEANUPS = ("keep", "delete", "archive")  # sparkpoint.pipeline.cleanup's: archive takes :<url>
 
 _SIZE = re.compile(r"(\d+)\s*(k|kb|m|mb|g|gb|t|tb)?")
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -108,6 +110,34 @@ def _optional_int(value: Any) -> int | None:
 def check_replay_window(value: Any) -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return [f"output_replay_window must be a finite number of seconds >= 0, got {value!r}"]
+    return []
+
+
+def parse_input_cleanup(value: Any) -> str:
+    """`input_cleanup`: `keep`, `delete` or `archive:<url>` (the URL any fsspec URL, or a path made one)."""
+    text = str(value).strip()
+    mode, colon, url = text.partition(":")
+    if mode.lower() in INPUT_CLEANUPS[:2] and not colon:
+        return mode.lower()
+    if mode.lower() == INPUT_CLEANUPS[2] and colon and url.strip():
+        return f"{INPUT_CLEANUPS[2]}:{storage_url(url.strip())}"
+    raise ValueError(f"input_cleanup must be keep, delete or archive:<url> (e.g. archive:s3://bucket/archive), "
+                     f"got {value!r}")
+
+
+def input_cleanup_flag(text: str) -> str:
+    """`--input-cleanup`'s value, checked as the setting is."""
+    try:
+        return parse_input_cleanup(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def check_input_cleanup(value: Any) -> list[str]:
+    try:
+        parse_input_cleanup(value)
+    except ValueError as e:
+        return [str(e)]
     return []
 
 
@@ -358,6 +388,20 @@ SETTINGS: tuple[Setting, ...] = (
         float, check=check_settle_seconds,
         flag=Flag("--settle-seconds", "how long an input file must be unchanged before a failing check counts (and "
                   "before --follow takes it); default 2", type=seconds, metavar="SECONDS"),
+        resource=Resource("source")),
+    Setting(
+        "input_cleanup", str, "keep",
+        "what `prune` (the retention sensor's run, `sparkpoint prune`, Airflow's prune task) and the end of a "
+        "`sparkpoint run` (not `--follow`) do with an input file once every retained checkpoint and savepoint has "
+        "consumed it (so no restore, fallback or rollback reads it again), never one of a pending attempt: `keep` "
+        "(default), `delete`, or `archive:<url>` (copied "
+        "to `<url>/<name>` and checked by size and CRC32, then deleted; with the input's storage options). "
+        "Deletes go in batches (1,000 keys per S3 request). A table input takes only `keep`",
+        parse_input_cleanup, check=check_input_cleanup,
+        flag=Flag("--input-cleanup", "what prune (and a run, at its end) does with input files every retained "
+                  "checkpoint has consumed: "
+                  "keep (default), delete, or archive:URL (copied, checked, then deleted)", type=input_cleanup_flag,
+                  metavar="keep|delete|archive:URL"),
         resource=Resource("source")),
     Setting(
         "routing", str, "auto",

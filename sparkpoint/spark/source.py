@@ -10,6 +10,7 @@ import posixpath
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Protocol
 
 import fsspec
@@ -117,6 +118,15 @@ class SourceOffsets:
 
     def after(self, files: list[str]) -> SourceOffsets:
         return SourceOffsets(self.consumed + tuple(files))
+
+    def includes(self, name: str) -> bool:
+        """Whether input file `name` (a name in the directory, taken literally) is consumed by
+        these offsets. A table's offsets include no file."""
+        return self.table is None and name in self._consumed_names
+
+    @cached_property
+    def _consumed_names(self) -> frozenset[str]:
+        return frozenset(self.consumed)
 
 
 @dataclass(frozen=True)
