@@ -77,8 +77,9 @@ def _serial(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
 
 
 def is_s3(fs: Any) -> bool:
-    """An s3fs filesystem (DeleteObjects is there to call)."""
-    return callable(getattr(fs, "_call_s3", None))
+    """An s3fs filesystem (DeleteObjects is there to call); a wrapper that passes other calls on
+    to one (`sparkpoint.testing.FaultyFileSystem`) is not: its deletes go through it, one by one."""
+    return callable(getattr(type(fs), "_call_s3", None))
 
 
 def delete_exact(fs: Any, paths: Iterable[str], *, retrying: Retrying = _once,
