@@ -11,25 +11,13 @@ import fsspec
 import pytest
 import s3fs
 
+from benchmarks.bench_state_backend import RequestCounter
 from sparkpoint.checkpoint import deletes
 from sparkpoint.checkpoint.deletes import DeletesFailed, delete_exact
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from tests.conftest import s3_options
 
 pytestmark = pytest.mark.s3
-
-
-class Counter:
-    """The S3 API calls an s3fs filesystem sends, by operation."""
-
-    def __init__(self, fs: Any):
-        self.counts: dict[str, int] = {}
-        fs.connect()
-        fs.s3.meta.events.register("before-call.s3", self._count)
-
-    def _count(self, event_name: str, **_: Any) -> None:
-        op = event_name.rsplit(".", 1)[-1]
-        self.counts[op] = self.counts.get(op, 0) + 1
 
 
 class RefusingS3(s3fs.S3FileSystem):
@@ -45,7 +33,8 @@ class RefusingS3(s3fs.S3FileSystem):
         refused = self.locked | self.flaky
         request = kwargs["Delete"]
         kept = [o for o in request["Objects"] if o["Key"] not in refused]
-        out = await super()._call_s3(method, *args, **{**kwargs, "Delete": {**request, "Objects": kept}}) if kept else {}
+        asked = {**kwargs, "Delete": {**request, "Objects": kept}}
+        out = await super()._call_s3(method, *args, **asked) if kept else {}
         errors = [{"Key": o["Key"], "Code": "AccessDenied", "Message": "Access Denied"}
                   for o in request["Objects"] if o["Key"] in refused]
         return {**out, "Errors": [*out.get("Errors", []), *errors]}
@@ -78,11 +67,11 @@ def test_a_subsumption_on_s3_sends_one_delete_objects_per_batch_of_keys(s3_endpo
     monkeypatch.setattr(deletes, "S3_BATCH", batch)
     storage = CheckpointStorage(f"s3://{bucket}/ckpt", "job", s3_options(s3_endpoint))
     put_files(storage.fs, storage.root, files)
-    counter = Counter(storage.fs)
+    counter = RequestCounter(storage.fs)
 
     assert storage.delete(f"shared/op/{i % 3}/{i:05d}.sst" for i in range(files)) == files
 
-    assert counter.counts == {"DeleteObjects": 3}
+    assert counter.take() == {"DeleteObjects": 3}
     assert storage.last_delete is not None and storage.last_delete.requests == 3
     storage.fs.invalidate_cache()
     assert storage.walk("shared") == []
@@ -96,14 +85,15 @@ def test_keys_a_batch_refuses_are_tried_alone_and_those_still_refused_are_report
     locked, flaky = paths[7], paths[110]
     RefusingS3.locked, RefusingS3.flaky = {fs.split_path(locked)[1]}, {fs.split_path(flaky)[1]}
     storage = CheckpointStorage(f"s3://{bucket}/ckpt", "job", s3_options(s3_endpoint), filesystem=fs)
-    counter = Counter(fs)
+    counter = RequestCounter(fs)
 
-    with pytest.raises(DeletesFailed, match=r"1 of 120 files could not be deleted: .*00007\.sst \(PermissionError") as e:
+    refused = r"1 of 120 files could not be deleted: .*00007\.sst \(PermissionError"
+    with pytest.raises(DeletesFailed, match=refused) as e:
         storage.delete(storage.relpath(p) for p in paths)
 
     report = e.value.report
     assert [f.path for f in report.failed] == [locked] and report.retried == 2 and report.requests == 4
-    assert counter.counts == {"DeleteObjects": 2, "DeleteObject": 1}  # the locked key never reached the server
+    assert counter.take() == {"DeleteObjects": 2, "DeleteObject": 1}  # the locked key never reached the server
     fs.invalidate_cache()
     assert [f.path for f in storage.walk("shared")] == [storage.relpath(locked)]
 
