@@ -221,19 +221,17 @@ def _retained_offsets(storage: CheckpointStorage) -> tuple[list[SourceOffsets], 
     from sparkpoint.checkpoint.store import CompletedCheckpointStore
     from sparkpoint.spark.source import SourceOffsets
 
-    listing = CompletedCheckpointStore(storage).load_all()
-    if listing.unreadable:
-        return [], "; ".join(f"chk-{cid}/_metadata cannot be read ({why})"
-                             for cid, why in sorted(listing.unreadable.items()))
     out = []
-    for meta in listing.checkpoints:
+    for cid, meta in CompletedCheckpointStore(storage).stream():  # one `_metadata` held at a time
+        if isinstance(meta, str):
+            return [], f"chk-{cid}/_metadata cannot be read ({meta})"
         raw = meta.source_offsets
         try:
             offsets = SourceOffsets.from_json(raw.get("source") if isinstance(raw, dict) else raw)
         except SparkpointError as e:
-            return [], f"chk-{meta.checkpoint_id}'s source offsets cannot be read ({e})"
+            return [], f"chk-{cid}'s source offsets cannot be read ({e})"
         if offsets.table is not None:
-            return [], f"chk-{meta.checkpoint_id}'s source offsets are a table's, not a directory's"
+            return [], f"chk-{cid}'s source offsets are a table's, not a directory's"
         out.append(offsets)
     return out, ""
 
