@@ -157,3 +157,18 @@ def test_a_rebuild_and_a_sweep_hold_a_window_of_metadata_not_every_retained_chec
     print({name: [round(v, 1) for v in values] for name, values in peaks.items()})
     assert peaks["rebuild"][1] < 1.25 * peaks["rebuild"][0] and peaks["sweep"][1] < 1.25 * peaks["sweep"][0], peaks
     assert peaks["whole listing"][1] > 1.6 * peaks["whole listing"][0], peaks
+
+
+def test_the_parquet_sink_keeps_only_the_output_above_the_checkpoint_a_start_resumes_from(tmp_path: Path):
+    from sparkpoint.tables.parquet import ExactlyOnceParquetSink, part_name
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for cid in range(1, 201):  # a long job's output, and a neighbour job's beside it
+        for job in ("etl", "etl-2"):
+            (out / part_name(job, cid, "totals", 0)).write_bytes(b"")
+    sink = ExactlyOnceParquetSink.at(str(out), "etl")
+
+    assert sorted(sink.committed(after=198)) == [199, 200]
+    assert sink.rollback(after=199) == [200] and sorted(sink.committed(after=190)) == list(range(191, 200))
+    assert len(sink.committed()) == 199

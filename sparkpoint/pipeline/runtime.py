@@ -416,7 +416,7 @@ def settle_sink(sink: Sink, storage: CheckpointStorage, start: BatchStart) -> No
         # discarded it and died before its rollback. Its batches are replayed, so the output
         # goes. Output is listed before `_metadata`: a live writer commits `_metadata` first,
         # so its fresh output is never taken for a discarded checkpoint's.
-        above = [cid for cid in sink.committed() if cid > meta.checkpoint_id]
+        above = list(sink.committed(after=meta.checkpoint_id))
         if above:
             live = set(storage.completed_checkpoint_ids())
             dropped = sink.drop([cid for cid in above if cid not in live])
