@@ -104,14 +104,16 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     if not args.quick:
         rows += [r for n in MODELLED for r in modelled(n)]
-    print(table("DELETE requests per subsumption (S3: moto on 127.0.0.1; measured or modelled from 1,000 keys a "
-                "request)", ["shared files", "route", "DELETE requests", "seconds", "how"],
-                [[f"{r['files']:,}", r["route"], f"{r['delete_requests']:,}", str(r.get("seconds", "")),
-                  "measured" if r["measured"] else "modelled"] for r in rows]))
+    shown = table("DELETE requests per subsumption (S3: moto on 127.0.0.1; measured or modelled from 1,000 keys "
+                  "a request)", ["shared files", "route", "DELETE requests", "seconds", "how"],
+                  [[f"{r['files']:,}", r["route"], f"{r['delete_requests']:,}", str(r.get("seconds", "")),
+                    "measured" if r["measured"] else "modelled"] for r in rows])
+    print(shown)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("deletes_quick.json" if args.quick else "deletes.json")
     out.write_text(json.dumps({"batch": S3_BATCH, "rows": rows}, indent=1) + "\n")
-    print(f"wrote {out}")
+    out.with_suffix(".txt").write_text(shown)
+    print(f"wrote {out} and {out.with_suffix('.txt').name}")
 
 
 if __name__ == "__main__":
