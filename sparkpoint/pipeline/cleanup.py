@@ -18,7 +18,10 @@ archive, checks it the same way and deletes the file. An archive that already ho
 file of that name is never overwritten: the file is kept and reported.
 
 The cleanup writes nothing into the job directory (it reads `_metadata` and `_pending/`, and writes
-only the input and the archive), so it is no actor of the checkpoint protocol (DESIGN rule 14).
+only the input and the archive): it takes no id there (DESIGN rule 14). What it relies on is that
+every checkpoint a restore, fallback or rollback can reach later is retained now or descends from
+one retained now; the interleaving checker runs it beside a rollback and a run
+(`rollback-vs-run-vs-input-cleanup`).
 """
 
 from __future__ import annotations
