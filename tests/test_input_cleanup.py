@@ -245,3 +245,26 @@ def test_the_cli_the_dagster_resource_and_airflow_take_input_cleanup(tmp_path: P
 
     task = SparkpointPruneOperator(task_id="prune", pipeline=pipeline, overrides={"input_cleanup": "delete"})
     assert task.resolved().input_cleanup == "delete"
+
+
+def test_the_dagster_prune_job_cleans_up_as_the_input_resource_says(tmp_path: Path):
+    import dagster as dg
+
+    from tests.support.dagster_setup import JOB, SCOPE, prune_job, resources
+
+    storage = CheckpointStorage(f"file://{tmp_path}/ckpt", JOB)
+    coord, sub = CheckpointCoordinator(storage, num_retained=2), FakeSubtask(storage, tmp_path / "work")
+    land(tmp_path / "in", ["a.parquet", "b.parquet", "c.parquet"])
+    commit(coord, sub, ["a.parquet"])
+    commit(coord, sub, ["a.parquet", "b.parquet"])
+    source = {"input_url": str(tmp_path / "in"), "input_cleanup": "delete"}  # a run config sets every field
+    config = {"resources": {SCOPE.resource_key("source"): {"config": source}}}
+
+    result = prune_job.execute_in_process(run_config=config, resources=resources(tmp_path),
+                                          instance=dg.DagsterInstance.ephemeral())
+
+    assert result.success
+    (event,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    said = event.event_specific_data.metadata["input_cleanup"].value  # type: ignore[union-attr]
+    assert said["cleaned"] == ["a.parquet"], said
+    assert left(tmp_path / "in") == {"b.parquet", "c.parquet"}
