@@ -268,3 +268,23 @@ def test_the_dagster_prune_job_cleans_up_as_the_input_resource_says(tmp_path: Pa
     said = event.event_specific_data.metadata["input_cleanup"].value  # type: ignore[union-attr]
     assert said["cleaned"] == ["a.parquet"], said
     assert left(tmp_path / "in") == {"b.parquet", "c.parquet"}
+
+
+def test_a_run_that_ends_by_itself_cleans_up_as_its_setting_says(job, tmp_path: Path, capsys):
+    from types import SimpleNamespace
+
+    from sparkpoint.cli.run import _finished
+
+    storage, coord, sub = job
+    land(tmp_path / "in", ["a.parquet", "b.parquet"])
+    commit(coord, sub, ["a.parquet"])
+    commit(coord, sub, ["a.parquet", "b.parquet"])
+    config = SimpleNamespace(input_cleanup="delete", input_url=f"file://{tmp_path}/in", input_options={},
+                             input_table=None)
+    driver = SimpleNamespace(config=config, storage=storage, waiting_for=None,
+                             source=SimpleNamespace(nothing_to_read=lambda: None))
+
+    assert _finished(SimpleNamespace(json=False), driver, None, ["a report"]) == 0
+
+    assert "1 consumed input files deleted, 1 kept" in capsys.readouterr().out
+    assert left(tmp_path / "in") == {"b.parquet"}
