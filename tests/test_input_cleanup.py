@@ -205,6 +205,7 @@ def test_a_table_input_refuses_any_cleanup_but_keep(job, tmp_path: Path):
         validate_config(config)
 
 
+@pytest.mark.s3
 def test_on_s3_hostile_names_are_deleted_in_one_batch_and_nothing_else(job, tmp_path: Path, s3_endpoint: str):
     from tests.conftest import s3_options
 
