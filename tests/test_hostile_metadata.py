@@ -30,7 +30,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
-from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource
+from sparkpoint.resources import CheckpointRegistryResource, CheckpointStorageResource, InputResource
 from sparkpoint.state.backend import restore_with_fallback, take_checkpoint
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.extract import operator_states
@@ -320,7 +320,8 @@ def test_the_dagster_maintenance_jobs_refuse_hostile_metadata_and_touch_nothing_
     world.write_metadata(apply(raw, []))
     storage = CheckpointStorageResource(checkpoints_url=world.url, job_id="job")
     resources = SCOPE.keyed({"storage": storage, "registry": CheckpointRegistryResource(
-        storage=storage, num_retained=1, orphan_grace_seconds=0)})
+        storage=storage, num_retained=1, orphan_grace_seconds=0),
+        "source": InputResource(input_url=str(tmp_path / "in"))})  # prune reads its input_cleanup (keep)
     outcomes = {}
     for job in (JOBS.verify, JOBS.rebuild_registry, JOBS.savepoint, JOBS.prune):
         result = job.execute_in_process(resources=resources, instance=dg.DagsterInstance.ephemeral(),

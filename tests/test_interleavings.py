@@ -69,6 +69,9 @@ SAMPLES = {
     "zombie-vs-recover-with-sweep-iceberg": 5,
     "rollback-vs-run": 6,
     "rollback-vs-recoverer": 5,
+    # prune's input cleanup (a reader of the job directory; it writes the input and the archive)
+    # beside the rollback's race with a run: it must never take a batch the rollback replays.
+    "rollback-vs-run-vs-input-cleanup": 6,
 }
 
 

@@ -25,6 +25,7 @@ from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import finish_step, start_steps
 from sparkpoint.pipeline.badfiles import bad_file_message, skip_command
+from sparkpoint.pipeline.cleanup import InputCleanup
 from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.pipeline.runtime import BatchReport, restore_plan
 from sparkpoint.pipeline.spec import Pipeline, load_pipeline
@@ -546,7 +547,8 @@ class SparkpointRecoverOperator(SparkpointOperator):
 
 class SparkpointPruneOperator(SparkpointOperator):
     """Retention: subsume beyond `num_retained`, forget attempts that can never complete, sweep
-    orphans older than `orphan_grace_seconds`.
+    orphans older than `orphan_grace_seconds`; then the consumed input as the pipeline's
+    `input_cleanup` says (`overrides={"input_cleanup": "delete"}`, say).
 
     Example:
         ```python
@@ -566,8 +568,9 @@ class SparkpointPruneOperator(SparkpointOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         pipeline = self.resolved()
+        cleanup = InputCleanup.of(pipeline.config()) if pipeline.input_cleanup != "keep" else None
         report = maintenance.prune(pipeline.storage(), num_retained=pipeline.num_retained,
-                                   orphan_grace_seconds=self.orphan_grace_seconds)
+                                   orphan_grace_seconds=self.orphan_grace_seconds, input_cleanup=cleanup)
         self.log.info("sparkpoint prune: %s", report.message)
         return report.to_json()
 

@@ -57,7 +57,7 @@ from sparkpoint.checkpoint.retention import (
 )
 from sparkpoint.checkpoint.retired import highest_retired, record_retired
 from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,7 @@ class CheckpointCoordinator:
         self.retention = ExternalizedRetention(retention)
         self.pending: dict[int, PendingCheckpoint] = {}
         self.unowned = frozenset(unowned)
-        listing = self._rebuild()
-        latest = listing.checkpoints[0] if listing.checkpoints else None
+        latest = self._rebuild()
         # Lineage and unowned files are carried forward from the checkpoint we resume from.
         self.lineage = lineage if lineage is not None else (latest.lineage if latest else None)
         self.unowned = frozenset(unowned) | (latest.unowned if latest else frozenset())
@@ -413,15 +412,16 @@ class CheckpointCoordinator:
 
     # --- internals -----------------------------------------------------------------------------
 
-    def _rebuild(self) -> StoreListing:
-        """Recount the registry from every retained `_metadata` on storage."""
-        listing = self.store.load_all()
-        self.registry = self.store.rebuild_registry(listing)
+    def _rebuild(self) -> CheckpointMetadata | None:
+        """Recount the registry from every retained `_metadata` on storage, one at a time; the
+        newest readable checkpoint (None: none)."""
+        rebuilt = self.store.rebuild()
+        self.registry = rebuilt.registry
         self.registry.mark_unowned(self.unowned)
-        self._kinds = {m.checkpoint_id: m.kind for m in listing.checkpoints}
-        self._unreadable = set(listing.unreadable)
+        self._kinds = dict(rebuilt.kinds)
+        self._unreadable = set(rebuilt.unreadable)
         self._stale = False
-        return listing
+        return rebuilt.latest
 
     def _sync_with_storage(self) -> None:
         """Rebuild when storage holds other completed checkpoints than the registry counts."""

@@ -47,6 +47,11 @@ CRASH_POINTS = (
 # Points only a table output (a Delta table) reaches: a run writing Parquet never hits them.
 TABLE_POINTS = ("before-table-commit", "after-table-commit")
 
+# Points of the maintenance beside the protocol (`prune`'s input cleanup), never reached by a run:
+MAINTENANCE_POINTS = (
+    "after-archive-copy",  # an input file copied to the archive and checked, not yet deleted from the input
+)
+
 _hits: dict[str, int] = {}
 _jvm_groups: set[int] = set()  # this process's JVM, in a session of its own (sparkpoint.spark.session)
 
@@ -59,8 +64,9 @@ def kill_with_this_process(pgid: int) -> None:
 def parse(spec: str) -> tuple[str, int]:
     """`<point>[:<n>]` -> (point, n); ValueError for an unknown point or a bad count."""
     point, _, count = spec.partition(":")
-    if point not in CRASH_POINTS:
-        raise ValueError(f"unknown crash point {point!r} in {CRASH_AT}; use one of {', '.join(CRASH_POINTS)}")
+    if point not in CRASH_POINTS + MAINTENANCE_POINTS:
+        raise ValueError(f"unknown crash point {point!r} in {CRASH_AT}; use one of "
+                         f"{', '.join(CRASH_POINTS + MAINTENANCE_POINTS)}")
     n = int(count) if count else 1
     if n < 1:
         raise ValueError(f"{CRASH_AT}={spec!r}: the count must be at least 1")

@@ -29,6 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.crash import crash_point
+from sparkpoint.checkpoint.deletes import DeleteReport, DeletesFailed, delete_exact
 from sparkpoint.checkpoint.errors import CheckpointAlreadyExists, PathEscapesJobDirectory, StorageError
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle
@@ -190,6 +191,8 @@ class CheckpointStorage:
         self.max_workers = max_workers
         self.retry = retry or RetryPolicy()
         self.retried = 0  # transient errors retried so far (the fault tests read it)
+        self.delete_requests = 0  # delete requests sent so far off the local disk (a batch of keys is one)
+        self.last_delete: DeleteReport | None = None  # the last bulk delete off the local disk
         self._local = isinstance(fs, LocalFileSystem)
         # On S3 every HTTP request is counted from botocore's hooks; elsewhere each operation here.
         self._seam_counts = not ledger.watch(fs)
@@ -315,7 +318,7 @@ class CheckpointStorage:
         storage_step("info", path)
         self.count_request("HEAD")
         info = self._retrying(f"looking up {rel}", self.fs.info, path)
-        return StoredFile(path=rel, size=int(info.get("size") or 0), modified=_modified(info))
+        return StoredFile(path=rel, size=int(info.get("size") or 0), modified=modified_time(info))
 
     def commit_exclusive(self, rel: str, data: bytes) -> None:
         """Create `rel` with `data` if and only if it does not exist yet; all or nothing.
@@ -435,10 +438,13 @@ class CheckpointStorage:
         self.parallel(one, sources)
 
     def delete(self, rels: Iterable[str]) -> int:
-        """Delete files in parallel; files already gone are fine. Returns how many were asked.
+        """Delete files; files already gone are fine. Returns how many were asked.
 
         Every path is checked before the first delete: one that is not safely inside the job
-        directory (`..`, a link) raises PathEscapesJobDirectory and nothing is deleted.
+        directory (`..`, a link) raises PathEscapesJobDirectory and nothing is deleted. On S3 the
+        deletes go in batches of 1,000 keys (`sparkpoint.checkpoint.deletes`), a key the batch
+        refused is tried again alone; files that still fail raise DeletesFailed naming them (the
+        others stay deleted). Elsewhere one delete per file, in parallel.
         """
         plain_dirs: set[str] = set()
         paths = sorted({self._abspath(rel, plain_dirs) for rel in rels})
@@ -450,15 +456,11 @@ class CheckpointStorage:
             n = max(1, min(self.max_workers, len(paths) // 256))
             self.parallel(_unlink_all, [paths[i * len(paths) // n : (i + 1) * len(paths) // n] for i in range(n)])
             return len(paths)
-
-        def rm(path: str) -> None:
-            storage_step("delete", path)
-            try:
-                self._retrying(f"deleting {path}", self.fs.rm_file, path)
-            except FileNotFoundError:  # gone already (or by an earlier try whose response was lost)
-                pass
-
-        self.parallel(rm, paths)
+        report = delete_exact(self.fs, paths, retrying=self._retrying, parallel=self.parallel)
+        self.delete_requests += report.requests
+        self.last_delete = report
+        if not report.ok:
+            raise DeletesFailed(report, self.job_url)
         return len(paths)
 
     def parallel(self, fn: Any, items: Sequence[Any], *, workers: int | None = None) -> list[Any]:
@@ -616,7 +618,7 @@ class CheckpointStorage:
         except (ValueError, PathEscapesJobDirectory) as e:
             log.warning("skipping %s in %s: %s", info.get("name"), self.job_url, e)
             return None
-        return StoredFile(path=path, size=int(info.get("size") or 0), modified=_modified(info))
+        return StoredFile(path=path, size=int(info.get("size") or 0), modified=modified_time(info))
 
 
 def move_file(fs: Any, source: str, target: str) -> None:
@@ -635,7 +637,8 @@ def _object_store(fs: Any) -> bool:
     return bool(protocols & {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 
 
-def _modified(info: dict[str, Any]) -> float:
+def modified_time(info: dict[str, Any]) -> float:
+    """When an fsspec entry was last modified, in seconds since the epoch (0.0: the store does not say)."""
     for key in ("mtime", "LastModified", "created", "last_modified", "updated"):
         value = info.get(key)
         if value is None:

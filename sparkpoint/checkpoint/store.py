@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
@@ -16,6 +16,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_METADATA_BYTES = 64 * 1024 * 1024  # far above any real `_metadata`; a larger one is refused unread
+READ_AHEAD = 4  # `_metadata` files read at once by `stream` (their bytes and parses are what a pass holds)
 
 
 @dataclass
@@ -76,22 +77,32 @@ class CompletedCheckpointStore:
         return meta
 
     def load_all(self) -> StoreListing:
-        """Every completed checkpoint; the unreadable ones are named, not skipped.
-
-        The files are read in parallel, then parsed one after the other on this thread: parsing
-        holds the GIL, and threads taking turns at it were measured ~50% slower than one thread.
-        """
+        """Every completed checkpoint; the unreadable ones are named, not skipped. Holds them all:
+        a pass that needs one at a time (a rebuild, a sweep) goes through `stream` instead."""
         listing = StoreListing(checkpoints=[])
-        ids = self.checkpoint_ids()
-        read = self.storage.parallel(lambda cid: _outcome(self._read, cid), ids)
-        for i, cid in enumerate(ids):
-            data, read[i] = read[i], None  # its bytes go once parsed (10 x 23 MB at 10^6 files)
-            outcome = _outcome(partial(self._parse, data=data), cid) if isinstance(data, bytes) else data
+        for cid, outcome in self.stream():
             if isinstance(outcome, CheckpointMetadata):
                 listing.checkpoints.append(outcome)
-            elif outcome is not None:
+            else:
                 listing.unreadable[cid] = outcome
         return listing
+
+    def stream(self) -> Iterator[tuple[int, CheckpointMetadata | str]]:
+        """Every completed checkpoint, newest first, as (id, its metadata or why it cannot be read);
+        one gone since the listing is left out. Memory is bounded by a window of `_metadata`, not
+        by how many are retained: the window's files are read in parallel, then parsed one after
+        the other on this thread (parsing holds the GIL; threads taking turns at it were measured
+        ~50% slower than one thread), and each one's bytes go once parsed."""
+        ids = self.checkpoint_ids()
+        window = max(1, min(READ_AHEAD, self.storage.max_workers))
+        for start in range(0, len(ids), window):
+            chunk = ids[start:start + window]
+            read = self.storage.parallel(lambda cid: _outcome(self._read, cid), chunk)
+            for i, cid in enumerate(chunk):
+                data, read[i] = read[i], None
+                outcome = _outcome(partial(self._parse, data=data), cid) if isinstance(data, bytes) else data
+                if outcome is not None:
+                    yield cid, outcome
 
     def latest(self) -> CheckpointMetadata | None:
         """The newest completed checkpoint whose `_metadata` reads; None when there is none.
@@ -105,12 +116,34 @@ class CompletedCheckpointStore:
                 log.warning("skipping checkpoint %s: %s", cid, e)
         return None
 
+    def rebuild(self) -> Rebuilt:
+        """The registry recounted from every retained `_metadata` (rule 3), one `_metadata` at a
+        time (`stream`): what stays is the registry, each checkpoint's kind, and the newest one.
+        An unreadable `_metadata` blocks every deletion: its files may still be needed."""
+        registry, kinds, unreadable = SharedStateRegistry(), {}, {}
+        unowned: set[str] = set()
+        latest: CheckpointMetadata | None = None
+        for cid, outcome in self.stream():
+            if isinstance(outcome, CheckpointMetadata):
+                registry.register_checkpoint(cid, outcome.references())
+                kinds[cid] = outcome.kind
+                unowned |= outcome.unowned
+                latest = latest or outcome
+            else:
+                unreadable[cid] = outcome
+        registry.mark_unowned(unowned)
+        for cid, reason in sorted(unreadable.items()):
+            registry.block_deletion(f"chk-{cid}/_metadata cannot be read ({reason})")
+        return Rebuilt(registry, kinds, unreadable, latest)
+
     def rebuild_registry(self, listing: StoreListing | None = None) -> SharedStateRegistry:
-        """Recount references from every retained `_metadata` (rule 3).
+        """Recount references from every retained `_metadata` (rule 3): from `listing` when the
+        caller holds one already, else streamed (`rebuild`).
 
         An unreadable `_metadata` blocks every deletion: its files may still be needed.
         """
-        listing = listing or self.load_all()
+        if listing is None:
+            return self.rebuild().registry
         registry = SharedStateRegistry()
         for meta in sorted(listing.checkpoints, key=lambda m: m.checkpoint_id):
             registry.register_checkpoint(meta.checkpoint_id, meta.references())
@@ -119,6 +152,17 @@ class CompletedCheckpointStore:
         for cid, reason in sorted(listing.unreadable.items()):
             registry.block_deletion(f"chk-{cid}/_metadata cannot be read ({reason})")
         return registry
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """A streamed rebuild: the registry, each readable checkpoint's kind, why the others cannot be
+    read, and the newest readable checkpoint (None: none)."""
+
+    registry: SharedStateRegistry
+    kinds: dict[int, str]
+    unreadable: dict[int, str]
+    latest: CheckpointMetadata | None
 
 
 def _outcome(step: Callable[[int], T], checkpoint_id: int) -> T | str | None:

@@ -55,6 +55,22 @@ def select_orphans(
     return sorted(orphans, key=lambda f: f.path)
 
 
+def referenced_paths(storage: CheckpointStorage, pending_paths: Iterable[str] = ()) -> tuple[set[str], dict[int, str]]:
+    """Every path a retained checkpoint references (its files, its unowned files, its `_metadata`),
+    those of `pending_paths`, and the `_metadata` of the checkpoints that cannot be read (id -> why):
+    one `_metadata` parsed at a time, so what stays is the set of paths."""
+    referenced = set(pending_paths)
+    unreadable: dict[int, str] = {}
+    for cid, outcome in CompletedCheckpointStore(storage).stream():
+        if isinstance(outcome, str):
+            unreadable[cid] = outcome
+            referenced.add(f"chk-{cid}/_metadata")  # a dry run shows what would go, never these
+            continue
+        referenced |= outcome.paths() | outcome.unowned
+        referenced.add(outcome.metadata_path)
+    return referenced, unreadable
+
+
 def sweep_orphans(
     storage: CheckpointStorage,
     *,
@@ -69,23 +85,13 @@ def sweep_orphans(
     """
     if not math.isfinite(grace_seconds) or grace_seconds < 0:  # nan would never delete, silently
         raise ValueError(f"the grace period must be a finite number of seconds >= 0, got {grace_seconds}")
-    listing = CompletedCheckpointStore(storage).load_all()
-    if listing.unreadable and not dry_run:
+    referenced, unreadable = referenced_paths(storage, pending_paths)
+    if unreadable and not dry_run:
         raise DeletionBlocked(
             "orphan sweep refused: "
-            + "; ".join(
-                f"chk-{cid}/_metadata cannot be read ({why})" for cid, why in sorted(listing.unreadable.items())
-            )
+            + "; ".join(f"chk-{cid}/_metadata cannot be read ({why})" for cid, why in sorted(unreadable.items()))
             + ". Its files may still be needed: repair or remove that checkpoint by hand first."
         )
-    referenced = set(pending_paths)
-    for meta in listing.checkpoints:
-        referenced |= meta.paths() | meta.unowned
-        referenced.add(meta.metadata_path)
-    for cid in listing.unreadable:  # dry run: show what would go, never the unreadable ones
-        referenced.add(f"chk-{cid}/_metadata")
-    unreadable = sorted(listing.unreadable)
-    del listing  # only the paths are needed from here: the parsed `_metadata` go before the listing comes
     files = storage.walk("shared") + [f for cid in storage.checkpoint_dirs() for f in storage.walk(f"chk-{cid}")]
     links = tuple(sorted((f for f in files if f.symlink), key=lambda f: f.path))
     for link in links:
@@ -94,7 +100,7 @@ def sweep_orphans(
     orphans = select_orphans(files, referenced, grace_seconds, now)
     unreferenced = select_orphans(files, referenced, 0.0, now + 1.0)  # any age
     if unreadable:
-        blocked_dirs = tuple(f"chk-{cid}/" for cid in unreadable)
+        blocked_dirs = tuple(f"chk-{cid}/" for cid in sorted(unreadable))
         orphans = [f for f in orphans if not f.path.startswith(blocked_dirs)]
         unreferenced = [f for f in unreferenced if not f.path.startswith(blocked_dirs)]
     old = {f.path for f in orphans}

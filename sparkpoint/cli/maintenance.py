@@ -1,5 +1,5 @@
-"""`verify` (and `verify --repair`), `gc`, `savepoint` and `rollback`: the commands that look after
-a job's stored checkpoints."""
+"""`verify` (and `verify --repair`), `gc`, `prune`, `savepoint` and `rollback`: the commands that
+look after a job's stored checkpoints (and `prune`, after its consumed input)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import sys
 from typing import Any
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
-from sparkpoint.cli.common import EXIT_BAD_FILES, UsageError, job_store, pipeline_of
+from sparkpoint.cli.common import EXIT_BAD_FILES, UsageError, job_store, pipeline_of, storage_options
 from sparkpoint.cli.output import print_json, printed_json, progress_bar
+from sparkpoint.pipeline.settings import BY_NAME
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -58,6 +60,29 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     if not printed_json(args, report.to_json()):
         print("\n".join(report.lines()))
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from sparkpoint.pipeline.cleanup import InputCleanup
+    from sparkpoint.pipeline.maintenance import prune
+
+    storage = job_store(args).storage
+    pipeline = pipeline_of(args)
+    policy = args.input_cleanup or (pipeline.input_cleanup if pipeline is not None else "keep")
+    cleanup = None
+    if policy != "keep":
+        if pipeline is not None:
+            config = pipeline.config(**({"input_url": storage_url(args.input)} if args.input else {}))
+            cleanup = InputCleanup.of(config.with_(input_cleanup=policy))
+        elif args.input:
+            cleanup = InputCleanup(policy, storage_url(args.input), storage_options(args.storage_options))
+        else:
+            raise UsageError(f"--input-cleanup {policy} needs the input: --input URL (or --pipeline MODULE:ATTR)")
+    retain = args.retain or (pipeline.num_retained if pipeline is not None else BY_NAME["num_retained"].default)
+    report = prune(storage, num_retained=retain, orphan_grace_seconds=args.grace, input_cleanup=cleanup)
+    if not printed_json(args, report.to_json()):
+        print(report.message)
     return 0
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 from sparkpoint.cli.catalog import cmd_history, cmd_inspect, cmd_list, cmd_metrics, cmd_registry
-from sparkpoint.cli.maintenance import cmd_gc, cmd_rollback, cmd_savepoint, cmd_verify
+from sparkpoint.cli.maintenance import cmd_gc, cmd_prune, cmd_rollback, cmd_savepoint, cmd_verify
 from sparkpoint.cli.run import cmd_generate, cmd_run, cmd_skip
 from sparkpoint.cli.state import cmd_bootstrap, cmd_check_upgrade, cmd_diff, cmd_restore, cmd_state
 from sparkpoint.pipeline.settings import BY_NAME, flagged, positive_int, seconds
@@ -190,6 +190,18 @@ def _gc(sub: Commands) -> None:
     p.set_defaults(fn=cmd_gc)
 
 
+def _prune(sub: Commands) -> None:
+    p = sub.add_parser("prune", help="retention now (beyond --retain), stale attempts, orphans past the grace period, "
+                       "and the consumed input as --input-cleanup says")
+    _job_args(p)
+    p.add_argument("--input", metavar="URL", help="the input directory, for --input-cleanup (default: the pipeline's)")
+    BY_NAME["num_retained"].flag.add_to(p)  # type: ignore[union-attr]
+    BY_NAME["input_cleanup"].flag.add_to(p)  # type: ignore[union-attr]
+    p.add_argument("--grace", type=seconds, default=3600.0, metavar="SECONDS", help="keep younger orphan files")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_prune)
+
+
 def _list(sub: Commands) -> None:
     p = sub.add_parser("list", help="the job's retained checkpoints, newest first")
     _job_args(p)
@@ -281,6 +293,6 @@ def _bootstrap(sub: Commands) -> None:
 
 # In the order `sparkpoint --help` lists them.
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
-    _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _list, _inspect, _registry, _metrics, _history,
-    _restore, _savepoint, _rollback, _bootstrap,
+    _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _prune, _list, _inspect, _registry, _metrics,
+    _history, _restore, _savepoint, _rollback, _bootstrap,
 )

@@ -264,6 +264,11 @@ def _finished(args: argparse.Namespace, pipeline: StatefulPipeline, follow: Foll
     empty = pipeline.source.nothing_to_read()
     if empty:
         print(f"sparkpoint run: warning: {empty}", file=sys.stderr)
+    if pipeline.config.input_cleanup != "keep":
+        from sparkpoint.pipeline.cleanup import InputCleanup, clean_input
+
+        cleaned = clean_input(pipeline.storage, InputCleanup.of(pipeline.config))
+        print(f"sparkpoint run: {cleaned.message}", file=sys.stderr if args.json else sys.stdout)
     _requests_after_last_checkpoint(args)
     return 0
 

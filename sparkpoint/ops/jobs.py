@@ -30,8 +30,12 @@ import dagster as dg
 from sparkpoint.assets.build import step_driver
 from sparkpoint.ops import results, steps
 from sparkpoint.pipeline import maintenance
+from sparkpoint.pipeline.cleanup import InputCleanup
 from sparkpoint.pipeline.follow import POLL_SECONDS
+from sparkpoint.pipeline.settings import parse_input_cleanup
+from sparkpoint.resources.fields import json_object
 from sparkpoint.resources.scope import FOLLOW_JOB, PIPELINE_TAG, TICK_TAG, PipelineScope
+from sparkpoint.tables.spec import ParquetDirectory, table_of, table_url
 
 
 class FollowConfig(dg.Config):
@@ -153,18 +157,30 @@ def recover_op(scope: PipelineScope) -> dg.OpDefinition:
 
 
 def prune_op(scope: PipelineScope) -> dg.OpDefinition:
-    @dg.op(name=scope.name("prune_op"), pool=scope.pool, required_resource_keys=scope.resource_keys("storage",
-                                                                                                     "registry"))
+    @dg.op(name=scope.name("prune_op"), pool=scope.pool, required_resource_keys=scope.resource_keys(
+        "storage", "registry", "source"))
     def prune(context: dg.OpExecutionContext) -> dg.Output[None]:
-        """Subsume beyond num_retained, forget stale attempts, sweep orphans past the grace period."""
+        """Subsume beyond num_retained, forget stale attempts, sweep orphans past the grace period;
+        then the consumed input as the input resource's `input_cleanup` says."""
         # The top-level storage resource: the run config of the job being pruned sets it (a
         # resource nested in the registry keeps its defaults whatever the launch config says).
         registry = scope.registry(context)
         report = maintenance.prune(scope.storage(context).open(), num_retained=registry.num_retained,
-                                   orphan_grace_seconds=registry.orphan_grace_seconds)
+                                   orphan_grace_seconds=registry.orphan_grace_seconds,
+                                   input_cleanup=input_cleanup_of(scope, context))
         return dg.Output(None, metadata=results.pruned(report))
 
     return prune
+
+
+def input_cleanup_of(scope: PipelineScope, context: dg.OpExecutionContext) -> InputCleanup | None:
+    """The prune's input cleanup from the input resource (None: `keep`, nothing to open)."""
+    source = scope.source(context)
+    if source.input_cleanup == "keep":
+        return None
+    table = not isinstance(table_of(source.input_url), ParquetDirectory)
+    return InputCleanup(parse_input_cleanup(source.input_cleanup), table_url(source.input_url),
+                        json_object(source.input_options, "input: input_options"), table)
 
 
 def verify_op(scope: PipelineScope) -> dg.OpDefinition:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.pipeline.history import RunFacts
-from sparkpoint.spark.source import SourceOffsets
+from sparkpoint.spark.offsets import SourceOffsets
 from sparkpoint.tables.sinks import output_facts, table_version
 from sparkpoint.tables.spec import DELTA_SCHEME
 

@@ -37,6 +37,7 @@ from sparkpoint.pipeline.attempt import (
     written_by,
 )
 from sparkpoint.pipeline.claims import fence, forget_fences
+from sparkpoint.pipeline.cleanup import KEEP, CleanupReport, InputCleanup, clean_input
 from sparkpoint.pipeline.runtime import BatchReport, BatchStart
 from sparkpoint.state.engine.verify import verify_checkpoint
 from sparkpoint.state.eventtime import iso_micros
@@ -510,22 +511,26 @@ def _complete_redo(pipeline: StatefulPipeline, redo: PendingAttempt, coordinator
 
 @dataclass(frozen=True)
 class PruneReport:
-    """What `prune` did: checkpoints subsumed, files deleted, orphans swept, stale attempts settled."""
+    """What `prune` did: checkpoints subsumed, files deleted, orphans swept, stale attempts settled,
+    and the consumed input cleaned up (`input_cleanup`; None: not asked)."""
 
     subsumed: tuple[int, ...]
     files_deleted: int
     orphans: int
     orphan_bytes: int
     stale_attempts: int
+    input: CleanupReport | None = None
 
     @property
     def message(self) -> str:
         return (f"subsumed {list(self.subsumed)}, {self.files_deleted} files deleted, {self.orphans} orphans "
-                f"({self.orphan_bytes} B), {self.stale_attempts} stale attempts")
+                f"({self.orphan_bytes} B), {self.stale_attempts} stale attempts"
+                + (f"; {self.input.message}" if self.input is not None else ""))
 
     def to_json(self) -> dict[str, Any]:
         return {"subsumed": list(self.subsumed), "files_deleted": self.files_deleted, "orphans_deleted": self.orphans,
-                "orphan_bytes": self.orphan_bytes, "stale_attempts": self.stale_attempts}
+                "orphan_bytes": self.orphan_bytes, "stale_attempts": self.stale_attempts,
+                **({"input_cleanup": self.input.to_json()} if self.input is not None else {})}
 
 
 def prune(
@@ -534,11 +539,17 @@ def prune(
     num_retained: int,
     orphan_grace_seconds: float = 3600.0,
     sink: Sink | None = None,
+    input_cleanup: InputCleanup | None = None,
 ) -> PruneReport:
     """Subsume checkpoints beyond `num_retained` (after the setting was lowered), forget pending
     attempts of completed checkpoints, sweep orphans older than the grace period (files of
     attempts still pending are kept whatever their age); `sink`: the job's output, whose staging of
-    the attempts settled goes."""
+    the attempts settled goes. Then `input_cleanup` (`keep`, `delete`, `archive:<url>`) on the
+    input files every retained checkpoint and savepoint has consumed, unless retention was
+    blocked (`sparkpoint.pipeline.cleanup`); a table input with a policy other than keep is
+    refused (InputCleanupRefused) before anything is done."""
+    if input_cleanup is not None:
+        input_cleanup.refuse_table()
     coordinator = CheckpointCoordinator(storage, num_retained=num_retained)
     subsumed, files_deleted, blocked = coordinator.subsume()
     if blocked:
@@ -546,7 +557,12 @@ def prune(
     stale = settle_attempts(storage, sink, only_superseded=True)  # they can never complete
     forget_fences(storage)
     sweep = collect_garbage(storage, grace_seconds=orphan_grace_seconds).sweep
-    return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale.outcomes))
+    cleaned = None
+    if input_cleanup is not None:
+        cleaned = (CleanupReport(input_cleanup.policy, blocked=f"retention was blocked ({blocked})")
+                   if blocked and input_cleanup.policy != KEEP else clean_input(storage, input_cleanup))
+    return PruneReport(tuple(subsumed), files_deleted, len(sweep.orphans), sweep.orphan_bytes, len(stale.outcomes),
+                       cleaned)
 
 
 

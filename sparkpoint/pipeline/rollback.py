@@ -136,7 +136,7 @@ def rollback_job(storage: CheckpointStorage, sink: OutputSink | None, to: int, *
     if not newer:
         return RollbackReport(storage.job_url, to, (), {}, (), next_id_after(storage, to), _url(sink), dry_run)
     _refuse_run_in_progress(storage, newer[0].checkpoint_id)
-    output = {cid: tuple(files) for cid, files in sorted((sink.committed() if sink else {}).items()) if cid > to}
+    output = {cid: tuple(files) for cid, files in sorted((sink.committed(after=to) if sink else {}).items())}
     done = recorded_offsets(target)  # replayed: what the newest retired one records (above its floor) and `to` lacks
     replayed = tuple(f for f in recorded_offsets(newer[0]).consumed if not done.includes(f))
     retired = tuple((m.checkpoint_id, m.kind) for m in newer)

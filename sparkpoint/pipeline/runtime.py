@@ -134,6 +134,10 @@ def validate_config(config: PipelineConfig) -> None:
     for setting in SETTINGS:  # each setting's own check (on_bad_file, max_future_event_time, routing, ...)
         if setting.check is not None and setting.field == setting.name:
             problems += setting.check(getattr(config, setting.name))
+    if config.input_table is not None and config.input_cleanup != "keep":
+        problems.append(f"input_cleanup={config.input_cleanup} cannot apply to input table {config.input_url}: its "
+                        "files are the table's (Delta's VACUUM, Iceberg's expire_snapshots clean them); set "
+                        "input_cleanup=keep")
     if problems:
         raise PipelineError("; ".join(problems))
 
@@ -422,7 +426,7 @@ def settle_sink(sink: Sink, storage: CheckpointStorage, start: BatchStart) -> No
         # discarded it and died before its rollback. Its batches are replayed, so the output
         # goes. Output is listed before `_metadata`: a live writer commits `_metadata` first,
         # so its fresh output is never taken for a discarded checkpoint's.
-        above = [cid for cid in sink.committed() if cid > meta.checkpoint_id]
+        above = list(sink.committed(after=meta.checkpoint_id))
         if above:
             live = set(storage.completed_checkpoint_ids())
             dropped = sink.drop([cid for cid in above if cid not in live])

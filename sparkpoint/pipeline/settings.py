@@ -22,6 +22,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.ledger import DEFAULT_PRICES, Prices
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention, parse_bool
+from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 
 # The values the modules that act on them own (sparkpoint.pipeline.badfiles, .spark.routing,
@@ -34,6 +35,7 @@ MAX_FUTURE_EVENT_TIME = 24 * 3600.0
 SETTLE_SECONDS = 2.0  # sparkpoint.spark.settling's
 REPLAY_WINDOW = 7 * 24 * 3600.0  # sparkpoint.tables.sink's DEFAULT_REPLAY_WINDOW
 HISTORY_KEEP = 10_000  # sparkpoint.checkpoint.history's DEFAULT_KEEP
+INPUT_CLEANUPS = ("keep", "delete", "archive")  # sparkpoint.pipeline.cleanup's: archive takes :<url>
 
 _SIZE = re.compile(r"(\d+)\s*(k|kb|m|mb|g|gb|t|tb)?")
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -140,6 +142,34 @@ def check_lineage_transport(value: Any) -> list[str]:
     if value is None or value == "console" or str(value).startswith(("file://", "http://", "https://")):
         return []
     return [f"lineage_transport must be file:///<path>, an http(s):// URL, console or none, got {value!r}"]
+
+
+def parse_input_cleanup(value: Any) -> str:
+    """`input_cleanup`: `keep`, `delete` or `archive:<url>` (the URL any fsspec URL, or a path made one)."""
+    text = str(value).strip()
+    mode, colon, url = text.partition(":")
+    if mode.lower() in INPUT_CLEANUPS[:2] and not colon:
+        return mode.lower()
+    if mode.lower() == INPUT_CLEANUPS[2] and colon and url.strip():
+        return f"{INPUT_CLEANUPS[2]}:{storage_url(url.strip())}"
+    raise ValueError(f"input_cleanup must be keep, delete or archive:<url> (e.g. archive:s3://bucket/archive), "
+                     f"got {value!r}")
+
+
+def input_cleanup_flag(text: str) -> str:
+    """`--input-cleanup`'s value, checked as the setting is."""
+    try:
+        return parse_input_cleanup(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def check_input_cleanup(value: Any) -> list[str]:
+    try:
+        parse_input_cleanup(value)
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 def check_routing(value: Any) -> list[str]:
@@ -398,6 +428,20 @@ SETTINGS: tuple[Setting, ...] = (
         parse_bool,
         flag=Flag("--rescan", "list the whole input directory, not only above the last checkpoint's floor, and "
                   "warn of late files below it", switch=True),
+        resource=Resource("source")),
+    Setting(
+        "input_cleanup", str, "keep",
+        "what `prune` (the retention sensor's run, `sparkpoint prune`, Airflow's prune task) and the end of a "
+        "`sparkpoint run` (not `--follow`) do with an input file once every retained checkpoint and savepoint has "
+        "consumed it (so no restore, fallback or rollback reads it again), never one of a pending attempt: `keep` "
+        "(default), `delete`, or `archive:<url>` (copied "
+        "to `<url>/<name>` and checked by size and CRC32, then deleted; with the input's storage options). "
+        "Deletes go in batches (1,000 keys per S3 request). A table input takes only `keep`",
+        parse_input_cleanup, check=check_input_cleanup,
+        flag=Flag("--input-cleanup", "what prune (and a run, at its end) does with input files every retained "
+                  "checkpoint has consumed: "
+                  "keep (default), delete, or archive:URL (copied, checked, then deleted)", type=input_cleanup_flag,
+                  metavar="keep|delete|archive:URL"),
         resource=Resource("source")),
     Setting(
         "routing", str, "auto",

@@ -65,6 +65,12 @@ class SourceOffsets:
             return False
         return (self.floor is not None and name <= self.floor) or name in self._recorded
 
+    def names(self, name: str) -> bool:
+        """This checkpoint records `name` itself (consumed or skipped above its floor, or in a
+        version-1 list), not only closed it by its floor: a name `includes` only through the floor
+        may be a file consumed long ago or one that landed late and was refused, never read."""
+        return self.table is None and name in self._recorded
+
     @property
     def mark(self) -> str | None:
         """The highest name consumed (None: nothing, or a table's offsets)."""

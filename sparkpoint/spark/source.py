@@ -20,7 +20,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sparkpoint.checkpoint import ledger
-from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.storage import storage_url
 from sparkpoint.spark.listing import DirectoryLister, Entry, is_s3, protocols
 from sparkpoint.spark.offsets import SourceError, SourceOffsets

@@ -399,8 +399,8 @@ class DeltaSink:
             storage_step("delete", f"{root}/{rel}")
             remove_file(fs, f"{root}/{rel}")
 
-    def committed(self) -> dict[int, list[str]]:
-        """This job's files in the table (relative paths) by checkpoint id."""
+    def committed(self, after: int = 0) -> dict[int, list[str]]:
+        """This job's files in the table (relative paths) by checkpoint id, above `after`."""
         table = self._load()
         if table is None:
             return {}
@@ -408,7 +408,7 @@ class DeltaSink:
         out: dict[int, list[str]] = {}
         for path in self._paths(table):
             m = pattern.fullmatch(path)
-            if m:
+            if m and int(m.group(1)) > after:
                 out.setdefault(int(m.group(1)), []).append(path)
         return out
 

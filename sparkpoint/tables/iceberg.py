@@ -442,12 +442,12 @@ class IcebergSink:
         keep = set() if table is None else self._added_by(table, self._held(table).get(checkpoint_id))
         self._delete([rel for rel in staged if rel not in keep])
 
-    def committed(self) -> dict[int, list[str]]:
-        """This job's data files in the table's current snapshot, by checkpoint id."""
+    def committed(self, after: int = 0) -> dict[int, list[str]]:
+        """This job's data files in the table's current snapshot, by checkpoint id, above `after`."""
         table = self._load()
         if table is None:
             return {}
-        return {cid: sorted(f.file_path for f in files) for cid, files in self._live(table).items()}
+        return {cid: sorted(f.file_path for f in files) for cid, files in self._live(table).items() if cid > after}
 
     def rollback(self, after: int) -> list[int]:
         """Remove the rows of checkpoints newer than `after` (they are about to be replayed)."""

@@ -136,8 +136,10 @@ class ExactlyOnceParquetSink:
             storage_step("delete", f"{root}/{self._staging}/{rel}")
             remove_file(fs, f"{root}/{self._staging}/{rel}")
 
-    def committed(self) -> dict[int, list[str]]:
-        """This job's visible part files by checkpoint id."""
+    def committed(self, after: int = 0) -> dict[int, list[str]]:
+        """This job's visible part files by checkpoint id, of the checkpoints above `after`: only
+        those are kept while the listing is read (the directory holds the output of every
+        checkpoint the job ever made)."""
         fs, root = self._fs()
         storage_step("list", f"{root}/part-*")
         if not fs.exists(root):
@@ -146,18 +148,18 @@ class ExactlyOnceParquetSink:
         fs.invalidate_cache(root)
         for path in fs.ls(root, detail=False):
             m = _PART.match(posixpath.basename(path.rstrip("/")))
-            if m and m.group("job") == self.job_id:
+            if m and m.group("job") == self.job_id and int(m.group("cid")) > after:
                 out.setdefault(int(m.group("cid")), []).append(path)
         return out
 
     def rollback(self, after: int) -> list[int]:
         """Hide the output of checkpoints newer than `after` (they are about to be replayed)."""
-        return self.drop([cid for cid in self.committed() if cid > after])
+        return self.drop(list(self.committed(after)))
 
     def drop(self, checkpoint_ids: list[int]) -> list[int]:
         """Delete the visible output of these checkpoints; returns the ids that had any."""
         fs, _ = self._fs()
-        committed = self.committed()
+        committed = self.committed(min(checkpoint_ids, default=1) - 1)
         dropped = sorted(cid for cid in set(checkpoint_ids) if cid in committed)
         for cid in dropped:
             for path in committed[cid]:

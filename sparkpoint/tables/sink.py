@@ -70,8 +70,9 @@ class Sink(Protocol):
         """Delete these staged files of checkpoint N only (another attempt at N may be live)."""
         ...
 
-    def committed(self) -> dict[int, list[str]]:
-        """This job's visible output by checkpoint id."""
+    def committed(self, after: int = 0) -> dict[int, list[str]]:
+        """This job's visible output by checkpoint id, of the checkpoints above `after` (what a
+        start or a rollback needs: the output of every checkpoint ever is the job's history)."""
         ...
 
     def rollback(self, after: int) -> list[int]:

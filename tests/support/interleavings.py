@@ -453,6 +453,11 @@ class Run:
         return self.input_dir or self.root / "in"
 
     @property
+    def archive(self) -> Path:
+        """Where an input cleanup archives the consumed batches (`input_cleanup=archive:...`)."""
+        return self.root / "archive"
+
+    @property
     def checkpoints(self) -> str:
         return f"{self.url}/ckpt"
 
@@ -600,6 +605,7 @@ class Scenario:
     batches: int = 4
     patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     table: str | None = None  # the job writes a "delta" or "iceberg" table (its commit: steps on the table)
+    own_input: bool = False  # an actor deletes or archives input (`input_cleanup`): each world a copy of its own
 
 
 def into_a_table(scenario: Scenario, kind: str = "delta") -> Scenario:
@@ -949,6 +955,25 @@ def rollback_vs_run() -> Scenario:
     return Scenario("rollback-vs-run", lambda run: _first_checkpoint(run, 2, num_retained=3), actors)
 
 
+def rollback_vs_run_vs_input_cleanup() -> Scenario:
+    """`sparkpoint rollback --to 1` and `sparkpoint run` (as in rollback-vs-run) while a prune with
+    `input_cleanup=archive:<url>` archives what every retained checkpoint consumed: whatever the
+    order, no batch the rollback replays may leave the input (the replay and the recomputation
+    read the input and the archive)."""
+    def prune_and_clean(run: Run) -> Any:
+        from sparkpoint.pipeline.cleanup import InputCleanup
+
+        cleanup = InputCleanup(f"archive:file://{run.archive}", f"file://{run.input}")
+        return prune(run.storage(), num_retained=3, orphan_grace_seconds=3600.0, input_cleanup=cleanup)
+
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"rollback": lambda: _rollback(run, "rollback", 1),
+                "run": lambda: run.pipeline("run", num_retained=3, max_batches=1).run(),
+                "prune": lambda: prune_and_clean(run)}
+    return Scenario("rollback-vs-run-vs-input-cleanup", lambda run: _first_checkpoint(run, 2, num_retained=3), actors,
+                    own_input=True)
+
+
 def rollback_vs_recoverer() -> Scenario:
     """Run A persisted its attempt at chk-3 and died; the recover job aborts it and processes its
     batch again while `sparkpoint rollback --to 1` (refused while the attempt is pending) runs."""
@@ -972,7 +997,7 @@ SCENARIOS = {s.name: s for s in (
     into_a_table(completer_vs_recoverer()), into_a_table(two_completers()),
     into_a_table(zombie_vs_recover_with_sweep()), into_a_table(retried_step_vs_recoverer()),
     into_a_table(completer_vs_recoverer(), "iceberg"), into_a_table(zombie_vs_recover_with_sweep(), "iceberg"),
-    rollback_vs_run(), rollback_vs_recoverer(),
+    rollback_vs_run(), rollback_vs_recoverer(), rollback_vs_run_vs_input_cleanup(),
 )}
 
 
@@ -984,7 +1009,8 @@ def expected(run: Run, skipped: frozenset[str] = frozenset()) -> tuple[list[tupl
     recomputed in pandas; files consumed as skipped (`sparkpoint skip`) left out."""
     totals: dict[str, int] = {}
     emitted = []
-    for path in sorted(run.input.glob("b*.parquet")):
+    landed = {p.name: p for p in [*run.archive.glob("b*.parquet"), *run.input.glob("b*.parquet")]}
+    for path in (landed[name] for name in sorted(landed)):
         if path.name in skipped:
             continue
         sums = pd.read_parquet(path).groupby("acct")["amount"].sum()
@@ -1301,8 +1327,10 @@ class Checker:
         """A copy of the template: its storage, and its hosts' local directories."""
         n = next(self.count)
         root = self.root / f"world-{n}"
-        run = Run(root, f"{self.url}/world-{n}", self.template.input, rotted=list(self.template.rotted),
-                  table=self.scenario.table)
+        run = Run(root, f"{self.url}/world-{n}", None if self.scenario.own_input else self.template.input,
+                  rotted=list(self.template.rotted), table=self.scenario.table)
+        if self.scenario.own_input:
+            shutil.copytree(self.template.input, run.input)
         fs = fsspec.filesystem("memory")
         for path in fs.find(self.template.url):
             fs.pipe_file(path.replace("/world-template/", f"/world-{n}/", 1), fs.cat_file(path))
