@@ -131,6 +131,23 @@ class Airflow:
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
 
+    def why(self, dag_id: str, run_id: str) -> str:
+        """A run's task states and, for each task that did not succeed, the end of its last log:
+        what a failed assertion shows (standalone's own log tail rarely names the cause)."""
+        try:
+            states = self.tasks(dag_id, run_id)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            return f"task states unreadable ({e}); standalone's log:\n{self.tail()}"
+        runs = self.root / "airflow-home" / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+        parts = [f"{dag_id} {run_id} tasks: {states}"]
+        for task, state in sorted(states.items()):
+            if state in ("success", "skipped"):
+                continue
+            logs = sorted((runs / f"task_id={task}").glob("attempt=*.log"))
+            text = logs[-1].read_text(errors="replace")[-3000:] if logs else "(no log)"
+            parts.append(f"--- {task} ({state}), {logs[-1].name if logs else ''}:\n{text}")
+        return "\n".join(parts) + f"\n--- standalone's log:\n{self.tail()[-1500:]}"
+
 
 LANDING_DAG = """\
 from pathlib import Path
@@ -176,7 +193,7 @@ def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow,
     sample = CheckpointStorage((root / ".sparkpoint" / "checkpoints").as_uri(), "demo")
 
     first = airflow.trigger(sample_dag)
-    assert airflow.wait_run(sample_dag, first)["state"] == "success", airflow.tail()
+    assert airflow.wait_run(sample_dag, first)["state"] == "success", airflow.why(sample_dag, first)
     assert sample.completed_checkpoint_ids() == [1]
     # A backlog of two batches is one run: the first commits in the batch task, the second fails
     # after its upload (the injected failure hits a run's last batch) and `recover` commits it.
@@ -188,7 +205,7 @@ def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow,
     assert sample.completed_checkpoint_ids() == [2, 3]
     generate(sample_input, batches=1, first=3, **stream)
     later = airflow.trigger(sample_dag)
-    assert airflow.wait_run(sample_dag, later)["state"] == "success", airflow.tail()
+    assert airflow.wait_run(sample_dag, later)["state"] == "success", airflow.why(sample_dag, later)
     assert sample.completed_checkpoint_ids() == [3, 4]
     latest = CompletedCheckpointStore(sample).latest()
     assert latest is not None

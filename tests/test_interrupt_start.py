@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # from ~2.5-3 s; a Dagster run's from ~2-3 s and ~3.5-4 s (later on a loaded machine). `make
 # test` interrupts at moments counted from the launcher's appearance, wherever the load puts it
 # (plus one before it); `make soak` at every 100 ms from the spawn, as a user would.
-LAUNCH_OFFSETS = [0.0, 0.2, 0.4, 0.7, 1.0, 1.4, 2.0]
+LAUNCH_OFFSETS = [0.0, 0.4, 1.0, 2.0]
 EVERY_100_MS = [round(0.1 * i, 1) for i in range(50)]
 EVERY_100_MS_OF_7_S = [round(0.1 * i, 1) for i in range(70)]  # a Dagster run starts Spark later
 
@@ -100,7 +100,7 @@ def assert_cli_stopped_in_one_line(tries: list[Try]) -> None:
 def test_a_ctrl_c_during_the_start_of_run_leaves_no_process_of_it(tmp_path: Path):
     java_before = java_pids()
     tries = (cli_sweep(tmp_path, [0.4]) + cli_sweep(tmp_path, LAUNCH_OFFSETS, after_launch=True)
-             + cli_sweep(tmp_path, [0.3, 1.0], after_launch=True, again=0.05))  # Ctrl-C pressed twice
+             + cli_sweep(tmp_path, [0.3], after_launch=True, again=0.05))  # Ctrl-C pressed twice
     assert_nothing_left(tries, java_before)
     assert_cli_stopped_in_one_line(tries)
 

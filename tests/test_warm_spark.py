@@ -128,6 +128,13 @@ def test_two_runs_starting_at_once_start_one_server_which_later_runs_reuse(warm_
     assert refused.returncode != 0
 
 
+def _kill_supervisor_and_attach(env: dict[str, str]) -> dict[str, object]:
+    old = _server(env)
+    os.kill(old.supervisor_pid, signal.SIGKILL)  # kill -9 of the supervisor: its JVM dies with it
+    wait_for(lambda: not same_process_lives(old.jvm_pid, old.jvm_start), 30, 0.2, "the JVM to go (none is left behind)")
+    return _result(_attach(env))
+
+
 def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(shared_warm_env: dict[str, str]):
     warm_env = shared_warm_env
     first = _result(_attach(warm_env))
@@ -139,21 +146,22 @@ def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(shared_warm_env: 
     assert not same_process_lives(old.supervisor_pid, old.supervisor_start)
 
     old = _server(warm_env)
-    os.kill(old.supervisor_pid, signal.SIGKILL)  # kill -9 of the supervisor: its JVM dies with it
-    wait_for(lambda: not same_process_lives(old.jvm_pid, old.jvm_start), 30, 0.2, "the JVM to go (none is left behind)")
-    third = _result(_attach(warm_env))
-    assert third["jvm_pid"] not in (first["jvm_pid"], second["jvm_pid"])
-
-    old = _server(warm_env)
     os.kill(old.jvm_pid, signal.SIGSTOP)  # wedged: it accepts connections and never answers
     try:
-        fourth = _result(_attach(warm_env))
+        third = _result(_attach(warm_env))
     finally:
         if same_process_lives(old.jvm_pid, old.jvm_start):
             os.kill(old.jvm_pid, signal.SIGCONT)
-    assert fourth["jvm_pid"] != third["jvm_pid"] and fourth["count"] == 5
+    assert third["jvm_pid"] != second["jvm_pid"] and third["count"] == 5
     assert not same_process_lives(old.supervisor_pid, old.supervisor_start)
-    assert _starts(warm_env) == starts + 3
+    assert _starts(warm_env) == starts + 2
+
+
+@pytest.mark.soak  # a third kind of death, one more JVM start: make soak
+def test_soak_a_server_whose_supervisor_was_killed_is_replaced_by_the_next_run(warm_env: dict[str, str]):
+    first = _result(_attach(warm_env))
+    second = _kill_supervisor_and_attach(warm_env)
+    assert second["jvm_pid"] != first["jvm_pid"] and second["count"] == 5 and _starts(warm_env) == 2
 
 
 def test_the_server_stops_once_idle_but_never_under_an_attached_run(warm_env: dict[str, str]):
@@ -414,11 +422,15 @@ def test_the_server_says_who_started_it_without_their_arguments(command: list[st
     assert _program(command) == shown
 
 
-# --- `make ui`'s Ctrl-C stops the server (its own: a server other tests attached to may be in use) ---
+# --- `make ui`'s Ctrl-C stops the server it started or found (the module's shared one) ---
 
 
-def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
+def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, shared_warm_env: dict[str, str]):
+    """The module's last test: the server it stops is the one the tests above shared (no JVM
+    start of its own; a server other tests attach to outside this module is never this one)."""
     import pty
+
+    warm_env = shared_warm_env
     import select
     import urllib.request
 

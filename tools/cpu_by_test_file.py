@@ -4,7 +4,8 @@
 and Dagster daemons that tests start in sessions of their own are not among them. This samples
 every process once a second and gives each one's CPU since the last sample to the test file its
 nearest pytest-xdist worker ancestor is running (a process whose worker is gone keeps the file it
-was born under). Processes that live less than a second are missed.
+was born under). Processes that live less than a second are missed. It also counts the JVMs each
+file starts (a Spark start costs about 12 CPU seconds), where sharing one would save most.
 
     python tools/cpu_by_test_file.py --out build/cpu-by-file.json &   # then make test; then:
     python tools/cpu_by_test_file.py --report build/cpu-by-file.json
@@ -56,6 +57,7 @@ def sample(out: Path, interval: float = 1.0) -> None:
     last: dict[tuple[int, int], float] = {}
     born: dict[tuple[int, int], str] = {}
     cpu: Counter[str] = Counter()
+    jvms: Counter[str] = Counter()
     first = True
     while True:
         table = processes()
@@ -64,24 +66,33 @@ def sample(out: Path, interval: float = 1.0) -> None:
             now = test_file_of(pid, table)
             if now and key not in born:
                 born[key] = now
+                if not first and _is_jvm(table[pid][3]):
+                    jvms[now] += 1
             previous = last.get(key, seconds if first else 0.0)
             last[key] = seconds
             if seconds > previous:
                 cpu[now or born.get(key, "-")] += seconds - previous
         first = False
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".tmp").write_text(json.dumps(dict(cpu)))
+        out.with_suffix(".tmp").write_text(json.dumps({"cpu": dict(cpu), "jvms": dict(jvms)}))
         os.replace(out.with_suffix(".tmp"), out)
         time.sleep(interval)
 
 
-def report(path: Path, top: int = 30) -> None:
-    cpu = json.loads(path.read_text())
+def _is_jvm(command: str) -> bool:
+    return command.split(" ", 1)[0].endswith("/java") or command.startswith("java ")
+
+
+def report(path: Path, top: int = 40) -> None:
+    raw = json.loads(path.read_text())
+    cpu, jvms = raw.get("cpu", raw), raw.get("jvms", {})
     total = sum(v for k, v in cpu.items() if k != "-")
-    print(f"CPU seconds by test file (total {total:,.0f}; '-' is every other process: {cpu.get('-', 0):,.0f})")
+    print(f"CPU seconds by test file (total {total:,.0f}; '-' is every other process: {cpu.get('-', 0):,.0f}; "
+          f"{sum(jvms.values())} JVMs started)")
+    print(f"{'CPU s':>8}  {'share':>5}  {'JVMs':>4}  file")
     for name, seconds in sorted(cpu.items(), key=lambda kv: -kv[1])[:top]:
         if name != "-":
-            print(f"{seconds:8.0f}  {100 * seconds / total:5.1f}%  {name}")
+            print(f"{seconds:8.0f}  {100 * seconds / total:4.1f}%  {jvms.get(name, 0):4d}  {name}")
 
 
 def main(argv: list[str]) -> int:

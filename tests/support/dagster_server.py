@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from sparkpoint.ops.instance import prepare_dagster_home
+from sparkpoint.spark.warm import stop as stop_warm_spark
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -328,12 +329,18 @@ class DagsterServer:
         return (self.root / ".sparkpoint" / "checkpoints").resolve().as_uri()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dagster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterServer]:
-    """One webserver + daemon for the session's end-to-end and UI tests."""
-    server = DagsterServer(tmp_path_factory.mktemp("dagster-e2e"))
+    """One webserver + daemon for a module's end-to-end or UI tests, stopped with the module (an
+    idle `dagster dev` ticks at about 5 CPU seconds a minute: kept for the session, it cost the
+    suite minutes). Its runs attach to a warm local Spark of its own, as `make ui`'s do (a JVM
+    started once, not one per run)."""
+    root = tmp_path_factory.mktemp("dagster-e2e")
+    warm = root / "warm-spark"
+    server = DagsterServer(root, env={"SPARKPOINT_WARM_SPARK": "on", "SPARKPOINT_WARM_SPARK_DIR": str(warm)})
     try:
         server.start()
         yield server
     finally:
         server.stop()
+        stop_warm_spark(directory=warm)
