@@ -220,10 +220,10 @@ def test_the_checker_finds_a_history_record_written_before_the_commit(tmp_path: 
     of another writer's checkpoint under its own attempt."""
     real = attempt_module._acknowledge_and_commit
 
-    def record_first(storage: Any, coordinator: Any, attempt: Any, inject: Any) -> Any:
+    def record_first(storage: Any, coordinator: Any, attempt: Any, *rest: Any) -> Any:
         write_record(storage, {"checkpoint_id": attempt.checkpoint_id, "attempt_id": attempt.attempt_id},
                      previous=attempt.base)
-        return real(storage, coordinator, attempt, inject)
+        return real(storage, coordinator, attempt, *rest)
 
     monkeypatch.setattr(attempt_module, "_acknowledge_and_commit", record_first)
     report = Checker(SCENARIOS["two-completers"], tmp_path).sample(20, seed=SEED, bound=2, until_found=True)

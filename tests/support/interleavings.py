@@ -47,6 +47,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import itertools
+import json
 import os
 import random
 import re
@@ -1202,6 +1203,36 @@ _VOLATILE = re.compile(r'\\?"(?:created_at|started_at|seconds|crc32|size|at|by|p
                        r'checkpointed_size|checksum)\\?":\s*(?:\\?"[^"\\]*\\?"|[-0-9.e]+|null)')
 
 
+# What a run observed of itself (timings, request and byte counts) in `_metadata` and the attempt
+# records: never the same twice, and nothing a replay depends on.
+_OBSERVED = frozenset({"phases", "restore_phases", "phase_seconds", "duration_seconds", "requests", "bytes_up",
+                       "bytes_down", "input", "estimated_cost_usd"})
+
+
+def _without_observations(raw: bytes) -> str:
+    """A control file's text with what its run observed of itself left out (JSON nested in JSON
+    strings too), or as it is when it is not JSON."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        return json.dumps(_strip_observed(json.loads(text)), sort_keys=True)
+    except ValueError:
+        return text
+
+
+def _strip_observed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_observed(v) for k, v in value.items()
+                if k not in _OBSERVED and not (k == "restore" and isinstance(v, dict))}
+    if isinstance(value, list):
+        return [_strip_observed(v) for v in value]
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            return json.dumps(_strip_observed(json.loads(value)), sort_keys=True)
+        except ValueError:
+            return value
+    return value
+
+
 def end_state(run: Run) -> tuple[tuple[str, str], ...]:
     """The world as a replay depends on it, up to renaming: every file's path with unique names
     blanked, and the control files' contents without times, sizes and checksums; and which
@@ -1213,7 +1244,7 @@ def end_state(run: Run) -> tuple[tuple[str, str], ...]:
         rel = path[len(prefix):]
         content = ""
         if rel.endswith(("_metadata", ".json", ".claim")) and f"/{HISTORY_DIR}/" not in f"/{rel}":
-            content = _UNIQUE.sub("*", _VOLATILE.sub("", fs.cat_file(path).decode("utf-8", "replace")))
+            content = _UNIQUE.sub("*", _VOLATILE.sub("", _without_observations(fs.cat_file(path))))
         state.append((_UNIQUE.sub("*", rel), content))
     if run.table:  # what the table holds, and every file in its location
         state.append(("table", repr([_UNIQUE.sub("*", p) for p in _table_files(run)])))
