@@ -67,7 +67,9 @@ class Monitoring:
 @contextmanager
 def prometheus_and_pushgateway(where: Path) -> Iterator[Monitoring]:
     if not (shutil.which("prometheus") and shutil.which("prometheus-pushgateway")):
-        pytest.skip("Debian's prometheus and prometheus-pushgateway are not installed (tools/ensure-test-tools)")
+        pytest.fail("the metrics test needs Debian's prometheus and prometheus-pushgateway: run make test (its "
+                    "tools/ensure-test-tools installs them) or "
+                    "'sudo apt-get install prometheus prometheus-pushgateway'")
     gateway_port, prometheus_port = _free_port(), _free_port()
     where.mkdir(parents=True, exist_ok=True)
     config = where / "prometheus.yml"
