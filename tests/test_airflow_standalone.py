@@ -27,6 +27,7 @@ import pytest
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.spark.generate import generate
+from sparkpoint.spark.warm import stop as stop_warm_spark
 from sparkpoint.state.extract import operator_states, state_table
 from sparkpoint.state.sample import user_totals
 from tests.support import oracle
@@ -48,8 +49,9 @@ class Airflow:
     """`airflow standalone` in `root` with `dags` (file name -> source), ready once the DAGs
     `expect` names are parsed."""
 
-    def __init__(self, root: Path, *, dags: dict[str, str], expect: set[str]) -> None:
-        self.dags, self.expect = dags, expect
+    def __init__(self, root: Path, *, dags: dict[str, str], expect: set[str],
+                 env: dict[str, str] | None = None) -> None:
+        self.dags, self.expect, self.extra_env = dags, expect, env or {}
         self.root, self.port = root, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "standalone.log"
@@ -68,7 +70,8 @@ class Airflow:
                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5", "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
                "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "SPARK_LOCAL_IP": "127.0.0.1",
-               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples" / "clickstream")])}
+               "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples" / "clickstream")]),
+               **self.extra_env}
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([str(BIN / "airflow"), "standalone"], cwd=self.root, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -162,18 +165,23 @@ dag = sparkpoint_dag(meters(Path({data!r})), dag_id="meters_landing", on_landing
 def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
     """One `airflow standalone` for the module (its start is a minute here): the two example DAGs
     and the meters landing DAG, whose data is in `meters-data`. Each test unpauses only its own
-    DAGs and pauses them again when it ends; their directories are apart."""
+    DAGs and pauses them again when it ends; their directories are apart. Its tasks attach to a
+    warm local Spark of its own, as a user's Airflow worker does by default (a JVM started once,
+    not one per task; a run with an injected failure starts a Spark of its own)."""
     root = tmp_path_factory.mktemp("airflow")
+    warm = root / "warm-spark"
     dags = {name: (ROOT / "examples" / "airflow" / name).read_text()
             for name in ("sample_dag.py", "clickstream_dag.py")}
     (root / "meters-data").mkdir()
     dags["meters_landing.py"] = LANDING_DAG.format(data=str(root / "meters-data"))
-    server = Airflow(root, dags=dags, expect={"sparkpoint_sparkpoint", "sparkpoint_clicks", "meters_landing"})
+    server = Airflow(root, dags=dags, expect={"sparkpoint_sparkpoint", "sparkpoint_clicks", "meters_landing"},
+                     env={"SPARKPOINT_WARM_SPARK": "on", "SPARKPOINT_WARM_SPARK_DIR": str(warm)})
     try:
         server.start()
         yield server
     finally:
         server.stop()
+        stop_warm_spark(directory=warm)
 
 
 def unpause(airflow: Airflow, request: pytest.FixtureRequest, *dag_ids: str) -> None:
@@ -229,6 +237,9 @@ def test_two_pipelines_run_fail_and_heal_in_airflow_standalone(airflow: Airflow,
     landed = pd.concat([pd.read_parquet(p) for p in sorted((root / ".sparkpoint" / "clicks" / "input")
                                                            .glob("clicks-*.parquet"))])
     assert dict(zip(state["user"], state["clicks"])) == landed.groupby("user").size().to_dict()
+    # Every task of both DAGs, the recovery too, ran on one warm Spark: no task replaced it.
+    log = (root / "warm-spark" / "server.log").read_text()
+    assert log.count("warm Spark: serving on") == 1, log[-3000:]
 
 
 def test_a_landing_dag_waits_idle_at_a_short_poke_interval_and_runs_when_a_file_lands(airflow: Airflow,

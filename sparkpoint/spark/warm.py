@@ -93,9 +93,10 @@ VOLATILE_ENV = frozenset({
     "SPARKPOINT_LOCAL_DIR", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID",
     "PYTEST_XDIST_WORKER_COUNT", "SPARKPOINT_VERBOSE", "DAGSTER_HOME",
 })
-# Airflow puts the task run's ids in its task's environment (AIRFLOW_CTX_DAG_RUN_ID, ...): each task
-# run would otherwise differ from the last.
-VOLATILE_PREFIXES = ("SPARKPOINT_WARM_SPARK", "COV_CORE_", "AIRFLOW_CTX_")
+# Airflow puts the task run's ids in its task's environment (AIRFLOW_CTX_DAG_RUN_ID, ...; Airflow 3
+# also the DAG and task it parses, _AIRFLOW_PARSING_CONTEXT_DAG_ID and _TASK_ID): each task run
+# would otherwise differ from the last and replace the server.
+VOLATILE_PREFIXES = ("SPARKPOINT_WARM_SPARK", "COV_CORE_", "AIRFLOW_CTX_", "_AIRFLOW_PARSING_CONTEXT_")
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 
