@@ -101,7 +101,9 @@ def _non_loopback_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def test_two_runs_starting_at_once_start_one_server_which_later_runs_reuse(warm_env: dict[str, str]):
+def test_two_runs_starting_at_once_start_one_server_which_later_runs_reuse(shared_warm_env: dict[str, str]):
+    """The module's first test: it starts the server the tests on `shared_warm_env` share."""
+    warm_env = shared_warm_env
     first, second = _attach(warm_env, 5), _attach(warm_env, 7)
     a, b = _result(first), _result(second)
     assert (a["count"], b["count"]) == (5, 7)
@@ -135,7 +137,7 @@ def _kill_supervisor_and_attach(env: dict[str, str]) -> dict[str, object]:
     return _result(_attach(env))
 
 
-def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(shared_warm_env: dict[str, str]):
+def test_a_killed_server_is_replaced_by_the_next_run(shared_warm_env: dict[str, str]):
     warm_env = shared_warm_env
     first = _result(_attach(warm_env))
     starts = _starts(warm_env)
@@ -144,24 +146,24 @@ def test_a_killed_or_wedged_server_is_replaced_by_the_next_run(shared_warm_env: 
     second = _result(_attach(warm_env))
     assert second["jvm_pid"] != first["jvm_pid"] and second["count"] == 5
     assert not same_process_lives(old.supervisor_pid, old.supervisor_start)
+    assert _starts(warm_env) == starts + 1
 
+
+@pytest.mark.soak  # two more kinds of death, a JVM start each: make soak
+def test_soak_a_wedged_server_or_one_whose_supervisor_was_killed_is_replaced_by_the_next_run(
+        warm_env: dict[str, str]):
+    first = _result(_attach(warm_env))
     old = _server(warm_env)
     os.kill(old.jvm_pid, signal.SIGSTOP)  # wedged: it accepts connections and never answers
     try:
-        third = _result(_attach(warm_env))
+        second = _result(_attach(warm_env))
     finally:
         if same_process_lives(old.jvm_pid, old.jvm_start):
             os.kill(old.jvm_pid, signal.SIGCONT)
-    assert third["jvm_pid"] != second["jvm_pid"] and third["count"] == 5
+    assert second["jvm_pid"] != first["jvm_pid"] and second["count"] == 5
     assert not same_process_lives(old.supervisor_pid, old.supervisor_start)
-    assert _starts(warm_env) == starts + 2
-
-
-@pytest.mark.soak  # a third kind of death, one more JVM start: make soak
-def test_soak_a_server_whose_supervisor_was_killed_is_replaced_by_the_next_run(warm_env: dict[str, str]):
-    first = _result(_attach(warm_env))
-    second = _kill_supervisor_and_attach(warm_env)
-    assert second["jvm_pid"] != first["jvm_pid"] and second["count"] == 5 and _starts(warm_env) == 2
+    third = _kill_supervisor_and_attach(warm_env)
+    assert third["jvm_pid"] != second["jvm_pid"] and third["count"] == 5 and _starts(warm_env) == 3
 
 
 def test_the_server_stops_once_idle_but_never_under_an_attached_run(warm_env: dict[str, str]):
@@ -338,6 +340,19 @@ def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Pa
     assert json.loads(out.splitlines()[-1]) == {"total": 600, "connect": False}
     assert "runs with another environment (WEIGHT differ) and other runs use it" in err
     assert _starts(warm_env) == 2, "the server the second run used was left alone"
+
+
+def test_what_differs_between_two_tasks_of_an_orchestrator_is_not_the_environment():
+    from sparkpoint.spark.warm import environment_digest
+
+    task = {"PATH": "/usr/bin", "WEIGHT": "1", "AIRFLOW_CTX_DAG_RUN_ID": "manual__1", "AIRFLOW_CTX_TASK_ID": "batch",
+            "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "sales", "_AIRFLOW_PARSING_CONTEXT_TASK_ID": "batch",
+            "PYTEST_CURRENT_TEST": "a", "DAGSTER_HOME": "/h"}
+    other = {**task, "AIRFLOW_CTX_DAG_RUN_ID": "manual__2", "AIRFLOW_CTX_TASK_ID": "recover",
+             "_AIRFLOW_PARSING_CONTEXT_DAG_ID": "clicks", "_AIRFLOW_PARSING_CONTEXT_TASK_ID": "recover",
+             "PYTEST_CURRENT_TEST": "b", "DAGSTER_HOME": "/g"}
+    assert environment_digest(task) == environment_digest(other)
+    assert environment_digest(task) != environment_digest({**task, "WEIGHT": "2"}), "what a task computes with"
 
 
 @pytest.mark.parametrize("error, transient", [
