@@ -135,7 +135,8 @@ def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
     assert len(r["targets"]) == 8 and r["machine"]["crc32"] in ("isal", "zlib")
 
 
-@pytest.mark.parametrize("layout", [[], ["--load-index-at-open"]])
+# The default layout in make test; the index loaded at open (the other layout) in make soak.
+@pytest.mark.parametrize("layout", [[], pytest.param(["--load-index-at-open"], marks=pytest.mark.soak)])
 def test_damage_benchmark_quick_run_finds_no_silent_damage(tmp_path: Path, layout: list[str]):
     r = run_benchmark("benchmarks.bench_damage", tmp_path / "damage.json", *layout)
     assert r["keys"] == 2000 and r["load_index_at_open"] == bool(layout)

@@ -131,7 +131,7 @@ def output(tmp_path: Path, name: str) -> pd.DataFrame:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("seed", [5, 23])
+@pytest.mark.parametrize("seed", [5, pytest.param(23, marks=pytest.mark.soak)])  # another seed: make soak
 def test_both_routes_give_the_same_state_output_and_metadata_across_a_rescale(
         spark, tmp_path: Path, monkeypatch, seed: int):
     monkeypatch.setattr(routing, "UNIT_BYTES", 2048)  # the shuffle cuts each file between its row groups
