@@ -13,6 +13,7 @@ import pytest
 
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from tests.support.dagster_server import dagster_server  # noqa: F401  (session fixture: webserver + daemon)
+from tests.support.schedule import longest_first
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -90,6 +91,13 @@ def spark(_spark_sessions: list[Any]) -> Any:
     if not _spark_sessions or _spark_sessions[-1].sparkContext._jsc is None:
         _spark_sessions.append(spark_session("local[2]"))
     return _spark_sessions[-1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest test files first (tests/support/schedule.py): workers of `make test` take them in
+    this order (with `--no-loadscope-reorder`)."""
+    order = longest_first([item.nodeid for item in items])
+    items[:] = [items[i] for i in order]
 
 
 # --- the interleaving checker's figures, in the terminal summary (also under xdist: a report's
