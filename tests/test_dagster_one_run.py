@@ -17,6 +17,7 @@ import pytest
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.ops.instance import INSTANCE_YAML
+from sparkpoint.spark.warm import stop as stop_warm_spark
 from tests.support.dagster_server import DONE, INJECT_TAG, RECOVERS_TAG, DagsterServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
@@ -63,7 +64,9 @@ def read_clicks(checkpoints: Path) -> dict[str, int]:
                          ids=["without-pool-config", "with-pool-config"])
 def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_run_at_a_time(
         tmp_path: Path, instance_yaml: str):
-    server = DagsterServer(tmp_path, module="tests.support.one_run_location", instance_yaml=instance_yaml)
+    warm = tmp_path / "warm-spark"  # its runs attach to one JVM, as `make ui`'s do (not one per run)
+    server = DagsterServer(tmp_path, module="tests.support.one_run_location", instance_yaml=instance_yaml,
+                           env={"SPARKPOINT_WARM_SPARK": "on", "SPARKPOINT_WARM_SPARK_DIR": str(warm)})
     base = tmp_path / ".sparkpoint" / "clicks"
     files = [f"clicks-{i:06d}.parquet" for i in range(3)]
     try:
@@ -91,6 +94,7 @@ def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_ru
         mats = sorted(server.materializations("checkpoint", "clicks"), key=lambda m: m["metadata"]["checkpoint_id"])
     finally:
         server.stop()
+        stop_warm_spark(directory=warm)
 
     # No run failed but the injected one; the recovery run is green; none lost a race.
     assert [r["runId"] for r in seen if r["status"] != "SUCCESS"] == [failed_id], seen
