@@ -81,8 +81,15 @@ def states(run) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
 
 
-def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp_path: Path):
-    generate(str(tmp_path / "in"), batches=5, events_per_batch=1500, users=300, items=40, seed=9)
+# The failure after the upload (the one that leaves the most to heal) in make test; before the
+# upload and before the commit too in make soak.
+EACH_POINT = ("before-upload", "after-upload", "before-commit")
+
+
+@pytest.mark.parametrize("points", [("after-upload",), pytest.param(EACH_POINT, marks=pytest.mark.soak)],
+                         ids=["after-upload", "each"])
+def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp_path: Path, points: tuple[str, ...]):
+    generate(str(tmp_path / "in"), batches=2 + len(points), events_per_batch=1500, users=300, items=40, seed=9)
     dag = dag_file("sample_af", tmp_path, max_batches_per_run=1)  # one batch a run: a failure at each point
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
 
@@ -90,7 +97,7 @@ def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp
     assert states(first) == {"check_upgrade": "success", "batch": "success", "checkpoint": "success",
                              "prune": "success", "verify": "success", "recover": "skipped"}, states(first)
     assert storage.completed_checkpoint_ids() == [1]
-    for point, cid in (("before-upload", 2), ("after-upload", 3), ("before-commit", 4)):
+    for cid, point in enumerate(points, start=2):
         run = dag.test(run_conf={"sparkpoint_inject_failure": point})
         got = states(run)
         assert got["recover"] == "success", (point, got)
@@ -103,7 +110,8 @@ def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp
     assert states(nothing)["batch"] == "skipped", "no unconsumed batch: nothing to do"
 
     latest = CompletedCheckpointStore(storage).latest()
-    assert latest is not None and latest.checkpoint_id == 5
+    ids = list(range(1, 3 + len(points)))
+    assert latest is not None and latest.checkpoint_id == ids[-1]
     batches = oracle.read_batches(str(tmp_path / "in"))
     events = pd.concat(batches, ignore_index=True)
     with operator_states(storage, latest, user_totals.name) as backends:
@@ -111,8 +119,8 @@ def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp
     with operator_states(storage, latest, item_reach.name) as backends:
         oracle.assert_reach_equal(pd.concat([item_reach.export(b) for b in backends]), oracle.item_reach(events))
     output = pd.read_parquet(tmp_path / "out")
-    assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3, 4, 5]
-    for cid, expected in zip([1, 2, 3, 4, 5], oracle.sink_rows(batches)):
+    assert sorted(output["checkpoint_id"].unique()) == ids
+    for cid, expected in zip(ids, oracle.sink_rows(batches)):
         oracle.assert_totals_equal(output[output["checkpoint_id"] == cid].drop(columns="checkpoint_id"), expected)
     pending = tmp_path / "ckpt" / "job" / "_pending"
     assert not pending.exists() or not [p for p in pending.iterdir() if p.suffix == ".json"]
