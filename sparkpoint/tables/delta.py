@@ -60,7 +60,7 @@ from sparkpoint.tables.delta_parts import (
     with_partition,
 )
 from sparkpoint.tables.files import footer_facts, remove_file, rows_table, write_parquet
-from sparkpoint.tables.sink import DEFAULT_REPLAY_WINDOW, SinkError, SinkFenced, SinkSchemaMismatch
+from sparkpoint.tables.sink import DEFAULT_REPLAY_WINDOW, RowsErased, SinkError, SinkFenced, SinkSchemaMismatch
 from sparkpoint.tables.spec import DeltaTable
 
 if TYPE_CHECKING:
@@ -451,6 +451,10 @@ class DeltaSink:
                 continue
             return dropped
         raise AssertionError("unreachable")
+
+    def erase_rows(self, column: str, values: Sequence[object], *, dry_run: bool = False) -> RowsErased:
+        """Not yet: erasing rows from a Delta table comes with its own delete."""
+        raise SinkError(f"erasing rows from a Delta table ({self.url}) is not supported yet")
 
     def discard_staging(self, up_to: int) -> None:
         """Delete staged files of checkpoints up to `up_to` that no commit named: in a checkpoint
