@@ -75,46 +75,84 @@ def scan_file(fs: Any, path: str, column: str, values: Sequence[object]) -> File
     return FileScan(path, size, matches, min(read, size), False)
 
 
-def rewrite_file(fs: Any, path: str, column: str, values: Sequence[object], scratch: str) -> int:
-    """Replace the file `path` with its rows whose `column` holds none of `values`, through a copy
-    in the directory `scratch`; returns the bytes written."""
+def filtered_copy(fs: Any, path: str, column: str, values: Sequence[object], target: str, *,
+                  keep_empty: bool = True) -> tuple[int, int]:
+    """Write the rows of the Parquet file `path` whose `column` holds none of `values` to `target`,
+    with the file's schema and footer metadata; returns (bytes written, rows kept). Without
+    `keep_empty`, no rows kept writes nothing."""
     storage_step("read", path)
     with fs.open(path, "rb") as f:
         table = pq.read_table(f)
     wanted = wanted_array(values, column, table.schema.field(column).type, path)
     kept = table.filter(pc.invert(pc.fill_null(pc.is_in(table[column], value_set=wanted), False)))
+    if not kept.num_rows and not keep_empty:
+        return 0, 0
+    fs.makedirs(posixpath.dirname(target), exist_ok=True)
+    storage_step("write", target)
+    write_parquet(fs, target, kept)
+    return int(fs.size(target)), kept.num_rows
+
+
+def rewrite_file(fs: Any, path: str, column: str, values: Sequence[object], scratch: str) -> int:
+    """Replace the file `path` with its rows whose `column` holds none of `values`, through a copy
+    in the directory `scratch`; returns the bytes written."""
     copy = f"{scratch}/{uuid.uuid4().hex}-{posixpath.basename(path)}"
-    fs.makedirs(scratch, exist_ok=True)
-    storage_step("write", copy)
-    write_parquet(fs, copy, kept)
-    written = int(fs.size(copy))
+    written, _ = filtered_copy(fs, path, column, values, copy)
     storage_step("move", f"{copy} -> {path}")
     move_file(fs, copy, path)
     return written
 
 
+class EraseTally:
+    """Rows, files and bytes an erase has counted so far, and the result it makes of them."""
+
+    def __init__(self) -> None:
+        self.rows = self.read = self.written = self.rewritten = self.scanned = self.skipped = 0
+        self.by_checkpoint: dict[int, int] = {}
+
+    def count(self, checkpoint_id: int, scan: FileScan) -> bool:
+        """Count one scanned file of checkpoint N; whether it holds the key."""
+        self.scanned += 1
+        self.skipped += scan.skipped
+        self.read += scan.bytes_read
+        if not scan.matches:
+            return False
+        self.rows += scan.matches
+        self.rewritten += 1
+        self.by_checkpoint[checkpoint_id] = self.by_checkpoint.get(checkpoint_id, 0) + scan.matches
+        return True
+
+    def result(self, output: str, column: str, dry_run: bool, *, version: int | None = None,
+               rewrites: Sequence[tuple[str, str | None]] = (), purged: Sequence[str] = ()) -> RowsErased:
+        return RowsErased(output, column, rows_removed=self.rows, files_rewritten=self.rewritten,
+                          bytes_read=self.read, bytes_written=self.written, files_scanned=self.scanned,
+                          files_skipped=self.skipped, dry_run=dry_run, version=version,
+                          by_checkpoint=tuple(sorted(self.by_checkpoint.items())),
+                          rewrites=tuple((old, new or "") for old, new in rewrites), purged=tuple(purged))
+
+
+def files_below(fs: Any, base: str) -> list[tuple[str, str]]:
+    """(name relative to `base`, path) of every file below the directory `base`, sorted."""
+    storage_step("walk", base)
+    try:
+        paths = sorted(fs.find(base))
+    except FileNotFoundError:
+        return []
+    return [(path[len(base) + 1:], path) for path in paths if path.startswith(f"{base}/")]
+
+
 def erase_in_files(fs: Any, output: str, column: str, values: Sequence[object],
                    files: Sequence[tuple[int, str]], scratch: str, *, dry_run: bool) -> RowsErased:
     """Erase the rows of `values` from each (checkpoint id, path) of `files`, in place."""
-    rows = read = written = rewritten = skipped = 0
-    by_checkpoint: dict[int, int] = {}
-    rewrites: list[tuple[str, str]] = []
+    tally = EraseTally()
+    rewrites: list[tuple[str, str | None]] = []
     for checkpoint_id, path in files:
         scan = scan_file(fs, path, column, values)
-        skipped += scan.skipped
-        read += scan.bytes_read
-        if not scan.matches:
-            continue
-        rows += scan.matches
-        rewritten += 1
-        by_checkpoint[checkpoint_id] = by_checkpoint.get(checkpoint_id, 0) + scan.matches
-        if not dry_run:
-            read += scan.size
-            written += rewrite_file(fs, path, column, values, scratch)
+        if tally.count(checkpoint_id, scan) and not dry_run:
+            tally.read += scan.size
+            tally.written += rewrite_file(fs, path, column, values, scratch)
             rewrites.append((path, path))
-    return RowsErased(output, column, rows_removed=rows, files_rewritten=rewritten, bytes_read=read,
-                      bytes_written=written, files_scanned=len(files), files_skipped=skipped, dry_run=dry_run,
-                      by_checkpoint=tuple(sorted(by_checkpoint.items())), rewrites=tuple(rewrites))
+    return tally.result(output, column, dry_run, rewrites=rewrites)
 
 
 def _leaf_index(meta: pq.FileMetaData, column: str) -> int | None:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.storage import move_file, storage_url
-from sparkpoint.tables.erasing import erase_in_files
+from sparkpoint.tables.erasing import erase_in_files, files_below
 from sparkpoint.tables.files import footer_facts, present, remove_file, remove_tree, rows_table, write_parquet
 from sparkpoint.tables.sink import RowsErased, SinkError
 
@@ -207,18 +207,8 @@ class ExactlyOnceParquetSink:
 
     def _staged_files(self, fs: Any, root: str) -> list[tuple[int, str]]:
         """(checkpoint id, path) of every staged file of this job, not yet committed."""
-        base = f"{root}/{self._staging}"
-        storage_step("walk", base)
-        try:
-            paths = sorted(fs.find(base))
-        except FileNotFoundError:
-            return []
-        out = []
-        for path in paths:
-            m = _STAGED.fullmatch(path[len(base) + 1:]) if path.startswith(f"{base}/") else None
-            if m:
-                out.append((int(m.group(1)), path))
-        return out
+        return [(int(m.group(1)), path) for rel, path in files_below(fs, f"{root}/{self._staging}")
+                if (m := _STAGED.fullmatch(rel))]
 
 
 def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:
