@@ -67,7 +67,7 @@ from pyiceberg.utils.config import Config
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.tables.files import remove_file
-from sparkpoint.tables.sink import SinkError
+from sparkpoint.tables.sink import RowsErased, SinkError
 from sparkpoint.tables.spec import IcebergTable
 
 log = logging.getLogger(__name__)
@@ -481,6 +481,10 @@ class IcebergSink:
             return dropped
 
         return self._retrying("removal of checkpoints' rows", attempt)
+
+    def erase_rows(self, column: str, values: Sequence[object], *, dry_run: bool = False) -> RowsErased:
+        """Not yet: erasing rows from an Iceberg table comes with its own delete."""
+        raise SinkError(f"erasing rows from an Iceberg table ({self.url}) is not supported yet")
 
     def discard_staging(self, up_to: int) -> None:
         """Delete staged files of checkpoints up to `up_to` that the table never took. Files of a
