@@ -459,14 +459,8 @@ def _erase_output(sink: Sink | None, scope: EraseScope, *, dry_run: bool = False
     """The keys' rows removed from the output, per key column (`Sink.erase_rows`)."""
     if sink is None:
         return ()
-    erase_rows = getattr(sink, "erase_rows", None)
-    if erase_rows is None:
-        return ({"column": None, "rows_removed": None, "note": f"{type(sink).__name__} cannot erase rows"},)
-    out = []
-    for column, values in scope.columns.items():
-        result = erase_rows(column, list(values), dry_run=dry_run)
-        out.append({"column": column, **result.to_json()})
-    return tuple(out)
+    return tuple(sink.erase_rows(column, list(values), dry_run=dry_run).to_json()
+                 for column, values in scope.columns.items())
 
 
 # --- from a pipeline's config -------------------------------------------------------------------

@@ -198,7 +198,7 @@ class SubtaskErasure:
     files_read: int
     bytes_read: int
     files_rewritten: tuple[str, ...]  # the old SST and changelog files the new snapshot no longer lists
-    files_written: tuple[str, ...]  # the new SST files it uploaded (its few private files left out)
+    files_written: tuple[str, ...]  # the SST files it uploaded instead (MANIFEST, CURRENT, OPTIONS left out)
     bytes_written: int
     digest: str  # `state_digest` of the rest of the state, before
     entries_kept: int
@@ -237,13 +237,18 @@ def erase_subtask(storage: CheckpointStorage, meta: CheckpointMetadata, operator
         new = backend.snapshot(new_id)
     finally:
         backend.dispose()
-    old_paths = {f.path for f in (*handle.shared, *handle.staged)}
-    written = [f for f in (*new.shared, *new.staged) if f.path not in old_paths]
+    old_paths = {f.path for f in handle.stored() if _holds_entries(f)}  # a savepoint's SSTs are private
+    written = [f for f in new.stored() if _holds_entries(f) and f.path not in old_paths]
     return SubtaskErasure(
         operator, subtask, new, sum(len(v) for v in found.values()), result.files or len(list(handle.files())),
         result.downloaded_bytes or sum(f.size for f in handle.files()),
         tuple(sorted(old_paths - {f.path for f in new.stored()})), tuple(f.path for f in written),
         sum(f.size for f in written), digest, kept)
+
+
+def _holds_entries(f: FileHandle) -> bool:
+    """An SST or a changelog file: what holds entries (not MANIFEST, CURRENT, OPTIONS, ...)."""
+    return f.local_name.endswith((".sst", ".blob")) or is_changelog_name(f.local_name)
 
 
 def carry_subtask(storage: CheckpointStorage, handle: SubtaskStateHandle, new_id: int) -> SubtaskStateHandle:
@@ -301,7 +306,7 @@ def find_in_files(storage: CheckpointStorage, handle: SubtaskStateHandle, keys: 
                   kinds: Mapping[str, str], workdir: Path) -> FilesChecked:
     """Read every SST and changelog file `handle` lists (staged slices too) and count the
     entries of `keys` in each: puts, tombstones and range deletions that start inside a key."""
-    files = [f for f in handle.stored() if f.local_name.endswith(".sst") or is_changelog_name(f.local_name)]
+    files = [f for f in handle.stored() if _holds_entries(f) and not f.local_name.endswith(".blob")]
     workdir.mkdir(parents=True, exist_ok=True)
     findings = []
     total = 0
