@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import sparkpoint
 from sparkpoint.checkpoint.savepoint import take_savepoint
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -57,6 +58,9 @@ def test_a_key_is_erased_from_checkpoints_savepoint_local_copies_and_output_and_
 
     monkeypatch.setenv("MEMBERS_ROOT", str(tmp_path))
     importlib.reload(mp)
+    dry = sparkpoint.erase_keys(mp.members, [GONE], dry_run=True)
+    assert [(c.original_id, c.entries_found > 0) for c in dry.checkpoints] == [(c, True) for c in (1, 2, 3, 4)]
+    assert [o["rows_removed"] for o in dry.output] == [3] and (output_rows(tmp_path / "out")["member"] == GONE).sum()
     report_path = tmp_path / "erase-report.json"
     code = main(["erase", "--pipeline", "tests.support.members_pipeline:members", "--key", GONE,
                  "--report", str(report_path)])
@@ -91,3 +95,8 @@ def test_a_key_is_erased_from_checkpoints_savepoint_local_copies_and_output_and_
     assert len(final.loc["m-001", "visits"]) == 8
     out = output_rows(tmp_path / "out")
     assert (out["member"] == "m-001").sum() == 4 and GONE not in set(out["member"])
+
+    # A rollback to the erased copy of chk-2 undoes the output the sink recorded above 2 (batches 3
+    # and 4, under the original id 4 and under 9), though the copy's own id is 6.
+    assert main(["rollback", "--pipeline", "tests.support.members_pipeline:members", "--to", "6"]) == 0
+    assert (output_rows(tmp_path / "out")["member"] == "m-001").sum() == 2

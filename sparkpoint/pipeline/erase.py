@@ -146,6 +146,19 @@ def erase_job(storage: CheckpointStorage, scope: EraseScope, *, sink: Sink | Non
     if dry_run:
         return _dry_run(storage, scope, digest, sink)
     take_lock(storage, digest)
+    try:
+        return _erase_locked(storage, scope, digest, sink, local_dir)
+    except (EraseRefused, EraseNotVerified):
+        raise  # each released the lock, or left it to a rerun on purpose
+    except BaseException:
+        if not _split(storage, digest)[1]:  # no copy committed: the job is as it was, runs may start
+            release_lock(storage)
+        raise
+
+
+def _erase_locked(storage: CheckpointStorage, scope: EraseScope, digest: str, sink: Sink | None,
+                  local_dir: str | None) -> EraseReport:
+    """`erase_job` once it holds the lock; a failure after a copy committed leaves the lock to a rerun."""
     erasures: dict[int, CheckpointErasure] = {}
     retired: list[int] = []
     deleted = 0
