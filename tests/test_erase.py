@@ -47,6 +47,7 @@ def retained(storage: CheckpointStorage) -> list[tuple[int, str]]:
 def test_erase_rewrites_every_checkpoint_and_savepoint_as_new_ones_without_the_keys(
         storage: CheckpointStorage, tmp_path: Path):
     before = {cid: job.read_all(storage, cid, tmp_path / "before") for cid, _ in retained(storage)}
+    created = {m.checkpoint_id: m.created_at for m in CompletedCheckpointStore(storage).load_all().checkpoints}
     assert retained(storage) == [(1, "checkpoint"), (2, "checkpoint"), (3, "checkpoint"), (4, "savepoint")]
     assert all(before[c]["acct-007"][0] is not None and before[c]["acct-007"][4] for c in before)
 
@@ -66,6 +67,7 @@ def test_erase_rewrites_every_checkpoint_and_savepoint_as_new_ones_without_the_k
         meta = CompletedCheckpointStore(storage).load(new)
         assert meta.source_offsets[ERASED_FROM]["checkpoint_id"] == old
         assert output_id(meta) == old  # what the sink recorded: the original's id
+        assert meta.created_at == created[old]  # the clock TTL'd entries expire against in an export
     # Cost follows the key: only the subtasks whose range holds a key's group were rewritten.
     c3 = next(c for c in report.checkpoints if c.original_id == 3)
     groups = {erasure.key_group_of_raw(k.encode(), job.MAX_P) for k in GONE}

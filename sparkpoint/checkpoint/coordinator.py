@@ -175,7 +175,7 @@ class CheckpointCoordinator:
     def complete(
         self, checkpoint_id: int, source_offsets: Any = None, *, recheck: Callable[[], str | None] | None = None,
         skipped_files: tuple[SkippedFile, ...] = (), base: int | None = None,
-        observe: Callable[[CheckpointStats], CheckpointStats] | None = None,
+        observe: Callable[[CheckpointStats], CheckpointStats] | None = None, created_at: str | None = None,
     ) -> CompletedCheckpoint:
         """Commit checkpoint N (see the invariants above). `recheck`, called right after the
         commit, says why this checkpoint must not stand after all (a fence a recovery set while we
@@ -185,7 +185,8 @@ class CheckpointCoordinator:
         withdrawn too and CheckpointSuperseded raised (invariant 7). `skipped_files`: the input
         files consumed unprocessed up to N, recorded as given. `observe`: adds what the caller
         observed of N to its stats, right before the commit (the storage requests it made, the
-        time it took: `CheckpointStats.observed`)."""
+        time it took: `CheckpointStats.observed`). `created_at`: the time N's state stands for
+        when it is not now (an erased copy keeps its original's: TTL reads expire against it)."""
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
@@ -197,6 +198,8 @@ class CheckpointCoordinator:
                     "completed first"
                 )
             meta = replace(self._build_metadata(pending, source_offsets), skipped_files=tuple(skipped_files))
+            if created_at is not None:
+                meta = replace(meta, created_at=created_at)
             if observe is not None:
                 meta = replace(meta, stats=observe(meta.stats))
         except BaseException:

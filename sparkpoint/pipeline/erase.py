@@ -12,7 +12,8 @@ retired, `_metadata` deleted, then the files nothing references any more).
 **The ids.** The copies take ids above every id the job has seen, in the originals' order, and
 from the oldest original that holds a key up every newer one is copied (one that holds none
 too: it must stay above the older copies), so "the latest checkpoint" is still the newest batch
-and `rollback --to N` still means "the state after N's batch". A copy records, in its source
+and `rollback --to N` still means "the state after N's batch". A copy keeps its original's `created_at`
+(the processing clock a restore and an export expire TTL'd entries against) and records, in its source
 offsets, `erased_from`: the original's id and `output_of`, the checkpoint whose batch wrote the
 output it stands for. The exactly-once sink recorded the ORIGINAL ids: a copy commits nothing to
 it (its `sink` list is empty; the original's sink commit is finished before copying), the next run
@@ -312,7 +313,8 @@ def _copy(storage: CheckpointStorage, meta: CheckpointMetadata, scope: EraseScop
                 new = handles.get((op, h.subtask)) or carry_subtask(storage, h, cid)
                 coordinator.acknowledge(cid, new)
         crash_point("erase-mid-rewrite")
-        coordinator.complete(cid, _copy_offsets(meta, digest), skipped_files=meta.skipped_files)
+        coordinator.complete(cid, _copy_offsets(meta, digest), skipped_files=meta.skipped_files,
+                             created_at=meta.created_at)
     except BaseException:
         coordinator.abort(cid, reason="the erase failed")
         raise
