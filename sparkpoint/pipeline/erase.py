@@ -51,6 +51,7 @@ from typing import Any
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator
 from sparkpoint.checkpoint.crash import crash_point
+from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -465,6 +466,7 @@ def _drop_local_copies(storage: CheckpointStorage, scope: EraseScope, local_dir:
                 kg = key_group_range(state.max_parallelism, state.parallelism, i)
                 if not any(k.key_group in kg for k in keys):
                     continue
+            storage_step("delete", str(sub))
             shutil.rmtree(sub)
             dropped.append(str(sub))
     return tuple(dropped)
