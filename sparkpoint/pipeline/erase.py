@@ -45,7 +45,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,11 +164,13 @@ def _erase_locked(storage: CheckpointStorage, scope: EraseScope, digest: str, si
     erasures: dict[int, CheckpointErasure] = {}
     retired: list[int] = []
     deleted = 0
+    proven: dict[int, Verification] = {}
     with tempfile.TemporaryDirectory(prefix="sparkpoint-erase-") as tmp:
         work = Path(tmp)
         for _ in range(ROUNDS):
             copied = _copy_round(storage, scope, digest, sink, work, erasures)
-            verification = _verify(storage, scope, work, erasures, copies_only=True)
+            verification = _verify(storage, scope, digest, work, erasures, copies_only=True, proven=set(proven))
+            proven.update((v.checkpoint_id, v) for v in verification)
             if not all(v.ok for v in verification):
                 _withdraw(storage, digest, reason="the erased copies did not verify")
                 report = _report(storage, scope, digest, erasures, retired, deleted, verification, sink)
@@ -181,7 +183,10 @@ def _erase_locked(storage: CheckpointStorage, scope: EraseScope, digest: str, si
             deleted += done[1]
             if not copied and not done[0]:
                 break
-        verification = _verify(storage, scope, work, erasures)
+        # The last word: every retained file that can hold a key, read again now that the
+        # originals are gone (the rest of each copy's state was compared before they went).
+        verification = tuple(_with_rest(v, proven.get(v.checkpoint_id))
+                             for v in _verify(storage, scope, digest, work, {}, files_only=True))
     dropped = _drop_local_copies(storage, scope, local_dir)
     crash_point("erase-before-output")
     output = _erase_output(sink, scope)
@@ -246,8 +251,10 @@ def _copy_round(storage: CheckpointStorage, scope: EraseScope, digest: str, sink
     _refuse_interleaved(storage, digest, originals, copies)
     copied = 0
     for meta in originals:
-        if meta.checkpoint_id in copies:
-            continue  # a rerun: copied already, retired below
+        if meta.checkpoint_id in copies:  # a rerun: copied already (verified against it below), retired after
+            erasures.setdefault(meta.checkpoint_id, CheckpointErasure(meta.checkpoint_id, meta.kind,
+                                                                      copies[meta.checkpoint_id].checkpoint_id))
+            continue
         if meta.checkpoint_id in erasures and erasures[meta.checkpoint_id].new_id is None:
             continue  # an earlier round found none of the keys in it
         must = bool(copies) and meta.checkpoint_id > min(copies)
@@ -360,26 +367,40 @@ def _retire_originals(storage: CheckpointStorage, digest: str) -> tuple[list[Che
 # --- the proof ----------------------------------------------------------------------------------
 
 
-def _verify(storage: CheckpointStorage, scope: EraseScope, work: Path, erasures: Mapping[int, CheckpointErasure],
-            *, copies_only: bool = False) -> tuple[Verification, ...]:
-    """Every retained checkpoint (`copies_only`: the copies written by this erase): its files that
-    can hold a key read and searched; for a copy, the rest of each rewritten subtask restored and
-    hashed against the original's."""
+def _with_rest(final: Verification, earlier: Verification | None) -> Verification:
+    if earlier is None:
+        return final
+    return replace(final, rest_equal=earlier.rest_equal, problems=final.problems + earlier.problems)
+
+
+def _verify(storage: CheckpointStorage, scope: EraseScope, digest: str, work: Path,
+            erasures: Mapping[int, CheckpointErasure], *, copies_only: bool = False, files_only: bool = False,
+            proven: frozenset[int] | set[int] = frozenset()) -> tuple[Verification, ...]:
+    """Every retained checkpoint (`copies_only`: this erase's copies): its files that can hold a
+    key read and searched; for a copy, the rest of each rewritten subtask restored and hashed
+    against the original's (as recorded when it was rewritten, else against the original itself
+    while it is retained: a rerun's copies of a killed erase). `proven`: copies verified already."""
     out = []
     rewritten = {e.new_id: e for e in erasures.values() if e.new_id is not None}
+    originals, copies = _split(storage, digest)
+    kept = {m.checkpoint_id: m for m in originals}
+    source = {} if files_only else {c.checkpoint_id: kept.get(src) for src, c in copies.items()}
     for meta in _listing(storage):
-        if copies_only and meta.checkpoint_id not in rewritten:
+        if meta.checkpoint_id in proven or (copies_only and meta.checkpoint_id not in
+                                             {c.checkpoint_id for c in copies.values()}):
             continue
         out.append(verify_checkpoint(storage, meta, scope, work / f"verify-{meta.checkpoint_id}",
-                                     rewritten.get(meta.checkpoint_id)))
+                                     rewritten.get(meta.checkpoint_id), source.get(meta.checkpoint_id)))
     return tuple(out)
 
 
 def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, scope: EraseScope, work: Path,
-                      erasure: CheckpointErasure | None = None) -> Verification:
+                      erasure: CheckpointErasure | None = None, original: CheckpointMetadata | None = None
+                      ) -> Verification:
     """The proof for one checkpoint (`Verification`): read every SST and changelog file of each
     subtask of the scope's operators whose range holds a key's group; with `erasure` (how it was
-    written), restore each rewritten subtask and compare the rest of its state with the original's."""
+    written), restore each rewritten subtask and compare the rest of its state with the original's
+    as it was hashed then; without one but with its `original`, restore both and compare."""
     files = size = 0
     findings: list[FileFinding] = []
     problems: list[str] = []
@@ -391,18 +412,21 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, scop
             checked = find_in_files(storage, h, keys, state_kinds(meta, op), work / f"{op}-{h.subtask}")
             files, size = files + checked.files, size + checked.bytes
             findings += checked.findings
-    rest_equal = None
-    if erasure is not None and erasure.subtasks:
-        rest_equal = True
-        for s in erasure.subtasks:
-            keys = scope.keys_for(meta, s.operator)
-            digest, kept, left = rest_digest(storage, meta, s.operator, s.subtask, keys, work / f"rest-{s.operator}")
-            if left:
-                problems.append(f"{s.operator} subtask {s.subtask} still reads {left} entries of the keys")
-            if (digest, kept) != (s.digest, s.entries_kept):
-                rest_equal = False
-                problems.append(f"{s.operator} subtask {s.subtask}: {kept} other entries, hashed {digest[:12]}; "
-                                f"before the erase {s.entries_kept}, hashed {s.digest[:12]}")
+    before = {(s.operator, s.subtask): (s.digest, s.entries_kept) for s in erasure.subtasks} if erasure else {}
+    if not before and original is not None:
+        before = {(op, h.subtask): rest_digest(storage, original, op, h.subtask, scope.keys_for(original, op),
+                                               work / f"original-{op}")[:2]
+                  for op in scope.operators if op in original.operators
+                  for h in holders(original.operators[op].subtasks, scope.keys_for(original, op))}
+    rest_equal = None if not before else True
+    for (op, subtask), (was, was_kept) in sorted(before.items()):
+        digest, kept, left = rest_digest(storage, meta, op, subtask, scope.keys_for(meta, op), work / f"rest-{op}")
+        if left:
+            problems.append(f"{op} subtask {subtask} still reads {left} entries of the keys")
+        if (digest, kept) != (was, was_kept):
+            rest_equal = False
+            problems.append(f"{op} subtask {subtask}: {kept} other entries, hashed {digest[:12]}; before the erase "
+                            f"{was_kept}, hashed {was[:12]}")
     return Verification(meta.checkpoint_id, files, size, tuple(findings), rest_equal, tuple(problems))
 
 
