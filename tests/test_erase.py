@@ -82,6 +82,7 @@ def test_erase_rewrites_every_checkpoint_and_savepoint_as_new_ones_without_the_k
     assert untouched and all(f.created_by <= 3 for h in untouched for f in h.shared)
     assert verify_all(storage).ok, "sparkpoint verify passes after the erase"
     assert not storage.exists(LOCK)
+    assert not any(report.keys_digest.encode() in storage.read_bytes(metadata_path(c)) for c in (5, 6, 7, 8))
     assert "VERIFIED" in report.message and report.to_json()["verified"] is True
     assert all(v.files_checked > 0 for v in report.verification)
 

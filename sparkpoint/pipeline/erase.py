@@ -34,7 +34,8 @@ files are counted in the registry from its commit on.
 copy verified; so a kill -9 leaves, per checkpoint, the original or its copy or both, never a
 checkpoint without its files (uploads of a copy never committed are the orphan sweep's). A rerun
 with the same keys takes the lock over, keeps the copies already committed (found by their
-`erased_from` and the keys' digest), and goes on.
+`erased_from.erase`: the erase's random id, which the lock holds beside the keys' digest, so that no
+`_metadata` keeps a hash of an erased key), and goes on.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from sparkpoint.tables.sink import Sink
 
 log = logging.getLogger(__name__)
 
-ERASED_FROM = "erased_from"  # in a copy's source offsets: {"checkpoint_id", "output_of", "keys"}
+ERASED_FROM = "erased_from"  # in a copy's source offsets: {"checkpoint_id", "output_of", "erase"}
 ROUNDS = 3  # rounds of copy, verify, retire: a run that committed above the copies is erased in the next
 
 
@@ -98,9 +99,9 @@ def output_id(meta: CheckpointMetadata) -> int:
     return out if isinstance(out, int) and not isinstance(out, bool) else meta.checkpoint_id
 
 
-def _erased_from(meta: CheckpointMetadata, digest: str) -> int | None:
+def _erased_from(meta: CheckpointMetadata, erase_id: str) -> int | None:
     raw = meta.source_offsets.get(ERASED_FROM) if isinstance(meta.source_offsets, dict) else None
-    if not isinstance(raw, dict) or raw.get("keys") != digest:
+    if not isinstance(raw, dict) or raw.get("erase") != erase_id:
         return None
     cid = raw.get("checkpoint_id")
     return cid if isinstance(cid, int) and not isinstance(cid, bool) else None
@@ -147,19 +148,19 @@ def erase_job(storage: CheckpointStorage, scope: EraseScope, *, sink: Sink | Non
     _refuse_run_in_progress(storage)
     if dry_run:
         return _dry_run(storage, scope, digest, sink)
-    take_lock(storage, digest)
+    erase_id = take_lock(storage, digest)
     try:
-        return _erase_locked(storage, scope, digest, sink, local_dir)
+        return _erase_locked(storage, scope, digest, erase_id, sink, local_dir)
     except (EraseRefused, EraseNotVerified):
         raise  # each released the lock, or left it to a rerun on purpose
     except BaseException:
-        if not _split(storage, digest)[1]:  # no copy committed: the job is as it was, runs may start
+        if not _split(storage, erase_id)[1]:  # no copy committed: the job is as it was, runs may start
             release_lock(storage)
         raise
 
 
-def _erase_locked(storage: CheckpointStorage, scope: EraseScope, digest: str, sink: Sink | None,
-                  local_dir: str | None) -> EraseReport:
+def _erase_locked(storage: CheckpointStorage, scope: EraseScope, digest: str, erase_id: str,
+                  sink: Sink | None, local_dir: str | None) -> EraseReport:
     """`erase_job` once it holds the lock; a failure after a copy committed leaves the lock to a rerun."""
     erasures: dict[int, CheckpointErasure] = {}
     retired: list[int] = []
@@ -168,17 +169,17 @@ def _erase_locked(storage: CheckpointStorage, scope: EraseScope, digest: str, si
     with tempfile.TemporaryDirectory(prefix="sparkpoint-erase-") as tmp:
         work = Path(tmp)
         for _ in range(ROUNDS):
-            copied = _copy_round(storage, scope, digest, sink, work, erasures)
-            verification = _verify(storage, scope, digest, work, erasures, copies_only=True, proven=set(proven))
+            copied = _copy_round(storage, scope, erase_id, sink, work, erasures)
+            verification = _verify(storage, scope, erase_id, work, erasures, copies_only=True, proven=set(proven))
             proven.update((v.checkpoint_id, v) for v in verification)
             if not all(v.ok for v in verification):
-                _withdraw(storage, digest, reason="the erased copies did not verify")
+                _withdraw(storage, erase_id, reason="the erased copies did not verify")
                 report = _report(storage, scope, digest, erasures, retired, deleted, verification, sink)
                 release_lock(storage)
                 raise EraseNotVerified("the erased checkpoints did not verify; they were withdrawn and the originals "
                                        "kept: " + report.message, report)
             crash_point("erase-before-retire")
-            done = _retire_originals(storage, digest)
+            done = _retire_originals(storage, erase_id)
             retired += [m.checkpoint_id for m in done[0]]
             deleted += done[1]
             if not copied and not done[0]:
@@ -186,7 +187,7 @@ def _erase_locked(storage: CheckpointStorage, scope: EraseScope, digest: str, si
         # The last word: every retained file that can hold a key, read again now that the
         # originals are gone (the rest of each copy's state was compared before they went).
         verification = tuple(_with_rest(v, proven.get(v.checkpoint_id))
-                             for v in _verify(storage, scope, digest, work, {}, files_only=True))
+                             for v in _verify(storage, scope, erase_id, work, {}, files_only=True))
     dropped = _drop_local_copies(storage, scope, local_dir)
     crash_point("erase-before-output")
     output = _erase_output(sink, scope)
@@ -231,12 +232,12 @@ def _refuse_run_in_progress(storage: CheckpointStorage) -> None:
                            "finish (or, if its run died, run the pipeline's recover job), then erase")
 
 
-def _split(storage: CheckpointStorage, digest: str) -> tuple[list[CheckpointMetadata], dict[int, CheckpointMetadata]]:
+def _split(storage: CheckpointStorage, erase_id: str) -> tuple[list[CheckpointMetadata], dict[int, CheckpointMetadata]]:
     """(the originals: retained checkpoints that are no copy of this erase, oldest first; the
     copies by the id of the original each stands for)."""
     originals, copies = [], {}
     for m in _listing(storage):
-        src = _erased_from(m, digest)
+        src = _erased_from(m, erase_id)
         if src is None:
             originals.append(m)
         else:
@@ -244,11 +245,11 @@ def _split(storage: CheckpointStorage, digest: str) -> tuple[list[CheckpointMeta
     return originals, copies
 
 
-def _copy_round(storage: CheckpointStorage, scope: EraseScope, digest: str, sink: Sink | None, work: Path,
+def _copy_round(storage: CheckpointStorage, scope: EraseScope, erase_id: str, sink: Sink | None, work: Path,
                 erasures: dict[int, CheckpointErasure]) -> int:
     """Write the erased copy of each original that needs one, in order; returns how many."""
-    originals, copies = _split(storage, digest)
-    _refuse_interleaved(storage, digest, originals, copies)
+    originals, copies = _split(storage, erase_id)
+    _refuse_interleaved(storage, erase_id, originals, copies)
     copied = 0
     for meta in originals:
         if meta.checkpoint_id in copies:  # a rerun: copied already (verified against it below), retired after
@@ -259,7 +260,7 @@ def _copy_round(storage: CheckpointStorage, scope: EraseScope, digest: str, sink
             continue  # an earlier round found none of the keys in it
         must = bool(copies) and meta.checkpoint_id > min(copies)
         _finish_sink_commit(sink, meta)
-        erasure = _copy(storage, meta, scope, digest, work, must=must or copied > 0)
+        erasure = _copy(storage, meta, scope, erase_id, work, must=must or copied > 0)
         if erasure is None:
             erasures[meta.checkpoint_id] = CheckpointErasure(meta.checkpoint_id, meta.kind, None)
             continue
@@ -269,7 +270,7 @@ def _copy_round(storage: CheckpointStorage, scope: EraseScope, digest: str, sink
     return copied
 
 
-def _refuse_interleaved(storage: CheckpointStorage, digest: str, originals: list[CheckpointMetadata],
+def _refuse_interleaved(storage: CheckpointStorage, erase_id: str, originals: list[CheckpointMetadata],
                         copies: Mapping[int, CheckpointMetadata]) -> None:
     """A checkpoint no copy stands for, committed between two copies' ids (a run that was running
     when the erase started): the copies cannot keep the batches' order. Withdraw them and refuse."""
@@ -278,7 +279,7 @@ def _refuse_interleaved(storage: CheckpointStorage, digest: str, originals: list
     ids = sorted(c.checkpoint_id for c in copies.values())
     among = [m.checkpoint_id for m in originals if ids[0] < m.checkpoint_id < ids[-1]]
     if among:
-        _withdraw(storage, digest, reason=f"checkpoint(s) {among} were committed among the erased copies")
+        _withdraw(storage, erase_id, reason=f"checkpoint(s) {among} were committed among the erased copies")
         release_lock(storage)
         raise EraseRefused(f"a run committed checkpoint(s) {among} of {storage.job_url} while the erase wrote its "
                            "copies; they were withdrawn and nothing was erased. Stop the pipeline's runs, then erase")
@@ -293,16 +294,16 @@ def _finish_sink_commit(sink: Sink | None, meta: CheckpointMetadata) -> None:
         sink.commit(meta.checkpoint_id, [str(s) for s in staged], resuming=True)
 
 
-def _copy_offsets(meta: CheckpointMetadata, digest: str) -> dict[str, Any]:
+def _copy_offsets(meta: CheckpointMetadata, erase_id: str) -> dict[str, Any]:
     raw = meta.source_offsets
     offsets = dict(raw) if isinstance(raw, dict) else {"source": raw}
     if "sink" in offsets:
         offsets["sink"] = []
-    offsets[ERASED_FROM] = {"checkpoint_id": meta.checkpoint_id, "output_of": output_id(meta), "keys": digest}
+    offsets[ERASED_FROM] = {"checkpoint_id": meta.checkpoint_id, "output_of": output_id(meta), "erase": erase_id}
     return offsets
 
 
-def _copy(storage: CheckpointStorage, meta: CheckpointMetadata, scope: EraseScope, digest: str, work: Path, *,
+def _copy(storage: CheckpointStorage, meta: CheckpointMetadata, scope: EraseScope, erase_id: str, work: Path, *,
           must: bool) -> CheckpointErasure | None:
     """Commit `meta` without the keys as a new checkpoint of its kind; None when it holds none of
     them and need not be copied (`must`: an older one was, so this one must be too)."""
@@ -321,7 +322,7 @@ def _copy(storage: CheckpointStorage, meta: CheckpointMetadata, scope: EraseScop
                 new = handles.get((op, h.subtask)) or carry_subtask(storage, h, cid)
                 coordinator.acknowledge(cid, new)
         crash_point("erase-mid-rewrite")
-        coordinator.complete(cid, _copy_offsets(meta, digest), skipped_files=meta.skipped_files,
+        coordinator.complete(cid, _copy_offsets(meta, erase_id), skipped_files=meta.skipped_files,
                              created_at=meta.created_at)
     except BaseException:
         coordinator.abort(cid, reason="the erase failed")
@@ -346,18 +347,18 @@ def _erase_subtasks(storage: CheckpointStorage, meta: CheckpointMetadata, scope:
     return handles, erased
 
 
-def _withdraw(storage: CheckpointStorage, digest: str, *, reason: str) -> None:
+def _withdraw(storage: CheckpointStorage, erase_id: str, *, reason: str) -> None:
     """Retire this erase's copies whose originals are still retained: the job is as before."""
-    originals, copies = _split(storage, digest)
+    originals, copies = _split(storage, erase_id)
     kept = {m.checkpoint_id for m in originals}
     doomed = [c for src, c in copies.items() if src in kept]
     if doomed:
         CheckpointCoordinator(storage).retire(doomed, reason=f"erase withdrawn: {reason}")
 
 
-def _retire_originals(storage: CheckpointStorage, digest: str) -> tuple[list[CheckpointMetadata], int]:
-    originals, copies = _split(storage, digest)
-    _refuse_interleaved(storage, digest, originals, copies)
+def _retire_originals(storage: CheckpointStorage, erase_id: str) -> tuple[list[CheckpointMetadata], int]:
+    originals, copies = _split(storage, erase_id)
+    _refuse_interleaved(storage, erase_id, originals, copies)
     doomed = [m for m in originals if m.checkpoint_id in copies]
     if not doomed:
         return [], 0
@@ -373,7 +374,7 @@ def _with_rest(final: Verification, earlier: Verification | None) -> Verificatio
     return replace(final, rest_equal=earlier.rest_equal, problems=final.problems + earlier.problems)
 
 
-def _verify(storage: CheckpointStorage, scope: EraseScope, digest: str, work: Path,
+def _verify(storage: CheckpointStorage, scope: EraseScope, erase_id: str, work: Path,
             erasures: Mapping[int, CheckpointErasure], *, copies_only: bool = False, files_only: bool = False,
             proven: frozenset[int] | set[int] = frozenset()) -> tuple[Verification, ...]:
     """Every retained checkpoint (`copies_only`: this erase's copies): its files that can hold a
@@ -382,7 +383,7 @@ def _verify(storage: CheckpointStorage, scope: EraseScope, digest: str, work: Pa
     while it is retained: a rerun's copies of a killed erase). `proven`: copies verified already."""
     out = []
     rewritten = {e.new_id: e for e in erasures.values() if e.new_id is not None}
-    originals, copies = _split(storage, digest)
+    originals, copies = _split(storage, erase_id)
     kept = {m.checkpoint_id: m for m in originals}
     source = {} if files_only else {c.checkpoint_id: kept.get(src) for src, c in copies.items()}
     for meta in _listing(storage):

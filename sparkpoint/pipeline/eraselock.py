@@ -43,17 +43,19 @@ def erase_in_progress(storage: CheckpointStorage) -> str | None:
     return f"an erase of keys by {who} since {when} holds {storage.job_url} ({LOCK})"
 
 
-def _lock_record(digest: str) -> dict[str, Any]:
+def _lock_record(digest: str, erase_id: str) -> dict[str, Any]:
     pid = os.getpid()
-    return {"keys": digest, "at": time.time(), "host": socket.gethostname(), "pid": pid,
+    return {"keys": digest, "erase": erase_id, "at": time.time(), "host": socket.gethostname(), "pid": pid,
             "pid_start": process_start(pid), "boot": boot_id(), "pidns": pid_namespace(), "by": uuid.uuid4().hex}
 
 
-def take_lock(storage: CheckpointStorage, digest: str) -> None:
-    record = _lock_record(digest)
+def take_lock(storage: CheckpointStorage, digest: str) -> str:
+    """Hold the job for the erase of the keys `digest` names; returns the erase's id (a new random
+    one, or the id of the dead erase of the same keys taken over: its copies carry it)."""
+    record = _lock_record(digest, uuid.uuid4().hex)
     try:
         storage.commit_exclusive(LOCK, json.dumps(record).encode())
-        return
+        return str(record["erase"])
     except (FileExistsError, CheckpointAlreadyExists):
         pass
     try:
@@ -69,7 +71,9 @@ def take_lock(storage: CheckpointStorage, digest: str) -> None:
         raise EraseRefused(f"an erase of other keys (or operators) died holding {storage.job_url} ({LOCK}, "
                            f"{holder.describe()}): run it again with the same keys to finish it first")
     log.warning("taking over the erase lock of %s from %s, which is gone", storage.job_url, holder.describe())
-    storage.write_bytes(LOCK, json.dumps(record).encode())
+    erase_id = str(held.get("erase") or record["erase"])
+    storage.write_bytes(LOCK, json.dumps({**record, "erase": erase_id}).encode())
+    return erase_id
 
 
 def release_lock(storage: CheckpointStorage) -> None:

@@ -1,7 +1,9 @@
 """What `sparkpoint erase` did, per checkpoint and savepoint, and its proof (`EraseReport`).
 
 The report never holds an erased key: it names the keys by count and by a SHA-256 over them
-(`keys_digest`), so it can be kept and shown to an auditor without repeating what was erased.
+(`keys_digest`), so it can be kept and shown to an auditor without repeating what was erased. (A
+key that can be guessed, a user id, can be confirmed against that hash: keep the report as the
+request it answers is kept. No `_metadata` holds it: a copy names its erase by a random id.)
 """
 
 from __future__ import annotations
