@@ -142,3 +142,26 @@ def test_a_kill_at_every_step_leaves_whole_checkpoints_and_a_rerun_finishes(
     assert after["acct-007"] == (None, [], [], None, [], []) and after["acct-001"][0] is not None
     assert verify_all(storage).ok and not storage.exists(LOCK)
     assert not storage.exists(metadata_path(3))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["erase", "--checkpoints", "file:///nowhere", "--job-id", "j", "--key", "x"], "erase needs --pipeline"),
+    (["erase", "--pipeline", "tests.support.members_pipeline:members", "--operators", "memberships,visits",
+      "--key", "x"], "unknown operator uid(s) visits; this pipeline's operators are memberships (keyed by member)"),
+    (["erase", "--pipeline", "tests.support.members_pipeline:members", "--keys-from", "/nowhere/keys.txt"],
+     "--keys-from /nowhere/keys.txt"),
+])
+def test_bad_input_is_refused_with_what_to_change(args: list[str], message: str, capsys: pytest.CaptureFixture[str]):
+    from sparkpoint.cli import main
+
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_key_is_parsed_as_its_column_type():
+    from sparkpoint.pipeline.erase import parse_key, state_key
+
+    assert parse_key("42", "int64", "user") == 42 and state_key(42) == b"42"
+    assert parse_key("ann", None, "user") == "ann" and state_key("ann") == b"ann"
+    with pytest.raises(EraseRefused, match="key 'x42' is not of type int64, the type of key column 'user'"):
+        parse_key("x42", "int64", "user")

@@ -1,6 +1,6 @@
 """`sparkpoint erase` on Spark: a user's operator (value with a TTL, map, list, timers) run across
 a savepoint and a rescale, a key erased through the command line from every retained checkpoint,
-the savepoint, the task-local copies and the Parquet output, with the report's proof; then the
+the savepoint, the task-local copies and the output (Parquet parts, a Delta table), with the report's proof; then the
 job runs on from the erased checkpoints, and `sparkpoint verify` passes."""
 
 from __future__ import annotations
@@ -25,13 +25,22 @@ MEMBERS = [f"m-{i:03d}" for i in range(24)]
 
 
 def output_rows(out: Path) -> pd.DataFrame:
+    """The visible output: the Parquet directory's part files, or the Delta table's current version."""
+    if (out / "_delta_log").is_dir():
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(out)).to_pandas()
     return pd.concat([pd.read_parquet(f) for f in sorted(out.glob("part-*.parquet"))], ignore_index=True)
 
 
 @pytest.mark.spark
+@pytest.mark.parametrize("output", ["parquet", "delta"])
 def test_a_key_is_erased_from_checkpoints_savepoint_local_copies_and_output_and_the_job_runs_on(
-        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], output: str):
     pipeline = mp.members_pipeline(tmp_path)
+    if output == "delta":
+        monkeypatch.setenv("MEMBERS_OUTPUT", "delta")
+        pipeline = pipeline.with_(output_url=f"delta+file://{tmp_path}/out")
     for b in (1, 2):
         mp.land(tmp_path / "in", b, MEMBERS)
     assert [r.checkpoint_id for r in StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()] == [1, 2]

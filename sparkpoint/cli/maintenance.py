@@ -135,7 +135,6 @@ def cmd_erase(args: argparse.Namespace) -> int:
     spec = pipeline_of(args)
     if spec is None:
         raise UsageError("erase needs --pipeline MODULE:ATTR: the keys are typed by its operators' key column")
-    storage = job_store(args).storage
     only = [u.strip() for u in args.operators.split(",") if u.strip()] if args.operators else None
     chosen = choose_operators(spec.operators, only)
     types = {(op.key, op.key_type) for op in chosen}
@@ -145,6 +144,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
                          + "): erase from the ones of one key column at a time with --operators")
     column, key_type = types.pop()
     keys = [parse_key(t, key_type, column) for t in with_keys_from(args.key or [], args.keys_from)]
+    storage = job_store(args).storage
     config = spec.config(checkpoints_url=storage.url, job_id=storage.job_id, storage_options=storage.storage_options)
     try:
         report = erase(config, spec.operators, keys, only=[op.uid for op in chosen], dry_run=args.dry_run)

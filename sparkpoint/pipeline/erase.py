@@ -531,7 +531,7 @@ def parse_key(text: str, key_type: str | None, column: str) -> object:
         if kind in ("binary", "large_binary"):
             return text.encode("utf-8")
     except ValueError:
-        raise EraseRefused(f"key {text!r} is not a {kind} (the type of key column {column!r})") from None
+        raise EraseRefused(f"key {text!r} is not of type {kind}, the type of key column {column!r}") from None
     raise EraseRefused(f"keys of column {column!r} are {kind}: the command line cannot give one; use "
                        "sparkpoint.erase_keys with the values")
 

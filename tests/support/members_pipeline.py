@@ -3,7 +3,8 @@
 `memberships` keeps per member a value state with a TTL (the plan last seen), a map state (visits
 per club), a list state (every visit's minutes, in order) and a processing-time "renewal" timer a
 year ahead (it never fires in a test); it emits one row per member and batch. `members` is what
-the CLI loads (`--pipeline tests.support.members_pipeline:members`), its directories under `MEMBERS_ROOT`.
+the CLI loads (`--pipeline tests.support.members_pipeline:members`), its directories under `MEMBERS_ROOT`
+(its output a Delta table with `MEMBERS_OUTPUT=delta`).
 """
 
 from __future__ import annotations
@@ -72,4 +73,6 @@ def land(directory: Path, batch: int, members: list[str]) -> pd.DataFrame:
     return rows
 
 
-members = members_pipeline(Path(os.environ.get("MEMBERS_ROOT") or Path(tempfile.gettempdir()) / "sparkpoint-members"))
+_ROOT = Path(os.environ.get("MEMBERS_ROOT") or Path(tempfile.gettempdir()) / "sparkpoint-members")
+members = members_pipeline(_ROOT, **({"output_url": f"delta+file://{_ROOT}/out"}
+                                     if os.environ.get("MEMBERS_OUTPUT") == "delta" else {}))
