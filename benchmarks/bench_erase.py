@@ -84,7 +84,8 @@ def build(root: Path, megabytes: float, seed: int = 7) -> dict[str, Any]:
         b.restore(None)
     for round_, share in ((1, 1.0), (2, 0.05)):
         for b in backends:
-            mine = [v for g in range(b.key_group_range.start, b.key_group_range.end + 1) for v in by_group.get(g, []) if rng.random() < share]
+            groups = range(b.key_group_range.start, b.key_group_range.end + 1)
+            mine = [v for g in groups for v in by_group.get(g, []) if rng.random() < share]
             b.value_state("profile", BytesCodec()).put_many((v, rng.randbytes(PROFILE_BYTES)) for v in mine)
             b.map_state("watched", JsonCodec()).put_many(
                 (v, f"title-{rng.randrange(10_000)}", round_) for v in mine for _ in range(TITLES))
