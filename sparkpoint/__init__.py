@@ -12,7 +12,8 @@ loads nothing more):
   `state.list_state(name, codec)`, `state.reducing_state(name, codec, reduce)`, each with
   `ttl=StateTtl(seconds, update=..., clock=...)`);
 - the notebook API (pandas DataFrames): `read_state`, `diff_state`, `list_checkpoints`, `registry`;
-  and `rollback` (a job and its output back to a retained checkpoint);
+  `rollback` (a job and its output back to a retained checkpoint) and `erase_keys` (keys erased
+  from every retained checkpoint, savepoint and the output, with proof);
 - Dagster: `build_pipeline_defs(pipeline)` and the `PipelineComponent` of `dg` projects.
 
 A subpackage is imported on first use as well (`sparkpoint.testing.OperatorHarness` after a bare
@@ -46,6 +47,7 @@ _HOMES = {
     "list_checkpoints": "sparkpoint.api",
     "registry": "sparkpoint.api",
     "rollback": "sparkpoint.api",
+    "erase_keys": "sparkpoint.api",
     "history": "sparkpoint.api",
     "build_pipeline_defs": "sparkpoint.factory",
     "PipelineComponent": "sparkpoint.component",

@@ -6,16 +6,19 @@
     sparkpoint.registry("file:///data/checkpoints", "clicks")
     sparkpoint.diff_state("file:///data/checkpoints", "clicks", user_totals, 5, 9)
     sparkpoint.rollback(clicks, to=7, dry_run=True).message
+    sparkpoint.erase_keys(clicks, ["user-42"], report="erase-user-42.json").message
     sparkpoint.history(clicks, plot="history.png")
 
 The same data as `sparkpoint list --json`, `sparkpoint state` and `sparkpoint registry --json`:
 each comes from one function of `sparkpoint.checkpoint.catalog` (or `sparkpoint.state.extract.state_table`) that the
-command line prints. `rollback` is `sparkpoint rollback` (`sparkpoint.pipeline.rollback`), `history` is
+command line prints. `rollback` is `sparkpoint rollback` (`sparkpoint.pipeline.rollback`), `erase_keys` is
+`sparkpoint erase` (`sparkpoint.pipeline.erase`), `history` is
 `sparkpoint history` (`sparkpoint.pipeline.history`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -27,10 +30,12 @@ from sparkpoint.state.extract import state_table
 from sparkpoint.state.operators import KeyedOperator
 
 if TYPE_CHECKING:
+    from sparkpoint.pipeline.erasereport import EraseReport
     from sparkpoint.pipeline.rollback import RollbackReport
     from sparkpoint.pipeline.spec import Pipeline
 
-__all__ = ["diff_state", "history", "list_checkpoints", "read_state", "registry", "rollback", "state_table"]
+__all__ = ["diff_state", "erase_keys", "history", "list_checkpoints", "read_state", "registry", "rollback",
+           "state_table"]
 
 
 def list_checkpoints(url: str, job_id: str, *, storage_options: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -193,6 +198,52 @@ def rollback(pipeline: Pipeline, to: int, *, dry_run: bool = False) -> RollbackR
     from sparkpoint.pipeline.rollback import rollback as rollback_config
 
     return rollback_config(pipeline.config(), to, operators=pipeline.operators, dry_run=dry_run)
+
+
+def erase_keys(pipeline: Pipeline, keys: Sequence[object], *, operators: Sequence[str] | None = None,
+               dry_run: bool = False, report: str | None = None) -> EraseReport:
+    """Erase `keys` from the pipeline's state everywhere it lives (the right to be forgotten): every
+    retained checkpoint and savepoint of its job, this host's task-local copies and the output.
+    What `sparkpoint erase --pipeline M:A --key VALUE` does.
+
+    Each checkpoint that holds a key is written again without it as a new checkpoint (a new id
+    above every id the job has seen, in the originals' order; only the files of the subtask whose
+    key group holds the key are rewritten, every other file is shared) and the original is retired
+    once the new one verifies. The report proves it: every retained file that can hold a key was
+    read and holds no entry of one, and the rest of every rewritten state is identical.
+
+    Example:
+        ```python
+        print(sparkpoint.erase_keys(clicks, ["user-42"], dry_run=True).message)  # entries per checkpoint
+        report = sparkpoint.erase_keys(clicks, ["user-42"], report="erase-user-42.json")
+        assert report.verified
+        ```
+
+    Args:
+        pipeline: the `Pipeline` whose job (checkpoints, savepoints, output) to erase the keys from.
+        keys: the key values, as the operators' key column holds them (a `str`, an `int`, ...).
+        operators: the uids of the operators to erase them from (None: every operator, which must
+            then be keyed by one column).
+        dry_run: change nothing; the report counts the entries each checkpoint holds.
+        report: a local path the report is written to as JSON.
+
+    Returns:
+        An `EraseReport`: per checkpoint and savepoint the new id, entries removed, files read and
+        rewritten, bytes read and written; the retired ids; the proof (`verification`, `verified`);
+        the output rows removed; `message`, `lines()` and `to_json()`.
+
+    Raises:
+        EraseRefused: an unknown operator uid, operators keyed by different columns, a run between
+            its steps, another erase holding the job, or a run that committed during the erase.
+        EraseNotVerified: a rewritten checkpoint still held a key or lost other state; the rewritten
+            ones were withdrawn and the originals kept (`.report` says what was found).
+    """
+    from sparkpoint.pipeline.erase import erase, write_report
+
+    done = erase(pipeline.config(), pipeline.operators, list(keys), only=operators, dry_run=dry_run)
+    if report is not None:
+        write_report(done, report)
+    return done
 
 
 def history(

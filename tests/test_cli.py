@@ -37,7 +37,7 @@ def job(tmp_path: Path) -> str:
     return f"file://{tmp_path}/ckpt"
 
 
-@pytest.mark.parametrize("command", ["generate", "run", "state", "verify", "gc", "list"])
+@pytest.mark.parametrize("command", ["generate", "run", "state", "verify", "gc", "list", "erase"])
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]):
     with pytest.raises(SystemExit) as exit_:
         main([command, "--help"])

@@ -72,6 +72,8 @@ SAMPLES = {
     # prune's input cleanup (a reader of the job directory; it writes the input and the archive)
     # beside the rollback's race with a run: it must never take a batch the rollback replays.
     "rollback-vs-run-vs-input-cleanup": 3,
+    # An erase rewrites every retained checkpoint under new ids while a run commits and retention subsumes.
+    "erase-vs-run-vs-retention": 3,
 }
 
 

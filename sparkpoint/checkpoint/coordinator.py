@@ -175,7 +175,7 @@ class CheckpointCoordinator:
     def complete(
         self, checkpoint_id: int, source_offsets: Any = None, *, recheck: Callable[[], str | None] | None = None,
         skipped_files: tuple[SkippedFile, ...] = (), base: int | None = None,
-        observe: Callable[[CheckpointStats], CheckpointStats] | None = None,
+        observe: Callable[[CheckpointStats], CheckpointStats] | None = None, created_at: str | None = None,
     ) -> CompletedCheckpoint:
         """Commit checkpoint N (see the invariants above). `recheck`, called right after the
         commit, says why this checkpoint must not stand after all (a fence a recovery set while we
@@ -185,7 +185,8 @@ class CheckpointCoordinator:
         withdrawn too and CheckpointSuperseded raised (invariant 7). `skipped_files`: the input
         files consumed unprocessed up to N, recorded as given. `observe`: adds what the caller
         observed of N to its stats, right before the commit (the storage requests it made, the
-        time it took: `CheckpointStats.observed`)."""
+        time it took: `CheckpointStats.observed`). `created_at`: the time N's state stands for
+        when it is not now (an erased copy keeps its original's: TTL reads expire against it)."""
         pending = self._pending(checkpoint_id)
         started = pending.started
         try:
@@ -197,6 +198,8 @@ class CheckpointCoordinator:
                     "completed first"
                 )
             meta = replace(self._build_metadata(pending, source_offsets), skipped_files=tuple(skipped_files))
+            if created_at is not None:
+                meta = replace(meta, created_at=created_at)
             if observe is not None:
                 meta = replace(meta, stats=observe(meta.stats))
         except BaseException:
@@ -371,16 +374,36 @@ class CheckpointCoordinator:
         else:
             raise CheckpointDeclined(f"checkpoints above {checkpoint_id} kept being committed by another writer "
                                      f"while they were retired ({reason}); stop it and try again")
+        return sorted(retired), self._delete_retired(retired)
+
+    def retire(self, checkpoints: list[CheckpointMetadata], *, reason: str) -> int:
+        """Retire exactly `checkpoints` (an erase's originals, once their rewritten copies with
+        newer ids verify): their ids are noted as retired first (invariant 7), then their
+        `_metadata` go, oldest first, then the files no retained checkpoint references any more
+        (the copies reference every file of theirs that did not hold an erased key). Returns the
+        files deleted; with deletion blocked (an unreadable `_metadata`) they are left to the sweep."""
+        ids = sorted(m.checkpoint_id for m in checkpoints)
+        if not ids:
+            return 0
+        log.warning("retiring checkpoints %s: %s", ids, reason)
+        record_retired(self.storage, ids, reason=reason)
+        for cid in ids:
+            self.storage.delete([metadata_path(cid)])
+            crash_point("erase-mid-retire")
+        return self._delete_retired({m.checkpoint_id: m for m in checkpoints})
+
+    def _delete_retired(self, retired: Mapping[int, CheckpointMetadata]) -> int:
+        """After retired checkpoints' `_metadata` went: delete the files only they referenced."""
         self._rebuild()
         if not retired or self.registry.deletion_blocked:
-            return sorted(retired), 0
+            return 0
         unowned = self.unowned.union(*(m.unowned for m in retired.values()))
         doomed = {p for m in retired.values() for p in m.paths()
                   if p not in unowned and not self.registry.is_known(p)}
         deleted = self.storage.delete(doomed)
         for cid in retired:
             self.storage.remove_empty_dirs(checkpoint_dir(cid))
-        return sorted(retired), deleted
+        return deleted
 
     def abort(self, checkpoint_id: int, *, reason: str = "") -> int:
         """Forget a pending checkpoint and delete what it uploaded, best effort."""

@@ -52,6 +52,15 @@ MAINTENANCE_POINTS = (
     "after-archive-copy",  # an input file copied to the archive and checked, not yet deleted from the input
 )
 
+# Points of `sparkpoint erase` (`sparkpoint.pipeline.erase`), in its order; a run never reaches them:
+ERASE_POINTS = (
+    "erase-mid-rewrite",  # a subtask's rewritten files uploaded, the copy's `_metadata` not written
+    "erase-after-copy",  # one erased copy committed (the n-th), the later ones not yet
+    "erase-before-retire",  # every copy committed and verified, no original retired
+    "erase-mid-retire",  # the retired ids noted and some originals' `_metadata` deleted (the n-th), files not yet
+    "erase-before-output",  # the state erased (originals retired, task-local copies dropped), the output not yet
+)
+
 _hits: dict[str, int] = {}
 _jvm_groups: set[int] = set()  # this process's JVM, in a session of its own (sparkpoint.spark.session)
 
@@ -64,9 +73,9 @@ def kill_with_this_process(pgid: int) -> None:
 def parse(spec: str) -> tuple[str, int]:
     """`<point>[:<n>]` -> (point, n); ValueError for an unknown point or a bad count."""
     point, _, count = spec.partition(":")
-    if point not in CRASH_POINTS + MAINTENANCE_POINTS:
-        raise ValueError(f"unknown crash point {point!r} in {CRASH_AT}; use one of "
-                         f"{', '.join(CRASH_POINTS + MAINTENANCE_POINTS)}")
+    known = CRASH_POINTS + MAINTENANCE_POINTS + ERASE_POINTS
+    if point not in known:
+        raise ValueError(f"unknown crash point {point!r} in {CRASH_AT}; use one of {', '.join(known)}")
     n = int(count) if count else 1
     if n < 1:
         raise ValueError(f"{CRASH_AT}={spec!r}: the count must be at least 1")

@@ -7,7 +7,7 @@ call `storage_step(op, path)` before each operation on one file or one listing (
 is one `create` of its next log entry). Nothing happens unless a test installed a hook
 with `set_step_hook`: then the hook runs in the thread that makes the operation and may block it
 until a scheduler lets that actor go on. `tests/support/interleavings.py` drives the protocol's actors
-(completer, recoverer, zombie, retried step, sweep, retention, savepoint, skip, ...) through the
+(completer, recoverer, zombie, retried step, sweep, retention, savepoint, skip, rollback, erase, ...) through the
 interleavings of these steps that its bound allows and checks the protocol's invariants after
 each one.
 """

@@ -1,4 +1,4 @@
-"""`verify` (and `verify --repair`), `gc`, `prune`, `savepoint` and `rollback`: the commands that
+"""`verify` (and `verify --repair`), `gc`, `prune`, `savepoint`, `rollback` and `erase`: the commands that
 look after a job's stored checkpoints (and `prune`, after its consumed input)."""
 
 from __future__ import annotations
@@ -119,3 +119,41 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if not printed_json(args, report.to_json()):
         print("\n".join(report.lines() if args.dry_run else [report.message]))
     return 0
+
+
+def cmd_erase(args: argparse.Namespace) -> int:
+    """Erase keys from every retained checkpoint and savepoint of the pipeline's job and its output."""
+    from sparkpoint.pipeline.erase import (
+        EraseNotVerified,
+        choose_operators,
+        erase,
+        parse_key,
+        with_keys_from,
+        write_report,
+    )
+
+    spec = pipeline_of(args)
+    if spec is None:
+        raise UsageError("erase needs --pipeline MODULE:ATTR: the keys are typed by its operators' key column")
+    only = [u.strip() for u in args.operators.split(",") if u.strip()] if args.operators else None
+    chosen = choose_operators(spec.operators, only)
+    types = {(op.key, op.key_type) for op in chosen}
+    if len(types) > 1:
+        raise UsageError("the operators named are keyed by different columns or key types ("
+                         + ", ".join(f"{op.uid}: {op.key} {op.key_type or 'string'}" for op in chosen)
+                         + "): erase from the ones of one key column at a time with --operators")
+    column, key_type = types.pop()
+    keys = [parse_key(t, key_type, column) for t in with_keys_from(args.key or [], args.keys_from)]
+    storage = job_store(args).storage
+    config = spec.config(checkpoints_url=storage.url, job_id=storage.job_id, storage_options=storage.storage_options)
+    try:
+        report = erase(config, spec.operators, keys, only=[op.uid for op in chosen], dry_run=args.dry_run)
+    except EraseNotVerified as e:
+        if args.report:
+            write_report(e.report, args.report)
+        raise
+    if args.report:
+        write_report(report, args.report)
+    if not printed_json(args, report.to_json()):
+        print("\n".join(report.lines()))
+    return 0 if report.verified or args.dry_run else 1

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 from sparkpoint.cli.catalog import cmd_history, cmd_inspect, cmd_list, cmd_metrics, cmd_registry
-from sparkpoint.cli.maintenance import cmd_gc, cmd_prune, cmd_rollback, cmd_savepoint, cmd_verify
+from sparkpoint.cli.maintenance import cmd_erase, cmd_gc, cmd_prune, cmd_rollback, cmd_savepoint, cmd_verify
 from sparkpoint.cli.run import cmd_generate, cmd_run, cmd_skip
 from sparkpoint.cli.state import cmd_bootstrap, cmd_check_upgrade, cmd_diff, cmd_restore, cmd_state
 from sparkpoint.pipeline.settings import BY_NAME, flagged, positive_int, seconds
@@ -275,6 +275,21 @@ def _rollback(sub: Commands) -> None:
     p.set_defaults(fn=cmd_rollback)
 
 
+def _erase(sub: Commands) -> None:
+    p = sub.add_parser("erase", help="erase keys from every retained checkpoint and savepoint of the job (as new "
+                       "checkpoints; the old ones are retired), its task-local copies and its output, with proof")
+    _job_args(p)
+    p.add_argument("--key", action="append", metavar="VALUE",
+                   help="a key to erase, parsed as the operators' key column's type (repeat for more)")
+    p.add_argument("--keys-from", metavar="FILE", help="a file of keys to erase, one per line")
+    p.add_argument("--operators", metavar="UID,...",
+                   help="the operators to erase from (default: every operator; they must share one key column)")
+    p.add_argument("--dry-run", action="store_true", help="count the keys' entries per checkpoint; change nothing")
+    p.add_argument("--report", metavar="FILE", help="write the report (and its proof) to FILE as JSON")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_erase)
+
+
 def _bootstrap(sub: Commands) -> None:
     p = sub.add_parser("bootstrap", help="a savepoint holding an operator's initial state, written from a table "
                        "by its bootstrap function (start a job from it with run --from-checkpoint)")
@@ -294,5 +309,5 @@ def _bootstrap(sub: Commands) -> None:
 # In the order `sparkpoint --help` lists them.
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
     _generate, _run, _skip, _check_upgrade, _state, _diff, _verify, _gc, _prune, _list, _inspect, _registry, _metrics,
-    _history, _restore, _savepoint, _rollback, _bootstrap,
+    _history, _restore, _savepoint, _rollback, _erase, _bootstrap,
 )

@@ -11,8 +11,10 @@ a fallback past a damaged checkpoint does (`StatefulPipeline.fall_back`):
 2. retire the checkpoints after N through the coordinator (`retire_above`): their ids are noted as
    retired (`sparkpoint.checkpoint.retired`: no writer takes them again, so a table sink never
    takes a replay's commit for theirs), then their `_metadata`, then their files;
-3. undo their output through the sink (`Sink.drop` of exactly the retired ids, not `rollback(after=N)`:
-   a run that restored N once they were gone may have committed above them already): the Parquet
+3. undo their output through the sink (`Sink.drop` of exactly the retired ids and the output listed
+   above N before they went, not `rollback(after=N)`: a run that restored N once they were gone may
+   have committed above them already; for an erased copy N, above the id of the original it stands
+   for, `erase.output_id`, which is what the sink recorded): the Parquet
    directory deletes their part files, a table commits a version that removes exactly this job's
    files of them (rows other writers added since stay).
 
@@ -34,6 +36,7 @@ from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore, StoreListing
 from sparkpoint.pipeline.attempt import PendingAttempt, list_attempts, recorded_offsets
 from sparkpoint.pipeline.claims import COMPLETE, current_holder
+from sparkpoint.pipeline.erase import output_id
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, open_output
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.tables.sink import Sink
@@ -136,7 +139,9 @@ def rollback_job(storage: CheckpointStorage, sink: OutputSink | None, to: int, *
     if not newer:
         return RollbackReport(storage.job_url, to, (), {}, (), next_id_after(storage, to), _url(sink), dry_run)
     _refuse_run_in_progress(storage, newer[0].checkpoint_id)
-    output = {cid: tuple(files) for cid, files in sorted((sink.committed(after=to) if sink else {}).items())}
+    # An erased copy (`sparkpoint erase`) stands for its original's batch: the sink recorded that id.
+    output = {cid: tuple(files) for cid, files in
+              sorted((sink.committed(after=output_id(target)) if sink else {}).items())}
     done = recorded_offsets(target)  # replayed: what the newest retired one records (above its floor) and `to` lacks
     replayed = tuple(f for f in recorded_offsets(newer[0]).consumed if not done.includes(f))
     retired = tuple((m.checkpoint_id, m.kind) for m in newer)
@@ -147,7 +152,7 @@ def rollback_job(storage: CheckpointStorage, sink: OutputSink | None, to: int, *
     ids, deleted = CheckpointCoordinator(storage).retire_above(to, reason=f"rollback to checkpoint {to}")
     # Exactly the retired ones: a run that started from `to` once they were gone may have committed
     # above them already, and its output stays.
-    undone = sink.drop(ids) if sink is not None else []
+    undone = sink.drop(sorted({*ids, *output})) if sink is not None else []
     log.info("rolled back %s to chk-%s: retired %s, undid the output of %s", storage.job_url, to, ids, undone)
     kinds = dict(retired)
     return RollbackReport(report.job_url, to, tuple((cid, kinds.get(cid, "checkpoint")) for cid in reversed(ids)),

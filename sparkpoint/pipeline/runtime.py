@@ -23,6 +23,7 @@ from sparkpoint.checkpoint.savepoint import SAVEPOINT_OF
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.pipeline.badfiles import BatchCheck
+from sparkpoint.pipeline.eraselock import erase_in_progress
 from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings
 from sparkpoint.pipeline.upgrade import RestorePlan, checkpoint_parallelism, plan_restore
 from sparkpoint.spark.offsets import SourceOffsets
@@ -279,7 +280,9 @@ class BatchDriver(Protocol):
 def starting_point(storage: CheckpointStorage, config: PipelineConfig
                    ) -> tuple[BatchStart, RestoreLineage | None, frozenset[str]]:
     """Where job `storage` starts: its latest checkpoint, else `config.from_checkpoint` (another
-    job's checkpoint or a savepoint), else nothing. Reads `_metadata` files only."""
+    job's checkpoint or a savepoint), else nothing. Reads `_metadata` files only. Refused while
+    `sparkpoint erase` holds the job: its copies are written below the latest batch's until it ends."""
+    _refuse_during_erase(storage)
     listing = CompletedCheckpointStore(storage).load_all()
     own = listing.checkpoints
     newest_readable = own[0].checkpoint_id if own else 0
@@ -308,6 +311,13 @@ def starting_point(storage: CheckpointStorage, config: PipelineConfig
     unowned = frozenset(meta.paths() | {meta.metadata_path}) if same_job and claim == "NO_CLAIM" else frozenset()
     restore_job = None if same_job else (source.url, source.job_id, source.storage_options)
     return BatchStart(meta, offsets_of(meta), claim, restore_job), lineage, unowned
+
+
+def _refuse_during_erase(storage: CheckpointStorage) -> None:
+    why = erase_in_progress(storage)
+    if why is not None:
+        raise PipelineError(f"cannot start: {why}. Let it finish; if it died, run the same `sparkpoint erase` "
+                            "again (it resumes), then start")
 
 
 def restore_plan(config: PipelineConfig, operators: tuple[KeyedOperator, ...]) -> RestorePlan | None:

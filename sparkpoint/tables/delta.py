@@ -60,7 +60,7 @@ from sparkpoint.tables.delta_parts import (
     with_partition,
 )
 from sparkpoint.tables.files import footer_facts, remove_file, rows_table, write_parquet
-from sparkpoint.tables.sink import DEFAULT_REPLAY_WINDOW, SinkError, SinkFenced, SinkSchemaMismatch
+from sparkpoint.tables.sink import DEFAULT_REPLAY_WINDOW, RowsErased, SinkError, SinkFenced, SinkSchemaMismatch
 from sparkpoint.tables.spec import DeltaTable
 
 if TYPE_CHECKING:
@@ -451,6 +451,26 @@ class DeltaSink:
                 continue
             return dropped
         raise AssertionError("unreachable")
+
+    def erase_rows(self, column: str, values: Sequence[object], *, dry_run: bool = False) -> RowsErased:
+        """Remove this job's rows whose `column` holds one of `values`: one table version replaces
+        the files that hold them with copies without them (new names of the same checkpoint, so a
+        rollback drops the copies), then exactly the removed files are deleted from storage
+        (`sparkpoint.tables.delta_erase`: time travel to before the erase loses those files).
+
+        Raises SinkError for a column the table lacks or partitions by."""
+        from sparkpoint.tables.delta_erase import erase_delta_rows
+
+        table = self._load()
+        if table is not None:
+            names = pa.schema(table.schema().to_arrow()).names
+            if column in table.metadata().partition_columns:
+                raise SinkError(f"cannot erase by {column!r} from {self.url}: the table is partitioned by it, so "
+                                "its rows are whole partitions; delete them with the table's own DELETE")
+            if column not in names:
+                raise SinkError(f"the Delta table {self.url} has no column {column!r} to erase by; it has "
+                                f"{', '.join(names)}")
+        return erase_delta_rows(self, column, list(values), dry_run=dry_run)
 
     def discard_staging(self, up_to: int) -> None:
         """Delete staged files of checkpoints up to `up_to` that no commit named: in a checkpoint

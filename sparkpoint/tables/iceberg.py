@@ -67,7 +67,7 @@ from pyiceberg.utils.config import Config
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.tables.files import remove_file
-from sparkpoint.tables.sink import SinkError
+from sparkpoint.tables.sink import RowsErased, SinkError
 from sparkpoint.tables.spec import IcebergTable
 
 log = logging.getLogger(__name__)
@@ -481,6 +481,17 @@ class IcebergSink:
             return dropped
 
         return self._retrying("removal of checkpoints' rows", attempt)
+
+    def erase_rows(self, column: str, values: Sequence[object], *, dry_run: bool = False) -> RowsErased:
+        """Remove this job's rows whose `column` holds one of `values`: one overwrite snapshot
+        replaces the data files that hold them with copies without them (new names of the same
+        checkpoint, so a rollback drops the copies; `sparkpoint.tables.iceberg_erase`). Older
+        snapshots and the sink's tags keep the old files until they expire.
+
+        Raises SinkError for a column the table lacks."""
+        from sparkpoint.tables.iceberg_erase import erase_iceberg_rows
+
+        return erase_iceberg_rows(self, column, list(values), dry_run=dry_run)
 
     def discard_staging(self, up_to: int) -> None:
         """Delete staged files of checkpoints up to `up_to` that the table never took. Files of a

@@ -25,8 +25,9 @@ import pandas as pd
 
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.storage import move_file, storage_url
+from sparkpoint.tables.erasing import erase_in_files, files_below
 from sparkpoint.tables.files import footer_facts, present, remove_file, remove_tree, rows_table, write_parquet
-from sparkpoint.tables.sink import SinkError
+from sparkpoint.tables.sink import RowsErased, SinkError
 
 log = logging.getLogger(__name__)
 _PART = re.compile(
@@ -188,6 +189,26 @@ class ExactlyOnceParquetSink:
             if name.startswith("chk-") and name[4:].isdigit() and int(name[4:]) <= up_to:
                 storage_step("delete", path.rstrip("/"))
                 remove_tree(fs, path)
+
+    def erase_rows(self, column: str, values: Sequence[object], *, dry_run: bool = False) -> RowsErased:
+        """Remove this job's rows whose `column` holds one of `values` from every part file, and
+        from staged files not yet committed (a later start would commit them as they are). Each
+        file that holds such a row is rewritten under its own name (`sparkpoint.tables.erasing`):
+        `committed`, `rollback` and `drop` see the same parts by checkpoint as before, one left
+        empty included; the rest are read no further than their footer or key column."""
+        fs, root = self._fs()
+        scratch = f"{root}/_erase/{self.job_id}"
+        if not dry_run:
+            storage_step("delete", scratch)
+            remove_tree(fs, scratch)  # copies a killed erase left: never visible, never moved
+        files = [(cid, path) for cid, paths in sorted(self.committed().items()) for path in sorted(paths)]
+        return erase_in_files(fs, self.url, column, list(values), files + self._staged_files(fs, root), scratch,
+                              dry_run=dry_run)
+
+    def _staged_files(self, fs: Any, root: str) -> list[tuple[int, str]]:
+        """(checkpoint id, path) of every staged file of this job, not yet committed."""
+        return [(int(m.group(1)), path) for rel, path in files_below(fs, f"{root}/{self._staging}")
+                if (m := _STAGED.fullmatch(rel))]
 
 
 def _staged_of(rel: str, checkpoint_id: int) -> tuple[str, str]:

@@ -10,6 +10,7 @@ step, a recovery, a zombie completer).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol, Self
 
 import pandas as pd
@@ -31,6 +32,56 @@ class SinkSchemaMismatch(SinkError):
 class SinkFenced(SinkError):
     """The table records a newer checkpoint of this job and operator than the one being committed:
     the writer is a zombie (or a retried step of an old attempt) and commits nothing."""
+
+
+@dataclass(frozen=True)
+class RowsErased:
+    """What `Sink.erase_rows` removed from an output (or, with `dry_run`, would remove).
+
+    `bytes_read` counts what was read to find and rewrite the rows (footers, the key column's
+    chunks, the whole of each file rewritten); `bytes_written` the files written in their place.
+    `rewrites` maps each file rewritten to the file that replaced it (a Parquet part keeps its
+    name; a table's delete writes new files); `purged` names the files whose bytes are gone from
+    storage (a table's delete leaves the old files for time travel until its purge).
+    `by_checkpoint` is the rows removed from the output of each checkpoint (0: uncommitted staged
+    rows). `version` is the table version (Delta) or snapshot id (Iceberg) the delete committed.
+    """
+
+    output: str
+    column: str
+    rows_removed: int = 0
+    files_rewritten: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    files_scanned: int = 0
+    files_skipped: int = 0
+    dry_run: bool = False
+    version: int | None = None
+    by_checkpoint: tuple[tuple[int, int], ...] = ()
+    rewrites: tuple[tuple[str, str], ...] = ()
+    purged: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict for `--json` and `--report` (lists, not tuples)."""
+        out = asdict(self)
+        out["by_checkpoint"] = {str(cid): rows for cid, rows in self.by_checkpoint}
+        out["rewrites"] = [list(pair) for pair in self.rewrites]
+        out["purged"] = list(self.purged)
+        return out
+
+    @property
+    def message(self) -> str:
+        """One line for a person: what left (or would leave) which output."""
+        verb = "would remove" if self.dry_run else "removed"
+        line = (f"{self.output}: {verb} {self.rows_removed} row(s) with a matching {self.column!r}, "
+                f"{self.files_rewritten} file(s) rewritten of {self.files_scanned} scanned "
+                f"({self.files_skipped} skipped by statistics), {self.bytes_read} bytes read, "
+                f"{self.bytes_written} written")
+        if self.version is not None:
+            line += f", table version {self.version}"
+        if self.purged:
+            line += f", {len(self.purged)} old file(s) purged"
+        return line
 
 
 class Sink(Protocol):
@@ -90,4 +141,13 @@ class Sink(Protocol):
     def facts(self, checkpoint_id: int, staged: list[str]) -> dict[str, Any]:
         """What checkpoint N made visible (files, rows, columns), for reports: never raises on a
         file it cannot read (`unreadable` names it)."""
+        ...
+
+    def erase_rows(self, column: str, values: Sequence[object], *, dry_run: bool = False) -> RowsErased:
+        """Remove this job's output rows whose `column` holds one of `values` (a key being
+        forgotten), committed or staged, keeping what `committed`, `rollback` and `drop` see of
+        every checkpoint. With `dry_run`, count what would go and change nothing.
+
+        Raises SinkError for a value that cannot be compared with the column (`"abc"` against an
+        integer column), naming the column's type."""
         ...

@@ -14,7 +14,7 @@ who goes next. The actors, each what a front end calls:
   `recover` task: `recover` with an orphan grace period and no fence), `prune`, `gc`;
 - `take_savepoint` into the job directory and out of it, `sparkpoint skip` (`skip_file`), the
   `--follow` loop (`follow`), `sparkpoint bootstrap` (`plan_bootstrap(...).run`), `sparkpoint
-  rollback` (`rollback_job`);
+  rollback` (`rollback_job`), `sparkpoint erase` (`erase_job`);
 - two actors sharing one host's `local_dir` (the same subtask directories and task-local copies);
 - corruption: a byte of a stored file flips, as one step of its own.
 
@@ -607,6 +607,7 @@ class Scenario:
     patch: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
     table: str | None = None  # the job writes a "delta" or "iceberg" table (its commit: steps on the table)
     own_input: bool = False  # an actor deletes or archives input (`input_cleanup`): each world a copy of its own
+    erased: tuple[str, ...] = ()  # accounts an actor erases (`sparkpoint erase`): left out of the recomputation
 
 
 def into_a_table(scenario: Scenario, kind: str = "delta") -> Scenario:
@@ -988,6 +989,31 @@ def rollback_vs_recoverer() -> Scenario:
     return Scenario("rollback-vs-recoverer", setup, actors)
 
 
+ERASED = ("a3",)
+
+
+def _erase(run: Run, actor: str) -> Any:
+    """`sparkpoint erase --key a3` from both operators of the job and its output (the actor's own sink)."""
+    from sparkpoint.pipeline.erase import EraseScope, erase_job, state_key
+
+    p = run.pipeline(actor, num_retained=2)
+    scope = EraseScope(tuple(state_key(k) for k in ERASED), tuple(op.uid for op in OPERATORS), {"acct": ERASED})
+    return erase_job(p.storage, scope, sink=p.sink, local_dir=p.config.local_dir)
+
+
+def erase_vs_run_vs_retention() -> Scenario:
+    """`sparkpoint erase` of account a3 while `sparkpoint run` (one process, started before the
+    erase: nothing refuses it) commits chk-3 and a prune applies retention: whatever the order, no
+    batch of another account may be lost or repeated (a copy's id below the run's checkpoint would
+    roll the job back), and every retained checkpoint keeps its files."""
+    def actors(run: Run) -> dict[str, Callable[[], Any]]:
+        return {"erase": lambda: _erase(run, "erase"),
+                "run": lambda: run.pipeline("run", num_retained=2, max_batches=1).run(),
+                "prune": lambda: prune(run.storage(), num_retained=2, orphan_grace_seconds=3600.0)}
+    return Scenario("erase-vs-run-vs-retention", lambda run: _first_checkpoint(run, 2, num_retained=2), actors,
+                    erased=ERASED)
+
+
 SCENARIOS = {s.name: s for s in (
     claimed_completer_vs_recovery_abort(), uploaded_zombie_vs_recovery_sweep(), completer_vs_recoverer(),
     zombie_vs_recover_with_sweep(), two_completers(), completer_vs_prune_vs_sweep(), retried_step_vs_recoverer(),
@@ -998,7 +1024,7 @@ SCENARIOS = {s.name: s for s in (
     into_a_table(completer_vs_recoverer()), into_a_table(two_completers()),
     into_a_table(zombie_vs_recover_with_sweep()), into_a_table(retried_step_vs_recoverer()),
     into_a_table(completer_vs_recoverer(), "iceberg"), into_a_table(zombie_vs_recover_with_sweep(), "iceberg"),
-    rollback_vs_run(), rollback_vs_recoverer(), rollback_vs_run_vs_input_cleanup(),
+    rollback_vs_run(), rollback_vs_recoverer(), rollback_vs_run_vs_input_cleanup(), erase_vs_run_vs_retention(),
 )}
 
 
@@ -1165,12 +1191,17 @@ Reference = tuple[list[tuple[Any, ...]], dict[str, int]]
 """The idle operator's output rows and state after a run of the input alone."""
 
 
-def replay_violations(run: Run, reference: Callable[[frozenset[str]], Reference]) -> list[str]:
-    """The product's own way out (a recovery on a host that lost its local disk), then everything
-    left: output and state must be exact. Costs a recovery and a batch or two on RocksDB. Only a
-    flipped byte in a file every retained checkpoint needed when it flipped may stop the job."""
+def replay_violations(run: Run, reference: Callable[[frozenset[str]], Reference],
+                      erased: tuple[str, ...] = ()) -> list[str]:
+    """The product's own way out (an erase that failed run again, a recovery on a host that lost
+    its local disk), then everything left: output and state must be exact, but for the `erased`
+    accounts (an erase removed them, a later batch may bring them back). Costs a recovery and a
+    batch or two on RocksDB. Only a flipped byte in a file every retained checkpoint needed when
+    it flipped may stop the job."""
     found = []
     try:
+        if erased and run.storage().exists("_erase/lock.json"):
+            _erase(run, "after")
         recover(run.pipeline("after"))
         run.pipeline("after").run()
     except Exception as e:
@@ -1180,21 +1211,28 @@ def replay_violations(run: Run, reference: Callable[[frozenset[str]], Reference]
     skipped = skipped_in(run)
     want_rows, want_totals = expected(run, skipped)
     got = visible_output(run)
+    if erased:
+        want_rows, got = [r for r in want_rows if r[0] not in erased], [r for r in got if r[0] not in erased]
+        want_totals = {a: t for a, t in want_totals.items() if a not in erased}
     if got != want_rows:
         missing = len(set(want_rows) - set(got))
         dupes = len(got) - len(set(got))
         found.append(f"output is not exactly once: {len(got)} rows, want {len(want_rows)} "
                      f"({missing} missing, {dupes} repeated)")
     _, state = state_table(run.storage(), BALANCES)
-    if dict(zip(state["acct"], state["balance"].astype(int))) != want_totals:
+    totals = dict(zip(state["acct"], state["balance"].astype(int)))
+    if {a: t for a, t in totals.items() if a not in erased} != want_totals:
         found.append("restored state differs from the recomputation")
     idle_rows, idle_state = reference(skipped)
     alerts = visible_output(run, "idle")
+    if erased:
+        idle_rows, alerts = [r for r in idle_rows if r[0] not in erased], [r for r in alerts if r[0] not in erased]
+        idle_state = {a: t for a, t in idle_state.items() if a not in erased}
     if alerts != idle_rows:
         found.append(f"the timers' output is not exactly once: {len(alerts)} alerts, want {len(idle_rows)} "
                      f"({len(set(idle_rows) - set(alerts))} missing, {len(alerts) - len(set(alerts))} repeated)")
     _, seen = state_table(run.storage(), IDLE)
-    if dict(zip(seen["acct"], seen["last_seen"].astype(int))) != idle_state:
+    if {a: t for a, t in zip(seen["acct"], seen["last_seen"].astype(int)) if a not in erased} != idle_state:
         found.append("the TTL state differs from a run of the input alone")
     return found
 
@@ -1418,7 +1456,7 @@ class Checker:
                 found = violations(run, scheduler.actors, neighbours)
                 key = end_state(run)
                 if key not in self.replayed:
-                    self.replayed[key] = replay_violations(run, self.reference)
+                    self.replayed[key] = replay_violations(run, self.reference, self.scenario.erased)
                 found += self.replayed[key]
             except Exception as e:
                 found = [f"checking the end state failed: {type(e).__name__}: {e}\n{traceback.format_exc()}"]
