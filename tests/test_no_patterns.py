@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sparkpoint"
 GLOBBING = re.compile(r"\bfs\.(rm|glob|expand_path|find|du|copy|mv|get|put)\(")
 # Each allowed call, with why no user path can hold a pattern there.
 ALLOWED = {
-    # find() lists below one directory with ls() (no expansion); the name is the sink's own chk-N.
+    # find() lists below one directory with ls() (no expansion): a sink's staging tree, its job's files (erase).
     ("tables/files.py", "files = fs.find(path)"),
 }
 

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from sparkpoint.checkpoint.interleave import storage_step
-from sparkpoint.tables.erasing import EraseTally, files_below, filtered_copy, rewrite_file, scan_file
-from sparkpoint.tables.files import remove_file, remove_tree
+from sparkpoint.tables.erasing import EraseTally, filtered_copy, rewrite_file, scan_file
+from sparkpoint.tables.files import files_below, remove_file, remove_tree
 from sparkpoint.tables.sink import RowsErased
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ def _erase_unheld(sink: DeltaSink, fs: Any, root: str, live: set[str], column: s
     still to be committed are rewritten in place, files of a checkpoint at or below the newest the
     table holds (older versions', or an attempt's that lost) are deleted. Returns those deleted."""
     base = f"{root}/{sink._prefix}"
+    storage_step("walk", base)
     pattern = sink._staged_re()
     newest = max(sink.committed(), default=0)
     deleted = []

@@ -131,16 +131,6 @@ class EraseTally:
                           rewrites=tuple((old, new or "") for old, new in rewrites), purged=tuple(purged))
 
 
-def files_below(fs: Any, base: str) -> list[tuple[str, str]]:
-    """(name relative to `base`, path) of every file below the directory `base`, sorted."""
-    storage_step("walk", base)
-    try:
-        paths = sorted(fs.find(base))
-    except FileNotFoundError:
-        return []
-    return [(path[len(base) + 1:], path) for path in paths if path.startswith(f"{base}/")]
-
-
 def erase_in_files(fs: Any, output: str, column: str, values: Sequence[object],
                    files: Sequence[tuple[int, str]], scratch: str, *, dry_run: bool) -> RowsErased:
     """Erase the rows of `values` from each (checkpoint id, path) of `files`, in place."""

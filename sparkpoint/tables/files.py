@@ -77,12 +77,19 @@ def remove_tree(fs: Any, path: str) -> None:
     if isinstance(fs, LocalFileSystem):
         shutil.rmtree(fs._strip_protocol(path), ignore_errors=True)  # never follows links
         return
+    for _, f in files_below(fs, path):
+        remove_file(fs, f)
+
+
+def files_below(fs: Any, path: str) -> list[tuple[str, str]]:
+    """(name relative to the directory `path`, full path) of every file below it, sorted; none
+    when it does not exist. `find` lists with `ls` from that one directory down (no pattern in
+    `path` is expanded)."""
     try:
         files = fs.find(path)
     except FileNotFoundError:
-        return
-    for f in files:
-        remove_file(fs, f)
+        return []
+    return [(f[len(path) + 1:], f) for f in sorted(files) if f.startswith(f"{path}/")]
 
 
 def remove_file(fs: Any, path: str) -> None:

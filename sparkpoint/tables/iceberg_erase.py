@@ -32,8 +32,8 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 
 from sparkpoint.checkpoint.interleave import storage_step
-from sparkpoint.tables.erasing import EraseTally, files_below, filtered_copy, rewrite_file, scan_file
-from sparkpoint.tables.files import remove_tree
+from sparkpoint.tables.erasing import EraseTally, filtered_copy, rewrite_file, scan_file
+from sparkpoint.tables.files import files_below, remove_tree
 from sparkpoint.tables.sink import RowsErased, SinkError
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def _erase_pending(sink: IcebergSink, fs: object, root: str, newest: int, column
                    tally: EraseTally, *, dry_run: bool) -> None:
     """Rewrite in place the staged files of checkpoints above the newest the table records (a
     commit still to come takes them by their names)."""
+    storage_step("walk", root)
     for rel, path in files_below(fs, root):
         m = _NAME.fullmatch(rel)
         if m is None or int(m.group(1)) <= newest:

@@ -25,8 +25,16 @@ import pandas as pd
 
 from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.storage import move_file, storage_url
-from sparkpoint.tables.erasing import erase_in_files, files_below
-from sparkpoint.tables.files import footer_facts, present, remove_file, remove_tree, rows_table, write_parquet
+from sparkpoint.tables.erasing import erase_in_files
+from sparkpoint.tables.files import (
+    files_below,
+    footer_facts,
+    present,
+    remove_file,
+    remove_tree,
+    rows_table,
+    write_parquet,
+)
 from sparkpoint.tables.sink import RowsErased, SinkError
 
 log = logging.getLogger(__name__)
@@ -207,6 +215,7 @@ class ExactlyOnceParquetSink:
 
     def _staged_files(self, fs: Any, root: str) -> list[tuple[int, str]]:
         """(checkpoint id, path) of every staged file of this job, not yet committed."""
+        storage_step("walk", f"{root}/{self._staging}")
         return [(int(m.group(1)), path) for rel, path in files_below(fs, f"{root}/{self._staging}")
                 if (m := _STAGED.fullmatch(rel))]
 
