@@ -22,6 +22,13 @@ removed (the subtasks' `facts`; RocksDB's estimate above `EXACT_UP_TO` entries p
 Bytes are exact, timings noisy (2 shared cores); `--repeat N` runs each variant N times
 (alternating) and the tables show per-batch medians.
 
+Flat or not (issue 48): the largest referenced state (what a restore reads; and `state_size`, which
+adds a materialization's staged slices) from batch 20 on ÷ its mean over the same batches, goal
+≤ 1.3 in every mode; and the TTL'd state ÷ the same state without TTL, beside Spark's
+`transformWithStateInPandas` with a TTL'd value state, whose state grows to 1.7-2.2x its no-TTL
+state (quoted from issue 48, where it was measured with Spark 4.3 on this machine; this benchmark
+does not run Spark's).
+
 Run (about 10 minutes with --repeat 2; --quick: 12 batches of 500 keys, a smoke test):
 
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_ttl_bounded [--repeat 2] [--keys 5000]
@@ -58,6 +65,9 @@ RECENT = 5  # repeats come from keys first seen in the last RECENT batches
 START = pd.Timestamp("2026-11-01", tz="UTC")
 SHOWN = (1, 10, 20, 40, 60, 80, 100)
 PARALLELISM = 2
+
+STEADY_FROM = 20  # batches from which the TTL'd state is in its steady state (2 x TTL_BATCHES)
+SPARK_TWS_TTL_OVER_NO_TTL = (1.7, 2.2)  # quoted: issue 48 (Spark 4.3 transformWithStateInPandas, TTL'd value state)
 
 SEEN = StructCodec[tuple[int, int, float]]("<qqd")  # last event time (µs), count, total amount
 TTL = StateTtl(TTL_BATCHES * BATCH_SECONDS, clock="event")
@@ -219,10 +229,15 @@ def median_runs(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 def summary(batches: list[dict[str, Any]]) -> dict[str, Any]:
     by = {b["batch"]: b for b in batches}
     n = len(batches)
-    ref = min(20, n)
+    ref = min(STEADY_FROM, n)
     tail = [b for b in batches if b["batch"] >= ref]
+    restore = [b["live"]["restore"] for b in tail]
+    sizes = [b["state_size"] for b in tail]
     return {
         "batches": n,
+        "restore_max_over_steady_mean": max(restore) / statistics.fmean(restore),
+        "state_size_max_over_steady_mean": max(sizes) / statistics.fmean(sizes),
+        "restore_steady_mean": statistics.fmean(restore),
         "live_last_over_batch20": by[n]["state_size"] / by[ref]["state_size"],
         "restore_last_over_batch20": by[n]["live"]["restore"] / by[ref]["live"]["restore"],
         "restore_max_over_batch20": max(b["live"]["restore"] for b in tail) / by[ref]["live"]["restore"],
@@ -286,6 +301,25 @@ def report(results: dict[str, Any]) -> str:
                      ["variant", "run", "restore last/20", "restore min-max/20 (20+)", "state_size last/20",
                       "uploaded last/20", "uploaded mean kB (20+)",
                       "uploaded max kB (20+)", "batch s (median)"], rows))
+    flat = []
+    for variant, runs in results["runs"].items():
+        for k, run in enumerate(runs):
+            s = summary(run)
+            flat.append([variant, str(k + 1), kb(s["restore_steady_mean"]), f"{s['restore_max_over_steady_mean']:.2f}",
+                         f"{s['state_size_max_over_steady_mean']:.2f}"])
+    out.append(table(f"Flat? From batch {min(STEADY_FROM, n)} on: the largest ÷ the mean (goal for ttl, every mode: "
+                     "≤ 1.3)", ["variant", "run", "restore mean kB", "restore max ÷ mean", "state_size max ÷ mean"],
+                     flat))
+    ratios = []
+    for mode, suffix in (("changelog (default)", ""), ("files only", "/files")):
+        for b in sorted({min(30, n), n}):
+            t, f = med["ttl" + suffix][b - 1], med["no-ttl" + suffix][b - 1]
+            ratios.append([mode, str(b), f"{t['live_restore'] / f['live_restore']:.2f}",
+                         f"{t['entries'] / f['entries']:.2f}" if f["entries"] else "-"])
+    lo, hi = SPARK_TWS_TTL_OVER_NO_TTL
+    ratios.append(["Spark TWS (quoted, issue 48)", "-", f"{lo:.1f}-{hi:.1f}", "-"])
+    out.append(table("TTL'd state ÷ the same state without TTL (restore bytes; entries)",
+                     ["system", "batch", "ttl ÷ no-ttl bytes", "ttl ÷ no-ttl entries"], ratios))
     return "\n".join(out)
 
 
@@ -347,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
         "runs": runs,
         "median": {v: median_runs(r) for v, r in runs.items()},
         "summary": {v: [summary(run) for run in r] for v, r in runs.items()},
+        "spark_tws_ttl_over_no_ttl_quoted": {"range": list(SPARK_TWS_TTL_OVER_NO_TTL), "source": "issue 48: Spark "
+                                             "4.3 transformWithStateInPandas, TTL'd value state, measured on this "
+                                             "machine; not run by this benchmark"},
         "runtime_s": time.perf_counter() - started,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "pyspark": pyspark.__version__,
                     "rocksdict": getattr(rocksdict, "__version__", "unknown")},

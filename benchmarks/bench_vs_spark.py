@@ -46,6 +46,9 @@ after every batch):
   less than wall time;
 * cold restart: a fresh Python process creates the Spark session and processes exactly one more
   file from the existing checkpoint; seconds from session creation to that batch committed.
+  The restore table puts it beside what a restore reads (the live state: the last batch's, the
+  mean and the largest over the update batches) and the uploads, ours ÷ each Spark mode's
+  (`restore_vs_spark` in the JSON).
   Ours gets a fresh local directory, so it restores from checkpoint storage as Spark does (its
   RocksDB working copies die with the JVM). Median of --restart-repeat runs (default 3), each
   from the same state; the session start alone varies by seconds between runs;
@@ -858,6 +861,39 @@ def speed_vs_spark(systems: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
+def restore_vs_spark(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per system, what a restore of its latest checkpoint reads (live state, the last batch's and
+    the mean over the update batches), what it uploads per update batch (mean, largest ÷ mean)
+    and its cold restart (a new process: session, restore, one batch), and per system of ours the
+    same ÷ each Spark mode's (below 1: ours reads, uploads or takes less)."""
+    out: dict[str, Any] = {}
+    for label, s in systems.items():
+        updates = s["batches"][1:]
+        uploads = [b["uploaded_bytes"] for b in updates] or [0]
+        mean_up = statistics.fmean(uploads)
+        out[label] = {
+            "kind": s["kind"],
+            "state_bytes_final": s["summary"]["state_bytes_final"],
+            "state_bytes_mean": statistics.fmean(b["state_bytes"] for b in updates) if updates else 0.0,
+            "state_bytes_max": max((b["state_bytes"] for b in updates), default=0),
+            "uploaded_bytes_mean": mean_up,
+            "uploaded_largest_over_mean": max(uploads) / mean_up if mean_up else 0.0,
+            "restart_s": (s.get("restart") or {}).get("total_s"),
+        }
+    for x in out.values():
+        if x["kind"] != "ours":
+            continue
+        x["vs"] = {}
+        for other, y in out.items():
+            if y["kind"] != "spark":
+                continue
+            x["vs"][other] = {
+                k: (x[k] / y[k] if x[k] is not None and y[k] else None)
+                for k in ("state_bytes_final", "state_bytes_mean", "state_bytes_max", "uploaded_bytes_mean",
+                          "restart_s")}
+    return out
+
+
 def entry_shares(shares: list[dict[str, float]], entries: list[dict[str, int]]) -> dict[str, dict[str, float]]:
     """Per operator, means over the update batches: the share of the state's entries the batch
     changed or added, and the share it added. An added entry is information no earlier checkpoint
@@ -941,6 +977,25 @@ def report(results: dict[str, Any]) -> str:
         "a fresh process)",
         ["workload", "system", "events/s", "÷ Spark best", "events/CPU-s", "÷ Spark best", "batch s",
          "1st batch s", "restart s", "of it session s", "of it batch s"], rows,
+    ))
+    rows = []
+    for name, w in results["workloads"].items():
+        restore = restore_vs_spark(w["systems"])
+        for label, x in restore.items():
+            vs = x.get("vs") or {}
+            rows.append([name, label, mb(x["state_bytes_final"]), mb(x["state_bytes_mean"]), mb(x["state_bytes_max"]),
+                         mb(x["uploaded_bytes_mean"]), f"{x['uploaded_largest_over_mean']:.2f}",
+                         f"{x['restart_s']:.1f}" if x["restart_s"] is not None else "-",
+                         " / ".join(ratio(v["state_bytes_final"]) for v in vs.values()) or "-",
+                         " / ".join(ratio(v["state_bytes_mean"]) for v in vs.values()) or "-",
+                         " / ".join(ratio(v["uploaded_bytes_mean"]) for v in vs.values()) or "-",
+                         " / ".join(ratio(v["restart_s"]) for v in vs.values()) or "-"])
+    out.append(table(
+        "What a restore reads and a cold restart, side by side (live state = the bytes a restore of the latest "
+        "checkpoint reads; cold restart = a new process: session, restore from checkpoint storage, one batch; "
+        "ours ÷ Spark changelog off / on)",
+        ["workload", "system", "live MB last", "mean", "max", "MB up/batch", "largest÷mean", "restart s",
+         "÷ Spark: live last", "live mean", "up/batch", "restart"], rows,
     ))
     rows = []
     for name, w in results["workloads"].items():
@@ -1220,6 +1275,8 @@ def definitions() -> dict[str, str]:
 
 
 def write(results: dict[str, Any], out: Path, stem: str) -> None:
+    for w in results["workloads"].values():
+        w["restore_vs_spark"] = restore_vs_spark(w["systems"])
     print(report(results))
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1, default=float) + "\n")

@@ -125,18 +125,23 @@ def test_a_damaged_changelog_file_is_a_specific_error(tmp_path: Path, damage, me
 
 
 @pytest.mark.parametrize(
-    "materialized, chain_bytes, chain_files, expected",
+    "state, materialized, chain_bytes, chain_files, expected, overdue",
     [
-        (0, 0, 0, True),  # nothing materialized yet
-        (1000, 0, 0, False),
-        (1000, 999, 3, False),
-        (1000, 1000, 3, True),  # the chain reached the share
-        (1000, 10, 4, True),  # the chain reached max_chain files
+        (0, 0, 0, 0, True, True),  # nothing to weigh the chain against
+        (1000, 1000, 0, 0, False, False),
+        (1000, 1000, 499, 3, False, False),
+        (1000, 1000, 500, 3, True, False),  # a restore reads half the state's bytes more than the state holds
+        (1000, 1000, 1000, 3, True, True),  # ... twice that: too late to materialize in steps
+        (3000, 1000, 2400, 3, False, False),  # a growing state: the chain holds what the state gained
+        (400, 1000, 0, 1, True, True),  # expired or deleted since the materialization: the base alone is excess
+        (1000, 1000, 10, 4, True, False),  # the chain reached max_chain files
     ],
 )
-def test_materialization_policy(materialized, chain_bytes, chain_files, expected):
-    options = ChangelogOptions(enabled=True, materialize_share=1.0, max_chain=4)
-    assert options.should_materialize(materialized, chain_bytes, chain_files) is expected
+def test_materialization_policy_weighs_what_a_restore_reads_against_the_state(
+        state, materialized, chain_bytes, chain_files, expected, overdue):
+    options = ChangelogOptions(enabled=True, materialize_share=0.5, max_chain=4)
+    assert options.should_materialize(state, materialized, chain_bytes, chain_files) is expected
+    assert options.overdue(state, materialized, chain_bytes, chain_files) is overdue
 
 
 def test_changelog_checkpoints_upload_one_small_file_and_materialize_on_schedule(

@@ -49,8 +49,8 @@ def test_a_checksum_valid_bomb_in_a_checkpoint_is_reported_by_verify_and_refused
     coord = CheckpointCoordinator(storage, num_retained=2)
     with make_backend(storage, tmp_path / "local", max_parallelism=32, changelog=ChangelogOptions(enabled=True)) as b:
         b.restore(None)
-        for n in range(2):
-            b.value_state("count", COUNTS).put_many((f"k{i}", (i + n,)) for i in range(300))
+        for n, keys in enumerate((300, 30)):  # 10% churn: checkpoint 2 is a changelog one
+            b.value_state("count", COUNTS).put_many((f"k{i}", (i + n,)) for i in range(keys))
             take_checkpoint(coord, [b])
     store = CompletedCheckpointStore(storage)
     meta = store.load(2)

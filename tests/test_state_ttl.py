@@ -285,3 +285,40 @@ def raw_entries_of(b: RocksDBStateBackend, name: str) -> int:
 
     assert b.db is not None, "restored: the working database is open"
     return entry_count(b.db.get_column_family(name))
+
+
+def test_a_materialization_in_steps_leaves_out_what_expired_even_unswept(
+    local_storage: CheckpointStorage, tmp_path: Path
+):
+    """The slices of a materialization hold no entry expired when they are written (Flink's TTL
+    compaction filter, where sparkpoint rewrites state): with the sweep never run, a restore of the
+    checkpoint that switches to them stores only the live entries, and reads them all; a state
+    without a TTL keeps every entry."""
+    options = ChangelogOptions(enabled=True, materialize_share=100.0, max_chain=4, in_steps=True, slice_min_bytes=1)
+    coord = CheckpointCoordinator(local_storage, num_retained=2)
+    with backend(local_storage, tmp_path / "local", changelog=options) as b:
+        b.restore(None)
+        b.set_time(processing_us=T0)
+        b.value_state("visits", JsonCodec(), ttl=StateTtl(60)).put_many((f"old{i}", i) for i in range(400))
+        b.value_state("plain", JsonCodec()).put_many((f"p{i}", i) for i in range(50))
+        take_checkpoint(coord, [b])
+        now = T0
+        for n in range(10):  # a chain of four calls for a materialization; its slices follow, then the switch
+            now += 30 * S
+            b.set_time(processing_us=now)
+            b.value_state("visits", JsonCodec(), ttl=StateTtl(60)).put_many((f"new{n}-{i}", i) for i in range(20))
+            take_checkpoint(coord, [b])
+        latest = CompletedCheckpointStore(local_storage).latest()
+        assert latest is not None
+        (handle,) = latest.operators["dedup"].subtasks
+        assert not any(f.created_by == 1 for f in handle.shared), "the first materialization was replaced"
+        assert not handle.staged, "by one made of slices"
+    expected = {f"new{n}-{i}": i for n in range(7, 10) for i in range(20)}  # written within the last 60 s
+    with backend(local_storage, tmp_path / "fresh", changelog=options) as fresh:
+        fresh.restore(latest)
+        fresh.set_time(processing_us=now)
+        visits = fresh.value_state("visits", JsonCodec(), ttl=StateTtl(60))
+        assert {k.decode(): v for k, v in visits.items()} == expected
+        stored = raw_entries(fresh, "visits")
+        assert stored < 400, f"{stored} entries stored: the expired old ones were materialized"
+        assert raw_entries(fresh, "plain") == 50

@@ -23,6 +23,7 @@ from typing import Any
 from sparkpoint.checkpoint.ledger import DEFAULT_PRICES, Prices
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention, parse_bool
 from sparkpoint.checkpoint.storage import storage_url
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 
 # The values the modules that act on them own (sparkpoint.pipeline.badfiles, .spark.routing,
@@ -349,12 +350,13 @@ SETTINGS: tuple[Setting, ...] = (
         "changelog checkpoints (Flink's FLIP-158): upload the entries that changed, materialize now and then",
         parse_bool, flink=("state.backend.changelog.enabled",), resource=Resource("state_backend")),
     Setting(
-        "changelog_materialize_share", float, 2.0,
-        "materialize when the chain reaches this share of the state's bytes (the larger of the last "
-        "materialization and the working SSTs now)",
+        "changelog_materialize_share", float, ChangelogOptions().materialize_share,
+        "materialize when what a restore reads (the last materialization and the chain) exceeds the state's "
+        "bytes (its working SSTs, kept nearly compact) by this share of them: overwritten, deleted and expired "
+        "entries, not a growing state's new ones",
         float),
     Setting(
-        "changelog_max_chain", int, 64,
+        "changelog_max_chain", int, ChangelogOptions().max_chain,
         "... or once the chain has this many changelog files",
         int),
     Setting(

@@ -36,7 +36,12 @@ from sparkpoint.checkpoint.metadata import CheckpointMetadata, KeyGroupRange, Su
 from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.codecs import Codec
-from sparkpoint.state.engine.changelog import ChangeLog, ChangelogOptions
+from sparkpoint.state.engine.changelog import (
+    WORKING_LEVEL0_TRIGGER,
+    WORKING_SIZE_AMPLIFICATION,
+    ChangeLog,
+    ChangelogOptions,
+)
 from sparkpoint.state.engine.localstate import LocalState, handle_digest
 from sparkpoint.state.engine.restoring import Restorer, RestoreResult
 from sparkpoint.state.engine.rocksdb import EXACT_UP_TO, RocksDBOptions
@@ -103,7 +108,7 @@ class RocksDBStateBackend:
         self.changelog = changelog or ChangelogOptions()
         self._local = LocalState(
             Path(local_dir) / storage.job_id / operator / str(subtask), operator=operator, subtask=subtask,
-            key_group_range=self.key_group_range, max_parallelism=max_parallelism, options=self.options,
+            key_group_range=self.key_group_range, max_parallelism=max_parallelism, options=self._working_options(),
             log=ChangeLog() if self.changelog.enabled else None,
         )
         self._states = SubtaskStates(self._local, operator=operator, subtask=subtask, max_parallelism=max_parallelism,
@@ -114,6 +119,14 @@ class RocksDBStateBackend:
 
     def __repr__(self) -> str:
         return repr(self._local)
+
+    def _working_options(self) -> RocksDBOptions:
+        """With the changelog on, the working database is kept nearly compact: its SSTs are what
+        the chain is weighed against (`sparkpoint.state.engine.changelog.ChangelogOptions`)."""
+        if not self.changelog.enabled:
+            return self.options
+        return replace(self.options, size_amplification_percent=WORKING_SIZE_AMPLIFICATION,
+                       level0_trigger=min(self.options.level0_trigger, WORKING_LEVEL0_TRIGGER))
 
     def __enter__(self) -> Self:
         return self
@@ -441,7 +454,8 @@ class RocksDBStateBackend:
         checkpoint after a NO_CLAIM restore does anyway (its base is empty). With the changelog
         on, a checkpoint uploads one changelog file until the chain calls for a materialization.
         """
-        return self._snapshotter.snapshot(checkpoint_id, full=full, annotate=self._annotate)
+        return self._snapshotter.snapshot(checkpoint_id, full=full, annotate=self._annotate,
+                                          expired_before=self._states.expired_before())
 
     def _annotate(self, handle: SubtaskStateHandle) -> SubtaskStateHandle:
         return replace(handle, facts=self.facts(), states=self._states.declarations or None)

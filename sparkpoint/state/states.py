@@ -254,6 +254,22 @@ class SubtaskStates:
                 removed += sweeper.expire(limit)
         return removed
 
+    def expired_before(self) -> dict[str, int]:
+        """Per state with a TTL (open, or as declared when last opened), the time stamp before
+        which its entries are expired now: what a rewrite of the state may leave out, since no
+        read returns them any more (clocks only advance)."""
+        out: dict[str, int] = {}
+        for name in self.stores.state_names():
+            if name == TIMERS:
+                continue
+            state = self._open.get(name)
+            declared = self._declared.get(name, {}).get("ttl")
+            ttl = state.ttl if state is not None else StateTtl(**declared) if declared else None
+            now = None if ttl is None else self.clock(ttl.clock)
+            if ttl is not None and now is not None:
+                out[name] = now - ttl.micros
+        return out
+
     def _sweeper(self, name: str) -> KeyedState[bytes] | None:
         """A handle on state `name` that only sweeps, with the TTL of its last declaration (None:
         it has none, or it was checkpointed before sparkpoint recorded declarations)."""

@@ -1,9 +1,10 @@
 """The state changelog (Flink's FLIP-158, "generic log-based incremental checkpoints").
 
 With the changelog on, a checkpoint of a subtask no longer uploads RocksDB files: it uploads the
-entries its states changed since the previous checkpoint, as one compact file. Every few
-checkpoints the subtask *materializes*: it uploads RocksDB's own files (incrementally, as
-without the changelog) and the chain of changelog files starts anew. A checkpoint's handle
+entries its states changed since the previous checkpoint, as one compact file. When the chain
+makes a restore read much more than the state holds (`ChangelogOptions`), the subtask
+*materializes*: it uploads RocksDB's own files (in steps, or incrementally as without the
+changelog) and the chain of changelog files starts anew. A checkpoint's handle
 lists the files of the last materialization plus the changelog chain after it; every file is a
 shared file the registry counts like any other, so a changelog file lives exactly as long as a
 retained checkpoint needs it. Restore = the materialized files, then the chain replayed in order.
@@ -64,25 +65,38 @@ def local_name(checkpoint_id: int) -> str:
 is_changelog = is_changelog_name
 
 
+# With the changelog on, no upload depends on which SSTs the working database's compactions write
+# (a materialization in steps writes slices of its own): the working database is kept within 25%
+# of its compacted size (universal compaction considered at every second flush, rewriting it
+# whole once the newer runs pass 25% of the oldest), so that its SSTs measure the state. Measured
+# on a state overwritten by a quarter per flush: 1.0-1.1x compacted, against 1.0-2.6x with the
+# file-only settings (RocksDBOptions).
+WORKING_SIZE_AMPLIFICATION = 25  # percent
+WORKING_LEVEL0_TRIGGER = 2
+
+
 @dataclass(frozen=True)
 class ChangelogOptions:
-    """When to materialize: the chain's bytes reach `materialize_share` of the state's bytes, or
-    the chain reaches `max_chain` files. A longer chain uploads less (each materialization
-    re-uploads what compaction rewrote) and takes longer to restore from the task-local copy or
-    stable storage, which replay it (the working database replays nothing).
+    """When to materialize: once what a restore of the next checkpoint would read (the last
+    materialization plus the chain) exceeds the state's bytes now by `materialize_share` of them,
+    or the chain reaches `max_chain` files.
 
-    The state's bytes are the larger of the last materialization's files and the SSTs of the
-    working database now (what a materialization now would list). Weighed against the last
-    materialization alone, the chain of a growing state outgrows that old, small snapshot while it
-    is still a small share of the state, and every such materialization uploads the whole state
-    again."""
+    The state's bytes now are the working database's SSTs, kept nearly compact while the
+    changelog is on (`WORKING_SIZE_AMPLIFICATION`): about what a materialization now would
+    write. The excess is then what the chain and the base hold that the state no longer does:
+    values overwritten since, entries deleted or expired since (a chain of tombstones and
+    expired entries is all excess). A chain that only adds entries (a growing state) carries no
+    excess and does not call for a materialization: it would upload the whole state again and
+    read no fewer bytes on restore.
+    A longer chain uploads less (each materialization writes the state again) and restores more
+    bytes; the chain's bytes, not its length, are what a restore pays for."""
 
     enabled: bool = False
-    materialize_share: float = 2.0
+    materialize_share: float = 0.2
     max_chain: int = 64
     # Upload a materialization as slices over the next checkpoints (`sparkpoint.state.engine.staging`)
-    # instead of all in the checkpoint that calls for it; the chain then reaches about 1.5x the
-    # thresholds above before the materialization takes over, never 2x (then it is done at once).
+    # instead of all in the checkpoint that calls for it; the excess then reaches about 1.75x the
+    # share above before the materialization takes over, never 2x (then it is done at once).
     in_steps: bool = True
     slice_min_bytes: int = 64 << 10  # a smaller slice waits for the next checkpoint, unless it is the last
 
@@ -92,20 +106,26 @@ class ChangelogOptions:
         if self.max_chain < 1:
             raise ValueError(f"changelog max chain must be >= 1, got {self.max_chain}")
 
-    def should_materialize(self, state_bytes: int, chain_bytes: int, chain_files: int) -> bool:
+    def excess(self, state_bytes: int, base_bytes: int, chain_bytes: int) -> int:
+        """The bytes a restore would read beyond the state's own (base: the materialized files)."""
+        return base_bytes + chain_bytes - state_bytes
+
+    def should_materialize(self, state_bytes: int, base_bytes: int, chain_bytes: int, chain_files: int) -> bool:
         """Decide before writing the next changelog file (chain figures without it)."""
         if state_bytes <= 0:
             return True
-        return chain_files >= self.max_chain or chain_bytes >= self.materialize_share * state_bytes
+        return chain_files >= self.max_chain or (
+            self.excess(state_bytes, base_bytes, chain_bytes) >= self.materialize_share * state_bytes)
 
     def thresholds(self, state_bytes: int) -> tuple[float, int]:
-        """(chain bytes, chain files) at which the chain calls for a materialization."""
+        """(chain bytes, chain files) of growth a materialization in steps is paced against: the
+        excess that calls for one, and the chain's length."""
         return self.materialize_share * state_bytes, self.max_chain
 
-    def overdue(self, state_bytes: int, chain_bytes: int, chain_files: int) -> bool:
+    def overdue(self, state_bytes: int, base_bytes: int, chain_bytes: int, chain_files: int) -> bool:
         """The chain is twice what calls for a materialization: too long to start one in steps."""
         return state_bytes <= 0 or chain_files >= 2 * self.max_chain or (
-            chain_bytes >= 2 * self.materialize_share * state_bytes)
+            self.excess(state_bytes, base_bytes, chain_bytes) >= 2 * self.materialize_share * state_bytes)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -98,6 +98,7 @@ class Snapshotter:
         self._native_pending: set[int] = set()  # pending snapshots of db/'s own files
         self._staged_now: list[FileHandle] = []  # the slices the snapshot being taken lists
         self.log_base: int | None = None  # the checkpoint the logged changes start from
+        self._expired_before: dict[str, int] = {}  # of the snapshot being taken (see `snapshot`)
 
     def rebase(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
         """The local state is exactly `handle` of checkpoint N, which completed: N is the base, and
@@ -117,15 +118,18 @@ class Snapshotter:
         self.log_base = None
 
     def snapshot(self, checkpoint_id: int, *, full: bool = False,
-                 annotate: Callable[[SubtaskStateHandle], SubtaskStateHandle] = _as_is) -> SubtaskStateHandle:
+                 annotate: Callable[[SubtaskStateHandle], SubtaskStateHandle] = _as_is,
+                 expired_before: Mapping[str, int] | None = None) -> SubtaskStateHandle:
         """Take checkpoint N of this subtask and upload what the confirmed base lacks.
 
         `full` (or `incremental=False`) uploads every file: the baseline, and what the first
         checkpoint after a NO_CLAIM restore does anyway (its base is empty). With the changelog
         on, a checkpoint uploads one changelog file until the chain calls for a materialization.
         `annotate` adds to the handle what the state model knows (facts, declarations) before
-        it is recorded as pending.
+        it is recorded as pending; `expired_before` (per state with a TTL, the stamp before
+        which its entries are expired now) is what the slices of a materialization leave out.
         """
+        self._expired_before = dict(expired_before or {})
         names = self.local.flush()  # db/ on disk must be checkpoint N before the marker says so
         local = self.local.copy_dir(checkpoint_id)
         shutil.rmtree(local, ignore_errors=True)  # an earlier attempt at the same id
@@ -191,23 +195,25 @@ class Snapshotter:
             return None, None  # a handle with private files was written without the changelog
         if self.log_base != self.base_id:  # the log does not start at the base
             return None, None
-        state, chain_bytes, chain_files = self._chain_figures(base)
+        state, materialized, chain_bytes, chain_files = self._chain_figures(base)
         if self.changelog.in_steps:
             steps = staging.Staging.resume(self.local.dir, base)
             if steps is not None:
                 return (None, None) if steps.overdue(chain_bytes, chain_files) else (base, steps)
-        if not self.changelog.should_materialize(state, chain_bytes, chain_files):
+        if not self.changelog.should_materialize(state, materialized, chain_bytes, chain_files):
             return base, None
-        if not self.changelog.in_steps or self.changelog.overdue(state, chain_bytes, chain_files):
+        if not self.changelog.in_steps or self.changelog.overdue(state, materialized, chain_bytes, chain_files):
             return None, None
         return base, True
 
-    def _chain_figures(self, base: SubtaskStateHandle) -> tuple[int, int, int]:
-        """(state bytes, chain bytes, chain files) as `ChangelogOptions` weighs them."""
+    def _chain_figures(self, base: SubtaskStateHandle) -> tuple[int, int, int, int]:
+        """(state bytes, materialized bytes, chain bytes, chain files) as `ChangelogOptions` weighs
+        them: the state's bytes are the working database's SSTs now (flushed), kept nearly compact,
+        and the materialization's are its SSTs (its MANIFEST, OPTIONS and CURRENT, a few KB whatever
+        the state, are no excess a materialization would remove)."""
         chain = [f for f in base.shared if changelog.is_changelog(f.local_name)]
-        materialized = sum(f.size for f in base.shared if not changelog.is_changelog(f.local_name))
-        working = self.local.live_bytes()  # flushed: the state now
-        return max(materialized, working), sum(f.size for f in chain), len(chain)
+        materialized = sum(f.size for f in base.shared if f.local_name.endswith(".sst"))
+        return self.local.live_bytes(), materialized, sum(f.size for f in chain), len(chain)
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
@@ -268,7 +274,7 @@ class Snapshotter:
             raise
         self._staged_now = []
         if steps is True:
-            state, chain_bytes, chain_files = self._chain_figures(base)
+            state, _, chain_bytes, chain_files = self._chain_figures(base)
             kg_range = self.local.key_group_range
             staging.Staging.start(self.local.dir, self.local.open_db(), checkpoint_id, new[0].path,
                                   chain=(chain_bytes, chain_files), threshold=self.changelog.thresholds(state),
@@ -293,7 +299,7 @@ class Snapshotter:
         pace = steps.pace(sum(f.size for f in since), len(since))
         # a small state is cut into at most about 64 slices, a large one into slices of at least the minimum
         minimum = min(self.changelog.slice_min_bytes, steps.total // 64)
-        fresh = steps.write_slices(pace, self.local.options, minimum=minimum)
+        fresh = steps.write_slices(pace, self.local.options, minimum=minimum, expired_before=self._expired_before)
         prefix = self._shared_dir()
         pairs = [(str(steps.dir / steps.name_of(s)), f"{prefix}/{uuid.uuid4().hex}.sst") for s in fresh]
         try:

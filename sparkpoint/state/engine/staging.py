@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ from rocksdict import Checkpoint, IngestExternalFileOptions, SstFileWriter
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX
 from sparkpoint.state.engine.localfiles import write_replacing
-from sparkpoint.state.engine.rocksdb import RocksDBOptions, list_states, open_db, scan_options
+from sparkpoint.state.engine.rocksdb import SIDECAR_PREFIX, RocksDBOptions, list_states, open_db, scan_options
+from sparkpoint.state.kinds.base import FORMAT_KEY
+from sparkpoint.state.ttl import STAMP
 
 log = logging.getLogger(__name__)
 
@@ -118,16 +121,17 @@ class Staging:
               threshold: tuple[float, int], key_groups: tuple[int, int]) -> Staging:
         """Snapshot the working database (flushed: it is checkpoint `at`) into mat-<at>/snap.
 
-        `chain` is (bytes, files) of the chain now, `threshold` the (bytes, files) at which it
-        calls for a materialization. The slices are paced to be up after SPREAD of a threshold
-        of growth, and before the chain reaches twice the threshold, where it is done at once."""
+        `chain` is (bytes, files) of the chain now, `threshold` the (bytes, files) of growth a
+        materialization is paced against (`ChangelogOptions.thresholds`). The slices are paced to
+        be up after SPREAD of a threshold of growth, and before the chain has grown by a whole
+        threshold more, where it is done at once."""
         drop_all(subtask_dir)
         d = subtask_dir / f"{DIR_PREFIX}{at}"
         _fresh(d)
         d.mkdir(parents=True)
         Checkpoint(db).create_checkpoint(str(d / "snap"))
         total = sum(e.stat().st_size for e in os.scandir(d / "snap") if e.name.endswith(".sst"))
-        limit_bytes, limit_files = int(2 * threshold[0]), 2 * threshold[1]
+        limit_bytes, limit_files = int(chain[0] + threshold[0]), chain[1] + threshold[1]
         states = list_states(str(d / "snap"))
         staging = cls(
             d, at, anchor,
@@ -203,9 +207,15 @@ class Staging:
         since `at` (1: all of it)."""
         return min(1.0, max(since_bytes / self.goal_bytes, since_files / self.goal_files))
 
-    def write_slices(self, pace: float, options: RocksDBOptions, *, minimum: int) -> list[Slice]:
+    def write_slices(self, pace: float, options: RocksDBOptions, *, minimum: int,
+                     expired_before: Mapping[str, int] | None = None) -> list[Slice]:
         """Write slices up to `pace`, a share of the snapshot's entries (everything left at 1).
-        None when what is due comes to less than about `minimum` bytes and more is to come."""
+        None when what is due comes to less than about `minimum` bytes and more is to come.
+
+        `expired_before` (per state with a TTL, `SubtaskStates.expired_before`) leaves out the
+        entries expired now, as Flink's compaction filter does where RocksDB rewrites them:
+        the materialization holds only what a read can still return. A state's entries are
+        read as stamped only where the snapshot says they are (its TTL format key)."""
         if self.done:
             return []
         written_keys = sum(s.keys for s in self.slices)
@@ -223,7 +233,10 @@ class Staging:
             states = list_states(str(snap))
             state, after = (last.state, bytes.fromhex(last.last)) if last else (None, None)
             for name in states if state is None else states[states.index(state):]:
-                piece, exhausted = self._write_one(db, name, after if name == state else None, due, options)
+                drop = (expired_before or {}).get(name)
+                if drop is not None and db.get_column_family(name).get(FORMAT_KEY) is None:
+                    drop = None  # written before the TTL was turned on: not stamped
+                piece, exhausted = self._write_one(db, name, after if name == state else None, due, options, drop)
                 if piece is not None:
                     written.append(piece)
                     self.slices.append(piece)
@@ -237,10 +250,11 @@ class Staging:
         self.save()
         return written
 
-    def _write_one(self, db: Any, state: str, after: bytes | None, due: float,
-                   options: RocksDBOptions) -> tuple[Slice | None, bool]:
-        """One slice of at most `due` entries of `state` from after the key `after`: (the slice
-        or None, whether the state has no entry left)."""
+    def _write_one(self, db: Any, state: str, after: bytes | None, due: float, options: RocksDBOptions,
+                   drop_before: int | None = None) -> tuple[Slice | None, bool]:
+        """One slice of at most `due` entries of `state` from after the key `after` (those stamped
+        before `drop_before` read and left out): (the slice or None, whether the state has no
+        entry left)."""
         it = db.get_column_family(state).iter(scan_options())
         seq = len(self.slices)
         path = self.dir / slice_name(self.at, seq)
@@ -255,14 +269,18 @@ class Staging:
                 if it.valid() and it.key() == after:
                     it.next()
             while it.valid() and n < due:
+                key, value = it.key(), it.value()
+                n += 1
+                last = key
+                if drop_before is not None and key[:2] != SIDECAR_PREFIX and (
+                        len(value) >= STAMP.size and STAMP.unpack_from(value)[0] < drop_before):
+                    it.next()
+                    continue
                 if writer is None:
                     writer = SstFileWriter(options=options.build(create=True))
                     writer.open(str(path))
-                key, value = it.key(), it.value()
                 writer[key] = value
                 raw += len(key) + len(value)
-                last = key
-                n += 1
                 it.next()
             it.status()
             exhausted = not it.valid()
