@@ -106,7 +106,8 @@ PHASES = random.Random(7)
 
 RUN_TIMES = """
 query Run($id: ID!) { runOrError(runId: $id) { __typename
-  ... on Run { runId status creationTime startTime endTime tags { key value } } } }
+  ... on Run { runId status creationTime startTime endTime tags { key value }
+    stepStats { stepKey startTime endTime } } } }
 """
 
 
@@ -127,6 +128,20 @@ def land(f: Path, directory: Path) -> float:
     return landed
 
 
+def run_phases(server: Any, run_id: str, landed: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A finished successful run's times (Dagster's) and the phases of a file landed at `landed`:
+    the sensor's pick-up (to the run's creation), the queue and launch (to its start), the run, and
+    each step's start and end from the run's start."""
+    run = server.wait_run(run_id)
+    assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
+    times = server.gql(RUN_TIMES, {"id": run_id})["runOrError"]
+    start = times["startTime"]
+    return times, {"sensor_s": times["creationTime"] - landed, "queue_and_launch_s": start - times["creationTime"],
+                   "run_s": times["endTime"] - start,
+                   "steps_s": {st["stepKey"]: [st["startTime"] - start, st["endTime"] - start]
+                               for st in times["stepStats"] if st["startTime"] and st["endTime"]}}
+
+
 def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: float = 300) -> dict[str, Any]:
     name = pipeline_name(workload)
     where = Path(os.environ[ROOT_ENV]) / workload
@@ -144,15 +159,9 @@ def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: 
 
     materialized_at = wait_for(materialized, timeout, 0.1, f"the materialization of chk-{checkpoint_id}")
     (run,) = [r for r in server.runs({"sparkpoint/landed": f.name}) if r["jobName"] == f"{name}_checkpoint"]
-    run = server.wait_run(run["runId"])
-    assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
-    times = server.gql(RUN_TIMES, {"id": run["runId"]})["runOrError"]
-    row = {
-        "file": f.name, "checkpoint_id": checkpoint_id,
-        "committed_s": committed - landed, "materialized_s": materialized_at - landed,
-        "sensor_s": times["creationTime"] - landed, "queue_and_launch_s": times["startTime"] - times["creationTime"],
-        "run_to_commit_s": committed - times["startTime"], "run_s": times["endTime"] - times["startTime"],
-    }
+    times, phases_s = run_phases(server, run["runId"], landed)
+    row = {"file": f.name, "checkpoint_id": checkpoint_id, "committed_s": committed - landed,
+           "materialized_s": materialized_at - landed, "run_to_commit_s": committed - times["startTime"], **phases_s}
     log(f"  ours/{workload} chk-{checkpoint_id}: committed {row['committed_s']:.2f} s, materialized "
         f"{row['materialized_s']:.2f} s (sensor {row['sensor_s']:.2f}, queue+launch {row['queue_and_launch_s']:.2f}, "
         f"run to commit {row['run_to_commit_s']:.2f})")
@@ -227,12 +236,8 @@ def floor_file(server: Any, f: Path, directory: Path, timeout: float = 300) -> d
                      if m["runId"] == run["runId"]), None)
 
     materialized_at = wait_for(materialized, timeout, 0.1, f"the floor's materialization of {f.name}")
-    run = server.wait_run(run["runId"])
-    assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
-    times = server.gql(RUN_TIMES, {"id": run["runId"]})["runOrError"]
-    row = {"file": f.name, "materialized_s": materialized_at - landed,
-           "sensor_s": times["creationTime"] - landed, "queue_and_launch_s": times["startTime"] - times["creationTime"],
-           "run_s": times["endTime"] - times["startTime"], "load_1m": os.getloadavg()[0]}
+    _, phases_s = run_phases(server, run["runId"], landed)
+    row = {"file": f.name, "materialized_s": materialized_at - landed, **phases_s, "load_1m": os.getloadavg()[0]}
     log(f"  floor {f.name}: materialized {row['materialized_s']:.2f} s (sensor {row['sensor_s']:.2f}, queue+launch "
         f"{row['queue_and_launch_s']:.2f}, run {row['run_s']:.2f})")
     return row
@@ -319,9 +324,19 @@ def floor_summary(floor: list[dict[str, Any]], ours: list[dict[str, Any]]) -> di
     out["phases_median_s"] = {side: {k: statistics.median(r[k] for r in rows) for k in
                                      ("sensor_s", "queue_and_launch_s", "run_s")}
                               for side, rows in (("floor", floor), ("ours", ours))}
+    out["ours_run_to_commit_median_s"] = statistics.median(r["run_to_commit_s"] for r in ours)
+    out["steps_median_s"] = {side: steps_median(rows) for side, rows in (("floor", floor), ("ours", ours))}
     out["goal_s"] = FLOOR_GOAL_S
     out["goal_met"] = all(d <= FLOOR_GOAL_S for d in out["ours_committed_minus_floor_s"].values())
     return out
+
+
+def steps_median(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each step's median start and end from its run's start, over the runs that ran it."""
+    keys = sorted({k for r in rows for k in r.get("steps_s", {})}, key=lambda k: statistics.median(
+        r["steps_s"][k][0] for r in rows if k in r.get("steps_s", {})))
+    return {k: [statistics.median(r["steps_s"][k][i] for r in rows if k in r.get("steps_s", {})) for i in (0, 1)]
+            for k in keys}
 
 
 def floor_report(results: dict[str, Any]) -> str:
@@ -341,9 +356,13 @@ def floor_report(results: dict[str, Any]) -> str:
     for side, phases_s in s["phases_median_s"].items():
         lines.append(f"{side:<44}" + "".join(f"{phases_s[k]:>9.2f}s" for k in
                                              ("sensor_s", "queue_and_launch_s", "run_s")))
+    for side, steps in s["steps_median_s"].items():
+        lines.append(f"{side} steps, median start-end from the run's start: "
+                     + ", ".join(f"{k} {a:.2f}-{b:.2f} s" for k, (a, b) in steps.items()))
+    lines.append(f"ours: the run's start to the commit, median {s['ours_run_to_commit_median_s']:.2f} s")
     diff = s["ours_committed_minus_floor_s"]
     lines.append(f"goal: ours' committed within {FLOOR_GOAL_S:g} s of the floor at the median and p95: "
-                 f"+{diff['median']:.2f} s / +{diff['p95']:.2f} s ({'met' if s['goal_met'] else 'MISSED'})")
+                 f"{diff['median']:+.2f} s / {diff['p95']:+.2f} s ({'met' if s['goal_met'] else 'MISSED'})")
     return "\n".join(lines)
 
 

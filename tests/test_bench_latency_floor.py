@@ -55,7 +55,8 @@ def test_the_floor_location_imports_dagster_alone(tmp_path: Path):
 
 def test_the_summary_sets_ours_against_the_floor():
     floor = [{"materialized_s": t, "sensor_s": 1.0, "queue_and_launch_s": 2.0, "run_s": 0.5} for t in (4.0, 5.0, 9.0)]
-    ours = [{"committed_s": t, "materialized_s": t + 1, "sensor_s": 1.0, "queue_and_launch_s": 3.0, "run_s": 2.0}
+    ours = [{"committed_s": t, "materialized_s": t + 1, "sensor_s": 1.0, "queue_and_launch_s": 3.0, "run_s": 2.0,
+             "run_to_commit_s": 1.5}
             for t in (4.5, 5.5, 10.5)]
     summary = floor_summary(floor, ours)
     assert summary["ours_committed_minus_floor_s"] == {"median": pytest.approx(0.5), "p95": pytest.approx(1.5)}
