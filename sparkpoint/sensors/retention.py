@@ -76,11 +76,13 @@ def retention_decision(new: Sequence[CheckpointSeen], pruned: Mapping[str, float
     """The prunes to request for the checkpoints `new` (newest first), at most one per job, and
     when each job was last pruned after them."""
     pruned, prunes, requested = dict(pruned), [], set()
+    # A checkpoint run that pruned after its commit is the job's last prune, whichever of the new
+    # checkpoints it made: the ones after it ask for a prune run only for what they say is due.
+    pruned.update({seen.job: now for seen in new if seen.pruned_in_run})
     for seen in new:
         if seen.job in requested:
             continue
-        if seen.pruned_in_run:  # the newest checkpoint's run pruned after it: nothing left for a run of its own
-            pruned[seen.job] = now
+        if seen.pruned_in_run:  # its run pruned after it: nothing left of the older ones
             requested.add(seen.job)
             continue
         because = prune_reason(seen.prune_due, pruned.get(seen.job), now, orphan_grace_seconds)
