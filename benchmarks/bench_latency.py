@@ -34,6 +34,23 @@ And `sparkpoint run --follow` (`--only follow`, or as a third part of a full run
   per second: landing to commit, and a checkpoint's own duration (ours: trigger to commit; Spark:
   `durationMs.triggerExecution` of the micro-batch).
 
+And Dagster's own floor beside ours (`--only floor`), on one instance and one `dagster dev`:
+
+* floor: `benchmarks.latency_floor_location`, a code location of its own (Dagster alone, a code
+  server of its own): an asset that does nothing, materialized by a job of it alone (in-process
+  executor, as ours) that a sensor launches for each file landed in its directory, with the
+  interval of ours' input sensor (read from ours' definitions; both recorded). Timed per file:
+  landing (`os.link`) -> the asset's materialization event (Dagster's timestamp);
+* ours: `benchmarks.latency_location` on the growing workload, as above: landing -> committed
+  (`chk-N/_metadata`) and -> materialized;
+* `--files` timed files per side (default 10), in turn (floor, ours, floor, ...), each landed at a
+  random moment of the sensor loop once the previous run has ended and a 1 s gap, so no file waits
+  behind the other side's run (ours' own maintenance runs, recorded, are ours' path); the first of
+  each side is not timed (it warms the code servers and the Connect session). Median and p95 of
+  each, ours minus the floor's, the medians of the sensor pick-up, queue + launch and run of each
+  side, the load average before, after and at each file. The goal: ours' landing -> committed
+  within 1 s of the floor, median and p95.
+
 Workloads: fixed-10pct (200k users created by a first batch, then update batches of 20k events
 touching 10% of them: `bench_startup`'s data) and growing (`generate()`'s skewed events, 40k per
 batch over 200k users). The first batch of each is processed before anything is timed (it warms
@@ -42,8 +59,11 @@ the server's Python workers, as a running Spark's are).
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_latency [--updates 5] [--out DIR]
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_latency --only follow [--follow-files 40]
 
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_latency --only floor [--files 10]
+
 It prints a table and writes benchmarks/results/latency.json (~8 minutes); `--only follow` writes
-benchmarks/results/latency_follow.json (~6 minutes).
+benchmarks/results/latency_follow.json (~6 minutes); `--only floor` writes
+benchmarks/results/latency_dagster.json (~30 s a file per side under load, ~6 minutes for 10).
 """
 
 from __future__ import annotations
@@ -56,6 +76,7 @@ import platform
 import random
 import shutil
 import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -85,7 +106,8 @@ PHASES = random.Random(7)
 
 RUN_TIMES = """
 query Run($id: ID!) { runOrError(runId: $id) { __typename
-  ... on Run { runId status creationTime startTime endTime tags { key value } } } }
+  ... on Run { runId status creationTime startTime endTime tags { key value }
+    stepStats { stepKey startTime endTime } } } }
 """
 
 
@@ -106,6 +128,20 @@ def land(f: Path, directory: Path) -> float:
     return landed
 
 
+def run_phases(server: Any, run_id: str, landed: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A finished successful run's times (Dagster's) and the phases of a file landed at `landed`:
+    the sensor's pick-up (to the run's creation), the queue and launch (to its start), the run, and
+    each step's start and end from the run's start."""
+    run = server.wait_run(run_id)
+    assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
+    times = server.gql(RUN_TIMES, {"id": run_id})["runOrError"]
+    start = times["startTime"]
+    return times, {"sensor_s": times["creationTime"] - landed, "queue_and_launch_s": start - times["creationTime"],
+                   "run_s": times["endTime"] - start,
+                   "steps_s": {st["stepKey"]: [st["startTime"] - start, st["endTime"] - start]
+                               for st in times["stepStats"] if st["startTime"] and st["endTime"]}}
+
+
 def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: float = 300) -> dict[str, Any]:
     name = pipeline_name(workload)
     where = Path(os.environ[ROOT_ENV]) / workload
@@ -123,15 +159,9 @@ def ours_file(server: Any, workload: str, f: Path, checkpoint_id: int, timeout: 
 
     materialized_at = wait_for(materialized, timeout, 0.1, f"the materialization of chk-{checkpoint_id}")
     (run,) = [r for r in server.runs({"sparkpoint/landed": f.name}) if r["jobName"] == f"{name}_checkpoint"]
-    run = server.wait_run(run["runId"])
-    assert run["status"] == "SUCCESS", f"{run}\n{server.log_tail()}"
-    times = server.gql(RUN_TIMES, {"id": run["runId"]})["runOrError"]
-    row = {
-        "file": f.name, "checkpoint_id": checkpoint_id,
-        "committed_s": committed - landed, "materialized_s": materialized_at - landed,
-        "sensor_s": times["creationTime"] - landed, "queue_and_launch_s": times["startTime"] - times["creationTime"],
-        "run_to_commit_s": committed - times["startTime"], "run_s": times["endTime"] - times["startTime"],
-    }
+    times, phases_s = run_phases(server, run["runId"], landed)
+    row = {"file": f.name, "checkpoint_id": checkpoint_id, "committed_s": committed - landed,
+           "materialized_s": materialized_at - landed, "run_to_commit_s": committed - times["startTime"], **phases_s}
     log(f"  ours/{workload} chk-{checkpoint_id}: committed {row['committed_s']:.2f} s, materialized "
         f"{row['materialized_s']:.2f} s (sensor {row['sensor_s']:.2f}, queue+launch {row['queue_and_launch_s']:.2f}, "
         f"run to commit {row['run_to_commit_s']:.2f})")
@@ -159,6 +189,181 @@ def measure_ours(root: Path, loads: list[Workload]) -> dict[str, list[dict[str, 
         finally:
             server.stop()
     return rows
+
+
+# --- Dagster's own floor beside ours, on one instance and one `dagster dev` --------------------------
+
+FLOOR_WORKLOAD = "growing"
+FLOOR_GOAL_S = 1.0  # ours' landing -> committed checkpoint within this of the floor, median and p95
+FLOOR_GAP_S = 1.0  # after a run has ended, before the next file's phase: runs never queue behind each other
+
+FLOOR_SENSORS = """
+{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { location { name }
+  sensors { name minIntervalSeconds sensorState { status } } } } } }
+"""
+
+
+def input_sensor_interval() -> int:
+    """The `minimum_interval_seconds` of sparkpoint's input sensor, from the definitions the
+    location builds (the environment is set): the floor's sensor takes the same."""
+    from benchmarks.latency_location import location
+
+    name = f"{pipeline_name(FLOOR_WORKLOAD)}_input_sensor"
+    (sensor,) = [s for s in location().sensors if s.name == name]
+    return int(sensor.minimum_interval_seconds or 0)
+
+
+def sensor_intervals(server: Any) -> dict[str, int] | None:
+    """Every sensor's interval once both locations are loaded and their sensors running (None before)."""
+    repos = server.gql(FLOOR_SENSORS)["repositoriesOrError"]
+    sensors = [s for n in repos.get("nodes", []) for s in n["sensors"]]
+    wanted = {f"{pipeline_name(FLOOR_WORKLOAD)}_input_sensor", "latency_floor_sensor"}
+    running = {s["name"]: s["minIntervalSeconds"] for s in sensors if s["sensorState"]["status"] == "RUNNING"}
+    return running if wanted <= running.keys() else None
+
+
+def floor_file(server: Any, f: Path, directory: Path, timeout: float = 300) -> dict[str, Any]:
+    """One file through the floor's sensor and run: landing -> the empty asset's materialization."""
+    from benchmarks.latency_floor_location import JOB, PREFIX, TAG
+
+    time.sleep(PHASES.uniform(0, SENSOR_LOOP_S))
+    landed = land(f, directory)
+    run = wait_for(lambda: next((r for r in server.runs({TAG: f.name}) if r["jobName"] == JOB), None), timeout, 0.1,
+                   f"the floor's run of {f.name}")
+
+    def materialized() -> float | None:
+        return next((int(m["timestamp"]) / 1000 for m in server.materializations("landed", prefix=PREFIX)
+                     if m["runId"] == run["runId"]), None)
+
+    materialized_at = wait_for(materialized, timeout, 0.1, f"the floor's materialization of {f.name}")
+    _, phases_s = run_phases(server, run["runId"], landed)
+    row = {"file": f.name, "materialized_s": materialized_at - landed, **phases_s, "load_1m": os.getloadavg()[0]}
+    log(f"  floor {f.name}: materialized {row['materialized_s']:.2f} s (sensor {row['sensor_s']:.2f}, queue+launch "
+        f"{row['queue_and_launch_s']:.2f}, run {row['run_s']:.2f})")
+    return row
+
+
+def measure_floor(root: Path, files: int) -> dict[str, Any]:
+    """`files` timed files through each of ours and the floor, in turn (floor, ours, floor, ...),
+    each landed at a random moment of the sensor loop once the previous run has ended; the
+    first of each is not timed (it warms the code servers and the Connect session)."""
+    from benchmarks.latency_floor_location import DIR_ENV, INTERVAL_ENV
+    from tests.support.connect_server import connect_server
+    from tests.support.dagster_server import DagsterServer
+
+    load = growing_workload(root / "data", FLOOR_WORKLOAD, batches=files + 1, events=40_000, users=USERS,
+                            items=ITEMS, seed=1)
+    floor_dir = root / "floor" / "in"
+    floor_dir.mkdir(parents=True)
+    (root / "ours" / FLOOR_WORKLOAD / "in").mkdir(parents=True)
+    results: dict[str, Any] = {"files": files, "workload": load.description, "commit": commit(),
+                               "load_before": os.getloadavg()}
+    with connect_server(root / "connect") as connect:
+        os.environ.update({ROOT_ENV: str(root / "ours"), REMOTE_ENV: connect.url, WORKLOADS_ENV: FLOOR_WORKLOAD,
+                           DIR_ENV: str(floor_dir)})
+        os.environ[INTERVAL_ENV] = str(input_sensor_interval())
+        server = DagsterServer(root / "dagster", module="benchmarks.latency_location",
+                               more_modules=("benchmarks.latency_floor_location",),
+                               env={k: os.environ[k] for k in (ROOT_ENV, REMOTE_ENV, WORKLOADS_ENV, DIR_ENV,
+                                                               INTERVAL_ENV)})
+        server.start()
+        try:
+            results["intervals_s"] = server.wait_for("both sensors running", lambda: sensor_intervals(server), 120)
+            log("floor: first files (not timed)")
+            floor_file(server, load.files[0], floor_dir, timeout=600)
+            ours_file(server, FLOOR_WORKLOAD, load.files[0], 1, timeout=600)
+            floor_rows: list[dict[str, Any]] = []
+            ours_rows: list[dict[str, Any]] = []
+            for i, f in enumerate(load.files[1:]):
+                time.sleep(FLOOR_GAP_S)
+                floor_rows.append(floor_file(server, f, floor_dir))
+                time.sleep(FLOOR_GAP_S)
+                ours_rows.append({**ours_file(server, FLOOR_WORKLOAD, f, i + 2), "load_1m": os.getloadavg()[0]})
+            results["other_runs"] = other_runs(server)
+        finally:
+            server.stop()
+    results.update(floor=floor_rows, ours=ours_rows, load_after=os.getloadavg())
+    results["summary"] = floor_summary(floor_rows, ours_rows)
+    return results
+
+
+def other_runs(server: Any) -> list[dict[str, Any]]:
+    """The instance's runs of neither checkpoint job (ours' maintenance: prune, recover), with
+    Dagster's times: a file landed while one was in flight waited for it."""
+    from benchmarks.latency_floor_location import JOB
+
+    skip = {JOB, f"{pipeline_name(FLOOR_WORKLOAD)}_checkpoint"}
+    return [{k: t[k] for k in ("runId", "status", "creationTime", "startTime", "endTime")} | {"job": r["jobName"]}
+            for r in server.runs() if r["jobName"] not in skip
+            for t in [server.gql(RUN_TIMES, {"id": r["runId"]})["runOrError"]]]
+
+
+def commit() -> str:
+    """The checkout's commit (with `+dirty` when it has changes): what the figures measured."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
+                              check=False).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no")
+                                                  else "")
+
+
+def floor_summary(floor: list[dict[str, Any]], ours: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and p95 of the floor's landing -> materialized, ours' landing -> committed and ->
+    materialized, and ours minus the floor's of each statistic; the goal: committed within
+    FLOOR_GOAL_S of the floor at both."""
+    def stats(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+        return percentiles([r[key] for r in rows])
+
+    out: dict[str, Any] = {"floor_materialized_s": stats(floor, "materialized_s"),
+                           "ours_committed_s": stats(ours, "committed_s"),
+                           "ours_materialized_s": stats(ours, "materialized_s")}
+    for what in ("committed", "materialized"):
+        out[f"ours_{what}_minus_floor_s"] = {
+            s: out[f"ours_{what}_s"][s] - out["floor_materialized_s"][s] for s in ("median", "p95")}
+    out["phases_median_s"] = {side: {k: statistics.median(r[k] for r in rows) for k in
+                                     ("sensor_s", "queue_and_launch_s", "run_s")}
+                              for side, rows in (("floor", floor), ("ours", ours))}
+    out["ours_run_to_commit_median_s"] = statistics.median(r["run_to_commit_s"] for r in ours)
+    out["steps_median_s"] = {side: steps_median(rows) for side, rows in (("floor", floor), ("ours", ours))}
+    out["goal_s"] = FLOOR_GOAL_S
+    out["goal_met"] = all(d <= FLOOR_GOAL_S for d in out["ours_committed_minus_floor_s"].values())
+    return out
+
+
+def steps_median(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each step's median start and end from its run's start, over the runs that ran it."""
+    keys = sorted({k for r in rows for k in r.get("steps_s", {})}, key=lambda k: statistics.median(
+        r["steps_s"][k][0] for r in rows if k in r.get("steps_s", {})))
+    return {k: [statistics.median(r["steps_s"][k][i] for r in rows if k in r.get("steps_s", {})) for i in (0, 1)]
+            for k in keys}
+
+
+def floor_report(results: dict[str, Any]) -> str:
+    s = results["summary"]
+    lines = [f"a landed file through Dagster, {results['files']} files per side ({results['workload']}; sensors every "
+             f"{min(results['intervals_s'].values())} s; load {results['load_before'][0]:.1f} before, "
+             f"{results['load_after'][0]:.1f} after)",
+             f"{'':<44}{'median':>10}{'p95':>10}{'max':>10}"]
+    for label, key in (("Dagster's floor: landing -> materialized", "floor_materialized_s"),
+                       ("ours: landing -> committed checkpoint", "ours_committed_s"),
+                       ("ours: landing -> materialized", "ours_materialized_s")):
+        lines.append(f"{label:<44}" + "".join(f"{s[key][k]:>9.2f}s" for k in ("median", "p95", "max")))
+    for label, key in (("ours committed - floor", "ours_committed_minus_floor_s"),
+                       ("ours materialized - floor", "ours_materialized_minus_floor_s")):
+        lines.append(f"{label:<44}" + "".join(f"{s[key][k]:>+9.2f}s" for k in ("median", "p95")))
+    lines.append(f"{'medians':<44}{'sensor':>10}{'launch':>10}{'run':>10}")
+    for side, phases_s in s["phases_median_s"].items():
+        lines.append(f"{side:<44}" + "".join(f"{phases_s[k]:>9.2f}s" for k in
+                                             ("sensor_s", "queue_and_launch_s", "run_s")))
+    for side, steps in s["steps_median_s"].items():
+        lines.append(f"{side} steps, median start-end from the run's start: "
+                     + ", ".join(f"{k} {a:.2f}-{b:.2f} s" for k, (a, b) in steps.items()))
+    lines.append(f"ours: the run's start to the commit, median {s['ours_run_to_commit_median_s']:.2f} s")
+    diff = s["ours_committed_minus_floor_s"]
+    lines.append(f"goal: ours' committed within {FLOOR_GOAL_S:g} s of the floor at the median and p95: "
+                 f"{diff['median']:+.2f} s / {diff['p95']:+.2f} s ({'met' if s['goal_met'] else 'MISSED'})")
+    return "\n".join(lines)
 
 
 # --- Spark Structured Streaming, already running -----------------------------------------------------
@@ -408,12 +613,21 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """`results` as JSON at `path`, after when and where they were measured."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"when": datetime.now().isoformat(timespec="seconds"),
+                                "machine": platform.platform(), "cpus": os.cpu_count(), **results}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=5, help="timed batches per workload")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--only", choices=["ours", "spark", "follow"],
-                        help="measure one side only (follow: run --follow beside Structured Streaming only)")
+    parser.add_argument("--only", choices=["ours", "spark", "follow", "floor"],
+                        help="measure one side only (follow: run --follow beside Structured Streaming only; floor: "
+                             "ours beside Dagster's own floor, writes latency_dagster.json)")
+    parser.add_argument("--files", type=int, default=10, help="timed files per side of the floor part")
     parser.add_argument("--follow-files", type=int, default=40, help="timed files of the follow part")
     parser.add_argument("--follow-events", type=int, default=5_000, help="events per file of the follow part")
     parser.add_argument("--rate", type=float, default=1.0, help="files landed per second in the follow part")
@@ -425,10 +639,12 @@ def main() -> None:
         if args.only == "follow":
             follow = measure_follow(root / "follow", args.follow_files, args.follow_events, args.rate)
             print(follow_report(follow))
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "latency_follow.json").write_text(json.dumps({
-                "when": datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),
-                "cpus": os.cpu_count(), "goal_s": FOLLOW_GOAL_S, **follow}, indent=2))
+            write_results(args.out / "latency_follow.json", {"goal_s": FOLLOW_GOAL_S, **follow})
+            return
+        if args.only == "floor":
+            floor = measure_floor(root, args.files)
+            print(floor_report(floor))
+            write_results(args.out / "latency_dagster.json", floor)
             return
         loads = workloads(root / "data", args.updates)
         results: dict[str, Any] = {"ours": {}, "spark": {}}
@@ -444,12 +660,8 @@ def main() -> None:
     if not args.only:
         print(report(results))
         print(follow_report(results["follow"]))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "latency.json").write_text(json.dumps({
-        "when": datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),
-        "cpus": os.cpu_count(), "users": USERS, "updates": args.updates, "goal_s": GOAL_S, "flink": FLINK,
-        **results,
-    }, indent=2))
+    write_results(args.out / "latency.json", {"users": USERS, "updates": args.updates, "goal_s": GOAL_S,
+                                              "flink": FLINK, **results})
 
 
 if __name__ == "__main__":

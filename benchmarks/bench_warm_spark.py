@@ -33,10 +33,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_latency import RUN_TIMES, land, wait
+from benchmarks.bench_latency import RUN_TIMES, land
 from benchmarks.bench_vs_spark import log
 from benchmarks.latency_location import REMOTE_ENV, ROOT_ENV, WORKLOADS_ENV, pipeline_name
 from sparkpoint.spark.generate import generate
+from tests.support.waiting import wait_for
 
 RESULTS = Path(__file__).parent / "results"
 EVENTS, USERS = 20_000, 20_000
@@ -74,7 +75,7 @@ def dagster_mode(root: Path, mode: str, files: list[Path], env: dict[str, str]) 
             checkpoint_id = i + 1
             metadata = where / workload / "checkpoints" / name / f"chk-{checkpoint_id}" / "_metadata"
             landed = land(f, where / workload / "in")
-            committed = wait(f"chk-{checkpoint_id}", lambda m=metadata: m.exists() and time.time(), 600, 0.02)
+            committed = wait_for(lambda m=metadata: m.exists() and time.time(), 600, 0.02, f"chk-{checkpoint_id}")
             runs = [server.wait_run(r["runId"], timeout=600) for r in server.runs({"sparkpoint/landed": f.name})
                     if r["jobName"] == f"{name}_checkpoint"]
             ok = [r for r in runs if r["status"] == "SUCCESS"]

@@ -1,5 +1,7 @@
-"""The retention sensor with real checkpoints: a prune run only when the checkpoint said something
-is due or the orphan sweep's grace period passed, and that prune doing what was due."""
+"""Retention with real checkpoints: a prune only when the checkpoint said something is due or the
+orphan sweep's grace period passed, and that prune doing what was due; the checkpoint run prunes
+after its commit itself (tagged `sparkpoint/pruned`), and the retention sensor launches a prune
+run only for checkpoints whose run did not (another configuration's, never pruned)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from sparkpoint.assets.metadata import readable_size
 from sparkpoint.pipeline.attempt import list_attempts
-from sparkpoint.resources.scope import INJECT_TAG
+from sparkpoint.resources.scope import INJECT_TAG, PRUNED_TAG
 from tests.support.dagster_setup import (
     CHECKPOINT_KEY,
     JOBS,
@@ -48,18 +49,29 @@ def prune(tmp_path: Path, instance: dg.DagsterInstance, request: dg.RunRequest) 
     return {k: v.value for k, v in event.event_specific_data.metadata.items()}  # type: ignore[union-attr]
 
 
+def pruned_in_run(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> bool:
+    """Whether the checkpoint run pruned after its commit (the tag it adds once it has)."""
+    run = instance.get_run_by_id(result.run_id)
+    return run is not None and run.tags.get(PRUNED_TAG) == SCOPE.pipeline.name
+
+
 def test_no_prune_after_ordinary_checkpoints_while_the_last_prune_is_recent(spark, tmp_path: Path):
     make_input(tmp_path, batches=4)
     instance = dg.DagsterInstance.ephemeral()
-    assert checkpoint_meta(materialize(tmp_path, instance))["prune_due"] == []
-    first, cursor = look(instance, None)
-    assert isinstance(first, list) and len(first) == 1, "the orphan sweep never ran for this job: due"
-    assert first[0].tags[BECAUSE] == "orphan sweep due"
-    pruned = prune(tmp_path, instance, first[0])
-    assert pruned["orphan_size"] == readable_size(pruned["orphan_bytes"])
+    storage = storage_of(tmp_path)
+    storage.write_bytes("shared/user_totals/0/orphan.sst", b"left by a killed task")
+    first = materialize(tmp_path, instance, orphan_grace_seconds=0)
+    assert checkpoint_meta(first)["prune_due"] == []
+    assert pruned_in_run(instance, first), "the orphan sweep never ran for this job: the checkpoint run swept"
+    assert not storage.exists("shared/user_totals/0/orphan.sst"), "its sweep took the orphan"
+    skip, cursor = look(instance, None)
+    assert isinstance(skip, dg.SkipReason) and "nothing to prune" in (skip.skip_message or ""), \
+        "the checkpoint's own run pruned: no prune run"
 
-    got = checkpoint_meta(materialize(tmp_path, instance))  # chk-2, an ordinary one
+    second = materialize(tmp_path, instance)  # chk-2, an ordinary one
+    got = checkpoint_meta(second)
     assert got["prune_due"] == [] and got["retained"] == [2, 1]
+    assert not pruned_in_run(instance, second), "the last prune is recent"
     skip, cursor = look(instance, cursor)
     assert isinstance(skip, dg.SkipReason) and "nothing to prune" in (skip.skip_message or "")
 
@@ -69,32 +81,43 @@ def test_no_prune_after_ordinary_checkpoints_while_the_last_prune_is_recent(spar
     assert got["retained"] == [4, 3, 2] and got["prune_due"] == [], got["prune_due"]
     skip, cursor = look(instance, cursor)
     assert isinstance(skip, dg.SkipReason) and "nothing to prune" in (skip.skip_message or "")
-    assert len(instance.get_run_records(dg.RunsFilter(job_name=prune_job.name))) == 1, "the first prune only"
+    assert instance.get_run_records(dg.RunsFilter(job_name=prune_job.name)) == [], "no prune run at all"
+    assert len(instance.get_run_records(dg.RunsFilter(tags={PRUNED_TAG: SCOPE.pipeline.name}))) == 1, \
+        "the first checkpoint run's prune only"
 
 
 def test_a_prune_runs_when_a_checkpoint_reports_something_due_and_settles_it(spark, tmp_path: Path):
     make_input(tmp_path, batches=4)
     instance = dg.DagsterInstance.ephemeral()
     storage = storage_of(tmp_path)
-    materialize(tmp_path, instance)  # chk-1
-    first, cursor = look(instance, None)
-    assert isinstance(first, list)
-    prune(tmp_path, instance, first[0])  # the first sweep: the last prune is now recent
+    assert pruned_in_run(instance, materialize(tmp_path, instance))  # chk-1, the first sweep: now recent
+    skip, cursor = look(instance, None)
+    assert isinstance(skip, dg.SkipReason), skip
 
-    # A run fails after its upload and is not recovered; the next run completes past its attempt.
+    # A run fails after its upload and is not recovered; the next run completes past its attempt,
+    # says the prune it makes due and settles it after its commit.
     failed = materialize(tmp_path, instance, tags={INJECT_TAG: "after-upload"}, raise_on_error=False)
     assert not failed.success
     (stale,) = list_attempts(storage).attempts
-    got = checkpoint_meta(materialize(tmp_path, instance))
+    done = materialize(tmp_path, instance)
+    got = checkpoint_meta(done)
     assert got["checkpoint_id"] == stale.checkpoint_id == 2
     assert got["prune_due"] == ["1 attempt(s) at or below chk-2 can never complete"]
+    assert pruned_in_run(instance, done)
+    assert list_attempts(storage).attempts == (), "the checkpoint run's prune settled the attempt that was due"
+    assert storage.completed_checkpoint_ids() == [1, 2]
+    skip, cursor = look(instance, cursor)
+    assert isinstance(skip, dg.SkipReason), "settled in the checkpoint run: no prune run"
+
+    # The sensor's own prune of what was due, for a checkpoint whose run did not prune (a run
+    # that reports a materialization without the checkpoint job's step: here, the UI's event).
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        CHECKPOINT_KEY, metadata={"checkpoint_id": 2, "prune_due": dg.MetadataValue.json(["due elsewhere"])}))
     due, cursor = look(instance, cursor)
     assert isinstance(due, list) and len(due) == 1, due
-    assert due[0].tags[BECAUSE] == "1 attempt(s) at or below chk-2 can never complete"
+    assert due[0].tags[BECAUSE] == "due elsewhere"
     report = prune(tmp_path, instance, due[0])
-    assert report["stale_attempts"] == 1 and report["subsumed"] == []
-    assert list_attempts(storage).attempts == (), "the prune settled the attempt that was due"
-    assert storage.completed_checkpoint_ids() == [1, 2]
+    assert report["stale_attempts"] == 0 and report["subsumed"] == []
 
     # num_retained lowered through the run config: the checkpoint step applies it itself, so the
     # checkpoint reports nothing due and only the new configuration's first orphan sweep runs.

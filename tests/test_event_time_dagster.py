@@ -34,6 +34,11 @@ def materializations(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> lis
             for e in result.get_asset_materialization_events() if e.materialization.asset_key == key]
 
 
+def observations(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> list[dict]:
+    seen = [e.asset_observation_data.asset_observation for e in result.get_asset_observation_events()]
+    return [{k: v.value for k, v in o.metadata.items()} for o in seen if o.asset_key == key]
+
+
 def run(defs, instance: dg.DagsterInstance, tags: dict[str, str] | None = None) -> dg.ExecuteInProcessResult:
     return dg.materialize([*defs.assets, *defs.checks], resources=defs.resources, instance=instance, tags=tags,
                           selection=dg.AssetSelection.assets(*defs.scope.sstable_keys.values(),
@@ -63,8 +68,12 @@ def test_the_checkpoint_asset_carries_the_watermark_and_late_rows(spark, tmp_pat
         if checkpoint["checkpoint_id"] > 1:  # the checkpoint before it, linked, and what changed since (cheap)
             added, changed = expected_changes[checkpoint["checkpoint_id"] - 1]
             assert checkpoint["previous_checkpoint_id"] == checkpoint["checkpoint_id"] - 1
-            assert checkpoint["keys_added"] == {"silence": added}, checkpoint["keys_added"]
-            assert (checkpoint["keys_changed"], checkpoint["keys_removed"]) == ({"silence": changed}, {"silence": 0})
+            # reported after the materialization (which goes out at the commit): an observation
+            (since,) = observations(result, defs.scope.checkpoint_key)
+            assert (since["checkpoint_id"], since["previous_checkpoint_id"]) == (
+                checkpoint["checkpoint_id"], checkpoint["checkpoint_id"] - 1)
+            assert since["keys_added"] == {"silence": added}, since["keys_added"]
+            assert (since["keys_changed"], since["keys_removed"]) == ({"silence": changed}, {"silence": 0})
     assert sstables["entries"] == 4 and sstables["timers_pending"] == 4 - sum(len(d) for _, _, d in expected)
     assert sstables["states"] == {"last_report": {"kind": "value", "ttl": None, "entries": 4}}
 

@@ -54,3 +54,18 @@ def test_the_cursor_reads_what_it_wrote_and_an_earlier_versions_bare_storage_id(
     assert RetentionCursor.from_cursor(cursor.to_cursor()) == cursor
     assert RetentionCursor.from_cursor("17") == RetentionCursor(17)
     assert RetentionCursor.from_cursor(None) == RetentionCursor()
+
+
+def test_a_checkpoint_run_that_pruned_is_the_jobs_last_prune_for_the_checkpoints_after_it():
+    """Seen in one tick: chk-1, whose run swept (the job's first prune), then chk-2 and chk-3 whose
+    runs did not (the sweep was recent); only what a checkpoint says is due asks for a prune run."""
+    ordinary = [CheckpointSeen(9, A), CheckpointSeen(8, A), CheckpointSeen(7, A, pruned_in_run=True)]
+    prunes, pruned = retention_decision(ordinary, {}, now=GRACE * 5, orphan_grace_seconds=GRACE)
+    assert prunes == [] and pruned == {_job(A): GRACE * 5}, "never pruned by a run, but by chk-7's"
+    due = [CheckpointSeen(9, A, ("1 attempt(s) at or below chk-9 can never complete",)),
+           CheckpointSeen(7, A, pruned_in_run=True), CheckpointSeen(6, B)]
+    prunes, _ = retention_decision(due, {_job(B): GRACE * 5 - 10}, now=GRACE * 5, orphan_grace_seconds=GRACE)
+    assert [(p.run_key, p.because) for p in prunes] == [
+        ("prune-after-9", "1 attempt(s) at or below chk-9 can never complete")], "what chk-9 says; B's sweep is recent"
+    newest_pruned = [CheckpointSeen(9, A, pruned_in_run=True), CheckpointSeen(8, A, ("due before chk-9's prune",))]
+    assert retention_decision(newest_pruned, {}, now=GRACE, orphan_grace_seconds=GRACE)[0] == []

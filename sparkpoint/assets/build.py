@@ -125,11 +125,15 @@ def complete_asset(scope: PipelineScope) -> dg.AssetsDefinition:
         required_resource_keys=scope.resource_keys(*_STEP_ROLES),
     )
     def complete(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult[Any]]:
-        done = steps.complete(scope, step_driver(scope, context), context.run, context.log)
+        driver = step_driver(scope, context)
+        done = steps.complete(scope, driver, context.run, context.log)
         if isinstance(done, Overtaken):
             report_overtaken(scope, context, done)
             return
-        yield from (m.result() for m in done if m.key in context.selected_asset_keys)
+        if done is None:
+            return
+        yield from (m.result() for m in done.materialized if m.key in context.selected_asset_keys)
+        steps.after_commit(scope, driver, done, context)
 
     return complete
 

@@ -15,7 +15,13 @@ from typing import Any, Protocol
 
 import dagster as dg
 
-from sparkpoint.assets.metadata import DATA_VERSION_TAG, checkpoint_metadata, output_metadata, sstable_metadata
+from sparkpoint.assets.metadata import (
+    DATA_VERSION_TAG,
+    change_entries,
+    checkpoint_metadata,
+    output_metadata,
+    sstable_metadata,
+)
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
@@ -85,14 +91,16 @@ def sstable_materializations(scope: PipelineScope, checkpoint_id: int, attempt: 
 def committed_materializations(
     scope: PipelineScope, driver: StatefulPipeline, report: BatchReport, meta: CheckpointMetadata, log: Log, *,
     attempt: PendingAttempt | None = None, sstables: bool = True, output: bool = True,
-    description: str | None = None, recovered_run: str | None = None,
+    description: str | None = None, recovered_run: str | None = None, changes: bool = True,
 ) -> list[Materialized]:
     """What checkpoint `meta` (just committed by `driver`) materializes: the SSTable assets (unless
     the step reported them itself: `sstables` False), the checkpoint asset, and the output when
-    the pipeline has one (and `output`)."""
+    the pipeline has one (and `output`). Without `changes`, the checkpoint asset's metadata leaves
+    out the keys changed since the previous checkpoint (a diff that reads state: the caller reports
+    them after the materialization, `key_changes_observation`)."""
     out = sstable_materializations(scope, meta.checkpoint_id, attempt, meta, description) if sstables else []
     version = checkpoint_version(meta.checkpoint_id)
-    metadata = committed_checkpoint_metadata(log, driver, report, meta, recovered_run=recovered_run)
+    metadata = committed_checkpoint_metadata(log, driver, report, meta, recovered_run=recovered_run, changes=changes)
     out.append(Materialized(scope.checkpoint_key, metadata, version, description))
     if output and has_output(scope) and driver.sink is not None:
         out.append(Materialized(scope.output_key, committed_output_metadata(driver, meta), version, description))
@@ -100,18 +108,36 @@ def committed_materializations(
 
 
 def committed_checkpoint_metadata(log: Log, driver: StatefulPipeline, report: BatchReport, meta: CheckpointMetadata,
-                                  recovered_run: str | None = None) -> dict[str, Any]:
-    """The checkpoint asset's metadata for a checkpoint just committed. The checkpoint is
-    committed: this only reports, and never fails the step (a failed step would send a recovery
-    after a checkpoint that completed)."""
+                                  recovered_run: str | None = None, changes: bool = True) -> dict[str, Any]:
+    """The checkpoint asset's metadata for a checkpoint just committed (`changes`: with the keys
+    changed since the previous one). The checkpoint is committed: this only reports, and never
+    fails the step (a failed step would send a recovery after a checkpoint that completed)."""
     try:
         due = prune_due(driver.storage, num_retained=driver.config.num_retained)
     except (SparkpointError, OSError) as e:
         log.warning(f"could not tell whether a prune is due ({e}); the retention sensor will prune")
         due = [f"unknown: {e}"]
-    previous, changes = changes_since_previous(log, driver, meta)
-    return checkpoint_metadata(driver.storage, report, meta, prune_due=due, previous=previous, changes=changes,
+    previous = previous_checkpoint(log, driver, meta)
+    changed = key_changes_since(log, driver, previous, meta) if changes else None
+    return checkpoint_metadata(driver.storage, report, meta, prune_due=due, previous=previous, changes=changed,
                                recovered_run=recovered_run)
+
+
+def key_changes_observation(scope: PipelineScope, driver: StatefulPipeline, meta: CheckpointMetadata, log: Log
+                            ) -> dg.AssetObservation | None:
+    """The keys each operator's export gained, lost and changed from the previous checkpoint to
+    `meta`, as an observation of the checkpoint asset (`keys_added`, `keys_removed`,
+    `keys_changed`, the metadata a materialization carries when it waits for the diff). None:
+    no previous checkpoint, or no operator whose diff is cheap."""
+    previous = previous_checkpoint(log, driver, meta)
+    changes = key_changes_since(log, driver, previous, meta)
+    if previous is None or not changes:
+        return None
+    metadata: dict[str, Any] = {"checkpoint_id": meta.checkpoint_id, "previous_checkpoint_id": previous.checkpoint_id}
+    metadata.update(change_entries(changes))
+    return dg.AssetObservation(asset_key=scope.checkpoint_key, metadata=metadata,
+                               description=f"chk-{meta.checkpoint_id}: keys changed since chk-{previous.checkpoint_id}",
+                               tags={DATA_VERSION_TAG: checkpoint_version(meta.checkpoint_id).value})
 
 
 def committed_output_metadata(driver: StatefulPipeline, meta: CheckpointMetadata) -> dict[str, Any]:
@@ -121,21 +147,25 @@ def committed_output_metadata(driver: StatefulPipeline, meta: CheckpointMetadata
     return output_metadata(facts, meta.checkpoint_id)
 
 
-def changes_since_previous(
-    log: Log, driver: StatefulPipeline, meta: CheckpointMetadata
-) -> tuple[CheckpointMetadata | None, dict[str, dict[str, int]] | None]:
-    """The retained checkpoint before `meta` and, per operator, the keys that changed since it
-    where a diff by changed files is cheap (reporting only: a failure here is a warning)."""
+def previous_checkpoint(log: Log, driver: StatefulPipeline, meta: CheckpointMetadata) -> CheckpointMetadata | None:
+    """The retained checkpoint before `meta` (reporting only: a failure here is a warning)."""
     try:
         store = CompletedCheckpointStore(driver.storage)
         older = [cid for cid in store.checkpoint_ids() if cid < meta.checkpoint_id]
-        if not older:
-            return None, None
-        previous = store.load(max(older))
-        if previous.is_savepoint:
-            return previous, None
-        return previous, key_changes(driver.storage, previous, meta, driver.operators,
-                                     local_dir=driver.config.local_dir)
+        return store.load(max(older)) if older else None
+    except Exception as e:  # noqa: BLE001  reporting only: the checkpoint is committed, the step must not fail
+        log.warning(f"could not read the checkpoint before chk-{meta.checkpoint_id}: {type(e).__name__}: {e}")
+        return None
+
+
+def key_changes_since(log: Log, driver: StatefulPipeline, previous: CheckpointMetadata | None,
+                      meta: CheckpointMetadata) -> dict[str, dict[str, int]] | None:
+    """Per operator, the keys that changed from `previous` to `meta` where a diff by changed files
+    is cheap (reporting only: a failure here is a warning)."""
+    if previous is None or previous.is_savepoint:
+        return None
+    try:
+        return key_changes(driver.storage, previous, meta, driver.operators, local_dir=driver.config.local_dir)
     except Exception as e:  # noqa: BLE001  reporting only: the checkpoint is committed, the step must not fail
         log.warning(f"could not tell what changed since the previous checkpoint: {type(e).__name__}: {e}")
-        return None, None
+        return None

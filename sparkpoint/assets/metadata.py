@@ -147,10 +147,15 @@ def checkpoint_metadata(storage: CheckpointStorage, report: BatchReport, meta: C
     if previous is not None:  # the checkpoint before it, to open beside it (and to diff against)
         out["previous_checkpoint"] = location(f"{storage.job_url}/{previous.metadata_path}")
         out["previous_checkpoint_id"] = previous.checkpoint_id
-    for kind in ("keys_added", "keys_removed", "keys_changed"):  # per operator, where cheap to know
-        if changes:
-            out[kind] = dg.MetadataValue.json({op: c[kind] for op, c in changes.items()})
+    if changes:  # per operator, where cheap to know
+        out.update(change_entries(changes))
     return out
+
+
+def change_entries(changes: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """`keys_added`, `keys_removed`, `keys_changed`: each operator's count, as JSON entries."""
+    return {kind: dg.MetadataValue.json({op: c[kind] for op, c in changes.items()})
+            for kind in ("keys_added", "keys_removed", "keys_changed")}
 
 
 def history_entries(report: BatchReport) -> dict[str, Any]:

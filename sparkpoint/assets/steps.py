@@ -1,20 +1,33 @@
 """What the checkpoint job's two steps do, as plain functions of the pipeline driver: the Spark
-half of the next batch (`spark_half`), and the commit of the attempt it persisted (`complete`).
-The asset bodies (`sparkpoint.assets.build`) only fetch resources and report what these return.
+half of the next batch (`spark_half`), and the commit of the attempt it persisted (`complete`),
+whose materializations go out at the commit; what the step does after them (`after_commit`: the
+keys changed since the previous checkpoint, the prune when one is due) waits for nobody. The
+asset bodies (`sparkpoint.assets.build`) only fetch resources and report what these return.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
-from sparkpoint.assets.committed import Log, Materialized, committed_materializations
+from sparkpoint.assets.committed import Log, Materialized, committed_materializations, key_changes_observation
+from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.checkpoint.metadata import CheckpointMetadata
+from sparkpoint.pipeline import maintenance
 from sparkpoint.pipeline.attempt import Overtaken, PendingAttempt, finish_step_or_overtaken, start_step
 from sparkpoint.pipeline.badfiles import bad_file_message
+from sparkpoint.pipeline.cleanup import InputCleanup
 from sparkpoint.pipeline.driver import StatefulPipeline
-from sparkpoint.resources.scope import INJECT_TAG, TICK_TAG, PipelineScope
+from sparkpoint.pipeline.maintenance import prune_reason
+from sparkpoint.pipeline.settings import parse_input_cleanup
+from sparkpoint.resources.fields import json_object
+from sparkpoint.resources.scope import INJECT_TAG, PRUNED_TAG, TICK_TAG, PipelineScope
 from sparkpoint.spark.source import BadInputFile
+from sparkpoint.tables.spec import ParquetDirectory, table_of, table_url
 
 
 def skip_job_how(scope: PipelineScope, file: str, input_url: str) -> str:
@@ -72,17 +85,84 @@ def _say_no_batch(driver: StatefulPipeline, log: Log) -> None:
         log.warning(empty)
 
 
+@dataclass(frozen=True)
+class Completed:
+    """What the checkpoint step committed: its materializations (reported at once), the
+    checkpoint's `_metadata` and what its metadata said a prune would do (`prune_due`)."""
+
+    materialized: list[Materialized]
+    meta: CheckpointMetadata
+    prune_due: tuple[str, ...]
+
+
 def complete(scope: PipelineScope, driver: StatefulPipeline, run: dg.DagsterRun, log: Log
-             ) -> list[Materialized] | Overtaken:
+             ) -> Completed | Overtaken | None:
     """Commit the attempt this run (or a run it re-executes) persisted: the checkpoint and the
-    output it materializes (none: no attempt was left), or the `Overtaken` another writer made of it."""
+    output it materializes (None: no attempt was left), or the `Overtaken` another writer made of
+    it. The materializations leave out what changed since the previous checkpoint (a diff that
+    reads state, seconds on a large batch): the step reports it after them (`after_commit`)."""
     done = finish_step_or_overtaken(driver, run_lineage(run), inject_failure=run.tags.get(INJECT_TAG))
     if done is None:
         log.info("this run's SSTable step left no pending checkpoint: no new checkpoint")
-        return []
+        return None
     if isinstance(done, Overtaken):
         return done
     report, meta = done
     log.info(report.line())
-    return committed_materializations(scope, driver, report, meta, log, sstables=False)
+    made = committed_materializations(scope, driver, report, meta, log, sstables=False, changes=False)
+    entry = next((m.metadata.get("prune_due") for m in made if m.key == scope.checkpoint_key), None)
+    due = entry.value if isinstance(entry, dg.JsonMetadataValue) else entry
+    return Completed(made, meta, tuple(due) if isinstance(due, list) else ())
 
+
+def after_commit(scope: PipelineScope, driver: StatefulPipeline, done: Completed, context: Any) -> None:
+    """What the checkpoint step does once its materializations are out: the keys changed since the
+    previous checkpoint (an observation of the checkpoint asset), then the prune, when one is due
+    (`prune_in_run`), so no prune run of its own waits in front of the next landed file."""
+    changed = key_changes_observation(scope, driver, done.meta, context.log)
+    if changed is not None:
+        context.log_event(changed)
+    prune_in_run(scope, driver, done, context)
+
+
+def prune_in_run(scope: PipelineScope, driver: StatefulPipeline, done: Completed, context: Any) -> None:
+    """Prune the job when `prune_reason` says so (what the checkpoint said is due, or the orphan
+    sweep past its grace since the pipeline's last prune, by a prune run or a checkpoint run), as
+    the prune job would, and tag the run `sparkpoint/pruned` (the retention sensor then launches no
+    prune for it). The checkpoint is committed and reported: a failure is a warning, and the
+    retention sensor prunes instead."""
+    registry = scope.registry(context)
+    now = time.time()
+    because = prune_reason(done.prune_due, last_pruned(scope, context.instance), now, registry.orphan_grace_seconds)
+    if because is None:
+        return
+    try:
+        report = maintenance.prune(driver.storage, num_retained=registry.num_retained,
+                                   orphan_grace_seconds=registry.orphan_grace_seconds,
+                                   input_cleanup=input_cleanup_of(scope, context))
+    except (SparkpointError, OSError) as e:
+        context.log.warning(f"the prune after chk-{done.meta.checkpoint_id} ({because}) failed: {e}; "
+                            "the retention sensor will prune")
+        return
+    context.instance.add_run_tags(context.run.run_id, {PRUNED_TAG: scope.pipeline.name})
+    context.log.info(f"pruned after chk-{done.meta.checkpoint_id} ({because}): {report.message} "
+                     f"in {time.time() - now:.2f} s")
+
+
+def last_pruned(scope: PipelineScope, instance: dg.DagsterInstance) -> float | None:
+    """When the pipeline's job was last pruned, as the instance knows: its newest successful prune
+    run, or its newest checkpoint run that pruned (None: never)."""
+    filters = (dg.RunsFilter(job_name=scope.name("prune"), statuses=[dg.DagsterRunStatus.SUCCESS]),
+               dg.RunsFilter(tags={PRUNED_TAG: scope.pipeline.name}))
+    times = [r.create_timestamp.timestamp() for f in filters for r in instance.get_run_records(filters=f, limit=1)]
+    return max(times, default=None)
+
+
+def input_cleanup_of(scope: PipelineScope, context: Any) -> InputCleanup | None:
+    """The prune's input cleanup from the input resource (None: `keep`, nothing to open)."""
+    source = scope.source(context)
+    if source.input_cleanup == "keep":
+        return None
+    table = not isinstance(table_of(source.input_url), ParquetDirectory)
+    return InputCleanup(parse_input_cleanup(source.input_cleanup), table_url(source.input_url),
+                        json_object(source.input_options, "input: input_options"), table)

@@ -28,14 +28,11 @@ from typing import Any
 import dagster as dg
 
 from sparkpoint.assets.build import step_driver
+from sparkpoint.assets.steps import input_cleanup_of
 from sparkpoint.ops import results, steps
 from sparkpoint.pipeline import maintenance
-from sparkpoint.pipeline.cleanup import InputCleanup
 from sparkpoint.pipeline.follow import POLL_SECONDS
-from sparkpoint.pipeline.settings import parse_input_cleanup
-from sparkpoint.resources.fields import json_object
 from sparkpoint.resources.scope import FOLLOW_JOB, PIPELINE_TAG, TICK_TAG, PipelineScope
-from sparkpoint.tables.spec import ParquetDirectory, table_of, table_url
 
 
 class FollowConfig(dg.Config):
@@ -171,16 +168,6 @@ def prune_op(scope: PipelineScope) -> dg.OpDefinition:
         return dg.Output(None, metadata=results.pruned(report))
 
     return prune
-
-
-def input_cleanup_of(scope: PipelineScope, context: dg.OpExecutionContext) -> InputCleanup | None:
-    """The prune's input cleanup from the input resource (None: `keep`, nothing to open)."""
-    source = scope.source(context)
-    if source.input_cleanup == "keep":
-        return None
-    table = not isinstance(table_of(source.input_url), ParquetDirectory)
-    return InputCleanup(parse_input_cleanup(source.input_cleanup), table_url(source.input_url),
-                        json_object(source.input_options, "input: input_options"), table)
 
 
 def verify_op(scope: PipelineScope) -> dg.OpDefinition:

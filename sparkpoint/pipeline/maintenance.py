@@ -8,7 +8,7 @@ calls.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +168,19 @@ def prune_due(storage: CheckpointStorage, *, num_retained: int) -> list[str]:
     if stale:
         due.append(f"{len(stale)} attempt(s) at or below chk-{latest} can never complete")
     return due
+
+
+def prune_reason(due: Sequence[str], last_pruned: float | None, now: float, orphan_grace_seconds: float
+                 ) -> str | None:
+    """Why a prune is due after a checkpoint (None: it is not): what the checkpoint said is due
+    (`prune_due`), else the orphan sweep, once `orphan_grace_seconds` have passed since the job's
+    last prune (`last_pruned`; None: never pruned). The one decision of the retention sensor and
+    of the checkpoint run that prunes in its own step."""
+    if due:
+        return "; ".join(due)
+    if last_pruned is None or now - last_pruned >= orphan_grace_seconds:
+        return "orphan sweep due"
+    return None
 
 
 @dataclass(frozen=True)

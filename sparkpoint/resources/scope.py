@@ -31,6 +31,7 @@ FAILED_RUN_TAG = "sparkpoint/recovers"
 RECOVERED_BY_TAG = "sparkpoint/recovered-by"
 PIPELINE_TAG = "sparkpoint/pipeline"
 OVERTAKEN_TAG = "sparkpoint/overtaken"
+PRUNED_TAG = "sparkpoint/pruned"  # the pipeline's name: this checkpoint run pruned its job after committing
 FOLLOW_JOB = "follow"  # `<name>_follow`: one step that checkpoints the input as it lands
 TICK_TAG = "sparkpoint/tick"  # "true": with no unconsumed batch, a checkpoint of no input (time passes)
 # A run in one of these may still start or finish a checkpoint of its pipeline.

@@ -5,7 +5,11 @@ After new checkpoints, it prunes each job they were written to, with the resourc
 run that wrote it (a run launched for another job id is pruned there), when the checkpoint said
 something is due (`prune_due`: a lowered retention, attempts that can never complete) or the
 orphan sweep's grace period has passed since that job's last prune. Otherwise nothing: no run
-after every checkpoint. One prune per distinct job configuration per tick.
+after every checkpoint. One prune per distinct job configuration per tick. A checkpoint whose own
+run pruned after committing it (the checkpoint job does, when a prune is due: tagged
+`sparkpoint/pruned`) needs no prune run: the sensor launches one only for checkpoints no
+checkpoint run pruned after (the follow job's, a recovery's), so a prune run never sits between
+a landed file and its checkpoint run.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any
 
 import dagster as dg
 
-from sparkpoint.resources.scope import PipelineScope
+from sparkpoint.pipeline.maintenance import prune_reason
+from sparkpoint.resources.scope import PRUNED_TAG, PipelineScope
 from sparkpoint.sensors.recovery import resources_config
 
 PRUNE_BECAUSE_TAG = "sparkpoint/prune-because"
@@ -31,6 +36,7 @@ class CheckpointSeen:
     storage_id: int
     config: Mapping[str, Any]  # the resources' config of the run that wrote it (as the prune job takes it)
     prune_due: tuple[str, ...] = ()  # what its step said is due ("prune_due" in its metadata)
+    pruned_in_run: bool = False  # its run pruned the job after committing it (`PRUNED_TAG`)
 
     @property
     def job(self) -> str:
@@ -70,14 +76,20 @@ def retention_decision(new: Sequence[CheckpointSeen], pruned: Mapping[str, float
     """The prunes to request for the checkpoints `new` (newest first), at most one per job, and
     when each job was last pruned after them."""
     pruned, prunes, requested = dict(pruned), [], set()
+    # A checkpoint run that pruned after its commit is the job's last prune, whichever of the new
+    # checkpoints it made: the ones after it ask for a prune run only for what they say is due.
+    pruned.update({seen.job: now for seen in new if seen.pruned_in_run})
     for seen in new:
         if seen.job in requested:
             continue
-        if seen.prune_due or now - pruned.get(seen.job, 0.0) >= orphan_grace_seconds:
+        if seen.pruned_in_run:  # its run pruned after it: nothing left of the older ones
+            requested.add(seen.job)
+            continue
+        because = prune_reason(seen.prune_due, pruned.get(seen.job), now, orphan_grace_seconds)
+        if because is not None:
             pruned[seen.job] = now
             requested.add(seen.job)
-            prunes.append(Prune(f"prune-after-{seen.storage_id}", seen.config,
-                                "; ".join(seen.prune_due) or "orphan sweep due"))
+            prunes.append(Prune(f"prune-after-{seen.storage_id}", seen.config, because))
     return prunes, pruned
 
 
@@ -101,7 +113,8 @@ def retention_tick(scope: PipelineScope, context: dg.SensorEvaluationContext, pr
     for record in new:
         run = context.instance.get_run_by_id(record.run_id)
         seen.append(CheckpointSeen(record.storage_id, resources_config(run, prune_job) if run is not None else {},
-                                   _prune_due(record.asset_materialization)))
+                                   _prune_due(record.asset_materialization),
+                                   pruned_in_run=run is not None and PRUNED_TAG in run.tags))
     prunes, pruned = retention_decision(seen, cursor.pruned, time.time(), orphan_grace_seconds)
     context.update_cursor(RetentionCursor(records[0].storage_id, pruned).to_cursor())
     if not prunes:

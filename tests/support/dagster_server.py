@@ -36,7 +36,6 @@ RECOVERS_TAG = "sparkpoint/recovers"
 DONE = {"SUCCESS", "FAILURE", "CANCELED"}
 
 WORKSPACE = """\
-load_from:
   - python_module:
       module_name: {module}
       attribute: {attribute}
@@ -129,12 +128,16 @@ def entry_value(entry: dict[str, Any]) -> Any:
 class DagsterServer:
     """`dagster dev -w workspace.yaml -h 127.0.0.1 -p PORT` in `root`, stopped by process group,
     serving `module`'s `attribute` (the tests' location by default) with `env` added, on an
-    instance configured by sparkpoint's `dagster.yaml` or by `instance_yaml`."""
+    instance configured by sparkpoint's `dagster.yaml` or by `instance_yaml`. `more_modules`: more
+    code locations beside it (their `attribute` too), each a code server of its own; `location`
+    and `repository` stay `module`'s."""
 
     def __init__(self, root: Path, *, module: str = "tests.support.ui_location", attribute: str = "defs",
-                 env: dict[str, str] | None = None, instance_yaml: str | None = None) -> None:
+                 env: dict[str, str] | None = None, instance_yaml: str | None = None,
+                 more_modules: tuple[str, ...] = ()) -> None:
         self.root = root
         self.module, self.attribute, self.extra_env = module, attribute, dict(env or {})
+        self.modules = (module, *more_modules)
         if instance_yaml is not None:
             (root / "dagster-home").mkdir(parents=True, exist_ok=True)
             (root / "dagster-home" / "dagster.yaml").write_text(instance_yaml)
@@ -148,8 +151,8 @@ class DagsterServer:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
-        (self.root / "workspace.yaml").write_text(WORKSPACE.format(module=self.module, attribute=self.attribute,
-                                                                   repo=REPO))
+        (self.root / "workspace.yaml").write_text("load_from:\n" + "".join(
+            WORKSPACE.format(module=m, attribute=self.attribute, repo=REPO) for m in self.modules))
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(self.port)],
@@ -159,7 +162,8 @@ class DagsterServer:
         wait_for(self._serving, timeout, 1, "dagster dev to answer", stop=self._exited, last=self.log_tail)
 
     def _serving(self) -> bool:
-        """The webserver answers with the repository loaded (its location and name kept)."""
+        """The webserver answers with every location loaded (`module`'s location and repository
+        name kept)."""
         try:
             with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as r:
                 if r.status != 200:
@@ -167,9 +171,9 @@ class DagsterServer:
             repos = self.gql(REPOSITORIES)["repositoriesOrError"]
         except (urllib.error.URLError, ConnectionError, OSError, AssertionError):
             return False
-        if repos["__typename"] != "RepositoryConnection" or not repos["nodes"]:
+        if repos["__typename"] != "RepositoryConnection" or len(repos["nodes"]) < len(self.modules):
             return False
-        node = repos["nodes"][0]
+        node = next((n for n in repos["nodes"] if n["location"]["name"] == self.module), repos["nodes"][0])
         self.location, self.repository = node["location"]["name"], node["name"]
         return True
 
