@@ -37,10 +37,20 @@ def erase_in_progress(storage: CheckpointStorage) -> str | None:
     except FileNotFoundError:
         return None
     except Exception as e:  # noqa: BLE001  an unreadable lock still holds the job
+        if not _present(storage):
+            return None  # no lock: the read failed on its own (a fault of the storage is the run's to meet)
         return f"{storage.job_url}/{LOCK} exists but cannot be read ({e})"
     who = f"process {raw.get('pid')} on {raw.get('host')}"
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(raw.get("at") or 0)))
     return f"an erase of keys by {who} since {when} holds {storage.job_url} ({LOCK})"
+
+
+def _present(storage: CheckpointStorage) -> bool:
+    """Whether the lock is there, asked without reading it; True when even that cannot be told."""
+    try:
+        return storage.exists(LOCK)
+    except Exception:  # noqa: BLE001  unknown: the job stays held
+        return True
 
 
 def _lock_record(digest: str, erase_id: str) -> dict[str, Any]:
