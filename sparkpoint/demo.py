@@ -89,7 +89,7 @@ def run_demo() -> int:
     defs, scope = sample.definitions(), sample.scope
     storage: CheckpointStorage = pipeline.storage()
     print(f"sparkpoint demo: input {INPUT.resolve()}, checkpoints {storage.job_url}, "
-          f"Dagster instance {os.environ['DAGSTER_HOME']}")
+          f"Dagster instance {os.environ['DAGSTER_HOME']}", flush=True)
     try:
         with dg.DagsterInstance.get() as instance:
             for tags in RUNS:
@@ -152,18 +152,19 @@ def _heal(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult, defs:
 
 
 def _report(what: str, result: dg.ExecuteInProcessResult) -> None:
+    """A run's line, out at once (a pipe, `make run | tee`, sees each run as it ends)."""
     done = [e.materialization for e in result.get_asset_materialization_events()
             if e.materialization.asset_key.path[-1] == "checkpoint"]
     if not result.success:
         failure = next((e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE), None)
         cause = failure.step_failure_data.error.cause if failure and failure.step_failure_data.error else None
         message = ((cause.message if cause else failure.message if failure else None) or "?").strip().splitlines()[0]
-        print(f"{what}: run {result.run_id[:8]} FAILED: {message}")
+        print(f"{what}: run {result.run_id[:8]} FAILED: {message}", flush=True)
     for m in done:
         v = {k: x.value for k, x in m.metadata.items()}
-        print(f"{what}: run {result.run_id[:8]} -> {v['summary']}; retained {v['retained']}")
+        print(f"{what}: run {result.run_id[:8]} -> {v['summary']}; retained {v['retained']}", flush=True)
     if result.success and not done:
-        print(f"{what}: run {result.run_id[:8]} made no new checkpoint")
+        print(f"{what}: run {result.run_id[:8]} made no new checkpoint", flush=True)
 
 
 def _table(storage: CheckpointStorage) -> None:
