@@ -254,7 +254,9 @@ def test_the_settle_time_is_one_setting_for_the_sensor_and_the_runs_it_launches(
 
 @pytest.mark.spark
 def test_a_batch_ends_before_a_file_being_copied_and_the_complete_file_is_processed_later(tmp_path: Path, spark):
-    pipeline = meters(tmp_path, on_bad_file="skip", files_per_checkpoint=3)
+    # A writer may pause 10 minutes: however long the first batch takes (a cold Spark's first job
+    # outlasts the default 2 s), the half-copied file is still one being written when it ends.
+    pipeline = meters(tmp_path, on_bad_file="skip", files_per_checkpoint=3, settle_seconds=600)
     goods = [good(tmp_path, "r-000.parquet")]
     copying, rest, rows = half_copied(tmp_path, "r-001.parquet", 10)
     goods += [rows, good(tmp_path, "r-002.parquet", 20)]
