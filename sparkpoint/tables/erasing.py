@@ -53,12 +53,16 @@ def wanted_array(values: Sequence[object], column: str, type_: pa.DataType, wher
                         f"{target}, give keys of that type ({e})") from e
 
 
+# Parquet is read on this thread: no pre-buffering (Arrow's I/O threads), no decoding threads, not
+# `pq.read_table`'s dataset scan. Otherwise an Arrow worker thread lets go of the Python file's
+# buffers after the read has returned; when that happens as the interpreter exits, the process
+# aborts ("terminate called without an active exception", exit -6) after an erase that succeeded.
 def scan_file(fs: Any, path: str, column: str, values: Sequence[object]) -> FileScan:
     """How many rows of the Parquet file `path` hold one of `values` in `column`, reading the footer
     and, unless its statistics rule the file out, that column's chunks only."""
     storage_step("read", path)
     with fs.open(path, "rb") as f:
-        footer = pq.ParquetFile(f)
+        footer = pq.ParquetFile(f, pre_buffer=False)
         meta = footer.metadata
         size = int(fs.size(path))
         read = min(size, meta.serialized_size + 8)
@@ -69,7 +73,7 @@ def scan_file(fs: Any, path: str, column: str, values: Sequence[object]) -> File
         groups = [i for i in range(meta.num_row_groups) if _may_hold(meta.row_group(i), leaf, wanted)]
         if not groups:
             return FileScan(path, size, 0, read, True)
-        keys = footer.read_row_groups(groups, columns=[column])[column]
+        keys = footer.read_row_groups(groups, columns=[column], use_threads=False)[column]
         read += sum(meta.row_group(i).column(leaf).total_compressed_size for i in groups) if leaf is not None else size
     matches = int(pc.sum(pc.is_in(keys, value_set=wanted)).as_py() or 0)
     return FileScan(path, size, matches, min(read, size), False)
@@ -82,7 +86,7 @@ def filtered_copy(fs: Any, path: str, column: str, values: Sequence[object], tar
     `keep_empty`, no rows kept writes nothing."""
     storage_step("read", path)
     with fs.open(path, "rb") as f:
-        table = pq.read_table(f)
+        table = pq.ParquetFile(f, pre_buffer=False).read(use_threads=False)
     wanted = wanted_array(values, column, table.schema.field(column).type, path)
     kept = table.filter(pc.invert(pc.fill_null(pc.is_in(table[column], value_set=wanted), False)))
     if not kept.num_rows and not keep_empty:
