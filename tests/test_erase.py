@@ -170,3 +170,25 @@ def test_a_key_is_parsed_as_its_column_type():
     assert parse_key("ann", None, "user") == "ann" and state_key("ann") == b"ann"
     with pytest.raises(EraseRefused, match="key 'x42' is not of type int64, the type of key column 'user'"):
         parse_key("x42", "int64", "user")
+
+
+def test_the_key_matcher_takes_every_layout_of_a_key_and_nothing_of_a_longer_key_or_another_group():
+    from sparkpoint.state.erasure import ErasedKey, KeyMatcher
+    from sparkpoint.state.kinds.base import LEN
+    from sparkpoint.state.timers import TIMERS
+
+    gone, longer, elsewhere = ErasedKey(b"u-1", 5), ErasedKey(b"u-10", 5), ErasedKey(b"u-1", 6)
+    erased = KeyMatcher([gone])
+    clock_time = b"\x00" + (7).to_bytes(8, "big")
+    for k in (gone, longer, elsewhere):
+        want = k is gone
+        assert erased("profile", k.exact(), "value") is want
+        assert erased("profile", k.exact(), None) is want
+        assert erased("clubs", k.element_prefix() + b"club-1", "map") is want
+        assert erased("clubs", k.element_prefix() + b"club-1", None) is want
+        assert erased(TIMERS, k.timer_prefix() + clock_time, None) is want
+        assert erased(TIMERS, k.prefix + b"t" + clock_time + k.raw, None) is want
+    assert not erased("profile", gone.exact(), "map"), "a map entry always has the length field"
+    assert not erased("clubs", gone.element_prefix() + b"x", "value"), "a value entry is the key alone"
+    assert not erased("clubs", gone.prefix + LEN.pack(99) + b"u-1", "map"), "a length longer than the entry"
+    assert not erased(TIMERS, gone.prefix + b"t" + clock_time + b"u-10", None)

@@ -70,6 +70,7 @@ from sparkpoint.state.erasure import (
     find_in_files,
     holders,
     key_entries,
+    keys_of,
     rest_digest,
     state_kinds,
 )
@@ -454,6 +455,7 @@ def _count_entries(storage: CheckpointStorage, meta: CheckpointMetadata, op: str
     from sparkpoint.state.engine.rocksdb import list_states
     from sparkpoint.state.erasure import _backend
 
+    keys = keys_of(meta.operators[op].subtasks[subtask], keys)
     backend = _backend(storage, meta, op, subtask, work)
     try:
         backend.restore(meta)

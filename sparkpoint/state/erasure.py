@@ -72,16 +72,33 @@ class ErasedKey:
     def timer_prefix(self) -> bytes:
         return self.prefix + b"k" + LEN.pack(len(self.raw)) + self.raw
 
-    def matches(self, column_family: str, key: bytes, kind: str | None) -> bool:
-        """Whether stored `key` of `column_family` (a state of `kind`, None: not declared) is an
-        entry of this key."""
-        if not key.startswith(self.prefix):
-            return False
+
+class KeyMatcher:
+    """Whether a stored key of a column family (a state of a declared kind, or None: undeclared)
+    is an entry of one of the erased keys. By set lookups: a stored key's own length field says
+    which key's prefix it could start with, so the cost per entry does not grow with the keys."""
+
+    def __init__(self, keys: Iterable[ErasedKey]):
+        keys = list(keys)
+        self._exact = {k.exact() for k in keys}
+        self._elements = {k.element_prefix() for k in keys}
+        self._timers = {k.timer_prefix() for k in keys}
+        self._by_time = {k.prefix + k.raw for k in keys}
+
+    def __call__(self, column_family: str, key: bytes, kind: str | None) -> bool:
         if column_family == TIMERS:
-            return key.startswith(self.timer_prefix()) or (
-                key[2:3] == b"t" and len(key) == _BY_TIME_KEY_AT + len(self.raw) and key[_BY_TIME_KEY_AT:] == self.raw)
-        exact = kind not in PREFIX_KINDS and key == self.exact()
-        return exact or (kind not in EXACT_KINDS and key.startswith(self.element_prefix()))
+            return (_length_prefixed(key, 3) in self._timers
+                    or (key[2:3] == b"t" and key[:2] + key[_BY_TIME_KEY_AT:] in self._by_time))
+        exact = kind not in PREFIX_KINDS and key in self._exact
+        return exact or (kind not in EXACT_KINDS and _length_prefixed(key, 2) in self._elements)
+
+
+def _length_prefixed(key: bytes, at: int) -> bytes | None:
+    """`key` up to the end of the length-prefixed key that starts at `at` (None: too short for one)."""
+    if len(key) < at + LEN.size:
+        return None
+    end = at + LEN.size + LEN.unpack_from(key, at)[0]
+    return key[:end] if len(key) >= end else None
 
 
 def erased_keys(raws: Iterable[bytes], max_parallelism: int) -> list[ErasedKey]:
@@ -91,6 +108,11 @@ def erased_keys(raws: Iterable[bytes], max_parallelism: int) -> list[ErasedKey]:
 def holders(handles: Sequence[SubtaskStateHandle], keys: Sequence[ErasedKey]) -> list[SubtaskStateHandle]:
     """The subtasks whose key-group range holds one of `keys`' groups: the only ones that can hold them."""
     return [h for h in handles if any(k.key_group in h.key_group_range for k in keys)]
+
+
+def keys_of(handle: SubtaskStateHandle, keys: Sequence[ErasedKey]) -> list[ErasedKey]:
+    """The keys of `keys` whose group lies in `handle`'s key-group range: the only ones it can hold."""
+    return [k for k in keys if k.key_group in handle.key_group_range]
 
 
 def state_kinds(meta: CheckpointMetadata, operator: str) -> dict[str, str]:
@@ -166,6 +188,7 @@ def state_digest(db: Rdict, column_families: Iterable[str], keys: Sequence[Erase
     """(SHA-256 over every entry of the database but `keys`' entries, in order; entries hashed)."""
     digest = hashlib.sha256()
     count = 0
+    erased = KeyMatcher(keys)
     for name in sorted(column_families):
         cf = db.get_column_family(name)
         it = cf.iter(ReadOptions())
@@ -173,7 +196,7 @@ def state_digest(db: Rdict, column_families: Iterable[str], keys: Sequence[Erase
             it.seek_to_first()
             while it.valid():
                 k, v = it.key(), it.value()
-                if not any(key.matches(name, k, kinds.get(name)) for key in keys):
+                if not erased(name, k, kinds.get(name)):
                     for part in (name.encode(), k, v):
                         digest.update(len(part).to_bytes(8, "big") + part)
                     count += 1
@@ -222,6 +245,7 @@ def erase_subtask(storage: CheckpointStorage, meta: CheckpointMetadata, operator
     """Restore subtask `subtask` of `operator` in `meta`, delete `keys`' entries and snapshot it as
     checkpoint `new_id` (uploading only the files that changed). None: it holds none of them."""
     handle = meta.operators[operator].subtasks[subtask]
+    keys = keys_of(handle, keys)
     kinds = state_kinds(meta, operator)
     backend = _backend(storage, meta, operator, subtask, workdir)
     try:
@@ -267,6 +291,7 @@ def carry_subtask(storage: CheckpointStorage, handle: SubtaskStateHandle, new_id
 def rest_digest(storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, subtask: int,
                 keys: Sequence[ErasedKey], workdir: Path) -> tuple[str, int, int]:
     """(`state_digest` of the subtask as committed in `meta`, entries hashed, entries of `keys` it holds)."""
+    keys = keys_of(meta.operators[operator].subtasks[subtask], keys)
     kinds = state_kinds(meta, operator)
     backend = _backend(storage, meta, operator, subtask, workdir)
     try:
@@ -307,6 +332,7 @@ def find_in_files(storage: CheckpointStorage, handle: SubtaskStateHandle, keys: 
     """Read every SST and changelog file `handle` lists (staged slices too) and count the
     entries of `keys` in each: puts, tombstones and range deletions that start inside a key."""
     files = [f for f in handle.stored() if _holds_entries(f) and not f.local_name.endswith(".blob")]
+    erased = KeyMatcher(keys_of(handle, keys))
     workdir.mkdir(parents=True, exist_ok=True)
     findings = []
     total = 0
@@ -315,7 +341,7 @@ def find_in_files(storage: CheckpointStorage, handle: SubtaskStateHandle, keys: 
         storage.download([(f.path, str(local))])
         try:
             total += os.path.getsize(local)
-            n = _count_in_file(local, f.local_name, keys, kinds)
+            n = _count_in_file(local, f.local_name, erased, kinds)
         finally:
             local.unlink(missing_ok=True)
         if n:
@@ -324,15 +350,15 @@ def find_in_files(storage: CheckpointStorage, handle: SubtaskStateHandle, keys: 
     return FilesChecked(len(files), total, tuple(findings))
 
 
-def _count_in_file(local: Path, name: str, keys: Sequence[ErasedKey], kinds: Mapping[str, str]) -> int:
+def _count_in_file(local: Path, name: str, erased: KeyMatcher, kinds: Mapping[str, str]) -> int:
     if is_changelog_name(name):
         n = 0
         for section in changelog.read(local):
             kind = kinds.get(section.name)
-            n += sum(1 for k, _ in section.entries if any(key.matches(section.name, k, kind) for key in keys))
-            n += sum(1 for lo, _ in section.ranges if any(key.matches(section.name, lo, kind) for key in keys))
+            n += sum(1 for k, _ in section.entries if erased(section.name, k, kind))
+            n += sum(1 for lo, _ in section.ranges if erased(section.name, lo, kind))
         return n
     sst = read_sst_keys(local)
     kind = kinds.get(sst.column_family)
-    hits = sum(1 for k in sst.keys if any(key.matches(sst.column_family, k, kind) for key in keys))
-    return hits + sum(1 for lo, _ in sst.ranges if any(key.matches(sst.column_family, lo, kind) for key in keys))
+    hits = sum(1 for k in sst.keys if erased(sst.column_family, k, kind))
+    return hits + sum(1 for lo, _ in sst.ranges if erased(sst.column_family, lo, kind))

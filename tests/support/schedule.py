@@ -34,6 +34,7 @@ LONGEST_FIRST = (
     "tests/test_erase.py",
     "tests/test_erase_output.py",
     "tests/test_erase_spark.py",
+    "tests/test_erase_race_spark.py",
     "tests/test_factory.py",
     "tests/test_example_sessions.py",
     "tests/test_iceberg_sink_e2e.py",
