@@ -1,4 +1,7 @@
-"""`sparkpoint run` killed (SIGKILL, whole process group) at random moments, then resumed."""
+"""`sparkpoint run` killed (SIGKILL, whole process group) at random moments, then resumed.
+
+`make test` kills one run (its Spark with it) and resumes on the tests' shared Spark; `make soak`
+kills three runs in a row, each resumed by the next (the same check, more kill moments)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from sparkpoint.checkpoint.sweep import sweep_orphans
 from sparkpoint.cli import main
 from sparkpoint.spark.generate import generate
 from tests.support import oracle
+from tests.support.crashkit import run_in_process
 
 pytestmark = pytest.mark.spark
 
@@ -51,22 +55,23 @@ def run_and_kill(cmd: list[str], after: int, delay: float, tmp_path: Path) -> li
     return lines + [f"stderr: {line}" for line in err.read_text().splitlines()]
 
 
-def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path: Path):
-    generate(str(tmp_path / "in"), batches=9, events_per_batch=4000, users=500, items=80, seed=5)
+@pytest.mark.parametrize("kills", [1, pytest.param(3, marks=pytest.mark.soak)])  # one kill in make test
+def test_killed_runs_resume_to_the_uninterrupted_result(spark, tmp_path: Path, kills: int):
+    batches_in = 3 * kills + 2  # each run is killed after 1 or 2 of its checkpoints: 2 or more remain
+    generate(str(tmp_path / "in"), batches=batches_in, events_per_batch=4000, users=500, items=80, seed=5)
     rng = random.Random(2026)
     cmd = run_command(tmp_path)
-    for _ in range(3):  # each killed after 1 or 2 of its checkpoints: at least 3 of the 9 batches remain
+    for _ in range(kills):
         lines = run_and_kill(cmd, rng.randint(1, 2), rng.uniform(0.0, 0.1), tmp_path)
         assert any(line.startswith("chk-") for line in lines), f"each run made progress before it was killed: {lines}"
-    final = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert final.returncode == 0, final.stderr[-3000:]
+    assert run_in_process(spark, cmd), "the resume took the batches the killed runs left"
 
     batches = oracle.read_batches(str(tmp_path / "in"))
     events = pd.concat(batches, ignore_index=True)
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
     store = CompletedCheckpointStore(storage)
     latest = store.load(store.checkpoint_ids()[0])
-    assert len(latest.source_offsets["source"]["consumed"]) == 9
+    assert len(latest.source_offsets["source"]["consumed"]) == batches_in
     for operator, expected, check in [
         ("user_totals", oracle.user_totals(events), oracle.assert_totals_equal),
         ("item_reach", oracle.item_reach(events), oracle.assert_reach_equal),
@@ -79,7 +84,7 @@ def test_killed_runs_resume_to_the_uninterrupted_result(tmp_path: Path):
     output = pd.read_parquet(tmp_path / "out")
     expected_sink = oracle.sink_rows(batches)
     per_checkpoint = [g for _, g in sorted(output.groupby("checkpoint_id"), key=lambda t: t[0])]
-    assert len(per_checkpoint) == 9, "every batch is in the output exactly once"
+    assert len(per_checkpoint) == batches_in, "every batch is in the output exactly once"
     for got, expected in zip(per_checkpoint, expected_sink):
         oracle.assert_totals_equal(got, expected)
     assert not list((tmp_path / "out" / "_staging").glob("chk-*"))

@@ -342,7 +342,9 @@ def export_seen(state) -> pd.DataFrame:
 REMINDERS = KeyedOperator("reminders", key="user", process=remember, export=export_seen, on_timer=remind, emits=True)
 
 
-def test_tick_fires_processing_timers_and_expires_ttl_without_input(tmp_path: Path):
+def test_tick_fires_processing_timers_and_expires_ttl_without_input(spark, tmp_path: Path):
+    """The runs before and after the tick run on the tests' shared Spark; the tick itself is
+    `sparkpoint run --tick --json`, the flag as a user gives it."""
     (tmp_path / "in").mkdir()
     pd.DataFrame({"user": ["ann", "bob", "cyd"]}).to_parquet(tmp_path / "in" / "b00.parquet")
     module = tmp_path / "tick_pipeline.py"
@@ -352,25 +354,26 @@ def test_tick_fires_processing_timers_and_expires_ttl_without_input(tmp_path: Pa
         f"pipeline = Pipeline('reminders', [REMINDERS], input_url={str(tmp_path / 'in')!r}, "
         f"checkpoints_url={str(tmp_path / 'ckpt')!r}, output_url={str(tmp_path / 'out')!r}, "
         f"local_dir={str(tmp_path / 'local')!r}, parallelism=2, max_parallelism=16)\n")
+    spec = Pipeline("reminders", [REMINDERS], input_url=str(tmp_path / "in"), checkpoints_url=str(tmp_path / "ckpt"),
+                    output_url=str(tmp_path / "out"), local_dir=str(tmp_path / "local"), parallelism=2,
+                    max_parallelism=16)
 
-    def run(*flags: str) -> list[dict]:
-        done = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "tick_pipeline:pipeline",
-                               "--master", "local[1]", "--json", *flags], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).parents[1]}"})
-        assert done.returncode == 0, done.stderr[-3000:]
-        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    def run_here(*, tick: bool = False) -> list[tuple[int, tuple[str, ...], int]]:
+        reports = StatefulPipeline(spark, spec.config(), spec.operators).run(tick=tick)
+        return [(r.checkpoint_id, r.files, r.rows) for r in reports]
 
-    first = run()
-    assert [r["batch"] for r in first] == [["b00.parquet"]]
-    assert run() == [], "without --tick, no input: no checkpoint"
+    assert run_here() == [(1, ("b00.parquet",), 3)]
+    assert run_here() == [], "without a tick, no input: no checkpoint"
     time.sleep(REMIND_AFTER_S + 0.5)
-    ticked = run("--tick")
+    done = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "tick_pipeline:pipeline",
+                           "--master", "local[1]", "--json", "--tick"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).parents[1]}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    ticked = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [(r["checkpoint_id"], r["batch"], r["rows"]) for r in ticked] == [(2, [], 0)]
     out = pd.read_parquet(tmp_path / "out")
     assert sorted(out.user) == ["ann", "bob", "cyd"] and set(out.checkpoint_id) == {2}
-    spec = Pipeline("reminders", [REMINDERS], input_url=str(tmp_path / "in"), checkpoints_url=str(tmp_path / "ckpt"),
-                    max_parallelism=16)
     assert spec.read_state("reminders").empty, "the TTL state expired on the tick"
     inspect = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "inspect", str(tmp_path / "ckpt" / "reminders" /
                               "chk-2"), "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -378,8 +381,7 @@ def test_tick_fires_processing_timers_and_expires_ttl_without_input(tmp_path: Pa
     assert info["timers_fired"] == 3 and info["timers_pending"] == 0 and info["expired_removed"] == 3
     assert info["states"]["seen"] == {"kind": "value", "ttl": {"seconds": REMIND_AFTER_S, "update": "on_write",
                                                                 "clock": "processing"}, "entries": 0}
-    again = run("--tick")
-    assert [r["checkpoint_id"] for r in again] == [3]
+    assert run_here(tick=True) == [(3, (), 0)]
     assert len(pd.read_parquet(tmp_path / "out")) == 3, "a timer fires once"
 
 

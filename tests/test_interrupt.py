@@ -17,6 +17,7 @@ import pytest
 from sparkpoint.cli import main
 from sparkpoint.spark.generate import generate
 from tests.support import oracle
+from tests.support.crashkit import run_in_process
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,19 +47,19 @@ def interrupt_after(cmd: list[str], cwd: Path, prefix: str, nth: int, delay: flo
 # One moment in make test; the moments around it (before Spark is up, mid-batch) in make soak.
 @pytest.mark.parametrize("delay", [pytest.param(0.0, marks=pytest.mark.soak), 0.15,
                                    pytest.param(0.4, marks=pytest.mark.soak)])
-def test_one_ctrl_c_stops_run_in_one_line_and_a_rerun_resumes(tmp_path: Path, delay: float):
+def test_one_ctrl_c_stops_run_in_one_line_and_a_rerun_resumes(spark, tmp_path: Path, delay: float):
+    """The rerun resumes on the tests' shared Spark: the resume, not another Spark start, is checked."""
     generate(str(tmp_path / "in"), batches=5, events_per_batch=8000, users=3000, items=200, seed=4)
-    cmd = [sys.executable, "-m", "sparkpoint.cli", "run", "--input", "in", "--checkpoints", "ckpt", "--job-id", "j",
-           "--local-dir", "local", "--output", "out"]
+    cmd = [sys.executable, "-m", "sparkpoint.cli", "run", "--input", str(tmp_path / "in"), "--checkpoints",
+           str(tmp_path / "ckpt"), "--job-id", "j", "--local-dir", str(tmp_path / "local"), "--output",
+           str(tmp_path / "out")]
     code, out, err, seconds = interrupt_after(cmd, tmp_path, "chk-", 2, delay)
     assert code == 130, (out, err)
     assert seconds < 15
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "interrupted; last committed checkpoint: chk-" in lines[0], err
     assert "a rerun resumes" in lines[0] and "Traceback" not in err
-    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert run_in_process(spark, cmd), "the rerun took the batches the interrupted run left"
     events = pd.concat(oracle.read_batches(str(tmp_path / "in")), ignore_index=True)
     assert main(["state", "--checkpoints", str(tmp_path / "ckpt"), "--job-id", "j", "--operator", "user_totals",
                  "--format", "parquet", "--out", str(tmp_path / "totals.parquet")]) == 0

@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Here the CLI's launcher script appears ~0.9 s after the spawn and its JVM watches its stdin
 # from ~2.5-3 s; a Dagster run's from ~2-3 s and ~3.5-4 s (later on a loaded machine). `make
 # test` interrupts at moments counted from the launcher's appearance, wherever the load puts it
-# (plus one before it); `make soak` at every 100 ms from the spawn, as a user would.
-LAUNCH_OFFSETS = [0.0, 0.4, 1.0, 2.0]
+# (plus one before it): as it appears, while its JVM starts, about when the JVM is up; `make soak`
+# at every 100 ms from the spawn, as a user would.
+LAUNCH_OFFSETS = [0.0, 1.0, 2.0]
+DAGSTER_OFFSETS = [0.0, 1.0]  # a SIGINT and a SIGTERM, both while the JVM starts (around it: make soak)
 EVERY_100_MS = [round(0.1 * i, 1) for i in range(50)]
 EVERY_100_MS_OF_7_S = [round(0.1 * i, 1) for i in range(70)]  # a Dagster run starts Spark later
 
@@ -107,12 +109,12 @@ def test_a_ctrl_c_during_the_start_of_run_leaves_no_process_of_it(tmp_path: Path
 
 def test_a_dagster_run_terminated_during_resource_setup_leaves_no_process_of_it(tmp_path: Path):
     java_before = java_pids()
-    tries = dagster_sweep(tmp_path, LAUNCH_OFFSETS, after_launch=True)
+    tries = dagster_sweep(tmp_path, DAGSTER_OFFSETS, after_launch=True)
     assert_nothing_left(tries, java_before)
 
 
 CUT_START = """
-import os, sys
+import os
 from pyspark.sql import SparkSession
 from sparkpoint.spark import session
 from tests.support.run_processes import MARKER, run_processes
@@ -120,21 +122,22 @@ from tests.support.run_processes import MARKER, run_processes
 def jvms():
     return [p for p in run_processes(os.environ[MARKER]) if p.name == "java"]
 
-if sys.argv[1] == "refused":  # Spark refuses a master it cannot parse, once its JVM is up
-    master = "local[not-a-number]"
-else:  # an interrupt once Spark's context is made, as its session is being made
-    master, made = "local[1]", SparkSession.__init__
+def cut(master):
+    try:
+        session.spark_session(master)
+    except BaseException as e:
+        print("cut:", type(e).__name__, flush=True)
+    print("JVMs after:", len(jvms()), session._launched_jvm, flush=True)
 
-    def interrupted(*args, **kwargs):
-        SparkSession.__init__ = made
-        raise KeyboardInterrupt
+cut("local[not-a-number]")  # Spark refuses a master it cannot parse, once its JVM is up
+made = SparkSession.__init__
 
-    SparkSession.__init__ = interrupted
-try:
-    session.spark_session(master)
-except BaseException as e:
-    print("cut:", type(e).__name__, flush=True)
-print("JVMs after:", len(jvms()), session._launched_jvm, flush=True)
+def interrupted(*args, **kwargs):  # an interrupt once Spark's context is made, as its session is being made
+    SparkSession.__init__ = made
+    raise KeyboardInterrupt
+
+SparkSession.__init__ = interrupted
+cut("local[1]")
 spark = session.spark_session("local[1]")
 # Recorded at its spawn (PySpark still spawns through its module's Popen, which the start replaces)
 print("next start:", spark.range(3).count(), len(jvms()), type(session._launched_jvm).__name__, flush=True)
@@ -142,17 +145,16 @@ spark.stop()
 """
 
 
-@pytest.mark.parametrize("how, error", [("refused", "Py4JJavaError"), ("interrupted", "KeyboardInterrupt")])
-def test_a_start_cut_after_the_jvm_is_up_kills_it_and_the_next_start_in_the_process_works(
-        tmp_path: Path, how: str, error: str):
-    """Spark refusing its settings, or an interrupt once its context is made: the JVM of that
-    start is killed and PySpark forgets it (context, session, gateway), so the process can start
-    Spark again."""
-    marker = f"cut-start-{how}-{tmp_path.name}"
-    done = subprocess.run([sys.executable, "-c", CUT_START, how], capture_output=True, text=True, timeout=300,
+def test_a_start_cut_after_the_jvm_is_up_kills_it_and_the_next_start_in_the_process_works(tmp_path: Path):
+    """Spark refusing its settings, then an interrupt once its context is made, in one process:
+    the JVM of each start is killed and PySpark forgets it (context, session, gateway), so the
+    process can start Spark again, after either."""
+    marker = f"cut-start-{tmp_path.name}"
+    done = subprocess.run([sys.executable, "-c", CUT_START], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={**environment(), MARKER: marker})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == [f"cut: {error}", "JVMs after: 0 None", "next start: 3 1 RecordedPopen"], \
+    assert done.stdout.splitlines() == ["cut: Py4JJavaError", "JVMs after: 0 None", "cut: KeyboardInterrupt",
+                                        "JVMs after: 0 None", "next start: 3 1 RecordedPopen"], \
         done.stdout + done.stderr[-3000:]
     assert wait_gone(marker, 60) == []
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparkpoint.checkpoint.processes import same_process_lives
-from sparkpoint.spark.warm import WarmServer, read_server, server_key, stop
+from sparkpoint.spark.warm import WarmServer, default_spark, read_server, server_key, stop
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,19 +166,6 @@ def test_soak_a_wedged_server_or_one_whose_supervisor_was_killed_is_replaced_by_
     assert third["jvm_pid"] != second["jvm_pid"] and third["count"] == 5 and _starts(warm_env) == 3
 
 
-def test_the_server_stops_once_idle_but_never_under_an_attached_run(warm_env: dict[str, str]):
-    env = {**warm_env, "SPARKPOINT_WARM_SPARK_IDLE": "4"}
-    holder = _attach(env, 5, linger=12)  # attached for 12 s, three idle periods
-    line = holder.stdout.readline() if holder.stdout else ""
-    assert json.loads(line)["count"] == 5
-    server = _server(env)
-    time.sleep(8)
-    assert same_process_lives(server.jvm_pid, server.jvm_start), "a run is attached: not idle"
-    holder.communicate(timeout=60)
-    wait_for(lambda: not _any_lives(server), 60, 0.5, "the server to stop after the idle period")
-    assert read_server(Path(env["SPARKPOINT_WARM_SPARK_DIR"])) is None
-
-
 def test_a_server_of_another_venv_or_version_is_never_reused(monkeypatch: pytest.MonkeyPatch):
     mine = server_key()
     monkeypatch.setattr(sys, "prefix", "/some/other/venv")
@@ -188,30 +175,6 @@ def test_a_server_of_another_venv_or_version_is_never_reused(monkeypatch: pytest
 
     monkeypatch.setattr(sparkpoint, "__version__", "0.0.0-other")
     assert server_key() != mine
-
-
-def test_a_users_pipeline_run_without_a_master_attaches_to_the_warm_server(tmp_path: Path,
-                                                                          warm_env: dict[str, str]):
-    from tests.support.clickstream_project import clicks_state, copy_project
-
-    project, project_env = copy_project(tmp_path, landed=2)
-    env = {**project_env, **{k: v for k, v in warm_env.items() if k.startswith("SPARKPOINT_WARM")}}
-    command = [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "clickstream.pipelines:clicks",
-               "--input", "landing"]
-    first = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    subprocess.run([sys.executable, "-m", "clickstream.land", "--batches", "2", "--into", "landing"],
-                   cwd=project, env=env, check=True, capture_output=True)
-    second = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
-    assert [line.split()[0] for line in (first.stdout + second.stdout).splitlines() if line.startswith("chk-")] \
-        == ["chk-1", "chk-2", "chk-3", "chk-4"]
-    state, expected = clicks_state(project)
-    assert state == expected
-    assert _starts(warm_env) == 1, "the second run attached to the server the first started"
-    off = subprocess.run([*command, "--max-batches", "1"], cwd=project, capture_output=True, text=True, timeout=600,
-                         env={**env, "SPARKPOINT_WARM_SPARK": "off"})
-    assert off.returncode == 0 and _starts(warm_env) == 1, off.stderr[-2000:]
 
 
 # --- whose server: the token goes only to the JVM we started (DESIGN rule 17) ---------------------
@@ -261,25 +224,37 @@ def test_a_foreign_listener_on_ipv6_loopback_at_the_servers_port_receives_nothin
     assert foreign.calls == [], f"the foreign listener received {foreign.calls[:2]}"
 
 
-def test_a_process_that_wins_the_race_for_the_port_gets_no_token(warm_env: dict[str, str]):
+def test_a_process_that_wins_the_race_for_the_port_gets_no_token_and_the_server_stops_once_idle(
+        warm_env: dict[str, str]):
+    """Two checks of a server's own start and end, on one JVM start: the port a foreign process
+    took first is given up (no token reaches it), and the server stops once idle, never while a
+    run is attached."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         taken = s.getsockname()[1]
+    env = {**warm_env, "SPARKPOINT_WARM_SPARK_PORT": str(taken), "SPARKPOINT_WARM_SPARK_IDLE": "4"}
     foreign = _Recorder(f"127.0.0.1:{taken}")  # binds the port the supervisor will try first
     try:
-        run = _result(_attach({**warm_env, "SPARKPOINT_WARM_SPARK_PORT": str(taken)}, 4))
+        holder = _attach(env, 4, linger=12)  # attached for 12 s, three idle periods
+        line = holder.stdout.readline() if holder.stdout else ""
     finally:
         foreign.stop()
-    assert run["count"] == 4
-    assert _server(warm_env).port != taken, "the server listens on a port of its own"
+    assert json.loads(line)["count"] == 4, holder.stderr.read() if holder.stderr and not line else line
+    server = _server(env)
+    assert server.port != taken, "the server listens on a port of its own"
     assert foreign.calls == [], f"the process on the port received {foreign.calls[:2]}"
-    log = (Path(warm_env["SPARKPOINT_WARM_SPARK_DIR"]) / "server.log").read_text()
+    log = (Path(env["SPARKPOINT_WARM_SPARK_DIR"]) / "server.log").read_text()
     assert f"did not come to listen on port {taken} itself" in log
     # Neither the port nor the token is on the JVM's command line.
-    server = _server(warm_env)
     command = Path(f"/proc/{server.jvm_pid}/cmdline").read_bytes().decode(errors="replace")
     token = Path(server.token_file).read_text().strip()
     assert str(server.port) not in command and token not in command
+
+    time.sleep(8)
+    assert same_process_lives(server.jvm_pid, server.jvm_start), "a run is attached: not idle"
+    holder.communicate(timeout=60)
+    wait_for(lambda: not _any_lives(server), 60, 0.5, "the server to stop after the idle period")
+    assert read_server(Path(env["SPARKPOINT_WARM_SPARK_DIR"])) is None
 
 
 # --- the run's environment: a warm server computes what a Spark of the run's own does (rule 16) ---
@@ -287,7 +262,7 @@ def test_a_process_that_wins_the_race_for_the_port_gets_no_token(warm_env: dict[
 WEIGHTS = """
 import os
 
-WEIGHT = int(os.environ["WEIGHT"])  # read once, at import, as real pipelines read settings
+WEIGHT = int(os.environ.get("WEIGHT", "1"))  # read once, at import, as real pipelines read settings
 
 
 def scale(batches):
@@ -310,26 +285,32 @@ sys.stdin.read()  # attached until the test closes our stdin
 """
 
 
-def _env_run(env: dict[str, str], module_dir: Path, weight: int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", ENV_RUN, str(module_dir)], env={**env, "WEIGHT": str(weight)},
+def _env_run(env: dict[str, str], module_dir: Path, weight: int | None) -> subprocess.Popen[str]:
+    weighted = env if weight is None else {**env, "WEIGHT": str(weight)}
+    return subprocess.Popen([sys.executable, "-c", ENV_RUN, str(module_dir)], env=weighted,
                             text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Path, warm_env: dict[str, str]):
+def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Path,
+                                                                    shared_warm_env: dict[str, str]):
+    """On the module's shared server (its first run has the environment the others attached with);
+    it leaves that server replaced by one with another environment, for the module's last test."""
+    warm_env = shared_warm_env
     module_dir = tmp_path / "mods"
     module_dir.mkdir()
     (module_dir / "weights.py").write_text(WEIGHTS)
-    first = _env_run(warm_env, module_dir, 1)
+    first = _env_run(warm_env, module_dir, None)
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-3000:]
     assert json.loads(out.splitlines()[-1]) == {"total": 6, "connect": True}
     assert "attached to the warm local Spark on 127.0.0.1:" in err and "started at" in err
+    starts = _starts(warm_env)
 
     # Idle server, another environment: replaced by one that has this run's.
     second = _env_run(warm_env, module_dir, 10)
     line = second.stdout.readline() if second.stdout else ""
     assert json.loads(line) == {"total": 60, "connect": True}, line
-    assert _starts(warm_env) == 2
+    assert _starts(warm_env) == starts + 1
 
     # Used by a run (the second lingers attached), another environment again: this run gets a
     # Spark of its own and says why, in one line.
@@ -339,7 +320,7 @@ def test_a_run_computes_with_its_own_environment_on_the_warm_server(tmp_path: Pa
     assert third.returncode == 0, err[-3000:]
     assert json.loads(out.splitlines()[-1]) == {"total": 600, "connect": False}
     assert "runs with another environment (WEIGHT differ) and other runs use it" in err
-    assert _starts(warm_env) == 2, "the server the second run used was left alone"
+    assert _starts(warm_env) == starts + 1, "the server the second run used was left alone"
 
 
 def test_what_differs_between_two_tasks_of_an_orchestrator_is_not_the_environment():
@@ -403,25 +384,47 @@ pipe = Pipeline("flags", [meters], input_url="{root}/in", checkpoints_url="{root
 """
 
 
-def test_a_run_on_the_warm_server_runs_in_its_own_directory_with_its_own_path(tmp_path: Path,
-                                                                            warm_env: dict[str, str]):
+def test_a_users_pipeline_run_without_a_master_attaches_to_the_warm_server_in_its_own_directory(
+        tmp_path: Path, warm_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    """`sparkpoint run --pipeline` of a user's pipeline, twice: the first starts the server, the
+    second attaches to it; each runs in its own directory with its own Python path. With the warm
+    server off, a run's Spark is its own (the decision is checked, without another Spark start)."""
+    import pandas as pd
+
     project = tmp_path / "project"
     (project / "dags").mkdir(parents=True)
     (project / "in").mkdir()
     (project / "dags" / "flagpipe.py").write_text(FLAG_PIPELINE.replace("{root}", str(project)))
     (project / "dags" / "flaghelper.py").write_text("def unit():\n    return 1.0\n")
     (project / "double.flag").write_text("on\n")
-    import pandas as pd
+    landed = [[("a", 1.0), ("b", 2.0), ("a", 0.5)], [("a", 1.0), ("c", 3.0)]]
 
-    pd.DataFrame({"meter": ["a", "b", "a"], "kwh": [1.0, 2.0, 0.5]}).to_parquet(project / "in" / "b00.parquet")
+    def land(i: int) -> None:
+        pd.DataFrame(landed[i], columns=["meter", "kwh"]).to_parquet(project / "in" / f"b{i:02d}.parquet")
+
     env = {**warm_env, "PYTHONPATH": f"dags{os.pathsep}{ROOT}"}  # relative, as docs/airflow.md shows
-    run = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "flagpipe:pipe"],
-                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "attached to the warm local Spark" in run.stderr, "ran on the warm server"
+    command = [sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "flagpipe:pipe"]
+    runs = []
+    for i in (0, 1):
+        land(i)
+        run = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert "attached to the warm local Spark" in run.stderr, "ran on the warm server"
+        runs.append(run)
+    assert [line.split()[0] for run in runs for line in run.stdout.splitlines() if line.startswith("chk-")] \
+        == ["chk-1", "chk-2"]
+    assert _starts(warm_env) == 1, "the second run attached to the server the first started"
     out = pd.read_parquet(project / "out")
-    assert dict(zip(out.meter, out.kwh)) == {"a": 15.0, "b": 20.0}, "the flag file in the run's directory counted"
+    totals = {cid: dict(zip(rows.meter, rows.kwh)) for cid, rows in out.groupby("checkpoint_id")}
+    assert totals == {1: {"a": 15.0, "b": 20.0}, 2: {"a": 25.0, "c": 30.0}}, "the flag file in the run's directory"
     assert set(out.cwd) == {str(project)}
+
+    # Off, a run's Spark is `local[2]` in its own process though a server is up (what `run` then
+    # starts is the in-process Spark the rest of the suite runs on, with the warm server off).
+    monkeypatch.setenv("SPARKPOINT_WARM_SPARK", "off")
+    monkeypatch.setenv("SPARKPOINT_WARM_SPARK_DIR", warm_env["SPARKPOINT_WARM_SPARK_DIR"])
+    assert default_spark(None, None) == ("local[2]", None)
+    assert _starts(warm_env) == 1 and read_server(Path(warm_env["SPARKPOINT_WARM_SPARK_DIR"])) is not None
 
 
 @pytest.mark.parametrize("command, shown", [
@@ -451,7 +454,8 @@ def test_ctrl_c_of_make_ui_stops_the_warm_server(tmp_path: Path, shared_warm_env
 
     from tests.support.cluster import free_port
 
-    _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
+    if read_server(Path(warm_env["SPARKPOINT_WARM_SPARK_DIR"])) is None:  # run alone: no test left one
+        _result(_attach(warm_env))  # a run of the UI's attached and left: the server stays warm
     server = _server(warm_env)
     port = free_port()
     pid, fd = pty.fork()

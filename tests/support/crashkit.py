@@ -120,6 +120,20 @@ def run_command(input_url: str, ckpt_url: str, output_url: str, local_dir: Path,
     ]
 
 
+def run_in_process(spark: Any, command: list[str]) -> list[Any]:
+    """What `command` (`python -m sparkpoint.cli run ...`) does, on `spark` in this process: the
+    pipeline and settings the CLI resolves from those flags, without a JVM of its own. For a
+    resume after a crash of the run's own process, where the CLI's Spark start is not what is
+    tested; its reports, one per checkpoint."""
+    from sparkpoint.cli.parser import build_parser
+    from sparkpoint.cli.run import run_config
+    from sparkpoint.pipeline.driver import StatefulPipeline
+
+    argv = command[command.index("sparkpoint.cli") + 1:]
+    spec, config, _ = run_config(build_parser().parse_args(argv))
+    return StatefulPipeline(spark, config, spec.operators).run()
+
+
 def assert_pipeline_result(input_dir: str, ckpt_url: str, output_url: str, work: Path,
                            options: dict[str, Any] | None = None) -> None:
     """State and sink output equal what `tests.support.oracle` recomputes from every input batch."""

@@ -41,7 +41,6 @@ LONGEST_FIRST = (
     "tests/test_materialize_in_steps.py",
     "tests/test_interrupt_start.py",
     "tests/test_event_time.py",
-    "tests/test_cluster_own_operator.py",
     "tests/test_s3_e2e.py",
     "tests/test_docs.py",
     "tests/test_bench_scale.py",
