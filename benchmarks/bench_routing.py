@@ -697,7 +697,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--s3-batches", type=int, default=4)
     p.add_argument("--sizes", default="100000,400000,1600000", help="crossover: events per batch")
     p.add_argument("--repeat", type=int, default=3, help="crossover: measured batches per size")
-    p.add_argument("--parallelisms", default=",".join(map(str, PARALLELISMS)))
+    p.add_argument("--parallelisms", help=f"comma-separated (default {','.join(map(str, PARALLELISMS))}; --quick 2,4)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="keep the temp directories")
     p.add_argument("--section", help=argparse.SUPPRESS)  # the child's side: run one section, JSON to --section-out
@@ -707,11 +707,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     if unknown := set(args.only) - set(SECTIONS):
         p.error(f"--only: unknown {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
-    args.parallelisms = [int(x) for x in args.parallelisms.split(",")]
+    given = args.parallelisms
+    args.parallelisms = [int(x) for x in (given or ",".join(map(str, PARALLELISMS))).split(",")]
     args.sizes = [int(x) for x in args.sizes.split(",")]
     args.s3_parallelisms = [4, 16]
     if args.quick:
-        args.users, args.workers, args.parallelisms, args.s3_parallelisms = 20_000, 2, [2, 4], [4]
+        args.users, args.workers, args.s3_parallelisms = 20_000, 2, [4]
+        args.parallelisms = args.parallelisms if given else [2, 4]
         args.cluster_events, args.cluster_batches, args.s3_events, args.s3_batches = 100_000, 3, 40_000, 2
         args.sizes, args.repeat = [20_000, 100_000], 1
     args.out = args.out or RESULTS

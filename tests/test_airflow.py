@@ -82,14 +82,15 @@ def states(run) -> dict[str, str]:  # type: ignore[no-untyped-def]
 
 
 # The failure after the upload (the one that leaves the most to heal) in make test; before the
-# upload and before the commit too in make soak.
+# upload and before the commit too in make soak. A run after a recovered one is the backlog test's
+# (`later`, after `recover` committed a batch).
 EACH_POINT = ("before-upload", "after-upload", "before-commit")
 
 
 @pytest.mark.parametrize("points", [("after-upload",), pytest.param(EACH_POINT, marks=pytest.mark.soak)],
                          ids=["after-upload", "each"])
 def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp_path: Path, points: tuple[str, ...]):
-    generate(str(tmp_path / "in"), batches=2 + len(points), events_per_batch=1500, users=300, items=40, seed=9)
+    generate(str(tmp_path / "in"), batches=1 + len(points), events_per_batch=1500, users=300, items=40, seed=9)
     dag = dag_file("sample_af", tmp_path, max_batches_per_run=1)  # one batch a run: a failure at each point
     storage = CheckpointStorage(f"file://{tmp_path}/ckpt", "job")
 
@@ -104,13 +105,11 @@ def test_batches_an_injected_failure_at_each_point_and_recovery_exactly_once(tmp
         assert "failed" in (got["batch"], got["checkpoint"]), (point, got)
         assert str(run.state) == "failed", "the run did fail; its batch is healed"
         assert max(storage.completed_checkpoint_ids()) == cid, point
-    last = dag.test()
-    assert states(last)["checkpoint"] == "success"
     nothing = dag.test()
     assert states(nothing)["batch"] == "skipped", "no unconsumed batch: nothing to do"
 
     latest = CompletedCheckpointStore(storage).latest()
-    ids = list(range(1, 3 + len(points)))
+    ids = list(range(1, 2 + len(points)))
     assert latest is not None and latest.checkpoint_id == ids[-1]
     batches = oracle.read_batches(str(tmp_path / "in"))
     events = pd.concat(batches, ignore_index=True)

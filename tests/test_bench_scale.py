@@ -115,7 +115,7 @@ def test_bookkeeping_ladder_measures_rebuild_and_sweep_in_processes_of_their_own
 
 @pytest.mark.s3
 def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
-    r = run_benchmark("benchmarks.bench_state_backend", tmp_path / "state_backend.json", "--repeat", "2")
+    r = run_benchmark("benchmarks.bench_state_backend", tmp_path / "state_backend.json", "--repeat", "1")
     assert r["load"]["live_sst_bytes"] > 30 * 1024 * 1024
     assert [p["fraction"] for p in r["phases"]] == [0.01, 0.1]
     assert all(p["amplification"] > 0 and p["full"]["uploaded_bytes"] > p["mean_uploaded_bytes"] for p in r["phases"])
@@ -123,14 +123,14 @@ def test_state_backend_benchmark_quick_run_writes_sane_figures(tmp_path: Path):
         "working": "working", "local": "local", "primary": "primary", "primary on s3 (moto)": "primary"
     }
     assert r["restore"]["primary on s3 (moto)"]["downloaded_bytes"] == r["restore"]["primary"]["downloaded_bytes"]
-    assert len(r["restore"]["primary"]["runs_s"]) == 2
+    assert len(r["restore"]["primary"]["runs_s"]) == 1  # --repeat is taken (one run each: the count does not matter)
     assert r["restore"]["local"]["verify_s"] > 0 and r["restore"]["local"]["verify_deep_s"] > 0
     assert all(x["first_reads_s"] > 0 for x in r["restore"].values())
     s3 = r["restore"]["primary on s3 (moto)"]
     assert s3["requests"]["GetObject"] >= s3["files"] and s3["probe"]["stream_mb_per_s"] > 0
     assert set(r["transfer"]) == {"file", "s3 (moto)"}
     for x in r["transfer"].values():
-        assert x["bytes"] == r["restore"]["primary"]["downloaded_bytes"] and len(x["runs_s"]["get"]) == 2
+        assert x["bytes"] == r["restore"]["primary"]["downloaded_bytes"] and len(x["runs_s"]["get"]) == 1
         assert min(x["upload_s"], x["put_s"], x["download_s"], x["get_s"]) > 0
     assert len(r["targets"]) == 8 and r["machine"]["crc32"] in ("isal", "zlib")
 

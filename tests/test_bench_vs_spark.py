@@ -3,6 +3,10 @@
 It runs in its own process (it starts and stops its own Spark session, and cold restarts start
 more). The figures are checked for sense, never for speed: every system processed every batch,
 uploaded something, and its upload/state, state and checkpoint directory are plausible.
+
+`make test` runs `--quick`'s one workload (fixed-10pct: a fixed key set, the workload the profile
+and the cold restart use); `make soak` runs the same checks over all three (the 1% and growing
+workloads differ only in the data generated, which the same checks read).
 """
 
 from __future__ import annotations
@@ -15,18 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_vs_spark import OURS_VARIANTS, systems
+from benchmarks.bench_vs_spark import OURS_VARIANTS, QUICK_WORKLOAD, systems
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[1]
+EVERY_WORKLOAD = {"fixed-1pct", "fixed-10pct", "growing"}
 
 
-@pytest.fixture(scope="module")
-def quick_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("vs_spark")
+def run_quick(out: Path, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_vs_spark", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.bench_vs_spark", "--quick", "--out", str(out), *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -35,10 +38,16 @@ def quick_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads((out / "vs_spark_quick.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    results = run_quick(tmp_path_factory.mktemp("vs_spark"))
+    assert set(results["workloads"]) == {QUICK_WORKLOAD}
+    return results
+
+
 def test_every_system_processed_every_batch_of_every_workload(quick_results: dict) -> None:
     labels = {s.label for s in systems(OURS_VARIANTS)}
     assert {"ours/both", "ours/user_totals", "spark/changelog-off", "spark/changelog-on"} <= labels
-    assert set(quick_results["workloads"]) == {"fixed-1pct", "fixed-10pct", "growing"}
     for name, workload in quick_results["workloads"].items():
         assert set(workload["systems"]) == labels, name
         for label, system in workload["systems"].items():
@@ -102,3 +111,14 @@ def test_cold_restarts_and_profile_are_reported(quick_results: dict) -> None:
     assert functions["run_subtask"]["calls"] > 0 and functions["run_subtask"]["seconds_per_batch"] > 0
     assert functions["snapshot"]["calls"] > 0
     assert profile["phases_s"]["run_spark (driver: plan, Spark job, collect)"] > 0
+
+
+@pytest.mark.soak
+def test_soak_the_quick_run_over_every_workload(tmp_path: Path) -> None:
+    results = run_quick(tmp_path, "--workloads", ",".join(sorted(EVERY_WORKLOAD)))
+    assert set(results["workloads"]) == EVERY_WORKLOAD
+    for check in (test_every_system_processed_every_batch_of_every_workload,
+                  test_uploads_state_and_checkpoint_directory_are_plausible,
+                  test_ours_uploads_match_what_the_engine_reports, test_spark_used_rocksdb_and_holds_every_user,
+                  test_cold_restarts_and_profile_are_reported):
+        check(results)

@@ -165,20 +165,22 @@ def restart(
     return subtasks, coord
 
 
-def test_sixty_checkpoints_under_storage_faults_restore_exactly_and_leave_no_orphan(tmp_path: Path):
-    # make soak runs 500 checkpoints under each of 6 seeds and two fault rates
-    row = run_under_faults(tmp_path, checkpoints=60, seed=11, rate=0.06, restore_every=5)
+def test_fifty_checkpoints_under_storage_faults_restore_exactly_and_leave_no_orphan(tmp_path: Path):
+    """Fifty rounds: two compactions (rounds 25 and 50) and the restart under faults (round 50)
+    are among them; make soak runs 500 checkpoints under each of 6 seeds and two fault rates."""
+    row = run_under_faults(tmp_path, checkpoints=50, seed=11, rate=0.06, restore_every=5)
     assert row["failed"] > 0, "the fault rate should make some checkpoints fail"
     report("faults_storage_quick", [row])
 
 
 @pytest.mark.s3
 def test_storage_faults_on_s3_restore_exactly_and_leave_no_orphan(tmp_path: Path, s3_endpoint: str):
-    """The same over s3fs against moto in server mode: the faults come on top of real HTTP."""
+    """The same over s3fs against moto in server mode: the faults come on top of real HTTP (25
+    rounds, one compaction among them; the restart under faults is the memory:// test's)."""
     options = s3_options(s3_endpoint)
     bucket = "faults" + uuid.uuid4().hex[:10]
     fsspec.filesystem("s3", **options).mkdir(bucket)
-    row = run_under_faults(tmp_path, checkpoints=scale("fault_s3_checkpoints", 40), seed=5, rate=0.06,
+    row = run_under_faults(tmp_path, checkpoints=scale("fault_s3_checkpoints", 25), seed=5, rate=0.06,
                            restore_every=5, url=f"s3://{bucket}/checkpoints", options=options)
     report("faults_storage_s3", [row])
 

@@ -1,12 +1,13 @@
 """The protocol's actors, interleaved (tests/support/interleavings.py).
 
-`make test` runs every scenario: the two with few switch points with every schedule of at most
-three and two preemptions, the ones of whole actors with a sample of schedules of at most two
-preemptions (random, a fixed seed and a count: the exhaustive set takes hours), and prints the
+`make test` runs every scenario: the one with fewest switch points (a claim held at the race's
+eve) with every schedule of at most two preemptions, the others with the schedule without
+preemption and one drawn with at most two (random, a fixed seed: the exhaustive set takes hours), and prints the
 count of schedules each explored (the terminal summary, `tests/conftest.py`). `make soak` explores
-every schedule of at most two preemptions everywhere (up to 1,500 a scenario) and samples 200 more
-at three. Each run writes its
-figures to `build/interleavings/<scenario>-<mode>.json`.
+every schedule of at most two preemptions everywhere (three for the claimed completer, up to 1,500
+a scenario) and samples 200 more at three. Each run writes its figures to
+`build/interleavings/<scenario>-<mode>.json`. The tests that run chosen schedules share the
+checker (its template and the steps each actor may be preempted at) of their scenario.
 
 The checker is shown not to be vacuous: with the abort and the sweep as they were before the
 fourth review (N1, N2), the savepoint's id as it was before the fifth (item 4), retention
@@ -21,6 +22,7 @@ import json
 import posixpath
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +38,25 @@ from tests.support.interleavings import SCENARIOS, Checker, Report, default_choi
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 2026
-# Every schedule with at most this many preemptions: the scenarios with few switch points (one
-# that starts at the race's eve, a claim held; a corruption step beside a run) are small enough.
-EXHAUSTIVE = {"claimed-completer-vs-recovery-abort": 3, "rot-vs-run-from-task-local-copy": 1}
+# Every schedule with at most this many preemptions: the scenario with fewest switch points (it
+# starts at the race's eve, a claim held) is small enough; the corruption step beside a run
+# (every schedule of one preemption before 2026-11-29) is sampled like the others.
+EXHAUSTIVE = {"claimed-completer-vs-recovery-abort": 2}
+SOAK_BOUND = {"claimed-completer-vs-recovery-abort": 3}  # every schedule of at most this many in make soak
 # Whole actors (a run, a recovery that re-processes a batch on RocksDB: 0.2-0.7 s a schedule):
-# this many distinct schedules of at most two preemptions, drawn with SEED: two or three of each
-# race in make test (it drew ten before 2026-11-29, when the file was among the suite's largest
-# users of CPU); make soak explores every schedule of at most two preemptions and 200 more at three.
+# this many distinct schedules, drawn with SEED: the one without preemption (every sample runs it
+# first) and one with at most two preemptions of each race in make test (it drew ten before
+# 2026-11-29, then three, when the file was the suite's largest user of CPU among the Python-only
+# files); make soak explores every schedule of at most two preemptions and 200 more at three.
 SAMPLES = {
-    "uploaded-zombie-vs-recovery-sweep": 3,
+    "rot-vs-run-from-task-local-copy": 2,
+    "uploaded-zombie-vs-recovery-sweep": 2,
     "completer-vs-recoverer": 2,
     "zombie-vs-recover-with-sweep": 2,
     "two-completers": 2,
     "completer-vs-prune-vs-sweep": 2,
     "retried-step-vs-recoverer": 2,
-    "run-vs-savepoint": 3,
+    "run-vs-savepoint": 2,
     "fenced-completer-vs-recoverer-vs-savepoint": 2,
     "savepoints-to-one-target-vs-run": 2,
     "bootstrap-vs-savepoint-one-target": 2,
@@ -71,9 +77,9 @@ SAMPLES = {
     "rollback-vs-recoverer": 2,
     # prune's input cleanup (a reader of the job directory; it writes the input and the archive)
     # beside the rollback's race with a run: it must never take a batch the rollback replays.
-    "rollback-vs-run-vs-input-cleanup": 3,
+    "rollback-vs-run-vs-input-cleanup": 2,
     # An erase rewrites every retained checkpoint under new ids while a run commits and retention subsumes.
-    "erase-vs-run-vs-retention": 3,
+    "erase-vs-run-vs-retention": 2,
 }
 
 
@@ -99,10 +105,25 @@ def test_every_scenario_is_checked_in_make_test():
     assert set(EXHAUSTIVE) | set(SAMPLES) == set(SCENARIOS)
 
 
+@pytest.fixture(scope="module")
+def checker_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Checker]:
+    """The unpatched checker of a scenario, made once for the module's tests (a test that patches
+    the code under test makes its own, so that the steps it may preempt are the patched code's)."""
+    made: dict[str, Checker] = {}
+
+    def checker(name: str) -> Checker:
+        if name not in made:
+            made[name] = Checker(SCENARIOS[name], tmp_path_factory.mktemp(name))
+        return made[name]
+
+    return checker
+
+
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_no_interleaving_of_the_actors_breaks_an_invariant(name: str, tmp_path: Path, record_property: Any):
+def test_no_interleaving_of_the_actors_breaks_an_invariant(name: str, checker_of: Callable[[str], Checker],
+                                                           record_property: Any):
     started = time.monotonic()
-    checker = Checker(SCENARIOS[name], tmp_path)
+    checker = checker_of(name)
     if name in EXHAUSTIVE:
         report, mode = checker.explore(bound=EXHAUSTIVE[name]), f"bound{EXHAUSTIVE[name]}"
     else:
@@ -117,9 +138,9 @@ def test_no_interleaving_of_the_actors_breaks_an_invariant(name: str, tmp_path: 
 # --- the review's schedules, kept -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def savepoint_checker(tmp_path_factory: pytest.TempPathFactory) -> Checker:
-    return Checker(SCENARIOS["run-vs-savepoint"], tmp_path_factory.mktemp("savepoint"))
+@pytest.fixture
+def savepoint_checker(checker_of: Callable[[str], Checker]) -> Checker:
+    return checker_of("run-vs-savepoint")
 
 
 def test_a_savepoint_that_copies_while_the_run_commits_is_taken_again_of_the_new_latest(savepoint_checker: Checker):
@@ -149,12 +170,13 @@ def test_a_savepoint_of_a_checkpoint_whose_writer_is_still_committing_keeps_its_
     assert made["commit"] and outcome.violations == [] and outcome.errors == {}, (outcome.violations, outcome.errors)
 
 
-def test_a_bootstrap_that_loses_its_target_to_a_savepoint_takes_none_of_the_savepoints_files(tmp_path: Path):
+def test_a_bootstrap_that_loses_its_target_to_a_savepoint_takes_none_of_the_savepoints_files(
+        checker_of: Callable[[str], Checker]):
     """Found by the checker once both were actors: `bootstrap --to T` and `savepoint --to T` both
     found T absent; the savepoint committed T/chk-1 first, and the bootstrap, failing its own
     commit, removed every file in T, the savepoint's with them. Now both claim T by one exclusive
     create before writing anything: the second writer stops there."""
-    checker = Checker(SCENARIOS["bootstrap-vs-savepoint-one-target"], tmp_path)
+    checker = checker_of("bootstrap-vs-savepoint-one-target")
     outcome = checker.run(legs(("bootstrap", "_claim.json"), ("savepoint", None), ("bootstrap", None)))
     assert outcome.violations == [], outcome.violations
     assert isinstance(outcome.results["savepoint"], SavepointResult)
@@ -179,9 +201,9 @@ def test_the_checker_finds_n1_in_the_abort_as_it_was(tmp_path: Path, monkeypatch
 
 def test_the_checker_finds_n2_in_the_sweep_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Before the fix recovery swept without fencing the failed run: its zombie committed over
-    the swept files and subsumed the only good checkpoint."""
+    the swept files and subsumed the only good checkpoint. Found at one preemption."""
     monkeypatch.setattr(maintenance_module, "fence", lambda *args, **kwargs: {})
-    report = Checker(SCENARIOS["uploaded-zombie-vs-recovery-sweep"], tmp_path).explore(bound=2, until_found=True)
+    report = Checker(SCENARIOS["uploaded-zombie-vs-recovery-sweep"], tmp_path).explore(bound=1, until_found=True)
     assert report.violations, report.line()
     assert any("lost files" in v for o in report.violations for v in o.violations)
 
@@ -234,13 +256,13 @@ def test_the_checker_finds_a_history_record_written_before_the_commit(tmp_path: 
 
 
 def test_a_run_committing_over_a_checkpoint_a_rollback_retired_withdraws_and_without_the_check_loses_a_batch(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+        checker_of: Callable[[str], Checker], monkeypatch: pytest.MonkeyPatch):
     """The run restored chk-2 and counted the job's checkpoints for its commit of chk-3; the
     rollback to chk-1 retires chk-2 and lists the job a last time; then the run commits. Its
     re-check of its base (chk-2's `_metadata`, gone) withdraws chk-3 and the run goes on from
     chk-1. Without that re-check chk-3 stands on the retired state, and chk-2's batch, its output
     undone, is never written again (found by the checker)."""
-    checker = Checker(SCENARIOS["rollback-vs-run"], tmp_path)
+    checker = checker_of("rollback-vs-run")
     schedule = (("run", "create"), ("rollback", "job/chk-*", 5), ("run", None), ("rollback", None))
     outcome = checker.run(legs(*schedule))
     assert outcome.violations == [] and outcome.errors == {}, (outcome.violations, outcome.errors)
@@ -260,7 +282,7 @@ def test_soak_every_schedule_at_two_preemptions_and_a_sample_at_three(name: str,
                                                                       record_property: Any):
     started = time.monotonic()
     checker = Checker(SCENARIOS[name], tmp_path)
-    report = checker.explore(bound=max(2, EXHAUSTIVE.get(name, 0)), limit=1_500)
+    report = checker.explore(bound=max(2, SOAK_BOUND.get(name, 0), EXHAUSTIVE.get(name, 0)), limit=1_500)
     how = report.how
     checker.sample(report.explored + 200, seed=SEED, bound=3, report=report)
     report.how = f"{how}; then {report.how}"

@@ -41,9 +41,13 @@ def owner(bs: list[RocksDBStateBackend], key: str) -> RocksDBStateBackend:
     return next(b for b in bs if key_group_for(key, 16) in b.key_group_range)
 
 
-def mutate(bs: list[RocksDBStateBackend], model: Model, rng: random.Random, n: int = 1500) -> None:
+DEVICES = 2000  # the state's keys; a checkpoint changes about a third of them (what a materialization
+# in steps is for: the chain outgrows the state within a few checkpoints), so the count does not matter
+
+
+def mutate(bs: list[RocksDBStateBackend], model: Model, rng: random.Random, n: int = 750) -> None:
     for _ in range(n):
-        device = f"dev-{rng.randrange(4000):05d}"
+        device = f"dev-{rng.randrange(DEVICES):05d}"
         b = owner(bs, device)
         if rng.random() < 0.85:
             session = (rng.randrange(1 << 40), rng.randrange(1 << 40), rng.randrange(1000))
@@ -199,13 +203,22 @@ def test_at_once_when_asked(local_storage: CheckpointStorage, tmp_path: Path):
     assert read_all(bs) == model
 
 
-def _staged_metadata(local_storage: CheckpointStorage, tmp_path: Path) -> dict:
-    bs, coord, model, rng = started(local_storage, tmp_path / "local", 7)
-    for _ in range(24):
-        mutate(bs, model, rng)
-        done = take_checkpoint(coord, bs)
-        if done.metadata.has_staged():
-            return json.loads(local_storage.read_bytes(done.metadata.metadata_path))
+@pytest.fixture(scope="module")
+def staged_metadata(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The `_metadata` of the first checkpoint that lists staged slices (one job for every
+    hostile variant: each changes its own copy)."""
+    root = tmp_path_factory.mktemp("staged")
+    storage = CheckpointStorage(f"file://{root}/checkpoints", "job")
+    bs, coord, model, rng = started(storage, root / "local", 7)
+    try:
+        for _ in range(24):
+            mutate(bs, model, rng)
+            done = take_checkpoint(coord, bs)
+            if done.metadata.has_staged():
+                return storage.read_bytes(done.metadata.metadata_path)
+    finally:
+        for b in bs:
+            b.dispose()
     raise AssertionError("no checkpoint listed staged slices")
 
 
@@ -217,10 +230,10 @@ def _staged_metadata(local_storage: CheckpointStorage, tmp_path: Path) -> dict:
     (lambda d: next(s for op in d["operators"].values() for s in op["subtasks"] if s.get("staged")).update(
         staged="x"), "staged"),
 ])
-def test_hostile_staged_fields_are_refused(local_storage: CheckpointStorage, tmp_path: Path, change, message):
+def test_hostile_staged_fields_are_refused(staged_metadata: bytes, change, message):
     from sparkpoint.checkpoint.metadata import content_checksum
 
-    data = _staged_metadata(local_storage, tmp_path)
+    data = json.loads(staged_metadata)
     change(data)
     data.pop("checksum")
     data["checksum"] = content_checksum(data)  # a file written that way, not damaged

@@ -21,12 +21,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.retention import ClaimMode, ExternalizedRetention
 from sparkpoint.checkpoint.storage import CheckpointStorage, storage_url
+from sparkpoint.lazy import lazy_module
 from sparkpoint.pipeline.fingerprint import fingerprint
 from sparkpoint.pipeline.runtime import PipelineConfig, PipelineError, validate_config
 from sparkpoint.pipeline.settings import SETTINGS, PipelineSettings, resolve_settings
@@ -42,6 +41,11 @@ from sparkpoint.tables.spec import (
     table_of,
     table_url,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 DEFAULT_ROOT = ".sparkpoint"  # locations a pipeline leaves unset: .sparkpoint/<name>/{input,checkpoints,...}
 

@@ -30,9 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+from sparkpoint.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 ROUTINGS = ("auto", "read-all", "shuffle")
 READ_ALL, SHUFFLE = "read-all", "shuffle"

@@ -11,19 +11,27 @@ import posixpath
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import fsspec
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.storage import storage_url
+from sparkpoint.lazy import lazy_module
 from sparkpoint.spark.listing import DirectoryLister, Entry, is_s3, protocols
 from sparkpoint.spark.offsets import SourceError, SourceOffsets
 from sparkpoint.state.record import arrow_type_name
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+else:
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
+    pc = lazy_module("pyarrow.compute")
+    pq = lazy_module("pyarrow.parquet")
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
-import pandas as pd
 
+from sparkpoint.lazy import lazy_module
 from sparkpoint.spark.offsets import SourceError, SourceOffsets
 from sparkpoint.spark.source import (
     BatchStat,
@@ -45,6 +45,11 @@ from sparkpoint.tables.source import (
     resume_command,
 )
 from sparkpoint.tables.spec import DeltaTable, IcebergTable, TableSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 log = logging.getLogger(__name__)
 

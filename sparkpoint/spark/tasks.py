@@ -27,16 +27,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sparkpoint.checkpoint import ledger
 from sparkpoint.checkpoint.interleave import stepping, storage_step
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from sparkpoint.checkpoint.phases import phase, recording
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.lazy import lazy_module
 from sparkpoint.spark import routing
 from sparkpoint.spark.faults import fail_at
 from sparkpoint.spark.offsets import SourceError
@@ -50,6 +48,13 @@ from sparkpoint.state.eventtime import LateSplit, event_micros, split_late
 from sparkpoint.state.keygroups import arrow_keys, subtasks_of
 from sparkpoint.state.operators import KeyedOperator, run_batch
 from sparkpoint.tables.sink import Sink
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:
+    np = lazy_module("numpy")
+    pd = lazy_module("pandas")
 
 log = logging.getLogger(__name__)
 

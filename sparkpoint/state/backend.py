@@ -20,9 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Self, TypeVar
-
-from rocksdict import Rdict
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sparkpoint.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint
 from sparkpoint.checkpoint.errors import (
@@ -35,6 +33,7 @@ from sparkpoint.checkpoint.errors import (
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.codecs import Codec
 from sparkpoint.state.engine.changelog import (
     WORKING_LEVEL0_TRIGGER,
@@ -52,6 +51,12 @@ from sparkpoint.state.kinds.base import SWEEP_LIMIT
 from sparkpoint.state.states import SubtaskStates
 from sparkpoint.state.timers import TimerService
 from sparkpoint.state.ttl import StateTtl
+
+if TYPE_CHECKING:
+    import rocksdict
+    from rocksdict import Rdict
+else:
+    rocksdict = lazy_module("rocksdict")
 
 __all__ = ["RestoreResult", "RocksDBStateBackend", "handle_digest", "restore_with_fallback", "take_checkpoint"]
 

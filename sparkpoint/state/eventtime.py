@@ -12,12 +12,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.errors import SparkpointError
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, iso_micros
+from sparkpoint.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:
+    np = lazy_module("numpy")
+    pd = lazy_module("pandas")
 
 LATE_MODES = ("drop", "process")
 # An input file whose highest event time is this far beyond its batch's processing time is a bad

@@ -16,9 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.catalog import existing_store
 from sparkpoint.checkpoint.errors import (
@@ -30,12 +28,18 @@ from sparkpoint.checkpoint.errors import (
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, OperatorState, SubtaskStateHandle
 from sparkpoint.checkpoint.progress import ProgressCounter, ProgressFn, reporting
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.engine.rocksdb import RocksDBOptions, count_keys, list_states, open_db
 from sparkpoint.state.operators import KeyedOperator
 from sparkpoint.state.schema import codec_of_spec
 from sparkpoint.state.timers import TIMERS
 from sparkpoint.state.ttl import StateTtl
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 
 def operator_state_of(meta: CheckpointMetadata, operator: str) -> OperatorState:

@@ -6,14 +6,22 @@ randomized `hash()`. Subtask i of P owns a contiguous range of groups (Flink's f
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Iterable, Sequence
-
-import numpy as np
-import pandas as pd
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.metadata import KeyGroupRange
+from sparkpoint.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+else:
+    np = lazy_module("numpy")
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
 
 MAX_KEY_GROUPS = 1 << 15  # two bytes of prefix, Flink's upper bound
 
@@ -70,14 +78,15 @@ def _finalize(crc: np.ndarray, max_parallelism: int) -> np.ndarray:
     return (h % max_parallelism).astype(np.int64)
 
 
+@functools.cache
 def _crc32_table() -> np.ndarray:
+    """zlib's CRC32 table, made on the first vectorized key-group computation."""
     table = np.arange(256, dtype=np.uint32)
     for _ in range(8):
         table = np.where(table & 1, (table >> 1) ^ np.uint32(0xEDB88320), table >> 1).astype(np.uint32)
     return table
 
 
-_CRC_TABLE = _crc32_table()
 _VECTOR_MAX_LEN = 64  # longer keys: one zlib.crc32 each (a byte-at-a-time numpy loop would be slow)
 
 
@@ -99,7 +108,7 @@ def key_groups_of_strings(values: pa.Array | pa.ChunkedArray, max_parallelism: i
     offsets = np.frombuffer(offsets_buf, dtype=offset_type)[values.offset : values.offset + n + 1].astype(np.int64)
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     lengths = np.diff(offsets)
-    crc = np.full(n, 0xFFFFFFFF, dtype=np.uint32)
+    crc, table = np.full(n, 0xFFFFFFFF, dtype=np.uint32), _crc32_table()
     for length in np.unique(lengths).tolist():
         rows = np.nonzero(lengths == length)[0]
         if length > _VECTOR_MAX_LEN:
@@ -107,7 +116,7 @@ def key_groups_of_strings(values: pa.Array | pa.ChunkedArray, max_parallelism: i
             continue
         starts, c = offsets[rows], crc[rows]
         for j in range(length):
-            c = _CRC_TABLE[(c ^ data[starts + j]) & 0xFF] ^ (c >> 8)
+            c = table[(c ^ data[starts + j]) & 0xFF] ^ (c >> 8)
         crc[rows] = c
     return _finalize(crc ^ np.uint32(0xFFFFFFFF), max_parallelism)
 

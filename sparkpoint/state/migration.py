@@ -5,15 +5,19 @@ way). TTL stamps are kept as they were; the next checkpoint records the new fiel
 
 from __future__ import annotations
 
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.metadata import KeyGroupRange
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS
 from sparkpoint.state.kinds.base import FORMAT_KEY, StateStore, key_group_bounds
 from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.ttl import STAMP
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_module("pyarrow")
 
 BATCH = 20_000
 

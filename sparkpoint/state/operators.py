@@ -19,24 +19,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.paths import validate_name
 from sparkpoint.checkpoint.phases import phase
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.record import parse_field
 from sparkpoint.state.schema import DeclaredStates, declarations
 from sparkpoint.state.timers import no_timers_without_on_timer
 
-ProcessFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:
+    np = lazy_module("numpy")
+    pd = lazy_module("pandas")
+
+ProcessFn = Callable[["pd.DataFrame", RocksDBStateBackend], "pd.DataFrame | None"]
 
 
-ExportFn = Callable[[RocksDBStateBackend], pd.DataFrame]
-OnTimerFn = Callable[[pd.DataFrame, RocksDBStateBackend], "pd.DataFrame | None"]
-BootstrapFn = Callable[[pd.DataFrame, RocksDBStateBackend], None]
+ExportFn = Callable[[RocksDBStateBackend], "pd.DataFrame"]
+OnTimerFn = Callable[["pd.DataFrame", RocksDBStateBackend], "pd.DataFrame | None"]
+BootstrapFn = Callable[["pd.DataFrame", RocksDBStateBackend], None]
 
 
 @dataclass(frozen=True)

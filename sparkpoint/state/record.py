@@ -17,13 +17,19 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
-
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.codecs import StateFormatError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+else:
+    np = lazy_module("numpy")
+    pd = lazy_module("pandas")
+    pa = lazy_module("pyarrow")
 
 VERSION = 1
 _FIXED = {  # type name -> (numpy dtype, struct code)

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-import pandas as pd
-
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.backend import RocksDBStateBackend
 from sparkpoint.state.codecs import BytesCodec, StructCodec
 from sparkpoint.state.kinds import ValueState
 from sparkpoint.state.operators import KeyedOperator, from_micros, to_micros
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:
+    np = lazy_module("numpy")
+    pd = lazy_module("pandas")
 
 T = TypeVar("T")
 

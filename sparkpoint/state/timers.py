@@ -19,13 +19,18 @@ import heapq
 import struct
 from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.errors import StateBackendError
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.kinds.base import LEN, KeyedState, next_prefix
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+else:
+    np = lazy_module("numpy")
+    pd = lazy_module("pandas")
 
 TIMERS = "__timers__"  # the column family; no state of a user's may take the name
 CLOCK_BYTES = {"event": b"e", "processing": b"p"}

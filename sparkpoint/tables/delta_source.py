@@ -16,12 +16,12 @@ import logging
 import posixpath
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import fsspec
-import pyarrow as pa
 
+from sparkpoint.lazy import lazy_module
 from sparkpoint.tables.source import (
     APPEND,
     CHANGE,
@@ -34,6 +34,11 @@ from sparkpoint.tables.source import (
     resume_command,
 )
 from sparkpoint.tables.spec import DeltaTable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+else:
+    pa = lazy_module("pyarrow")
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, Self
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from sparkpoint.checkpoint.errors import SparkpointError
+from sparkpoint.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = lazy_module("pandas")
 
 DAY = 24 * 3600.0
 DEFAULT_REPLAY_WINDOW = 7 * DAY  # the `output_replay_window` setting's default

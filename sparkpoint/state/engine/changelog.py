@@ -28,26 +28,41 @@ The file format (version 1):
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
-
-import numpy as np
-import pyarrow as pa
-from rocksdict import Rdict, WriteBatch
+from typing import TYPE_CHECKING, Any, cast
 
 from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX, is_changelog_name
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.engine.localfiles import write_new
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    import rocksdict
+    from rocksdict import Rdict
+else:
+    np = lazy_module("numpy")
+    pa = lazy_module("pyarrow")
+    rocksdict = lazy_module("rocksdict")
 
 MAGIC = b"SPKCHLG1"
 FORMAT_VERSION = 1
 SUFFIX = ".changelog"  # the suffix of its name on stable storage
 _U32 = struct.Struct("<I")
-_CODEC = pa.Codec("zstd", compression_level=3)
+
+
+@functools.cache
+def _codec() -> pa.Codec:
+    """The frames' zstd codec, made when a changelog is first written or read."""
+    return pa.Codec("zstd", compression_level=3)
+
+
 _REPLAY_BATCH = 50_000
 _MAX_HEADER = 16 << 20
 _FRAME = 64 << 20  # raw bytes per zstd frame, at most
@@ -228,7 +243,7 @@ class ChangeLog:
             parts += [value_lens.tobytes(), b"".join(keys), b"".join(written)]
             header["states"].append({"name": name, "ranges": len(changes.ranges), "entries": len(keys)})
         raw = b"".join(parts)
-        frames = [_CODEC.compress(raw[i : i + _FRAME], asbytes=True) for i in range(0, len(raw), _FRAME)]
+        frames = [_codec().compress(raw[i : i + _FRAME], asbytes=True) for i in range(0, len(raw), _FRAME)]
         header["raw_size"] = len(raw)
         header["frames"] = [[len(f), min(_FRAME, len(raw) - i * _FRAME)] for i, f in enumerate(frames)]
         head = json.dumps(header, separators=(",", ":")).encode()
@@ -297,7 +312,7 @@ def _decompress(body: bytes, frames: list[list[int]], raw_size: int, name: str, 
         if not (isinstance(compressed, int) and isinstance(raw, int) and compressed > 0 and 0 < raw <= _FRAME):
             raise ChangelogFormatError(f"{name}: a frame of {compressed!r} -> {raw!r} bytes")
         try:
-            frame = _CODEC.decompress(body[pos : pos + compressed], decompressed_size=raw, asbytes=True)
+            frame = _codec().decompress(body[pos : pos + compressed], decompressed_size=raw, asbytes=True)
         except (OSError, pa.ArrowException) as e:
             raise ChangelogFormatError(f"{name}: body does not decompress ({e})") from e
         if len(frame) != raw:
@@ -373,7 +388,7 @@ def _apply(db: Rdict, sections: list[StateChanges], ensure_states: Callable[[lis
         for lower, upper in section.ranges:
             cf.delete_range(lower, upper)
         for i in range(0, len(section.entries), _REPLAY_BATCH):
-            batch = WriteBatch(raw_mode=True)
+            batch = rocksdict.WriteBatch(raw_mode=True)
             for key, value in section.entries[i : i + _REPLAY_BATCH]:
                 if value is None:
                     batch.delete(key, handle)

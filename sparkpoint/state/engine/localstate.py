@@ -22,9 +22,7 @@ import shutil
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
-
-from rocksdict import Checkpoint, Rdict
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import CheckpointCorrupted, LocalStateError, StateBackendError
@@ -32,6 +30,7 @@ from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import KeyGroupRange, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import checkpoint_id_of_dir
 from sparkpoint.checkpoint.storage import fsync_dir
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.engine import changelog, staging
 from sparkpoint.state.engine.changelog import ChangeLog
 from sparkpoint.state.engine.localfiles import write_replacing
@@ -50,6 +49,12 @@ from sparkpoint.state.engine.rocksdb import (
 )
 from sparkpoint.state.engine.stores import ColumnFamilyStore
 from sparkpoint.state.kinds.base import key_group_bounds
+
+if TYPE_CHECKING:
+    import rocksdict
+    from rocksdict import Rdict
+else:
+    rocksdict = lazy_module("rocksdict")
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +141,7 @@ class LocalState:
 
     def native_checkpoint(self, target: Path) -> None:
         """A RocksDB checkpoint of db/ into `target`: hard links to its SSTs, copies of the rest."""
-        Checkpoint(self.open_db()).create_checkpoint(str(target))
+        rocksdict.Checkpoint(self.open_db()).create_checkpoint(str(target))
 
     def live_bytes(self) -> int:
         """The bytes of db/'s live SST files (flushed: the state now)."""

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-
-from rocksdict import Rdict, WriteBatch
+from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.errors import CheckpointCorrupted, LocalStateError, StateBackendError
 from sparkpoint.checkpoint.metadata import SubtaskStateHandle
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.engine import changelog
 from sparkpoint.state.engine.changelog import ChangelogFormatError
 from sparkpoint.state.engine.rocksdb import (
@@ -31,6 +31,12 @@ from sparkpoint.state.engine.rocksdb import (
     scan_options,
 )
 from sparkpoint.state.kinds.base import SIDECAR_KEYS
+
+if TYPE_CHECKING:
+    import rocksdict
+    from rocksdict import Rdict
+else:
+    rocksdict = lazy_module("rocksdict")
 
 _MERGE_BATCH = 10_000
 
@@ -99,13 +105,13 @@ def merge_range(db: Rdict, other: Rdict, names: list[str], lower: bytes, upper: 
         it = other.get_column_family(name).iter(opts)
         try:
             it.seek(lower)
-            batch, n = WriteBatch(raw_mode=True), 0
+            batch, n = rocksdict.WriteBatch(raw_mode=True), 0
             while it.valid():
                 batch.put(it.key(), it.value(), handle)
                 n += 1
                 if n % _MERGE_BATCH == 0:
                     db.write(batch)
-                    batch = WriteBatch(raw_mode=True)
+                    batch = rocksdict.WriteBatch(raw_mode=True)
                 it.next()
             it.status()
         finally:

@@ -44,27 +44,20 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from rocksdict import (
-    AccessType,
-    BlockBasedOptions,
-    Cache,
-    DBCompactionStyle,
-    DBCompressionType,
-    Options,
-    Rdict,
-    ReadOptions,
-    UniversalCompactOptions,
-    WriteBufferManager,
-    WriteOptions,
-)
+from typing import TYPE_CHECKING
 
 from sparkpoint.checkpoint.errors import StateBackendError
+from sparkpoint.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import rocksdict
+    from rocksdict import Cache, Options, Rdict, ReadOptions, WriteBufferManager
+else:
+    rocksdict = lazy_module("rocksdict")
 
 DEFAULT_CF = "default"
 COMPACTION_STYLES = ("universal", "leveled")
-COMPRESSIONS = {"zstd": DBCompressionType.zstd, "lz4": DBCompressionType.lz4, "snappy": DBCompressionType.snappy,
-                "none": DBCompressionType.none}
+COMPRESSIONS = ("zstd", "lz4", "snappy", "none")  # each a constructor of rocksdict's DBCompressionType
 MAX_BLOCK_CACHE_MB = 1 << 20
 
 
@@ -99,19 +92,19 @@ class RocksDBOptions:
     def build(self, *, create: bool) -> Options:
         """RocksDB options, with the process's shared block cache and write buffer manager."""
         cache, buffers = process_memory(self)
-        opts = Options(raw_mode=True)
+        opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(create)
         opts.create_missing_column_families(create)
         if self.compaction == "universal":
-            opts.set_compaction_style(DBCompactionStyle.universal())
+            opts.set_compaction_style(rocksdict.DBCompactionStyle.universal())
             opts.set_level_zero_file_num_compaction_trigger(self.level0_trigger)
             opts.set_level_zero_slowdown_writes_trigger(max(40, self.level0_trigger * 4))
             opts.set_level_zero_stop_writes_trigger(max(60, self.level0_trigger * 6))
-            universal = UniversalCompactOptions()
+            universal = rocksdict.UniversalCompactOptions()
             universal.max_size_amplification_percent = self.size_amplification_percent
             opts.set_universal_compaction_options(universal)
-        opts.set_compression_type(COMPRESSIONS[self.compression]())
-        table = BlockBasedOptions()
+        opts.set_compression_type(getattr(rocksdict.DBCompressionType, self.compression)())
+        table = rocksdict.BlockBasedOptions()
         if self.bloom_bits > 0:
             table.set_bloom_filter(self.bloom_bits, False)
         table.set_block_cache(cache)
@@ -149,11 +142,11 @@ def process_memory(options: RocksDBOptions) -> tuple[Cache, WriteBufferManager]:
     with _memory_lock:
         cache = _caches.get(options.block_cache_mb)
         if cache is None:
-            cache = _caches[options.block_cache_mb] = Cache(options.block_cache_mb << 20)
+            cache = _caches[options.block_cache_mb] = rocksdict.Cache(options.block_cache_mb << 20)
         buffers = _buffers.get(options.write_buffer_mb)
         if buffers is None:
-            buffers = _buffers[options.write_buffer_mb] = WriteBufferManager(2 * options.write_buffer_mb << 20,
-                                                                             False)
+            buffers = _buffers[options.write_buffer_mb] = rocksdict.WriteBufferManager(
+                2 * options.write_buffer_mb << 20, False)
         return cache, buffers
 
 
@@ -175,7 +168,7 @@ def scan_options(upper: bytes | None = None) -> ReadOptions:
     Keep the returned options referenced for as long as the iterator lives: the iterator reads
     the bound from them, and a bound freed under it stops bounding (a rescaling restore would
     then copy key groups that are not its own)."""
-    opts = ReadOptions()
+    opts = rocksdict.ReadOptions()
     opts.fill_cache(False)  # type: ignore[call-arg]  # a method taking the flag; the stubs say otherwise
     if upper is not None:
         opts.set_iterate_upper_bound(upper)
@@ -201,16 +194,16 @@ def open_db(
         if not os.path.isfile(os.path.join(path, "CURRENT")):
             raise StateBackendError(f"{path} holds no RocksDB database (no CURRENT file)")
         try:
-            names |= set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF}
+            names |= set(rocksdict.Rdict.list_cf(path, rocksdict.Options(raw_mode=True))) - {DEFAULT_CF}
         except Exception as e:  # its MANIFEST unreadable, or the open-file limit: said as the open says it
             raise StateBackendError(f"RocksDB cannot list the column families of {path}: {e}") from e
     cf_options = {name: options.build(create=create) for name in sorted(names)}
     try:
-        db = Rdict(
+        db = rocksdict.Rdict(
             path,
             options=options.build(create=create),
             column_families=cf_options,
-            access_type=AccessType.read_only() if read_only else AccessType.read_write(),
+            access_type=rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write(),
         )
     except Exception as e:  # rocksdict raises bare Exception with RocksDB's status text
         raise StateBackendError(f"RocksDB cannot open {path}: {e}") from e
@@ -220,7 +213,7 @@ def open_db(
             # default column family: no state lives there, and each call rewrites the OPTIONS
             # file (~4 ms, paid on every open).
             db.get_column_family(name).set_options({"ttl": "0", "periodic_compaction_seconds": "0"})
-        write = WriteOptions()
+        write = rocksdict.WriteOptions()
         write.disable_wal = True  # type: ignore[method-assign, assignment]  # a property; the stubs say method
         db.set_write_options(write)
     return db
@@ -242,7 +235,7 @@ def is_corruption(error: BaseException) -> bool:
 
 def ensure_column_families(db: Rdict, path: str, names: Iterable[str], options: RocksDBOptions) -> None:
     """Create the named column families that the database lacks."""
-    existing = set(Rdict.list_cf(path, Options(raw_mode=True)))
+    existing = set(rocksdict.Rdict.list_cf(path, rocksdict.Options(raw_mode=True)))
     for name in sorted(set(names) - existing - {DEFAULT_CF}):
         db.create_column_family(name, options.build(create=True))
 
@@ -286,7 +279,7 @@ def count_keys(cf: Rdict) -> int:
 
 def list_states(path: str) -> list[str]:
     """Names of the column families of the database at `path`, without `default`."""
-    return sorted(set(Rdict.list_cf(path, Options(raw_mode=True))) - {DEFAULT_CF})
+    return sorted(set(rocksdict.Rdict.list_cf(path, rocksdict.Options(raw_mode=True))) - {DEFAULT_CF})
 
 
 EXACT_UP_TO = 100_000  # entries counted one by one; above, RocksDB's estimate

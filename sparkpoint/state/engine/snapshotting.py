@@ -23,9 +23,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
-
-from rocksdict import Rdict
+from typing import TYPE_CHECKING, Protocol
 
 from sparkpoint.checkpoint.crash import crash_point
 from sparkpoint.checkpoint.errors import CheckpointDeclined
@@ -34,10 +32,17 @@ from sparkpoint.checkpoint.interleave import storage_step
 from sparkpoint.checkpoint.metadata import FileHandle, KeyGroupRange, SubtaskStateHandle, metadata_path
 from sparkpoint.checkpoint.paths import private_dir, shared_dir
 from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.engine import changelog, staging
 from sparkpoint.state.engine.changelog import ChangeLog, ChangelogOptions
 from sparkpoint.state.engine.restore import SHARED_SUFFIXES, read_fingerprints, record_fingerprints
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
+
+if TYPE_CHECKING:
+    import rocksdict
+    from rocksdict import Rdict
+else:
+    rocksdict = lazy_module("rocksdict")
 
 log = logging.getLogger(__name__)
 

@@ -36,16 +36,20 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-from rocksdict import Checkpoint, IngestExternalFileOptions, SstFileWriter
+from typing import TYPE_CHECKING, Any
 
 from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.engine.localfiles import write_replacing
 from sparkpoint.state.engine.rocksdb import SIDECAR_PREFIX, RocksDBOptions, list_states, open_db, scan_options
 from sparkpoint.state.kinds.base import FORMAT_KEY
 from sparkpoint.state.ttl import STAMP
+
+if TYPE_CHECKING:
+    import rocksdict
+else:
+    rocksdict = lazy_module("rocksdict")
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +133,7 @@ class Staging:
         d = subtask_dir / f"{DIR_PREFIX}{at}"
         _fresh(d)
         d.mkdir(parents=True)
-        Checkpoint(db).create_checkpoint(str(d / "snap"))
+        rocksdict.Checkpoint(db).create_checkpoint(str(d / "snap"))
         total = sum(e.stat().st_size for e in os.scandir(d / "snap") if e.name.endswith(".sst"))
         limit_bytes, limit_files = int(chain[0] + threshold[0]), chain[1] + threshold[1]
         states = list_states(str(d / "snap"))
@@ -277,7 +281,7 @@ class Staging:
                     it.next()
                     continue
                 if writer is None:
-                    writer = SstFileWriter(options=options.build(create=True))
+                    writer = rocksdict.SstFileWriter(options=options.build(create=True))
                     writer.open(str(path))
                 writer[key] = value
                 raw += len(key) + len(value)
@@ -311,7 +315,7 @@ class Staging:
         db = open_db(str(built), states, options, create=True)
         names: dict[str, Slice] = {}
         try:
-            opts = IngestExternalFileOptions()
+            opts = rocksdict.IngestExternalFileOptions()
             opts.set_move_files(True)
             for s in self.slices:
                 link = built.parent / f"ingest-{s.seq}.sst"  # RocksDB moves the link, the slice stays
@@ -324,7 +328,7 @@ class Staging:
                 if len(new) != 1:
                     raise RuntimeError(f"ingesting {self.name_of(s)} added {sorted(new)} to {built}")
                 names[new.pop()] = s
-            Checkpoint(db).create_checkpoint(str(final))
+            rocksdict.Checkpoint(db).create_checkpoint(str(final))
         finally:
             db.close()
         for name, s in names.items():

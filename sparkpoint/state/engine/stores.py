@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from rocksdict import Rdict, ReadOptions, WriteBatch
-
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.engine.changelog import ChangeLog
+
+if TYPE_CHECKING:
+    import rocksdict
+    from rocksdict import Rdict
+else:
+    rocksdict = lazy_module("rocksdict")
 
 log = logging.getLogger(__name__)
 MULTI_GET_SLICE = 4096  # keys per RocksDB multi-get: what one pins stays near 16 MB of 4 KB blocks
@@ -45,7 +50,7 @@ class ColumnFamilyStore:
         return found
 
     def write(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
-        batch = WriteBatch(raw_mode=True)
+        batch = rocksdict.WriteBatch(raw_mode=True)
         handle = self._handle
         for k, v in puts:
             batch.put(k, v, handle)
@@ -75,7 +80,7 @@ class ColumnFamilyStore:
             self._log.delete_range(self.name, lower, upper)
 
     def scan(self, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
-        opts = ReadOptions()
+        opts = rocksdict.ReadOptions()
         opts.set_iterate_upper_bound(upper)
         it = self._cf.iter(opts)
         try:
@@ -88,7 +93,7 @@ class ColumnFamilyStore:
             del it  # a live iterator holds the database open (and its LOCK), even from a traceback
 
     def floor_key(self, key: bytes) -> bytes | None:
-        it = self._cf.iter(ReadOptions())
+        it = self._cf.iter(rocksdict.ReadOptions())
         try:
             it.seek_for_prev(key)
             if it.valid():

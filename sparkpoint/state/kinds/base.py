@@ -18,16 +18,20 @@ import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
-from typing import Any, Generic, Protocol, TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from sparkpoint.checkpoint.errors import StateBackendError
 from sparkpoint.checkpoint.metadata import KeyGroupRange
+from sparkpoint.lazy import lazy_module
 from sparkpoint.state.codecs import Codec
 from sparkpoint.state.keygroups import MAX_KEY_GROUPS, key_bytes, key_group_of_raw, key_groups_of_raw, raw_keys
 from sparkpoint.state.record import RecordCodec
 from sparkpoint.state.ttl import STAMP, StateTtl
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")
 
 V = TypeVar("V")
 LEN = struct.Struct(">I")
