@@ -98,14 +98,17 @@ def wait_for_log(path: Path, pattern: str, count: int, timeout: float, proc: sub
 def standalone_cluster(root: Path, workers: int = 2, *, timeout: float = 180) -> Iterator[Cluster]:
     """Master + `workers` workers (1 core, 1 GB each); every process is killed on the way out."""
     (root / "conf").mkdir(parents=True)
+    # The JVM options the tests give drivers (tests/conftest.py), to the executors and daemons too.
+    jvm_options = os.environ.get("SPARK_SUBMIT_OPTS", "")
     (root / "conf" / "spark-defaults.conf").write_text(
         "spark.executor.memory 512m\nspark.executor.cores 1\nspark.task.maxFailures 4\n"
         "spark.driver.host 127.0.0.1\nspark.driver.bindAddress 127.0.0.1\n"
+        + (f"spark.executor.extraJavaOptions {jvm_options}\n" if jvm_options else "")
     )
     port = free_port()
     cluster = Cluster(root, f"spark://127.0.0.1:{port}")
     spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
-    base = {**os.environ, **cluster.env(), "PYSPARK_PYTHON": sys.executable,
+    base = {**os.environ, **cluster.env(), "PYSPARK_PYTHON": sys.executable, "SPARK_DAEMON_JAVA_OPTS": jvm_options,
             "PYTHONPATH": os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)}
 
     def start(name: str, args: list[str], extra: dict[str, str]) -> subprocess.Popen[bytes]:
