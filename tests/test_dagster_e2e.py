@@ -1,7 +1,9 @@
-"""End to end through the real webserver and daemon: the UI's "Materialize all" over GraphQL, an
-injected failure healed by the recovery sensor's run, exactly-once state and output; a second
-pipeline of its own operators in the same code location, run by its input sensor when files land,
-failed and healed by its own recovery, the sample pipeline untouched.
+"""End to end through the real webserver and daemon, on an instance without sparkpoint's pool
+config: the UI's "Materialize all" over GraphQL, an injected failure healed by the recovery
+sensor's run, exactly-once state and output; a second pipeline of its own operators in the same
+code location, run by its input sensor when files land (one run per file, none beside a run in
+flight, a run launched by hand included), failed and healed by its own recovery while more files
+land, every file committed exactly once, the sample pipeline untouched.
 
 Then the UI those runs left, rendered by headless Chromium (Debian `chromium`) on the same
 webserver: the asset graph shows the SSTable assets feeding the checkpoint asset, the checkpoint
@@ -26,10 +28,18 @@ from sparkpoint.assets.metadata import readable_size
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.cli import main
+from sparkpoint.ops.instance import POOL_YAML
 from sparkpoint.pipeline.maintenance import registry_counts
 from tests.support import oracle
 from tests.support.browser import BUILD, DevTools, chromium, render, text_of
-from tests.support.dagster_server import INJECT_TAG, RECOVERS_TAG, DagsterServer, land_clicks
+from tests.support.dagster_server import (
+    INJECT_TAG,
+    OVERTAKEN_TAG,
+    POOL_WARNING,
+    RECOVERS_TAG,
+    DagsterServer,
+    land_clicks,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
@@ -162,33 +172,6 @@ def test_materialize_fail_and_heal_through_the_webserver_and_daemon(dagster_serv
     assert main(["verify", "--checkpoints", server.checkpoints_url, "--job-id", JOB]) == 0
 
 
-def test_a_second_pipeline_runs_on_landing_and_heals_on_its_own(dagster_server: DagsterServer) -> None:
-    """The example's `clicks` pipeline (its own operators, columns user/page/clicked_at) beside the
-    sample: files landing start its runs (its input sensor), one run per file, exactly once, and the
-    sample's checkpoints are untouched."""
-
-    server = dagster_server
-    land = land_clicks
-    assert server.sensor("clicks_input_sensor")["sensorState"]["status"] == "RUNNING"
-    sample = CheckpointStorage(server.checkpoints_url, JOB)
-    sample_before = sample.completed_checkpoint_ids()
-    clicks_storage = CheckpointStorage((server.root / ".sparkpoint" / "clicks" / "checkpoints").as_uri(), "clicks")
-
-    land(server.root / ".sparkpoint" / "clicks" / "input", 2)
-    server.wait_for("the input sensor's two runs", lambda: len(server.checkpoint_ids("clicks")) >= 2, timeout=240,
-                    last=lambda: [(r["jobName"], r["status"]) for r in server.runs()[:5]])
-    landed = [server.wait_run(r["runId"]) for r in server.runs() if r["jobName"] == "clicks_checkpoint"]
-    assert len(landed) == 2 and all(r["status"] == "SUCCESS" for r in landed), landed
-    assert {t["value"] for r in landed for t in r["tags"] if t["key"] == "sparkpoint/landed"} == {
-        "clicks-000000.parquet", "clicks-000001.parquet"}, "one run per landed file"
-    assert clicks_storage.completed_checkpoint_ids() == [1, 2]
-
-    assert sample.completed_checkpoint_ids() == sample_before, "the sample pipeline got no checkpoint from it"
-    # A failure in one of its runs and its own recovery: the UI test below arms one and follows it.
-
-    assert_clicks_exact(server)
-
-
 # --- the UI, rendered by headless Chromium on the same webserver ----------------------------------
 
 GRAPH = "/assets/sparkpoint/checkpoint?view=lineage&lineageScope=upstream"
@@ -258,20 +241,36 @@ def new_run(server: DagsterServer, known: set[str], job: str) -> dict[str, Any] 
     return next((r for r in server.runs() if r["jobName"] == job and r["runId"] not in known), None)
 
 
-@pytest.mark.timeout(1200)  # three Spark runs and a recovery, one after another, on a loaded machine
-def test_input_observed_sizes_readable_and_a_failed_run_one_click_from_its_recovery(dagster_server: DagsterServer,
-                                                                                    tmp_path: Path) -> None:
-    """Issue 34, items 6-9, on the example's `clicks` pipeline (its own operator and columns): a
-    failure armed in one step for the input sensor's next run fails that run only; the failed run's
-    page links its recovery run, one click away; the input assets are observed; the checkpoint's
-    sizes read as sizes. Screenshots go to `build/`."""
+CLICKS_JOBS = ("clicks_checkpoint", "clicks_recover")
+
+
+@pytest.mark.timeout(1200)  # five Spark runs one after another, on a loaded machine
+def test_files_landing_on_a_second_pipeline_commit_once_each_one_run_at_a_time_through_a_failure_and_its_recovery(
+        dagster_server: DagsterServer, tmp_path: Path) -> None:
+    """The example's `clicks` pipeline (its own operators, columns user/page/clicked_at) beside the
+    sample, on an instance without sparkpoint's pool config (issues 34 and 37). A run launched by
+    hand before its file lands: the input sensor sees it in flight and waits for it. A failure
+    armed in one step for the input sensor's next run fails that run only; files landing while it
+    is recovered start one run each, after the recovery: every file committed exactly once, no two
+    runs of the pipeline at once, none lost a race, the sample pipeline untouched, and the code
+    location said once, at load, that the instance gives the pipeline's pool no limit. Then the UI:
+    the failed run's page links its recovery run, one click away; the input assets are observed;
+    the checkpoint's sizes read as sizes. Screenshots go to `build/`."""
     chromium()
     server = dagster_server
     server.gql("mutation { setNuxSeen }")
     server.ensure_checkpoint()  # the sample pipeline's, whose input sensor is stopped: its run observes the input
     BUILD.mkdir(exist_ok=True)
-    into = server.root / ".sparkpoint" / "clicks" / "input"
+    assert server.sensor("clicks_input_sensor")["sensorState"]["status"] == "RUNNING"
+    sample = CheckpointStorage(server.checkpoints_url, JOB)
+    sample_before = sample.completed_checkpoint_ids()
+    base = server.root / ".sparkpoint" / "clicks"
+    into = base / "input"
     into.mkdir(parents=True, exist_ok=True)
+
+    by_hand = server.launch_job("clicks_checkpoint")
+    land_clicks(into, 1)
+    assert server.wait_run(by_hand)["status"] == "SUCCESS", server.log_tail()
 
     # 9. Arm a failure for the next run of the running input sensor, land a batch: that run fails.
     arm_failure(server, "clicks_input_sensor", "after-upload")
@@ -281,17 +280,44 @@ def test_input_observed_sizes_readable_and_a_failed_run_one_click_from_its_recov
     failed = server.wait_run(first["runId"])
     assert failed["status"] == "FAILURE", f"{failed}\n{server.log_tail()}"
     assert {"key": INJECT_TAG, "value": "after-upload"} in failed["tags"]
-    (recovery,) = server.wait_for(f"the recovery of {failed['runId']}",
-                                  lambda: server.runs({RECOVERS_TAG: failed["runId"]}), timeout=120)
-    assert server.wait_run(recovery["runId"])["status"] == "SUCCESS", server.log_tail()
+    land_clicks(into, 2)  # while the failure is being recovered
+    files = [f"clicks-{i:06d}.parquet" for i in range(4)]
+    seen = server.wait_recovered(CLICKS_JOBS, (base / "checkpoints").as_uri(), "clicks", files, failed["runId"])
+
+    # No run failed but the armed one; its own recovery only, green; none lost a race.
+    assert [r["runId"] for r in seen if r["status"] != "SUCCESS"] == [failed["runId"]], seen
+    (recovery,) = [r for r in seen if r["tags"].get(RECOVERS_TAG) == failed["runId"]]
     assert [r["jobName"] for r in server.runs({RECOVERS_TAG: failed["runId"]})] == ["clicks_recover"], \
         "its own recovery only: the sample's recovery stayed out of it"
-    known = {r["runId"] for r in server.runs()}
-    (landed,) = land_clicks(into, 1)
-    after = server.wait_run(server.wait_for("the next run", lambda: new_run(server, known, "clicks_checkpoint"),
-                                            timeout=120)["runId"])
-    assert after["status"] == "SUCCESS" and {"key": "sparkpoint/landed", "value": landed.name} in after["tags"]
-    assert INJECT_TAG not in {t["key"] for t in after["tags"]}, "the armed failure went to one run only"
+    assert not [r for r in seen if OVERTAKEN_TAG in r["tags"]], "no run was overtaken: none ran beside another"
+    assert [r["runId"] for r in seen if INJECT_TAG in r["tags"]] == [failed["runId"]], \
+        "the armed failure went to one run only"
+    spans = sorted((r["startTime"], r["endTime"], r["runId"]) for r in seen if r["startTime"])
+    for (_, end, one), (start, _, other) in zip(spans, spans[1:]):
+        assert end <= start, f"runs {one} and {other} of the pipeline ran at once"
+    # One run per landed file, none for the file the run launched by hand took.
+    landed = sorted(r["tags"]["sparkpoint/landed"] for r in seen if r["jobName"] == "clicks_checkpoint"
+                    and r["runId"] != by_hand)
+    assert landed == files[1:], seen
+    after = next(r for r in seen if r["jobName"] == "clicks_checkpoint")  # the newest
+    assert after["tags"]["sparkpoint/landed"] == files[-1] and after["status"] == "SUCCESS", after
+
+    # Every batch committed exactly once: one checkpoint materialization each, in order, its sink
+    # output once, the state equal to a recomputation over every file; the sample untouched.
+    mats = sorted(server.materializations("checkpoint", "clicks"), key=lambda m: m["metadata"]["checkpoint_id"])
+    assert [m["metadata"]["checkpoint_id"] for m in mats] == [1, 2, 3, 4], mats
+    assert [f for m in mats for f in m["metadata"]["batch"]] == files
+    events = [pd.read_parquet(into / f) for f in files]
+    output = pd.read_parquet(base / "output")
+    assert sorted(output["checkpoint_id"].unique()) == [1, 2, 3, 4]
+    for cid, batch in enumerate(events, start=1):
+        upto = pd.concat(events[:cid], ignore_index=True).groupby("user").size()
+        rows = output[output["checkpoint_id"] == cid]
+        assert dict(zip(rows["user"], rows["clicks"])) == upto[sorted(batch["user"].unique())].to_dict(), cid
+    assert sample.completed_checkpoint_ids() == sample_before, "the sample pipeline got no checkpoint from it"
+    log = server.log.read_text(errors="replace")
+    assert log.count(POOL_WARNING) == 1, server.log_tail(200)
+    assert f"add to {server.home}/dagster.yaml:\n{POOL_YAML}" in log
 
     browser = DevTools(tmp_path / "p5")
     try:
@@ -309,7 +335,7 @@ def test_input_observed_sizes_readable_and_a_failed_run_one_click_from_its_recov
                      "document.body.innerText.includes('clicks_recover')", "the recovery run's page")
 
         # 7. The checkpoint's byte counts stay numbers; beside each, the size as a person reads it.
-        (latest,) = [m for m in server.materializations("checkpoint", "clicks") if m["runId"] == after["runId"]]
+        (latest,) = [m for m in mats if m["runId"] == after["runId"]]
         sizes = latest["metadata"]
         assert sizes["state_size"] == readable_size(sizes["state_size_bytes"]), sizes
         assert sizes["checkpointed_size"] == readable_size(sizes["checkpointed_size_bytes"]), sizes
@@ -335,7 +361,7 @@ def test_input_observed_sizes_readable_and_a_failed_run_one_click_from_its_recov
         return newest["runId"] == "" and newest["metadata"]["files_pending"] == 0
 
     server.wait_for("the input sensor's observation after the last run", seen_consumed, timeout=60)
-    assert_clicks_exact(server)  # exactly once through the armed failure and its recovery
+    assert_clicks_exact(server)
     for prefix in ("clicks", "sparkpoint"):
         graph = text_of(render(f"{server.url}/assets/{prefix}/checkpoint?view=lineage&lineageScope=upstream"
                                "&lineageDepth=2", tmp_path / f"p6{prefix}",

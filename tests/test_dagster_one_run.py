@@ -3,41 +3,34 @@ pipeline (the example project's `clicks`) with its input sensor on, on an instan
 sparkpoint's pool config and on one with it. A run with an injected failure, files landing while
 the failure is recovered: every batch is committed exactly once, no two runs of the pipeline run
 at once, no run fails for losing a race, the recovery run is green; and the code location said
-once, at load, that the instance without the config gives the pipeline's pool no limit."""
+once, at load, that the instance without the config gives the pipeline's pool no limit.
+
+Both instances are `make soak`'s, each on a `dagster dev` of its own: `make test` makes these checks
+without the config on the end-to-end tests' shared server (tests/test_dagster_e2e.py), a run
+launched by hand and a failure armed in the input sensor's cursor among them."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
 
-from sparkpoint.checkpoint.storage import CheckpointStorage
-from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.ops.instance import INSTANCE_YAML
 from sparkpoint.spark.warm import stop as stop_warm_spark
-from tests.support.dagster_server import DONE, INJECT_TAG, RECOVERS_TAG, DagsterServer
+from tests.support.dagster_server import (
+    INJECT_TAG,
+    NO_POOLS,
+    OVERTAKEN_TAG,
+    POOL_WARNING,
+    RECOVERS_TAG,
+    DagsterServer,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parent.parent
-NO_POOLS = "run_queue:\n  dequeue_interval_seconds: 1\ntelemetry:\n  enabled: false\n"  # an existing instance's
-WARNING = "gives pool 'clicks' no limit"
-OVERTAKEN_TAG = "sparkpoint/overtaken"
-
-RUNS = """
-query Runs { runsOrError(limit: 100) { __typename
-  ... on Runs { results { runId jobName status startTime endTime tags { key value } } } } }
-"""
-
-
-def runs(server: DagsterServer) -> list[dict[str, Any]]:
-    result = server.gql(RUNS)["runsOrError"]
-    assert result["__typename"] == "Runs", result
-    return [{**r, "tags": {t["key"]: t["value"] for t in r["tags"]}} for r in result["results"]]
-
 
 def land(into: Path, batches: int) -> list[Path]:
     sys.path.insert(0, str(REPO / "examples" / "clickstream"))
@@ -59,8 +52,9 @@ def read_clicks(checkpoints: Path) -> dict[str, int]:
     return dict(zip(state["user"], state["clicks"]))
 
 
-# A Dagster instance as a user has it (no pool configured) in make test; the documented pool in make soak.
-@pytest.mark.parametrize("instance_yaml", [NO_POOLS, pytest.param(INSTANCE_YAML, marks=pytest.mark.soak)],
+# A Dagster instance as a user has it (no pool configured), and with the documented pool.
+@pytest.mark.soak
+@pytest.mark.parametrize("instance_yaml", [NO_POOLS, INSTANCE_YAML],
                          ids=["without-pool-config", "with-pool-config"])
 def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_run_at_a_time(
         tmp_path: Path, instance_yaml: str):
@@ -78,19 +72,8 @@ def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_ru
         assert server.wait_run(failed_id, timeout=120)["status"] == "FAILURE"
         land(base / "input", 2)  # while the failure is being recovered
 
-        storage = CheckpointStorage((base / "checkpoints").as_uri(), "clicks")
-
-        def settled() -> list[dict[str, Any]] | None:
-            latest = CompletedCheckpointStore(storage).latest()
-            seen = runs(server)
-            if latest is None or latest.source_offsets["source"]["consumed"] != files:
-                return None
-            if not any(r["tags"].get(RECOVERS_TAG) == failed_id for r in seen):
-                return None
-            return None if any(r["status"] not in DONE for r in seen) else seen
-
-        seen = server.wait_for("every file committed and no run in flight", settled, timeout=300,
-                               last=lambda: [(r["jobName"], r["status"]) for r in runs(server)][:8])
+        seen = server.wait_recovered(("clicks_checkpoint", "clicks_recover"), (base / "checkpoints").as_uri(),
+                                     "clicks", files, failed_id)
         mats = sorted(server.materializations("checkpoint", "clicks"), key=lambda m: m["metadata"]["checkpoint_id"])
     finally:
         server.stop()
@@ -123,6 +106,6 @@ def test_files_landing_while_a_failure_is_recovered_commit_once_each_with_one_ru
     # Once, when the code location loads; not again when Dagster restarts its code server while
     # it shuts down (seen under load: "Code server process has exited ... Restarting").
     log = server.log.read_text(errors="replace").split("Shutting down Dagster services")[0]
-    assert log.count(WARNING) == (1 if instance_yaml == NO_POOLS else 0), server.log_tail(200)
+    assert log.count(POOL_WARNING) == (1 if instance_yaml == NO_POOLS else 0), server.log_tail(200)
     if instance_yaml == NO_POOLS:
         assert f"add to {server.home}/dagster.yaml:\nconcurrency:\n  pools:\n    granularity: run\n" in log

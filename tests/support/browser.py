@@ -31,13 +31,14 @@ def chromium() -> str:
 
 
 def render(url: str, profile: Path, *, screenshot: Path | None = None) -> str:
-    """The rendered DOM of `url` (the UI is a JS app: give it virtual time), optionally a screenshot."""
-    args = [chromium(), *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000"]
+    """The rendered DOM of `url` (the UI is a JS app: give it virtual time), optionally a screenshot
+    taken by the same Chromium (one page load, not two)."""
+    args = [chromium(), *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--dump-dom"]
     if screenshot is not None:
-        subprocess.run([*args, f"--screenshot={screenshot}", url], check=True, timeout=120,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        args.append(f"--screenshot={screenshot}")
+    done = subprocess.run([*args, url], check=True, timeout=120, capture_output=True)
+    if screenshot is not None:
         assert screenshot.stat().st_size > 10_000, f"{screenshot} looks empty"
-    done = subprocess.run([*args, "--dump-dom", url], check=True, timeout=120, capture_output=True)
     return done.stdout.decode(errors="replace")
 
 

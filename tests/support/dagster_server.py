@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from sparkpoint.checkpoint.storage import CheckpointStorage
+from sparkpoint.checkpoint.store import CompletedCheckpointStore
 from sparkpoint.ops.instance import prepare_dagster_home
 from sparkpoint.spark.warm import stop as stop_warm_spark
 from tests.support.waiting import wait_for
@@ -33,6 +35,11 @@ ASSET_NAMES = ("user_totals", "item_reach", "checkpoint", "output")
 CHECKS = ("checkpoint_verifies", "registry_matches_metadata")
 INJECT_TAG = "sparkpoint/inject-failure"
 RECOVERS_TAG = "sparkpoint/recovers"
+OVERTAKEN_TAG = "sparkpoint/overtaken"
+# A Dagster instance as a user has it, without sparkpoint's pool config (sparkpoint.ops.instance):
+# the pipelines' own sensors must keep their runs apart, and the code location says, once, at load:
+NO_POOLS = "run_queue:\n  dequeue_interval_seconds: 1\ntelemetry:\n  enabled: false\n"
+POOL_WARNING = "gives pool 'clicks' no limit"
 DONE = {"SUCCESS", "FAILURE", "CANCELED"}
 
 WORKSPACE = """\
@@ -58,7 +65,7 @@ query Run($id: ID!) { runOrError(runId: $id) { __typename
 
 RUNS = """
 query Runs($filter: RunsFilter) { runsOrError(filter: $filter, limit: 50) { __typename
-  ... on Runs { results { runId jobName status tags { key value } } } } }
+  ... on Runs { results { runId jobName status startTime endTime tags { key value } } } } }
 """
 
 ENTRIES = """metadataEntries { __typename label
@@ -303,6 +310,28 @@ class DagsterServer:
             timeout, last=lambda: self.run(run_id),
         ))
 
+    def pipeline_runs(self, jobs: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The runs of `jobs`, newest first, with their start and end times, tags as a dict."""
+        return [{**r, "tags": {t["key"]: t["value"] for t in r["tags"]}} for r in self.runs() if r["jobName"] in jobs]
+
+    def wait_recovered(self, jobs: tuple[str, ...], checkpoints: str, job_id: str, files: list[str],
+                       failed_id: str, timeout: float = 300) -> list[dict[str, Any]]:
+        """`pipeline_runs(jobs)` once the latest checkpoint has consumed `files`, the failed run
+        `failed_id` has its recovery run and none of them is in flight."""
+        store = CompletedCheckpointStore(CheckpointStorage(checkpoints, job_id))
+
+        def settled() -> list[dict[str, Any]] | None:
+            latest = store.latest()
+            seen = self.pipeline_runs(jobs)
+            if latest is None or latest.source_offsets["source"]["consumed"] != files:
+                return None
+            if not any(r["tags"].get(RECOVERS_TAG) == failed_id for r in seen):
+                return None
+            return None if any(r["status"] not in DONE for r in seen) else seen
+
+        return list(self.wait_for("every file committed and no run in flight", settled, timeout,
+                                  last=lambda: [(r["jobName"], r["status"]) for r in self.pipeline_runs(jobs)][:8]))
+
     def materializations(self, name: str, prefix: str = PREFIX) -> list[dict[str, Any]]:
         """Newest first: {"runId", "timestamp", "metadata": {label: value}}."""
         return self._asset_events(MATERIALIZATIONS, "assetMaterializations", name, prefix)
@@ -338,10 +367,13 @@ def dagster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dagster
     """One webserver + daemon for a module's end-to-end or UI tests, stopped with the module (an
     idle `dagster dev` ticks at about 5 CPU seconds a minute: kept for the session, it cost the
     suite minutes). Its runs attach to a warm local Spark of its own, as `make ui`'s do (a JVM
-    started once, not one per run)."""
+    started once, not one per run). Its instance has no pool config (`NO_POOLS`), as most
+    existing ones: the harder case for one run of a pipeline at a time; sparkpoint's own
+    `dagster.yaml` is the soak variant of tests/test_dagster_one_run.py."""
     root = tmp_path_factory.mktemp("dagster-e2e")
     warm = root / "warm-spark"
-    server = DagsterServer(root, env={"SPARKPOINT_WARM_SPARK": "on", "SPARKPOINT_WARM_SPARK_DIR": str(warm)})
+    server = DagsterServer(root, instance_yaml=NO_POOLS,
+                           env={"SPARKPOINT_WARM_SPARK": "on", "SPARKPOINT_WARM_SPARK_DIR": str(warm)})
     try:
         server.start()
         yield server

@@ -20,7 +20,6 @@ LONGEST_FIRST = (
     "tests/test_dagster_e2e.py",
     "tests/test_warm_spark.py",
     "tests/test_airflow_standalone.py",
-    "tests/test_dagster_one_run.py",
     "tests/test_interleavings.py",
     "tests/test_classcache.py",
     "tests/test_bench_vs_spark.py",
