@@ -186,3 +186,26 @@ def test_a_placeholder_is_never_uploaded(storage: CheckpointStorage, tmp_path: P
     finally:
         b.dispose()
     assert {p for p in stored.rglob("*") if p.is_file()} == files, "nothing was uploaded"
+
+
+def test_keys_in_several_key_groups_of_a_subtask_are_erased_group_by_group(storage: CheckpointStorage, tmp_path: Path):
+    subtask, state = _holder(storage, 1)
+    meta = CompletedCheckpointStore(storage).load(1)
+    kg = meta.operators[OPERATOR].subtasks[subtask].key_group_range
+    groups: dict[int, str] = {}
+    for m in MEMBERS:
+        g = key_group_for(m, MAX_P)
+        if g in kg and len(groups) < 3 and g not in groups and g != key_group_for(GONE, MAX_P):
+            groups[g] = m
+    keys = [GONE, *groups.values()]
+    report = erase_job(storage, EraseScope(tuple(k.encode() for k in keys), (OPERATOR,), {}))
+    assert report.verified, report.message
+    c1 = next(c for c in report.checkpoints if c.original_id == 1)
+    (s,) = [s for s in c1.subtasks if s.subtask == subtask]
+    assert s.route == erasure.KEY_GROUP_FILES, s.fallback
+    assert s.proof is not None and len(s.proof.spans["profile"]) >= 2, "the groups' ranges apart, not their hull"
+    assert s.bytes_read < 0.3 * state and s.bytes_written < 0.3 * state
+    after = _read(storage, 3, tmp_path / "after")
+    kept = next(m for m in MEMBERS if m not in keys)
+    assert all(after[k] == (None, [], []) for k in keys) and after[kept][0] is not None
+    assert verify_all(storage).ok

@@ -81,6 +81,7 @@ KEY_GROUP_FILES = "key_group_files"
 MIN_CUT = 1024  # bytes: the least size the erase's compaction cuts its files at (`_cut_small`)
 ATTEMPTS = 3  # partial erases of one subtask, each downloading what the last one found it lacked
 MOST = 0.5  # a partial restore that would read more than this share of a subtask's SSTs reads it whole
+Spans = list[tuple[bytes, bytes]]  # disjoint [lower, upper) key ranges, in order
 EXACT_KINDS = ("value", "reducing")  # kg | key
 PREFIX_KINDS = ("map", "list")  # kg | len(key) | key | element
 _BY_TIME_KEY_AT = 2 + 1 + 1 + 8  # kg, "t", clock, time: the key follows
@@ -197,9 +198,24 @@ def key_entries(db: Rdict, column_families: Iterable[str], keys: Sequence[Erased
     return found
 
 
-def delete_entries(db: Rdict, found: Mapping[str, list[bytes]]) -> None:
+def delete_entries(db: Rdict, found: Mapping[str, list[bytes]], *, per_group: bool = False) -> None:
     """Delete the entries `found`, then compact each column family over the span they covered
-    down to the last level, so that neither their values nor the tombstones stay in a file."""
+    down to the last level, so that neither their values nor the tombstones stay in a file.
+    `per_group`: each key group's entries apart, deleted, flushed and compacted over their own
+    span (a leveled compaction rewrites only the files overlapping its span, and a flush of
+    every group's tombstones would be one file over all of them)."""
+    if not per_group:
+        _delete_and_compact(db, found)
+        return
+    groups: dict[bytes, dict[str, list[bytes]]] = {}
+    for name, stored in found.items():
+        for k in stored:
+            groups.setdefault(k[:2], {}).setdefault(name, []).append(k)
+    for _, entries in sorted(groups.items()):
+        _delete_and_compact(db, entries)
+
+
+def _delete_and_compact(db: Rdict, found: Mapping[str, list[bytes]]) -> None:
     batch = WriteBatch(raw_mode=True)
     for name, stored in found.items():
         handle = db.get_column_family_handle(name)
@@ -218,16 +234,15 @@ def delete_entries(db: Rdict, found: Mapping[str, list[bytes]]) -> None:
 
 
 def state_digest(db: Rdict, column_families: Iterable[str], keys: Sequence[ErasedKey], kinds: Mapping[str, str],
-                 spans: Mapping[str, tuple[bytes, bytes]] | None = None) -> tuple[str, int]:
+                 spans: Mapping[str, Spans] | None = None) -> tuple[str, int]:
     """(SHA-256 over every entry of the database but `keys`' entries, in order; entries hashed).
-    With `spans`, over the entries of each column family in its span ([lower, upper)) only."""
+    With `spans`, over the entries of each column family in its spans ([lower, upper) each) only."""
     digest = hashlib.sha256()
     count = 0
     erased = KeyMatcher(keys)
-    for name in sorted(column_families):
+    for name, span in ((n, s) for n in sorted(column_families) for s in (spans.get(n, []) if spans else [None])):
         cf = db.get_column_family(name)
         opts = ReadOptions()
-        span = None if spans is None else spans[name]
         if span is not None:
             opts.set_iterate_upper_bound(span[1])
         it = cf.iter(opts)
@@ -293,14 +308,14 @@ class PartialProof:
     CRC32 of each); and the puts of the rewritten level-0 files outside the spans are the puts of
     the new files outside them (`moved_digest`), RocksDB having moved them a level down."""
 
-    spans: dict[str, tuple[bytes, bytes]]
+    spans: dict[str, Spans]
     files_kept: int
     kept_digest: str
     moved_digest: str
     moved_entries: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"ranges": {cf: [lo.hex(), hi.hex()] for cf, (lo, hi) in sorted(self.spans.items())},
+        return {"ranges": {cf: [[lo.hex(), hi.hex()] for lo, hi in spans] for cf, spans in sorted(self.spans.items())},
                 "files_kept": self.files_kept,
                 "kept_digest": self.kept_digest, "moved_digest": self.moved_digest,
                 "moved_entries": self.moved_entries}
@@ -329,8 +344,8 @@ def erase_subtask(storage: CheckpointStorage, meta: CheckpointMetadata, operator
     cannot be done (a changelog chain, files spanning most of the state, RocksDB reaching a file
     it was not given), with the whole subtask, and `fallback` says why."""
     handle = meta.operators[operator].subtasks[subtask]
-    why = refusal(handle)
-    wanted: dict[str, list[tuple[bytes, bytes]]] = {}
+    why = refusal(handle) or _own_files(handle)
+    wanted: dict[str, Spans] = {}
     wasted = 0  # bytes read by attempts that gave up
     for _ in range(ATTEMPTS if why is None else 0):
         try:
@@ -351,6 +366,14 @@ def erase_subtask(storage: CheckpointStorage, meta: CheckpointMetadata, operator
     log.warning("%s subtask %s of chk-%s is erased reading every file: %s", operator, subtask, meta.checkpoint_id, why)
     done = erase_whole_subtask(storage, meta, operator, subtask, keys, new_id, workdir / "whole")
     return None if done is None else replace(done, fallback=why, bytes_read=done.bytes_read + wasted)
+
+
+def _own_files(handle: SubtaskStateHandle) -> str | None:
+    """Why a snapshot of `handle` cannot share its SSTs: they are its checkpoint's own (a
+    savepoint's), copied whole by any copy of it."""
+    if any(is_sst(f) for f in handle.private):
+        return "its SSTs are its savepoint's own files (a copy copies them all)"
+    return None
 
 
 def erase_whole_subtask(storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, subtask: int,
@@ -388,17 +411,27 @@ def group_spans(keys: Iterable[ErasedKey]) -> list[tuple[bytes, bytes]]:
     return [(g.to_bytes(2, "big"), (g + 1).to_bytes(2, "big")) for g in sorted({k.key_group for k in keys})]
 
 
-def hull(spans: Iterable[tuple[bytes, bytes]], ranges: Iterable[SstRange]) -> tuple[bytes, bytes]:
-    """The smallest [lower, upper) holding every span and every file range."""
-    bounds = [*spans, *((r.start, r.end + b"\x00") for r in ranges)]
-    return min(lo for lo, _ in bounds), max(hi for _, hi in bounds)
+def merged(spans: Iterable[tuple[bytes, bytes]], ranges: Iterable[SstRange] = ()) -> Spans:
+    """The union of `spans` and of the files' key ranges, as disjoint spans in order."""
+    bounds = sorted([*spans, *((r.start, r.end + b"\x00") for r in ranges)])
+    out: Spans = []
+    for lo, hi in bounds:
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
-def closed_over(ranges: Mapping[str, SstRange], spans: Sequence[tuple[bytes, bytes]],
-                wanted: Mapping[str, list[tuple[bytes, bytes]]] | None = None) -> set[str]:
+def inside(key: bytes, spans: Spans) -> bool:
+    return any(lo <= key < hi for lo, hi in spans)
+
+
+def closed_over(ranges: Mapping[str, SstRange], spans: Spans,
+                wanted: Mapping[str, Spans] | None = None) -> set[str]:
     """The SSTs a partial erase of `spans` downloads: those that can hold them (`needed`), and in
     each column family those overlapping what an earlier attempt found it lacked (`wanted`), then
-    in each column family every file above level 0 overlapping the hull of its files chosen so
+    in each column family every file above level 0 overlapping the union of its files chosen so
     far, until none is added: what the proof reads of each (`proof_spans`) is then covered by
     downloaded files only. Refused when that is most of the state."""
     wanted = wanted or {}
@@ -407,8 +440,7 @@ def closed_over(ranges: Mapping[str, SstRange], spans: Sequence[tuple[bytes, byt
         mine = [r for r in ranges.values() if r.column_family == cf]
         chosen |= needed(mine, wanted.get(cf, []))
         while True:
-            span = hull(spans, (r for r in mine if r.name in chosen and r.level > 0))
-            more = needed(mine, [span])
+            more = needed(mine, merged(spans, (r for r in mine if r.name in chosen and r.level > 0)))
             if more <= chosen:
                 break
             chosen |= more
@@ -419,23 +451,22 @@ def closed_over(ranges: Mapping[str, SstRange], spans: Sequence[tuple[bytes, byt
     return chosen
 
 
-def proof_spans(ranges: Iterable[SstRange], spans: Sequence[tuple[bytes, bytes]], column_families: Iterable[str]
-                ) -> dict[str, tuple[bytes, bytes]]:
-    """Per column family, the hull of `spans` and of its files above level 0 among `ranges`."""
+def proof_spans(ranges: Iterable[SstRange], spans: Spans, column_families: Iterable[str]) -> dict[str, Spans]:
+    """Per column family, the union of `spans` and of its files above level 0 among `ranges`."""
     ranges = list(ranges)
-    return {cf: hull(spans, (r for r in ranges if r.column_family == cf and r.level > 0))
+    return {cf: merged(spans, (r for r in ranges if r.column_family == cf and r.level > 0))
             for cf in sorted({*column_families, *(r.column_family for r in ranges)})}
 
 
-def needed_in(ranges: Mapping[str, SstRange], spans: Mapping[str, tuple[bytes, bytes]]) -> set[str]:
-    """Every level-0 file, and each file above whose range overlaps its column family's span."""
+def needed_in(ranges: Mapping[str, SstRange], spans: Mapping[str, Spans]) -> set[str]:
+    """Every level-0 file, and each file above whose range overlaps one of its column family's spans."""
     return {n for n, r in ranges.items()
-            if r.level == 0 or (r.column_family in spans and r.overlaps(*spans[r.column_family]))}
+            if r.level == 0 or any(r.overlaps(lo, hi) for lo, hi in spans.get(r.column_family, []))}
 
 
 def erase_key_group_files(storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, subtask: int,
                           keys: Sequence[ErasedKey], new_id: int, workdir: Path,
-                          wanted: Mapping[str, list[tuple[bytes, bytes]]] | None = None) -> SubtaskErasure | None:
+                          wanted: Mapping[str, Spans] | None = None) -> SubtaskErasure | None:
     """`erase_subtask` downloading only the SSTs that can hold the keys' groups (the others are
     placeholders, `sparkpoint.state.engine.partial`): delete, compact the keys' entries down (RocksDB
     rewrites the files that overlap them, level by level), snapshot against the original so every
@@ -457,7 +488,7 @@ def erase_key_group_files(storage: CheckpointStorage, meta: CheckpointMetadata, 
         digest, kept = state_digest(db, names, keys, kinds, span)
         level0 = {r.name: _outside(backend.db_path / r.name, span) for r in fetched if r.level == 0}
         _cut_small(db, names, fetched, len(handle.key_group_range))
-        delete_entries(db, found)
+        delete_entries(db, found, per_group=True)
         after = ranges_of(db, names)
         rewritten = set(done.ranges) - set(after)
         try:
@@ -504,7 +535,7 @@ def _cut_small(db: Rdict, names: Iterable[str], fetched: Sequence[SstRange], key
 
 
 def _check_rewritten(done: PartialRestore, after: Mapping[str, SstRange], found: Mapping[str, list[bytes]],
-                     spans: Mapping[str, tuple[bytes, bytes]]) -> None:
+                     spans: Mapping[str, Spans]) -> None:
     """Every file of a column family whose range holds an erased entry was rewritten, no
     placeholder was, and every file rewritten above level 0 lies in its column family's span."""
     for name, r in done.ranges.items():
@@ -513,10 +544,9 @@ def _check_rewritten(done: PartialRestore, after: Mapping[str, SstRange], found:
             raise PlaceholderReached(f"{name} holds an erased entry and was not rewritten (the compaction stopped)")
         if name in after:
             continue
-        lower, upper = spans[r.column_family]
         if name in done.placeholders:
             raise PlaceholderReached(f"{name}, a placeholder, was rewritten")
-        if r.level > 0 and not (lower <= r.start and r.end < upper):
+        if r.level > 0 and not any(lo <= r.start and r.end < hi for lo, hi in spans[r.column_family]):
             raise PlaceholderReached(f"{name} was rewritten but lies outside the range the proof reads")
 
 
@@ -536,17 +566,17 @@ def _stuck(done: PartialRestore, after: Mapping[str, SstRange], found: Mapping[s
 Moved = dict[tuple[str, bytes], tuple[int, int, bytes]]
 
 
-def _outside(path: Path, spans: Mapping[str, tuple[bytes, bytes]]) -> Moved:
-    """The entries of SST `path` outside its column family's span: (column family, key) ->
+def _outside(path: Path, spans: Mapping[str, Spans]) -> Moved:
+    """The entries of SST `path` outside its column family's spans: (column family, key) ->
     (sequence, type, value)."""
     read = read_sst_entries(path)
     if read.ranges:
         raise PlaceholderReached(f"{path.name} holds range deletions")
-    lower, upper = spans.get(read.column_family, (b"", b""))
+    mine = spans.get(read.column_family, [])
     out: Moved = {}
     for ikey, value in read.entries:
         key = ikey[:-8]
-        if lower <= key < upper:
+        if inside(key, mine):
             continue
         kind = entry_type(ikey)
         if kind not in (0, PUT):
@@ -649,7 +679,7 @@ def partial_rest(storage: CheckpointStorage, meta: CheckpointMetadata, erased: S
         backend.restore_partial(meta, lambda ranges: needed_in(ranges, proof.spans) | (new_names & set(ranges)))
         db, names = opened(backend)
         left = sum(len(v) for v in key_entries(db, names, keys, kinds).values())
-        digest, count = state_digest(db, names, keys, kinds, {n: proof.spans.get(n, (b"", b"")) for n in names})
+        digest, count = state_digest(db, names, keys, kinds, {n: proof.spans.get(n, []) for n in names})
         moved = _merged(_outside(backend.db_path / n, proof.spans) for n in sorted(new_names))
     finally:
         backend.dispose()
