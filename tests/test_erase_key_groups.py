@@ -24,6 +24,7 @@ from sparkpoint.pipeline.maintenance import verify_all
 from sparkpoint.state import erasure
 from sparkpoint.state.backend import RocksDBStateBackend, take_checkpoint
 from sparkpoint.state.codecs import BytesCodec, JsonCodec
+from sparkpoint.state.engine.changelog import ChangelogOptions
 from sparkpoint.state.engine.partial import PlaceholderReached
 from sparkpoint.state.engine.rocksdb import RocksDBOptions
 from sparkpoint.state.keygroups import key_group_for
@@ -37,9 +38,9 @@ RENEWAL = pd.Timestamp("2031-06-01", tz="UTC")
 OPTIONS = RocksDBOptions(min_file_mb=1 / 64)
 
 
-def _backends(storage: CheckpointStorage, local: Path) -> list[RocksDBStateBackend]:
+def _backends(storage: CheckpointStorage, local: Path, changelog: bool = False) -> list[RocksDBStateBackend]:
     return [RocksDBStateBackend(storage, OPERATOR, i, parallelism=P, max_parallelism=MAX_P, local_dir=local,
-                                options=OPTIONS) for i in range(P)]
+                                options=OPTIONS, changelog=ChangelogOptions(enabled=changelog)) for i in range(P)]
 
 
 def _write(b: RocksDBStateBackend, members: list[str], rng: random.Random, round_: int) -> None:
@@ -48,12 +49,14 @@ def _write(b: RocksDBStateBackend, members: list[str], rng: random.Random, round
     b.timers.register_many([(m, RENEWAL + pd.Timedelta(days=round_)) for m in members])
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["native", "changelog"])
+def built(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """chk-1 a compacted materialization; chk-2 the 5% round on top: a level-0 flush, or (the
+    pipelines' default) a changelog file whose chain the erase replays."""
     root = tmp_path_factory.mktemp("erase-groups")
     storage = CheckpointStorage(f"file://{root}/cp", "clubs-job")
     coordinator = CheckpointCoordinator(storage, num_retained=3)
-    backends = _backends(storage, root / "local")
+    backends = _backends(storage, root / "local", changelog=request.param == "changelog")
     rng = random.Random(5)
     for b in backends:
         b.restore(None)
@@ -68,6 +71,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         take_checkpoint(coordinator, backends)
     for b in backends:
         b.dispose()
+    chain = [f.local_name for h in CompletedCheckpointStore(storage).load(2).operators[OPERATOR].subtasks
+             for f in h.files() if f.local_name.startswith("changelog-")]
+    assert bool(chain) is (request.param == "changelog")
     return root / "cp"
 
 

@@ -19,8 +19,8 @@ from sparkpoint.pipeline.driver import StatefulPipeline
 from sparkpoint.state.keygroups import key_group_for
 from tests.support import subscriptions_pipeline as sp
 
-ACCOUNTS = [f"acct-{i:04d}" for i in range(3000)]
-GONE = "acct-0042"
+ACCOUNTS = [f"acct-{i:05d}" for i in range(12000)]
+GONE = "acct-00042"
 
 
 @pytest.mark.spark
@@ -29,11 +29,12 @@ def test_an_erase_at_a_parallelism_below_the_key_groups_reads_the_key_groups_fil
     pipeline = sp.subscriptions_pipeline(tmp_path)
     sp.land(tmp_path / "in", 1, ACCOUNTS)
     sp.land(tmp_path / "in", 2, ACCOUNTS, compact=True)
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()] == [1, 2]
+    sp.land(tmp_path / "in", 3, ACCOUNTS[-10:])  # chk-3 materializes the changelog's chain: the compacted state
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()] == [1, 2, 3]
     before = pipeline.read_state("subscriptions").set_index("account")
     assert before.loc[GONE, "reminders"] == 2 and before.loc[GONE, "reads"]
     storage = CheckpointStorage(str(tmp_path / "ckpt"), "subscriptions")
-    meta = CompletedCheckpointStore(storage).load(2)
+    meta = CompletedCheckpointStore(storage).load(3)
     group = key_group_for(GONE, 128)
     holder = next(h for h in meta.operators["subscriptions"].subtasks if group in h.key_group_range)
     ssts = {f.path: f.size for f in holder.files() if f.local_name.endswith(".sst")}
@@ -53,13 +54,13 @@ def test_an_erase_at_a_parallelism_below_the_key_groups_reads_the_key_groups_fil
     monkeypatch.undo()
 
     assert report.verified, report.message
-    chk2 = next(c for c in report.checkpoints if c.original_id == 2)
-    (sub,) = chk2.subtasks
+    chk3 = next(c for c in report.checkpoints if c.original_id == 3)
+    (sub,) = chk3.subtasks
     assert sub.subtask == holder.subtask and sub.route == "key_group_files", sub.fallback
-    # Of the holding subtask's files, the erase of chk-2 and its proof read the key group's few.
-    of_chk2 = {p: n for p, n in read.items() if p in ssts}
-    assert 0 < len(of_chk2) < len(ssts) // 4, (len(of_chk2), len(ssts))
-    assert sum(of_chk2.values()) < 0.25 * sum(ssts.values())
+    # Of the holding subtask's files, the erase of chk-3 and its proof read the key group's few.
+    of_chk3 = {p: n for p, n in read.items() if p in ssts}
+    assert 0 < len(of_chk3) < len(ssts) // 4, (len(of_chk3), len(ssts))
+    assert sum(of_chk3.values()) < 0.5 * sum(ssts.values()), "erase, proof and final check: less than half, together"
     assert 0 < sub.bytes_read < 0.2 * sum(ssts.values()) and 0 < sub.bytes_written < 0.2 * sum(ssts.values())
     assert sub.proof is not None and sub.proof.files_kept > 20
     after = pipeline.read_state("subscriptions").set_index("account")
@@ -67,9 +68,9 @@ def test_an_erase_at_a_parallelism_below_the_key_groups_reads_the_key_groups_fil
     pd.testing.assert_frame_equal(after, before.drop(index=GONE))
     assert main(["verify", "--checkpoints", str(tmp_path / "ckpt"), "--job-id", "subscriptions"]) == 0
 
-    # The job runs on from the erased copy of chk-2 (its files partly the original's, partly rewritten).
-    sp.land(tmp_path / "in", 3, [a for a in ACCOUNTS[:100] if a != GONE])
-    assert [r.checkpoint_id for r in StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()] == [5]
+    # The job runs on from the erased copy of chk-3 (its files partly the original's, partly rewritten).
+    sp.land(tmp_path / "in", 4, [a for a in ACCOUNTS[:100] if a != GONE])
+    assert [r.checkpoint_id for r in StatefulPipeline(spark, pipeline.config(), pipeline.operators).run()] == [7]
     final = pipeline.read_state("subscriptions").set_index("account")
-    assert GONE not in final.index and final.loc["acct-0001", "reminders"] == 3
-    assert final.loc["acct-2999", "reminders"] == 2
+    assert GONE not in final.index and final.loc["acct-00001", "reminders"] == 3
+    assert final.loc["acct-11000", "reminders"] == 2

@@ -483,7 +483,7 @@ def erase_key_group_files(storage: CheckpointStorage, meta: CheckpointMetadata, 
         found = key_entries(db, names, keys, kinds)
         if not found:
             return None
-        fetched = [done.ranges[n] for n in sorted(done.fetched)]
+        fetched = done.real  # and the flush of a replayed changelog chain
         span = proof_spans(fetched, spans, names)
         digest, kept = state_digest(db, names, keys, kinds, span)
         level0 = {r.name: _outside(backend.db_path / r.name, span) for r in fetched if r.level == 0}
@@ -505,7 +505,8 @@ def erase_key_group_files(storage: CheckpointStorage, meta: CheckpointMetadata, 
     finally:
         backend.dispose()
     files = list(handle.files())
-    old = sorted(f.path for f in files if f.local_name in rewritten)
+    now = {f.path for f in new.stored()}
+    old = sorted(f.path for f in handle.stored() if _holds_entries(f) and f.path not in now)
     written = [f for f in new.stored() if _holds_entries(f) and f.path not in {g.path for g in handle.stored()}]
     kept_files = [f for f in files if is_sst(f) and f.local_name not in rewritten]
     proof = PartialProof(span, len(kept_files), files_digest(kept_files), *moved_before)

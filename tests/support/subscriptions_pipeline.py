@@ -11,6 +11,7 @@ this small state).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -62,10 +63,11 @@ def subscriptions_pipeline(root: Path) -> Pipeline:
 
 
 def land(directory: Path, batch: int, accounts: list[str], *, compact: bool = False) -> None:
-    """One input file: every account reads two newsletters; its profile is ~300 bytes."""
+    """One input file: every account reads two newsletters; its profile is ~300 bytes (random hex:
+    RocksDB's zstd cannot make it nothing)."""
     directory.mkdir(parents=True, exist_ok=True)
     pd.DataFrame({"account": [a for a in accounts for _ in (0, 1)],
-                  "profile": [f"{a}:{batch}:" + "x" * 280 for a in accounts for _ in (0, 1)],
+                  "profile": [f"{a}:{batch}:" + os.urandom(140).hex() for a in accounts for _ in (0, 1)],
                   "newsletter": [f"letter-{(i + batch + j) % 5}" for i, _ in enumerate(accounts) for j in (0, 1)],
                   "compact": [compact for _ in accounts for _ in (0, 1)]}
                  ).to_parquet(directory / f"reads-{batch:03d}.parquet", index=False)

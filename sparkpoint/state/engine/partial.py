@@ -5,10 +5,11 @@ a checkpoint ships records each SST's level and its smallest and largest key. So
 can hold a key group are known before any of them is read: the level-0 files (each a flush of a
 batch's writes: RocksDB opens every one of them for any iterator) and the files of the other
 levels whose key range overlaps it. `restore` lays the checkpoint's SSTs out as placeholders
-(sparse files of the recorded size: no bytes downloaded or written), downloads the small files
-(MANIFEST, CURRENT, OPTIONS) verified, opens the database (`RocksDBOptions(placeholders=True)`:
-RocksDB reads no SST at the open), asks `choose` which files it needs from their ranges, and
-downloads those verified over their placeholders.
+(sparse files of the recorded size: no bytes downloaded or written), downloads the other files
+verified (MANIFEST, CURRENT, OPTIONS, and a changelog chain, replayed as a restore replays it),
+opens the database (`RocksDBOptions(placeholders=True)`: RocksDB reads no SST at the open), asks
+`choose` which files it needs from their ranges, and downloads those verified over their
+placeholders.
 
 A placeholder is zeros: RocksDB reading one meets no table magic number and reports corruption
 (`rocksdb.is_corruption`), never data. The caller falls back to a whole restore then. Nothing
@@ -30,7 +31,6 @@ from typing import TYPE_CHECKING
 from sparkpoint.checkpoint.errors import OperatorStateMismatch, StateBackendError
 from sparkpoint.checkpoint.files import download_verified
 from sparkpoint.checkpoint.metadata import CheckpointMetadata, FileHandle, SubtaskStateHandle
-from sparkpoint.checkpoint.paths import is_changelog_name
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.state.engine.rocksdb import DEFAULT_CF, RocksDBOptions, list_states, open_db
 
@@ -44,8 +44,8 @@ _TABLE_MAGIC = (0x88E241B785F4CFF7).to_bytes(8, "little")  # the last 8 bytes of
 
 
 class PartialRestoreRefused(StateBackendError):
-    """This subtask's state cannot be restored in part (a changelog chain, blob files, a
-    rescaled range): the caller restores it whole."""
+    """This subtask's state cannot be restored in part (blob files, a rescaled range, files that
+    can hold the keys making most of it): the caller restores it whole."""
 
 
 class PlaceholderReached(StateBackendError):
@@ -80,16 +80,19 @@ class SstRange:
 
 @dataclass(frozen=True)
 class PartialRestore:
-    """What `restore` did: the handle restored, every SST's range, the files it downloaded."""
+    """What `restore` did: the handle restored, every live SST's range (the flush of a replayed
+    changelog chain too), the SSTs of the handle it downloaded and those left placeholders."""
 
     handle: SubtaskStateHandle
     ranges: Mapping[str, SstRange]
     fetched: frozenset[str]
+    placeholders: frozenset[str]
     downloaded_bytes: int
 
     @property
-    def placeholders(self) -> frozenset[str]:
-        return frozenset(self.ranges) - self.fetched
+    def real(self) -> list[SstRange]:
+        """The live SSTs that are no placeholder, by name."""
+        return [r for n, r in sorted(self.ranges.items()) if n not in self.placeholders]
 
 
 def is_sst(f: FileHandle) -> bool:
@@ -99,8 +102,6 @@ def is_sst(f: FileHandle) -> bool:
 def refusal(handle: SubtaskStateHandle) -> str | None:
     """Why `handle` cannot be restored in part (None: it can)."""
     names = [f.local_name for f in handle.files()]
-    if any(is_changelog_name(n) for n in names):
-        return "its state has a changelog chain (a restore replays it whole)"
     if any(n.endswith(".blob") for n in names):
         return "its state has blob files"
     return None
@@ -169,7 +170,8 @@ def fetch(storage: CheckpointStorage, handle: SubtaskStateHandle, checkpoint_id:
 def restore(local: LocalState, storage: CheckpointStorage, checkpoint: CheckpointMetadata,
             choose: Callable[[Mapping[str, SstRange]], set[str]]) -> PartialRestore:
     """Make `local`'s working database `checkpoint`'s state of its subtask with only the SSTs
-    `choose` names (from every SST's range) downloaded; its options must say `placeholders`."""
+    `choose` names (from every SST's range) downloaded; its options must say `placeholders`. A
+    changelog chain is downloaded whole and replayed (its entries flushed into level-0 files)."""
     if not local.options.placeholders:
         raise ValueError("a partial restore opens its database with RocksDBOptions(placeholders=True)")
     op = checkpoint.operators.get(local.operator)
@@ -203,7 +205,8 @@ def restore(local: LocalState, storage: CheckpointStorage, checkpoint: Checkpoin
     local.close()
     downloaded += fetch(storage, handle, cid, chosen, local.db_path)
     local.open_db()
-    return PartialRestore(handle, ranges, frozenset(chosen), downloaded)
+    ssts = {f.local_name for f in handle.files() if is_sst(f)}
+    return PartialRestore(handle, ranges, frozenset(chosen & ssts), frozenset(ssts - chosen), downloaded)
 
 
 def read_ranges(storage: CheckpointStorage, handle: SubtaskStateHandle, checkpoint_id: int, work: Path
