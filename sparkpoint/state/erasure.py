@@ -19,10 +19,11 @@ undeclared state gets both), has RocksDB compact the deleted span down to its la
 (tombstones and the values they shadow are dropped there, so the key's bytes are in no file; only
 the files overlapping it are rewritten), and snapshots the result as checkpoint `new_id` against
 the restored handle: the SSTs compaction did not touch are referenced as they are (no copy), the
-new ones are uploaded under fresh names. When RocksDB would need a file it was not given (a
-compaction stops there), a new attempt downloads it too; a changelog chain (which holds the key's
-writes too, and is not carried over: the snapshot materializes it), or files that span most of
-the state, are read whole (`erase_whole_subtask`; the report says why).
+new ones are uploaded under fresh names. A changelog chain, which holds the key's writes too, is
+read and replayed whole, and not carried over: the snapshot materializes it. When RocksDB would
+need a file it was not given (a compaction stops there), a new attempt downloads it too; a
+savepoint's subtask (its SSTs are its own, copied whole anyway), or keys whose files are most of
+the subtask, are read whole (`erase_whole_subtask`; the report says why).
 
 The proof reads files, not RocksDB: `find_in_files` downloads every SST and changelog file of a
 subtask whose range holds the key's group, but the SSTs its MANIFEST places outside the key's
@@ -340,9 +341,10 @@ def erase_subtask(storage: CheckpointStorage, meta: CheckpointMetadata, operator
     """Restore subtask `subtask` of `operator` in `meta`, delete `keys`' entries and snapshot it as
     checkpoint `new_id` (uploading only the files that changed). None: it holds none of them.
 
-    First with only the SSTs that can hold the keys' groups (`erase_key_group_files`); when that
-    cannot be done (a changelog chain, files spanning most of the state, RocksDB reaching a file
-    it was not given), with the whole subtask, and `fallback` says why."""
+    First with only the SSTs that can hold the keys' groups (`erase_key_group_files`), again with
+    the files an attempt found it lacked; when that cannot be done (a savepoint's own files, files
+    that can hold the keys making most of the state, RocksDB still reaching a file it was not
+    given), with the whole subtask, and `fallback` says why."""
     handle = meta.operators[operator].subtasks[subtask]
     why = refusal(handle) or _own_files(handle)
     wanted: dict[str, Spans] = {}
