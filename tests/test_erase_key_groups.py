@@ -131,6 +131,10 @@ def test_an_erase_reads_and_rewrites_the_key_groups_files_not_the_subtasks(
     holder = {cid: _holder(storage, cid) for cid in (1, 2)}
     assert before[1][GONE][0] is not None and before[2][GONE][2]
     downloads.clear()
+    dry = erase_job(storage, _scope(), dry_run=True)  # counts from the key group's files too
+    assert [c.entries_found > 0 for c in dry.checkpoints] == [True, True]
+    assert 0 < sum(downloads.values()) < 0.3 * sum(state for _, state in holder.values())
+    downloads.clear()
 
     report = erase_job(storage, _scope())
 

@@ -65,12 +65,11 @@ from sparkpoint.state.erasure import (
     FileFinding,
     SubtaskErasure,
     carry_subtask,
+    count_entries,
     erase_subtask,
     erased_keys,
     find_in_files,
     holders,
-    key_entries,
-    keys_of,
     partial_rest,
     rest_digest,
     state_kinds,
@@ -453,27 +452,11 @@ def _dry_run(storage: CheckpointStorage, scope: EraseScope, digest: str, sink: S
                     continue
                 keys = scope.keys_for(meta, op)
                 for h in holders(meta.operators[op].subtasks, keys):
-                    found += _count_entries(storage, meta, op, h.subtask, keys, Path(tmp) / f"{meta.checkpoint_id}")
+                    found += count_entries(storage, meta, op, h.subtask, keys, Path(tmp) / f"{meta.checkpoint_id}")
             out.append(CheckpointErasure(meta.checkpoint_id, meta.kind, None, entries_found=found))
     output = _erase_output(sink, scope, dry_run=True)
     return EraseReport(storage.job_url, len(set(scope.raws)), digest, scope.operators, tuple(out), dry_run=True,
                        output=output, output_url=sink.url if sink is not None else None)
-
-
-def _count_entries(storage: CheckpointStorage, meta: CheckpointMetadata, op: str, subtask: int,
-                   keys: list[ErasedKey], work: Path) -> int:
-    from sparkpoint.state.engine.rocksdb import list_states
-    from sparkpoint.state.erasure import _backend
-
-    keys = keys_of(meta.operators[op].subtasks[subtask], keys)
-    backend = _backend(storage, meta, op, subtask, work)
-    try:
-        backend.restore(meta)
-        assert backend.db is not None
-        found = key_entries(backend.db, list_states(str(backend.db_path)), keys, state_kinds(meta, op))
-        return sum(len(v) for v in found.values())
-    finally:
-        backend.dispose()
 
 
 # --- task-local copies and the output -----------------------------------------------------------

@@ -644,6 +644,34 @@ def carry_subtask(storage: CheckpointStorage, handle: SubtaskStateHandle, new_id
     return replace(handle, checkpoint_id=new_id, private=tuple(private))
 
 
+def count_entries(storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, subtask: int,
+                  keys: Sequence[ErasedKey], workdir: Path) -> int:
+    """The entries of `keys` subtask `subtask` of `operator` holds in `meta` (what a dry run
+    reports): read from the SSTs that can hold their groups (`needed`: a read needs no more), or
+    from the whole subtask when those cannot be restored alone."""
+    handle = meta.operators[operator].subtasks[subtask]
+    keys = keys_of(handle, keys)
+    kinds = state_kinds(meta, operator)
+    if refusal(handle) is None:
+        backend = _backend(storage, meta, operator, subtask, workdir / "groups", RocksDBOptions(placeholders=True))
+        try:
+            backend.restore_partial(meta, lambda ranges: needed(ranges.values(), group_spans(keys)))
+            return sum(len(v) for v in key_entries(*opened(backend), keys, kinds).values())
+        except PartialRestoreRefused:
+            pass
+        except Exception as e:  # rocksdict raises bare Exception; reading a placeholder is "Corruption: ..."
+            if not is_corruption(e):
+                raise
+        finally:
+            backend.dispose()
+    backend = _backend(storage, meta, operator, subtask, workdir / "whole")
+    try:
+        backend.restore(meta)
+        return sum(len(v) for v in key_entries(*opened(backend), keys, kinds).values())
+    finally:
+        backend.dispose()
+
+
 def rest_digest(storage: CheckpointStorage, meta: CheckpointMetadata, operator: str, subtask: int,
                 keys: Sequence[ErasedKey], workdir: Path) -> tuple[str, int, int]:
     """(`state_digest` of the subtask as committed in `meta`, entries hashed, entries of `keys` it holds)."""
