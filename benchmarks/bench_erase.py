@@ -19,9 +19,9 @@ level-0 flush of the 5% round on top. An erase of k keys in distinct groups now 
 checkpoint, the key groups' files and the level-0 flushes of their subtasks: about k/128 of the
 state plus the flushes, not k/4 (`--low-keys`, default 1 and 8).
 
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_erase                # ~8 min on 2 busy cores
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_erase --keys 1 100   # ~4.5 min
-    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_erase --low-only     # ~2 min: parallelism 4 only
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_erase                # ~7 min on 2 busy cores
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_erase --keys 1 100   # ~3.5 min
+    PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_erase --low-only     # ~40 s: parallelism 4 only
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.bench_erase --quick        # ~1 min, 4 MB, 1 key
 """
 
