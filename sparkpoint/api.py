@@ -207,9 +207,9 @@ def erase_keys(pipeline: Pipeline, keys: Sequence[object], *, operators: Sequenc
     What `sparkpoint erase --pipeline M:A --key VALUE` does.
 
     Each checkpoint that holds a key is written again without it as a new checkpoint (a new id
-    above every id the job has seen, in the originals' order; only the files of the subtask whose
-    key group holds the key are rewritten, every other file is shared) and the original is retired
-    once the new one verifies. The report proves it: every retained file that can hold a key was
+    above every id the job has seen, in the originals' order; only the SST files of its key group,
+    in the subtask whose range holds it, are read and rewritten, every other file is shared) and the
+    original is retired once the new one verifies. The report proves it: every retained file that can hold a key was
     read and holds no entry of one, and the rest of every rewritten state is identical.
 
     Example:

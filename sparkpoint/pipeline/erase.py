@@ -65,12 +65,12 @@ from sparkpoint.state.erasure import (
     FileFinding,
     SubtaskErasure,
     carry_subtask,
+    count_entries,
     erase_subtask,
     erased_keys,
     find_in_files,
     holders,
-    key_entries,
-    keys_of,
+    partial_rest,
     rest_digest,
     state_kinds,
 )
@@ -403,7 +403,7 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, scop
     subtask of the scope's operators whose range holds a key's group; with `erasure` (how it was
     written), restore each rewritten subtask and compare the rest of its state with the original's
     as it was hashed then; without one but with its `original`, restore both and compare."""
-    files = size = 0
+    files = size = ruled_out = 0
     findings: list[FileFinding] = []
     problems: list[str] = []
     for op in scope.operators:
@@ -412,9 +412,10 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, scop
         keys = scope.keys_for(meta, op)
         for h in holders(meta.operators[op].subtasks, keys):
             checked = find_in_files(storage, h, keys, state_kinds(meta, op), work / f"{op}-{h.subtask}")
-            files, size = files + checked.files, size + checked.bytes
+            files, size, ruled_out = files + checked.files, size + checked.bytes, ruled_out + checked.ruled_out
             findings += checked.findings
-    before = {(s.operator, s.subtask): (s.digest, s.entries_kept) for s in erasure.subtasks} if erasure else {}
+    erased = {(s.operator, s.subtask): s for s in erasure.subtasks} if erasure else {}
+    before = {k: (s.digest, s.entries_kept) for k, s in erased.items()}
     if not before and original is not None:
         before = {(op, h.subtask): rest_digest(storage, original, op, h.subtask, scope.keys_for(original, op),
                                                work / f"original-{op}")[:2]
@@ -422,14 +423,22 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata, scop
                   for h in holders(original.operators[op].subtasks, scope.keys_for(original, op))}
     rest_equal = None if not before else True
     for (op, subtask), (was, was_kept) in sorted(before.items()):
-        digest, kept, left = rest_digest(storage, meta, op, subtask, scope.keys_for(meta, op), work / f"rest-{op}")
+        sub, keys = erased.get((op, subtask)), scope.keys_for(meta, op)
+        differs: list[str] = []
+        if sub is not None and sub.proof is not None:  # by its key groups' files: the span, and the files
+            digest, kept, left, differs = partial_rest(storage, meta, sub, keys, work / f"rest-{op}")
+        else:
+            digest, kept, left = rest_digest(storage, meta, op, subtask, keys, work / f"rest-{op}")
         if left:
             problems.append(f"{op} subtask {subtask} still reads {left} entries of the keys")
+        if differs:
+            rest_equal = False
+            problems += differs
         if (digest, kept) != (was, was_kept):
             rest_equal = False
             problems.append(f"{op} subtask {subtask}: {kept} other entries, hashed {digest[:12]}; before the erase "
                             f"{was_kept}, hashed {was[:12]}")
-    return Verification(meta.checkpoint_id, files, size, tuple(findings), rest_equal, tuple(problems))
+    return Verification(meta.checkpoint_id, files, size, tuple(findings), rest_equal, tuple(problems), ruled_out)
 
 
 def _dry_run(storage: CheckpointStorage, scope: EraseScope, digest: str, sink: Sink | None) -> EraseReport:
@@ -443,27 +452,11 @@ def _dry_run(storage: CheckpointStorage, scope: EraseScope, digest: str, sink: S
                     continue
                 keys = scope.keys_for(meta, op)
                 for h in holders(meta.operators[op].subtasks, keys):
-                    found += _count_entries(storage, meta, op, h.subtask, keys, Path(tmp) / f"{meta.checkpoint_id}")
+                    found += count_entries(storage, meta, op, h.subtask, keys, Path(tmp) / f"{meta.checkpoint_id}")
             out.append(CheckpointErasure(meta.checkpoint_id, meta.kind, None, entries_found=found))
     output = _erase_output(sink, scope, dry_run=True)
     return EraseReport(storage.job_url, len(set(scope.raws)), digest, scope.operators, tuple(out), dry_run=True,
                        output=output, output_url=sink.url if sink is not None else None)
-
-
-def _count_entries(storage: CheckpointStorage, meta: CheckpointMetadata, op: str, subtask: int,
-                   keys: list[ErasedKey], work: Path) -> int:
-    from sparkpoint.state.engine.rocksdb import list_states
-    from sparkpoint.state.erasure import _backend
-
-    keys = keys_of(meta.operators[op].subtasks[subtask], keys)
-    backend = _backend(storage, meta, op, subtask, work)
-    try:
-        backend.restore(meta)
-        assert backend.db is not None
-        found = key_entries(backend.db, list_states(str(backend.db_path)), keys, state_kinds(meta, op))
-        return sum(len(v) for v in found.values())
-    finally:
-        backend.dispose()
 
 
 # --- task-local copies and the output -----------------------------------------------------------

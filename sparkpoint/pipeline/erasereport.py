@@ -17,9 +17,11 @@ from sparkpoint.state.erasure import FileFinding, SubtaskErasure
 @dataclass(frozen=True)
 class Verification:
     """The proof for one retained checkpoint: every SST and changelog file of its subtasks whose
-    key-group range holds an erased key's group was read, and `findings` lists the files that still
-    hold an entry of one (empty: none does); for a rewritten one, the rest of each rewritten
-    subtask's state hashed before and after (`rest_equal`)."""
+    key-group range holds an erased key's group was read (but the SSTs their MANIFEST places
+    outside every key group of the keys: `files_ruled_out`), and `findings` lists the files that
+    still hold an entry of one (empty: none does); for a rewritten one, the rest of each rewritten
+    subtask's state hashed before and after (`rest_equal`; for a subtask erased by its key groups'
+    files, `sparkpoint.state.erasure.PartialProof` says what that covers)."""
 
     checkpoint_id: int
     files_checked: int
@@ -27,6 +29,7 @@ class Verification:
     findings: tuple[FileFinding, ...] = ()
     rest_equal: bool | None = None  # None: nothing was rewritten in it
     problems: tuple[str, ...] = ()
+    files_ruled_out: int = 0  # SSTs whose recorded key range lies outside every key group of the keys: not read
 
     @property
     def ok(self) -> bool:
@@ -35,7 +38,8 @@ class Verification:
     def to_json(self) -> dict[str, Any]:
         return {"checkpoint_id": self.checkpoint_id, "ok": self.ok, "files_checked": self.files_checked,
                 "bytes_checked": self.bytes_checked, "findings": [f.to_json() for f in self.findings],
-                "rest_equal": self.rest_equal, "problems": list(self.problems)}
+                "rest_equal": self.rest_equal, "problems": list(self.problems),
+                "files_ruled_out": self.files_ruled_out}
 
 
 @dataclass(frozen=True)

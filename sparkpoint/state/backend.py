@@ -35,6 +35,7 @@ from sparkpoint.checkpoint.retention import ClaimMode
 from sparkpoint.checkpoint.storage import CheckpointStorage
 from sparkpoint.lazy import lazy_module
 from sparkpoint.state.codecs import Codec
+from sparkpoint.state.engine import partial
 from sparkpoint.state.engine.changelog import (
     WORKING_LEVEL0_TRIGGER,
     WORKING_SIZE_AMPLIFICATION,
@@ -42,6 +43,7 @@ from sparkpoint.state.engine.changelog import (
     ChangelogOptions,
 )
 from sparkpoint.state.engine.localstate import LocalState, handle_digest
+from sparkpoint.state.engine.partial import PartialRestore, SstRange
 from sparkpoint.state.engine.restoring import Restorer, RestoreResult
 from sparkpoint.state.engine.rocksdb import EXACT_UP_TO, RocksDBOptions
 from sparkpoint.state.engine.snapshotting import Snapshotter
@@ -121,6 +123,9 @@ class RocksDBStateBackend:
         self._restorer = Restorer(self._local, storage, local_recovery=local_recovery)
         self._snapshotter = Snapshotter(self._local, storage, incremental=incremental, local_recovery=local_recovery,
                                         changelog=self.changelog)
+        self._partial: PartialRestore | None = None
+        # After `restore_partial`: the facts its next snapshot records (None: the restored handle's)
+        self.partial_facts: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return repr(self._local)
@@ -437,10 +442,7 @@ class RocksDBStateBackend:
         source: CheckpointStorage | None = None,
         allow_missing: bool = False,
     ) -> RestoreResult:
-        self.close()
-        self._states.reset(checkpoint)
-        self._snapshotter.forget_pending()
-        self._local.forget_log()
+        self._forget_for_restore(checkpoint)
         result, base = self._restorer.restore(checkpoint, claim_mode=claim_mode, source=source,
                                               allow_missing=allow_missing)
         if base is not None and result.checkpoint_id is not None:
@@ -449,6 +451,35 @@ class RocksDBStateBackend:
         else:
             self._snapshotter.forget_base()
         return result
+
+    def _forget_for_restore(self, checkpoint: CheckpointMetadata | None) -> None:
+        self.close()
+        self._states.reset(checkpoint)
+        self._snapshotter.forget_pending()
+        self._snapshotter.placeholders = frozenset()
+        self._partial = None
+        self._local.forget_log()
+
+    def restore_partial(self, checkpoint: CheckpointMetadata,
+                        choose: Callable[[Mapping[str, SstRange]], set[str]]) -> PartialRestore:
+        """Open this subtask's state as of `checkpoint` with only the SST files `choose` names
+        (given every SST's level and key range) downloaded; the others are placeholders that no
+        read may reach (`sparkpoint.state.engine.partial`). The backend must have been made with
+        `RocksDBOptions(placeholders=True)`. No declaration is opened (they live in files the
+        reads may not need): the states are read raw. Its next snapshot re-references every file
+        it does not rewrite, uploads no placeholder, and carries `checkpoint`'s facts and
+        declarations (`snapshot`).
+
+        Raises:
+            PartialRestoreRefused: the subtask's state cannot be restored in part (a changelog chain).
+            CheckpointCorrupted: a downloaded file differs from `_metadata`.
+        """
+        self._forget_for_restore(checkpoint)
+        done = partial.restore(self._local, self.storage, checkpoint, choose)
+        self._snapshotter.rebase(checkpoint.checkpoint_id, done.handle)
+        self._snapshotter.placeholders = done.placeholders
+        self._partial = done
+        return done
 
     # --- snapshot: the snapshotter's, with the states' facts and declarations -------------------
 
@@ -463,6 +494,10 @@ class RocksDBStateBackend:
                                           expired_before=self._states.expired_before())
 
     def _annotate(self, handle: SubtaskStateHandle) -> SubtaskStateHandle:
+        if self._partial is not None:  # counting would read every file: the restored handle's, as adjusted
+            before = self._partial.handle
+            return replace(handle, facts=self.partial_facts if self.partial_facts is not None else before.facts,
+                           states=before.states)
         return replace(handle, facts=self.facts(), states=self._states.declarations or None)
 
     def confirm(self, checkpoint_id: int) -> None:

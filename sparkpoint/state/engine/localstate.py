@@ -115,7 +115,8 @@ class LocalState:
         if self.db is None:
             if not create and not self.db_path.exists():
                 raise StateBackendError(f"{self}: call restore() first (with None to start empty)")
-            self.db = open_db(str(self.db_path), [], self.options, create=create)
+            groups = self.key_group_range.end - self.key_group_range.start + 1
+            self.db = open_db(str(self.db_path), [], self.options, create=create, key_groups=groups)
         return self.db
 
     def state_names(self) -> list[str]:

@@ -36,6 +36,18 @@ an SST damaged on disk since is caught at the first read that misses the cache, 
 any other, and that task runs again from stable storage. Emptying the cache at each restore, as
 was done before, only moved that moment earlier, and made every batch read its blocks from disk again
 (benchmarks/README.md, "Throughput at 10% churn").
+
+Files are cut at about one key group's bytes of each state (`file_bytes_for`): keys are prefixed by
+their key group, so a compacted state is then a run of files each holding a key group or two, and
+the files that can hold one key are about 1/max_parallelism of the state whatever the parallelism.
+That is what erasing a key reads and rewrites (`sparkpoint.state.erasure`). Not below
+`min_file_mb` (a small state stays one file), not above RocksDB's own 64 MB.
+
+A database whose SSTs are partly *placeholders* (sparse files of the recorded size, never to be
+read: `placeholders=True`, `sparkpoint.state.engine.partial`) is opened so that RocksDB reads an
+SST only when a read or a compaction needs it: no paranoid checks and no statistics read at the
+open, a table cache of a few files, no automatic compaction, and manual compaction level by level
+(leveled, without dynamic level sizes), which rewrites only the files overlapping its range.
 """
 
 from __future__ import annotations
@@ -76,6 +88,10 @@ class RocksDBOptions:
     # Universal compaction rewrites everything once the newer sorted runs exceed this percentage
     # of the oldest (RocksDB's default 200: the database may hold 3x what it would compacted).
     size_amplification_percent: int = 200
+    # SST files are cut at about a key group's bytes of each state, not below this (module text).
+    min_file_mb: float = 1.0
+    # Some SSTs are placeholders, never to be read (module text): what an erase opens.
+    placeholders: bool = False
 
     def __post_init__(self) -> None:
         if self.compaction not in COMPACTION_STYLES:
@@ -84,6 +100,8 @@ class RocksDBOptions:
             raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
         if self.size_amplification_percent < 1:
             raise ValueError(f"size_amplification_percent must be at least 1, got {self.size_amplification_percent}")
+        if not 0 < self.min_file_mb <= MAX_FILE_BYTES / (1 << 20):
+            raise ValueError(f"min_file_mb must be above 0 and at most {MAX_FILE_BYTES >> 20}, got {self.min_file_mb}")
         if not 1 <= self.block_cache_mb <= MAX_BLOCK_CACHE_MB:  # above: an overflow inside the Spark task
             raise ValueError(
                 f"block_cache_mb must be between 1 and {MAX_BLOCK_CACHE_MB} (1 TB), got {self.block_cache_mb}"
@@ -108,6 +126,8 @@ class RocksDBOptions:
         if self.bloom_bits > 0:
             table.set_bloom_filter(self.bloom_bits, False)
         table.set_block_cache(cache)
+        if self.placeholders:  # a file is cut after a whole block: the erase cuts its level-1 files fine
+            table.set_block_size(PLACEHOLDER_BLOCK_BYTES)
         if self.cache_index_and_filter_blocks:
             table.set_cache_index_and_filter_blocks(True)
             table.set_pin_l0_filter_and_index_blocks_in_cache(True)
@@ -116,7 +136,29 @@ class RocksDBOptions:
         opts.set_write_buffer_manager(buffers)
         opts.set_max_background_jobs(self.background_jobs)
         opts.set_keep_log_file_num(2)
+        if self.placeholders:
+            opts.set_compaction_style(rocksdict.DBCompactionStyle.level())
+            opts.set_level_compaction_dynamic_level_bytes(False)
+            opts.set_disable_auto_compactions(True)
+            opts.set_paranoid_checks(False)
+            opts.set_skip_stats_update_on_db_open(True)
+            opts.set_max_open_files(PLACEHOLDER_OPEN_FILES)
         return opts
+
+    @property
+    def min_file_bytes(self) -> int:
+        return int(self.min_file_mb * (1 << 20))
+
+
+MAX_FILE_BYTES = 64 << 20  # RocksDB's own target file size
+PLACEHOLDER_BLOCK_BYTES = 1024
+PLACEHOLDER_OPEN_FILES = 20  # RocksDB's least: a table cache of 10 files, 2 loaded at the open
+LIVE_SST_BYTES = "rocksdb.live-sst-files-size"
+
+
+def file_bytes_for(live_bytes: int, key_groups: int, options: RocksDBOptions) -> int:
+    """The target size of a state's SST files: about one key group's bytes of it (module text)."""
+    return max(options.min_file_bytes, min(MAX_FILE_BYTES, live_bytes // max(1, key_groups)))
 
 
 _caches: dict[int, Cache] = {}
@@ -182,12 +224,14 @@ def open_db(
     *,
     create: bool,
     read_only: bool = False,
+    key_groups: int = 1,
 ) -> Rdict:
     """Open (or with `create`, create) the database at `path` with these column families.
 
     Never opens an empty database by accident: without `create`, a missing CURRENT is an error.
     Writes skip the WAL: the checkpoint is the durability, and a process that dies mid-batch
-    is rolled back to the last completed checkpoint anyway.
+    is rolled back to the last completed checkpoint anyway. Each state's files are cut at about
+    one of its `key_groups` key groups' bytes as they are now (`file_bytes_for`).
     """
     names = set(column_families) - {DEFAULT_CF}
     if not create:
@@ -212,7 +256,11 @@ def open_db(
             # Universal compaction would otherwise rewrite every file once a month. Not on the
             # default column family: no state lives there, and each call rewrites the OPTIONS
             # file (~4 ms, paid on every open).
-            db.get_column_family(name).set_options({"ttl": "0", "periodic_compaction_seconds": "0"})
+            cf = db.get_column_family(name)
+            live = 0 if options.placeholders else int(cf.property_int_value(LIVE_SST_BYTES) or 0)
+            cf.set_options({"ttl": "0", "periodic_compaction_seconds": "0",
+                            "target_file_size_base": str(file_bytes_for(live, key_groups, options))})
+            del cf
         write = rocksdict.WriteOptions()
         write.disable_wal = True  # type: ignore[method-assign, assignment]  # a property; the stubs say method
         db.set_write_options(write)

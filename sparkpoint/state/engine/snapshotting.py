@@ -104,6 +104,8 @@ class Snapshotter:
         self._staged_now: list[FileHandle] = []  # the slices the snapshot being taken lists
         self.log_base: int | None = None  # the checkpoint the logged changes start from
         self._expired_before: dict[str, int] = {}  # of the snapshot being taken (see `snapshot`)
+        # SSTs of the local state that are placeholders (`partial`): never uploaded
+        self.placeholders: frozenset[str] = frozenset()
 
     def rebase(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
         """The local state is exactly `handle` of checkpoint N, which completed: N is the base, and
@@ -250,6 +252,7 @@ class Snapshotter:
                 shared_up.append((path, f"{self._shared_dir()}/{uuid.uuid4().hex}{ext}"))
             else:
                 private_up.append((path, f"{private_prefix}/{attempt}/{name}"))
+        self._refuse_placeholders(shared_up)
         try:
             new_shared = self.storage.upload(shared_up, checkpoint_id)
             private = self.storage.upload(private_up, checkpoint_id)
@@ -259,6 +262,20 @@ class Snapshotter:
         if self.local_recovery:  # uploads were checksummed; reused files keep an earlier record
             record_fingerprints(local, [os.path.basename(p) for p, _ in shared_up], self._base_fingerprints())
         return self._handle(checkpoint_id, reused + new_shared, private)
+
+    def _refuse_placeholders(self, uploads: list[tuple[str, str]]) -> None:
+        """No placeholder leaves this machine (`partial`): not one named as such, and no SST that
+        does not end as a table does, when the local state holds placeholders."""
+        if not self.placeholders:
+            return
+        from sparkpoint.state.engine.partial import PlaceholderReached, is_table_file
+
+        bad = [p for p, _ in uploads if os.path.basename(p) in self.placeholders
+               or (p.endswith(".sst") and not is_table_file(Path(p)))]
+        if bad:
+            raise PlaceholderReached(
+                f"{self.local.operator} subtask {self.local.subtask}: refusing to upload {', '.join(sorted(bad))}: "
+                "a placeholder of a partial restore (never read, not the checkpoint's bytes)")
 
     def _snapshot_changelog(
         self, checkpoint_id: int, base: SubtaskStateHandle, names: list[str], local: Path,

@@ -1,5 +1,5 @@
 """The keys one RocksDB SST file holds, read in Python: its column family, every point entry's key
-(puts and deletes alike) and its range deletions.
+(puts and deletes alike, with its value, sequence number and type) and its range deletions.
 
 rocksdict reads a database, never one file on its own (it has no `SstFileReader`, and refuses to
 ingest a file a database wrote). A state diff needs exactly that: the keys written in the files
@@ -45,8 +45,35 @@ class SstKeys:
     ranges: list[tuple[bytes, bytes]]
 
 
+@dataclass(frozen=True)
+class SstEntries:
+    """What one SST file holds, entry by entry: the column family, each point entry as (internal
+    key, value) — the user key, then 8 bytes of sequence number and type — and the range deletes."""
+
+    column_family: str
+    entries: list[tuple[bytes, bytes]]
+    ranges: list[tuple[bytes, bytes]]
+
+
+PUT = 1  # RocksDB's kTypeValue; 0 is a deletion
+
+
+def entry_type(internal_key: bytes) -> int:
+    return internal_key[-8]
+
+
+def sequence(internal_key: bytes) -> int:
+    return int(_U64.unpack_from(internal_key, len(internal_key) - 8)[0]) >> 8
+
+
 def read_sst_keys(path: str | Path) -> SstKeys:
     """Every key SST file `path` holds an entry for (put or delete) and its range deletions."""
+    read = read_sst_entries(path)
+    return SstKeys(read.column_family, [k[:-8] for k, _ in read.entries], read.ranges)
+
+
+def read_sst_entries(path: str | Path) -> SstEntries:
+    """Every entry of SST file `path`, with its value, sequence number and type (`SstEntries`)."""
     data = Path(path).read_bytes()
     try:
         return _read(data)
@@ -56,22 +83,31 @@ def read_sst_keys(path: str | Path) -> SstKeys:
         raise SstFormatError(f"{Path(path).name}: malformed SST ({e})") from e
 
 
-def _read(data: bytes) -> SstKeys:
+def _properties(data: bytes) -> tuple[dict[bytes, bytes], dict[bytes, bytes], tuple[int, int] | None]:
+    """(the metaindex, the properties, the index handle when the footer has it)."""
     meta_handle, index_handle = _footer(data)
     meta = dict(_entries(_block(data, meta_handle)))
-    props = dict(_entries(_block(data, _handle(meta[b"rocksdb.properties"]))))
+    return meta, dict(_entries(_block(data, _handle(meta[b"rocksdb.properties"])))), index_handle
+
+
+def _column_family(props: dict[bytes, bytes]) -> str:
+    return props.get(b"rocksdb.column.family.name", b"default").decode()
+
+
+def _read(data: bytes) -> SstEntries:
+    meta, props, index_handle = _properties(data)
     if index_handle is None:  # format_version 6 moved the index handle into the metaindex
         index_handle = _handle(meta[b"rocksdb.index"])
     if props.get(b"rocksdb.index.partitions", b"\x00") not in (b"", b"\x00") or props.get(
             b"rocksdb.block.based.table.index.type", b"\x00\x00\x00\x00") not in (b"\x00\x00\x00\x00",):
         raise SstFormatError("only the binary-search index is read (not partitioned or hashed indexes)")
     delta = props.get(b"rocksdb.index.value.is.delta.encoded", b"\x00") != b"\x00"
-    keys: list[bytes] = []
+    keys: list[tuple[bytes, bytes]] = []
     blocks = _index_handles(_block(data, index_handle), delta)
     if b"rocksdb.num.data.blocks" in props and len(blocks) != _varint(props[b"rocksdb.num.data.blocks"], 0)[0]:
         raise SstFormatError(f"the index lists {len(blocks)} data blocks, the file's properties say otherwise")
     for offset, size in blocks:
-        keys.extend(k[:-8] for k, _ in _entries(_block(data, (offset, size))))
+        keys.extend(_entries(_block(data, (offset, size))))
     ranges = []
     if b"rocksdb.range_del" in meta:
         ranges = [(k[:-8], v) for k, v in _entries(_block(data, _handle(meta[b"rocksdb.range_del"])))]
@@ -79,7 +115,7 @@ def _read(data: bytes) -> SstKeys:
     if len(keys) + len(ranges) != expected:
         raise SstFormatError(f"read {len(keys)} entries and {len(ranges)} range deletions, "
                              f"the file's properties say {expected} in all")
-    return SstKeys(props.get(b"rocksdb.column.family.name", b"default").decode(), keys, ranges)
+    return SstEntries(_column_family(props), keys, ranges)
 
 
 def _footer(data: bytes) -> tuple[tuple[int, int], tuple[int, int] | None]:
