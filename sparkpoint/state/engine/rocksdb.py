@@ -59,6 +59,13 @@ DEFAULT_CF = "default"
 COMPACTION_STYLES = ("universal", "leveled")
 COMPRESSIONS = ("zstd", "lz4", "snappy", "none")  # each a constructor of rocksdict's DBCompressionType
 MAX_BLOCK_CACHE_MB = 1 << 20
+# A materialization's SSTs (the slices of one in steps) hold every entry of the state, are written
+# once and read by every restore after: 16 KB blocks instead of RocksDB's 4 KB and zstd level 6
+# instead of 3 make them 18% smaller, measured on `user_totals`' 125k entries of a subtask (3.26
+# against 2.65 MB; 16 KB at level 3: 2.92). A read that misses the block cache then decompresses
+# 16 KB instead of 4 (the working database's own files keep 4 KB blocks).
+MATERIALIZED_BLOCK_BYTES = 16 << 10
+MATERIALIZED_ZSTD_LEVEL = 6
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,12 @@ class RocksDBOptions:
                 f"block_cache_mb must be between 1 and {MAX_BLOCK_CACHE_MB} (1 TB), got {self.block_cache_mb}"
             )
 
-    def build(self, *, create: bool) -> Options:
-        """RocksDB options, with the process's shared block cache and write buffer manager."""
+    def build(self, *, create: bool, materialized: bool = False) -> Options:
+        """RocksDB options, with the process's shared block cache and write buffer manager.
+
+        `materialized`: for the SSTs of a materialization (`SstFileWriter`), written once and read
+        by every restore of the checkpoints that list them: larger blocks, compressed harder
+        (`MATERIALIZED_BLOCK_BYTES`, `MATERIALIZED_ZSTD_LEVEL`)."""
         cache, buffers = process_memory(self)
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(create)
@@ -105,6 +116,10 @@ class RocksDBOptions:
             opts.set_universal_compaction_options(universal)
         opts.set_compression_type(getattr(rocksdict.DBCompressionType, self.compression)())
         table = rocksdict.BlockBasedOptions()
+        if materialized:
+            table.set_block_size(MATERIALIZED_BLOCK_BYTES)
+            if self.compression == "zstd":
+                opts.set_compression_options(-14, MATERIALIZED_ZSTD_LEVEL, 0, 0)  # window bits: zstd's default
         if self.bloom_bits > 0:
             table.set_bloom_filter(self.bloom_bits, False)
         table.set_block_cache(cache)

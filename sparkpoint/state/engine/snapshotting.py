@@ -66,6 +66,10 @@ class SnapshotSource(Protocol):
 
     def live_bytes(self) -> int: ...
 
+    def oldest_run_bytes(self) -> int: ...
+
+    def compact(self) -> None: ...
+
     def copy_dir(self, checkpoint_id: int | None) -> Path: ...
 
     def write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str) -> None: ...
@@ -104,6 +108,10 @@ class Snapshotter:
         self._staged_now: list[FileHandle] = []  # the slices the snapshot being taken lists
         self.log_base: int | None = None  # the checkpoint the logged changes start from
         self._expired_before: dict[str, int] = {}  # of the snapshot being taken (see `snapshot`)
+        # What the last materialization in steps wrote ÷ the working database's SSTs it was written
+        # from, compacted: the formats differ (`rocksdb.MATERIALIZED_BLOCK_BYTES`), and the chain
+        # is weighed against the state as a materialization would write it. 1 until the first.
+        self._written_ratio = 1.0
 
     def rebase(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
         """The local state is exactly `handle` of checkpoint N, which completed: N is the base, and
@@ -205,20 +213,46 @@ class Snapshotter:
             steps = staging.Staging.resume(self.local.dir, base)
             if steps is not None:
                 return (None, None) if steps.overdue(chain_bytes, chain_files) else (base, steps)
-        if not self.changelog.should_materialize(state, materialized, chain_bytes, chain_files):
+        if not self._calls_for_materialization(state, materialized, chain_bytes, chain_files):
             return base, None
+        # What a materialization writes comes from db/ compacted: the slices' snapshot then reads no
+        # overwritten entry, and one at once uploads none.
+        self.local.compact()
         if not self.changelog.in_steps or self.changelog.overdue(state, materialized, chain_bytes, chain_files):
             return None, None
         return base, True
 
     def _chain_figures(self, base: SubtaskStateHandle) -> tuple[int, int, int, int]:
         """(state bytes, materialized bytes, chain bytes, chain files) as `ChangelogOptions` weighs
-        them: the state's bytes are the working database's SSTs now (flushed), kept nearly compact,
-        and the materialization's are its SSTs (its MANIFEST, OPTIONS and CURRENT, a few KB whatever
-        the state, are no excess a materialization would remove)."""
+        them: the state's bytes are the working database's SSTs now (flushed), as a materialization
+        would write them (`_written_ratio`), and the materialization's are its SSTs (its MANIFEST,
+        OPTIONS and CURRENT, a few KB whatever the state, are no excess a materialization would
+        remove)."""
         chain = [f for f in base.shared if changelog.is_changelog(f.local_name)]
         materialized = sum(f.size for f in base.shared if f.local_name.endswith(".sst"))
-        return self.local.live_bytes(), materialized, sum(f.size for f in chain), len(chain)
+        return self._as_written(self.local.live_bytes()), materialized, sum(f.size for f in chain), len(chain)
+
+    def _as_written(self, working_bytes: int) -> int:
+        return round(working_bytes * self._written_ratio)
+
+    def _calls_for_materialization(self, state: int, materialized: int, chain_bytes: int, chain_files: int) -> bool:
+        """Whether the chain calls for a materialization, weighed against the state compacted. The
+        working database's SSTs overstate the state by the entries overwritten since its last
+        full compaction (a quarter and more while one is pending), enough to put a
+        materialization off by several checkpoints at 10% churn: when only those keep the chain
+        from calling for one (weighed against db/'s oldest run alone, it would), db/ is compacted
+        whole and measured again. Locally only: with the changelog on no upload depends on its
+        SSTs. That is about once per materialization of a state that is overwritten (which then
+        writes the whole state anyway), and for a growing one about as often as its own
+        compactions are."""
+        calls = self.changelog.should_materialize
+        if calls(state, materialized, chain_bytes, chain_files):
+            return True
+        oldest = self._as_written(self.local.oldest_run_bytes())
+        if oldest >= state or not calls(oldest, materialized, chain_bytes, chain_files):
+            return False
+        self.local.compact()
+        return calls(self._as_written(self.local.live_bytes()), materialized, chain_bytes, chain_files)
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
@@ -353,6 +387,8 @@ class Snapshotter:
             self._delete_quietly([rel for _, rel in small])
             raise
         self.local.mark_switched(checkpoint_id)
+        if steps.total > 0:
+            self._written_ratio = min(1.0, sum(s.size for s in steps.slices) / steps.total)
         if self.local_recovery and not self._link_switched_copy(final, chain, local):
             shutil.rmtree(local, ignore_errors=True)
         elif self.local_recovery:

@@ -281,7 +281,7 @@ class Staging:
                     it.next()
                     continue
                 if writer is None:
-                    writer = rocksdict.SstFileWriter(options=options.build(create=True))
+                    writer = rocksdict.SstFileWriter(options=options.build(create=True, materialized=True))
                     writer.open(str(path))
                 writer[key] = value
                 raw += len(key) + len(value)
