@@ -214,11 +214,11 @@ class Snapshotter:
             steps = staging.Staging.resume(self.local.dir, base)
             if steps is not None:
                 return (None, None) if steps.overdue(chain_bytes, chain_files) else (base, steps)
-        if not self._calls_for_materialization(state, materialized, chain_bytes, chain_files):
+        calls, compacted = self._calls_for_materialization(state, materialized, chain_bytes, chain_files)
+        if not calls:
             return base, None
-        # What a materialization writes comes from db/ compacted: the slices' snapshot then reads no
-        # overwritten entry, and one at once uploads none.
-        self.local.compact()
+        if not compacted:  # what a materialization writes comes from db/ compacted: the slices'
+            self.local.compact()  # snapshot then reads no overwritten entry, and one at once uploads none
         if not self.changelog.in_steps or self.changelog.overdue(state, materialized, chain_bytes, chain_files):
             return None, None
         return base, True
@@ -236,24 +236,26 @@ class Snapshotter:
     def _as_written(self, working_bytes: int) -> int:
         return round(working_bytes * self._written_ratio)
 
-    def _calls_for_materialization(self, state: int, materialized: int, chain_bytes: int, chain_files: int) -> bool:
-        """Whether the chain calls for a materialization, weighed against the state compacted. The
-        working database's SSTs overstate the state by the entries overwritten since its last
-        full compaction (a quarter and more while one is pending), enough to put a
-        materialization off by several checkpoints at 10% churn: when only those keep the chain
-        from calling for one (weighed against db/'s oldest run alone, it would), db/ is compacted
-        whole and measured again. Locally only: with the changelog on no upload depends on its
-        SSTs. That is about once per materialization of a state that is overwritten (which then
-        writes the whole state anyway), and for a growing one about as often as its own
-        compactions are."""
+    def _calls_for_materialization(
+        self, state: int, materialized: int, chain_bytes: int, chain_files: int
+    ) -> tuple[bool, bool]:
+        """Whether the chain calls for a materialization, weighed against the state compacted, and
+        whether db/ was compacted to tell. The working database's SSTs overstate the state by the
+        entries overwritten since its last full compaction (a quarter and more while one is
+        pending), enough to put a materialization off by several checkpoints at 10% churn: when
+        only those keep the chain from calling for one (weighed against db/'s oldest run alone,
+        it would), db/ is compacted whole and measured again. Locally only: with the changelog on
+        no upload depends on its SSTs. That is about once per materialization of a state that is
+        overwritten (which then writes the whole state anyway), and for a growing one about as
+        often as its own compactions are."""
         calls = self.changelog.should_materialize
         if calls(state, materialized, chain_bytes, chain_files):
-            return True
+            return True, False
         oldest = self._as_written(self.local.oldest_run_bytes())
         if oldest >= state or not calls(oldest, materialized, chain_bytes, chain_files):
-            return False
+            return False, False
         self.local.compact()
-        return calls(self._as_written(self.local.live_bytes()), materialized, chain_bytes, chain_files)
+        return calls(self._as_written(self.local.live_bytes()), materialized, chain_bytes, chain_files), True
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
