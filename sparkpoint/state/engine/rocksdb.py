@@ -41,6 +41,7 @@ was done before, only moved that moment earlier, and made every batch read its b
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -290,6 +291,24 @@ def count_keys(cf: Rdict) -> int:
     finally:
         del it  # a live iterator holds the database open, even from a traceback
     return n
+
+
+_RAW_SIZES = re.compile(r"raw (?:key|value) size=(\d+)")
+_ENTRIES = re.compile(r"# entries=(\d+)")
+_INTERNAL_KEY_SUFFIX = 8  # RocksDB's sequence number and type, counted in its raw key size
+
+
+def raw_bytes(db: Rdict, column_families: Iterable[str]) -> int:
+    """The bytes of the keys and values in the SSTs of `column_families`, uncompressed (RocksDB's
+    table properties, summed over every file, without its own 8 bytes per key: what compression
+    made of them is the files' size)."""
+    total = 0
+    for cf in _every_cf(db, column_families):
+        properties = cf.property_value("rocksdb.aggregated-table-properties") or ""
+        entries = _ENTRIES.search(properties)
+        total += sum(int(n) for n in _RAW_SIZES.findall(properties))
+        total -= _INTERNAL_KEY_SUFFIX * int(entries.group(1)) if entries else 0
+    return total
 
 
 def list_states(path: str) -> list[str]:

@@ -109,9 +109,9 @@ class Snapshotter:
         self.log_base: int | None = None  # the checkpoint the logged changes start from
         self._expired_before: dict[str, int] = {}  # of the snapshot being taken (see `snapshot`)
         # What the last materialization in steps wrote ÷ the working database's SSTs it was written
-        # from, compacted: the formats differ (`rocksdb.MATERIALIZED_BLOCK_BYTES`), and the chain
-        # is weighed against the state as a materialization would write it. 1 until the first
-        # (and with TTL'd states, whose slices leave expired entries out: those are excess).
+        # from, compacted, per raw byte (`Staging.written_ratio`): the formats differ
+        # (`rocksdb.MATERIALIZED_BLOCK_BYTES`), and the chain is weighed against the state as a
+        # materialization would write it. 1 until the first.
         self._written_ratio = 1.0
 
     def rebase(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
@@ -390,8 +390,9 @@ class Snapshotter:
             self._delete_quietly([rel for _, rel in small])
             raise
         self.local.mark_switched(checkpoint_id)
-        if steps.total > 0 and not self._expired_before:  # with a TTL the slices left expired entries out
-            self._written_ratio = min(1.0, sum(s.size for s in steps.slices) / steps.total)
+        measured = steps.written_ratio()
+        if measured is not None:
+            self._written_ratio = min(1.0, measured)
         if self.local_recovery and not self._link_switched_copy(final, chain, local):
             shutil.rmtree(local, ignore_errors=True)
         elif self.local_recovery:
