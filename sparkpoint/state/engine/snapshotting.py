@@ -217,10 +217,10 @@ class Snapshotter:
         calls, compacted = self._calls_for_materialization(state, materialized, chain_bytes, chain_files)
         if not calls:
             return base, None
-        if not self.changelog.in_steps or self.changelog.overdue(state, materialized, chain_bytes, chain_files):
-            return None, None  # at once: `_snapshot_files` compacts
         if not compacted:  # what a materialization writes comes from db/ compacted: the slices'
-            self.local.compact()  # snapshot then reads no overwritten entry
+            self.local.compact()  # snapshot then reads no overwritten entry, and one at once uploads none
+        if not self.changelog.in_steps or self.changelog.overdue(state, materialized, chain_bytes, chain_files):
+            return None, None
         return base, True
 
     def _chain_figures(self, base: SubtaskStateHandle) -> tuple[int, int, int, int]:
@@ -258,13 +258,7 @@ class Snapshotter:
         return calls(self._as_written(self.local.live_bytes()), materialized, chain_bytes, chain_files), True
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
-        """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks. With the
-        changelog on, this is a materialization (the first checkpoint's included), which every
-        restore until the next reads: db/ is compacted first, so that it holds no overwritten
-        version (a batch written in chunks overwrites within itself). Without the changelog a
-        compaction would only make the next checkpoints upload everything again."""
-        if self.local.log is not None:
-            self.local.compact()
+        """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
         storage_step("write", str(local))  # the task-local copy (hard links)
         self.local.native_checkpoint(local)
         crash_point("after-native-checkpoint")
