@@ -490,3 +490,85 @@ def test_a_growing_state_is_weighed_as_it_is_now_not_as_first_materialized(
         checkpoint({k: rng.randrange(1 << 60) for k in model}, compacted=True)
     assert "files" in kinds[6:]
     b.dispose()
+
+
+# A reading per device (not the sample's state): an overwritten state, the chain all excess.
+READING = StructCodec[tuple[int, float, int]]("<qdq")
+
+
+def test_the_chain_is_weighed_against_the_state_compacted_not_its_working_ssts(
+    local_storage: CheckpointStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The working database's SSTs hold the overwritten versions until a full compaction: a chain
+    that calls for a materialization against the compacted state must not wait for that
+    compaction (at 10% churn it put one off by several checkpoints)."""
+    options = ChangelogOptions(enabled=True, materialize_share=0.3, max_chain=64, in_steps=False)
+    b = make_backend(local_storage, tmp_path / "local", operator="meters", changelog=options)
+    b.restore(None)
+    coord = CheckpointCoordinator(local_storage, num_retained=3)
+    rng = random.Random(3)
+    devices = [f"dev-{i:05d}" for i in range(3000)]
+
+    def overwrite(share: float) -> None:
+        chosen = sorted(rng.sample(devices, int(share * len(devices))))
+        b.value_state("readings", READING).put_many(
+            (d, (rng.randrange(1000), rng.random(), rng.randrange(1 << 40))) for d in chosen)
+
+    local = b._local
+    real_live, real_compact = local.live_bytes, local.compact
+    garbage = {"on": True}  # until compacted, db/ reports half its bytes again in overwritten versions
+    compactions = []
+    monkeypatch.setattr(local, "live_bytes", lambda: real_live() * (3 if garbage["on"] else 2) // 2)
+    monkeypatch.setattr(local, "compact", lambda: (garbage.update(on=False), compactions.append(1), real_compact()))
+
+    overwrite(1.0)
+    take_checkpoint(coord, [b])  # the first: RocksDB's files
+    overwrite(0.4)
+    second = take_checkpoint(coord, [b])  # the chain before it is empty: a changelog checkpoint
+    assert [cl.is_changelog(f.local_name) for f in second.metadata.files() if f.created_by == 2] == [True]
+    assert compactions == []
+    overwrite(0.4)
+    third = take_checkpoint(coord, [b])  # the chain holds 40% of the state, all of it overwritten
+    new = [f for f in third.metadata.files() if f.created_by == 3]
+    assert compactions, "db/ was not compacted before the chain was weighed against it"
+    assert new and not any(cl.is_changelog(f.local_name) for f in new), "the chain did not materialize"
+    b.dispose()
+
+
+def test_a_materialization_writes_its_ssts_smaller_than_the_working_database(tmp_path: Path):
+    """The slices of a materialization are written once and read by every restore: larger blocks,
+    harder compression (`rocksdb.MATERIALIZED_BLOCK_BYTES`)."""
+    import rocksdict
+
+    rng = random.Random(5)
+    entries = sorted((f"dev-{i:06d}".encode(), READING.encode((rng.randrange(50), round(rng.random() * 1e3, 2),
+                                                                1_767_225_600_000_000 + rng.randrange(10**9))))
+                     for i in range(20_000))
+    sizes = {}
+    for materialized in (False, True):
+        path = tmp_path / f"{materialized}.sst"
+        writer = rocksdict.SstFileWriter(options=RocksDBOptions().build(create=True, materialized=materialized))
+        writer.open(str(path))
+        for key, value in entries:
+            writer[key] = value
+        writer.finish()
+        sizes[materialized] = path.stat().st_size
+    assert sizes[True] < 0.95 * sizes[False]
+
+
+def test_raw_bytes_counts_the_keys_and_values_as_written(tmp_path: Path):
+    """What a materialization's format saves is weighed per raw byte (`Staging.written_ratio`):
+    RocksDB's table properties, without its own 8 bytes per key, give the bytes put."""
+    from sparkpoint.state.engine.rocksdb import open_db, raw_bytes
+
+    db = open_db(str(tmp_path / "db"), ["readings"], RocksDBOptions(), create=True)
+    rng = random.Random(9)
+    entries = {f"dev-{i:05d}".encode(): rng.randbytes(rng.randrange(1, 60)) for i in range(2000)}
+    cf = db.get_column_family("readings")
+    for key, value in entries.items():
+        cf[key] = value
+    cf.flush()
+    try:
+        assert raw_bytes(db, ["readings"]) == sum(len(k) + len(v) for k, v in entries.items())
+    finally:
+        db.close()

@@ -352,8 +352,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "changelog_materialize_share", float, ChangelogOptions().materialize_share,
         "materialize when what a restore reads (the last materialization and the chain) exceeds the state's "
-        "bytes (its working SSTs, kept nearly compact) by this share of them: overwritten, deleted and expired "
-        "entries, not a growing state's new ones",
+        "bytes (its working SSTs compacted, as a materialization writes them) by this share of them: overwritten, "
+        "deleted and expired entries, not a growing state's new ones",
         float),
     Setting(
         "changelog_max_chain", int, ChangelogOptions().max_chain,

@@ -97,17 +97,18 @@ class ChangelogOptions:
     or the chain reaches `max_chain` files.
 
     The state's bytes now are the working database's SSTs, kept nearly compact while the
-    changelog is on (`WORKING_SIZE_AMPLIFICATION`): about what a materialization now would
-    write. The excess is then what the chain and the base hold that the state no longer does:
-    values overwritten since, entries deleted or expired since (a chain of tombstones and
-    expired entries is all excess). A chain that only adds entries (a growing state) carries no
-    excess and does not call for a materialization: it would upload the whole state again and
-    read no fewer bytes on restore.
+    changelog is on (`WORKING_SIZE_AMPLIFICATION`) and compacted whole before they are weighed
+    when only their overwritten versions keep the chain from calling for a materialization
+    (`Snapshotter`), scaled to what a materialization now would write. The excess is then what
+    the chain and the base hold that the state no longer does: values overwritten since,
+    entries deleted or expired since (a chain of tombstones and expired entries is all excess).
+    A chain that only adds entries (a growing state) carries no excess and does not call for a
+    materialization: it would upload the whole state again and read no fewer bytes on restore.
     A longer chain uploads less (each materialization writes the state again) and restores more
     bytes; the chain's bytes, not its length, are what a restore pays for."""
 
     enabled: bool = False
-    materialize_share: float = 0.2
+    materialize_share: float = 0.35
     max_chain: int = 64
     # Upload a materialization as slices over the next checkpoints (`sparkpoint.state.engine.staging`)
     # instead of all in the checkpoint that calls for it; the excess then reaches about 1.75x the

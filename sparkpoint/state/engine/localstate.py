@@ -148,6 +148,16 @@ class LocalState:
         """The bytes of db/'s live SST files (flushed: the state now)."""
         return sum(int(f["size"]) for f in self.open_db().live_files())
 
+    def oldest_run_bytes(self) -> int:
+        """The bytes of db/'s oldest sorted run: its SSTs on the deepest level, where a full
+        compaction puts the whole state below the newer runs since (whose overwritten entries it
+        drops); with every SST still on level 0 (each a run of its own), the largest."""
+        files = self.open_db().live_files()
+        deepest = max((int(f["level"]) for f in files), default=0)
+        if deepest == 0:
+            return max((int(f["size"]) for f in files), default=0)
+        return sum(int(f["size"]) for f in files if int(f["level"]) == deepest)
+
     def compact(self) -> None:
         db = self.open_db()
         self.before_write()

@@ -53,6 +53,7 @@ open, a table cache of a few files, no automatic compaction, and manual compacti
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -71,6 +72,13 @@ DEFAULT_CF = "default"
 COMPACTION_STYLES = ("universal", "leveled")
 COMPRESSIONS = ("zstd", "lz4", "snappy", "none")  # each a constructor of rocksdict's DBCompressionType
 MAX_BLOCK_CACHE_MB = 1 << 20
+# A materialization's SSTs (the slices of one in steps) hold every entry of the state, are written
+# once and read by every restore after: 16 KB blocks instead of RocksDB's 4 KB and zstd level 6
+# instead of 3 make them 18% smaller, measured on `user_totals`' 125k entries of a subtask (3.26
+# against 2.65 MB; 16 KB at level 3: 2.92). A read that misses the block cache then decompresses
+# 16 KB instead of 4 (the working database's own files keep 4 KB blocks).
+MATERIALIZED_BLOCK_BYTES = 16 << 10
+MATERIALIZED_ZSTD_LEVEL = 6
 
 
 @dataclass(frozen=True)
@@ -107,8 +115,12 @@ class RocksDBOptions:
                 f"block_cache_mb must be between 1 and {MAX_BLOCK_CACHE_MB} (1 TB), got {self.block_cache_mb}"
             )
 
-    def build(self, *, create: bool) -> Options:
-        """RocksDB options, with the process's shared block cache and write buffer manager."""
+    def build(self, *, create: bool, materialized: bool = False) -> Options:
+        """RocksDB options, with the process's shared block cache and write buffer manager.
+
+        `materialized`: for the SSTs of a materialization (`SstFileWriter`), written once and read
+        by every restore of the checkpoints that list them: larger blocks, compressed harder
+        (`MATERIALIZED_BLOCK_BYTES`, `MATERIALIZED_ZSTD_LEVEL`)."""
         cache, buffers = process_memory(self)
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(create)
@@ -123,6 +135,10 @@ class RocksDBOptions:
             opts.set_universal_compaction_options(universal)
         opts.set_compression_type(getattr(rocksdict.DBCompressionType, self.compression)())
         table = rocksdict.BlockBasedOptions()
+        if materialized:
+            table.set_block_size(MATERIALIZED_BLOCK_BYTES)
+            if self.compression == "zstd":
+                opts.set_compression_options(-14, MATERIALIZED_ZSTD_LEVEL, 0, 0)  # window bits: zstd's default
         if self.bloom_bits > 0:
             table.set_bloom_filter(self.bloom_bits, False)
         table.set_block_cache(cache)
@@ -323,6 +339,24 @@ def count_keys(cf: Rdict) -> int:
     finally:
         del it  # a live iterator holds the database open, even from a traceback
     return n
+
+
+_RAW_SIZES = re.compile(r"raw (?:key|value) size=(\d+)")
+_ENTRIES = re.compile(r"# entries=(\d+)")
+_INTERNAL_KEY_SUFFIX = 8  # RocksDB's sequence number and type, counted in its raw key size
+
+
+def raw_bytes(db: Rdict, column_families: Iterable[str]) -> int:
+    """The bytes of the keys and values in the SSTs of `column_families`, uncompressed (RocksDB's
+    table properties, summed over every file, without its own 8 bytes per key: what compression
+    made of them is the files' size)."""
+    total = 0
+    for cf in _every_cf(db, column_families):
+        properties = cf.property_value("rocksdb.aggregated-table-properties") or ""
+        entries = _ENTRIES.search(properties)
+        total += sum(int(n) for n in _RAW_SIZES.findall(properties))
+        total -= _INTERNAL_KEY_SUFFIX * int(entries.group(1)) if entries else 0
+    return total
 
 
 def list_states(path: str) -> list[str]:

@@ -66,6 +66,10 @@ class SnapshotSource(Protocol):
 
     def live_bytes(self) -> int: ...
 
+    def oldest_run_bytes(self) -> int: ...
+
+    def compact(self) -> None: ...
+
     def copy_dir(self, checkpoint_id: int | None) -> Path: ...
 
     def write_marker(self, checkpoint_id: int, handle: SubtaskStateHandle, job_url: str) -> None: ...
@@ -106,6 +110,11 @@ class Snapshotter:
         self._expired_before: dict[str, int] = {}  # of the snapshot being taken (see `snapshot`)
         # SSTs of the local state that are placeholders (`partial`): never uploaded
         self.placeholders: frozenset[str] = frozenset()
+        # What the last materialization in steps wrote ÷ the working database's SSTs it was written
+        # from, compacted, per raw byte (`Staging.written_ratio`): the formats differ
+        # (`rocksdb.MATERIALIZED_BLOCK_BYTES`), and the chain is weighed against the state as a
+        # materialization would write it. 1 until the first.
+        self._written_ratio = 1.0
 
     def rebase(self, checkpoint_id: int, handle: SubtaskStateHandle) -> None:
         """The local state is exactly `handle` of checkpoint N, which completed: N is the base, and
@@ -207,20 +216,48 @@ class Snapshotter:
             steps = staging.Staging.resume(self.local.dir, base)
             if steps is not None:
                 return (None, None) if steps.overdue(chain_bytes, chain_files) else (base, steps)
-        if not self.changelog.should_materialize(state, materialized, chain_bytes, chain_files):
+        calls, compacted = self._calls_for_materialization(state, materialized, chain_bytes, chain_files)
+        if not calls:
             return base, None
+        if not compacted:  # what a materialization writes comes from db/ compacted: the slices'
+            self.local.compact()  # snapshot then reads no overwritten entry, and one at once uploads none
         if not self.changelog.in_steps or self.changelog.overdue(state, materialized, chain_bytes, chain_files):
             return None, None
         return base, True
 
     def _chain_figures(self, base: SubtaskStateHandle) -> tuple[int, int, int, int]:
         """(state bytes, materialized bytes, chain bytes, chain files) as `ChangelogOptions` weighs
-        them: the state's bytes are the working database's SSTs now (flushed), kept nearly compact,
-        and the materialization's are its SSTs (its MANIFEST, OPTIONS and CURRENT, a few KB whatever
-        the state, are no excess a materialization would remove)."""
+        them: the state's bytes are the working database's SSTs now (flushed), as a materialization
+        would write them (`_written_ratio`), and the materialization's are its SSTs (its MANIFEST,
+        OPTIONS and CURRENT, a few KB whatever the state, are no excess a materialization would
+        remove)."""
         chain = [f for f in base.shared if changelog.is_changelog(f.local_name)]
         materialized = sum(f.size for f in base.shared if f.local_name.endswith(".sst"))
-        return self.local.live_bytes(), materialized, sum(f.size for f in chain), len(chain)
+        return self._as_written(self.local.live_bytes()), materialized, sum(f.size for f in chain), len(chain)
+
+    def _as_written(self, working_bytes: int) -> int:
+        return round(working_bytes * self._written_ratio)
+
+    def _calls_for_materialization(
+        self, state: int, materialized: int, chain_bytes: int, chain_files: int
+    ) -> tuple[bool, bool]:
+        """Whether the chain calls for a materialization, weighed against the state compacted, and
+        whether db/ was compacted to tell. The working database's SSTs overstate the state by the
+        entries overwritten since its last full compaction (a quarter and more while one is
+        pending), enough to put a materialization off by several checkpoints at 10% churn: when
+        only those keep the chain from calling for one (weighed against db/'s oldest run alone,
+        it would), db/ is compacted whole and measured again. Locally only: with the changelog on
+        no upload depends on its SSTs. That is about once per materialization of a state that is
+        overwritten (which then writes the whole state anyway), and for a growing one about as
+        often as its own compactions are."""
+        calls = self.changelog.should_materialize
+        if calls(state, materialized, chain_bytes, chain_files):
+            return True, False
+        oldest = self._as_written(self.local.oldest_run_bytes())
+        if oldest >= state or not calls(oldest, materialized, chain_bytes, chain_files):
+            return False, False
+        self.local.compact()
+        return calls(self._as_written(self.local.live_bytes()), materialized, chain_bytes, chain_files), True
 
     def _snapshot_files(self, checkpoint_id: int, full: bool, local: Path) -> SubtaskStateHandle:
         """RocksDB's own files: a native checkpoint, uploading the SSTs the base lacks."""
@@ -370,6 +407,9 @@ class Snapshotter:
             self._delete_quietly([rel for _, rel in small])
             raise
         self.local.mark_switched(checkpoint_id)
+        measured = steps.written_ratio()
+        if measured is not None:
+            self._written_ratio = min(1.0, measured)
         if self.local_recovery and not self._link_switched_copy(final, chain, local):
             shutil.rmtree(local, ignore_errors=True)
         elif self.local_recovery:

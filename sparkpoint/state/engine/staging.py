@@ -42,7 +42,14 @@ from sparkpoint.checkpoint.metadata import FileHandle, SubtaskStateHandle
 from sparkpoint.checkpoint.paths import CHANGELOG_PREFIX
 from sparkpoint.lazy import lazy_module
 from sparkpoint.state.engine.localfiles import write_replacing
-from sparkpoint.state.engine.rocksdb import SIDECAR_PREFIX, RocksDBOptions, list_states, open_db, scan_options
+from sparkpoint.state.engine.rocksdb import (
+    SIDECAR_PREFIX,
+    RocksDBOptions,
+    list_states,
+    open_db,
+    raw_bytes,
+    scan_options,
+)
 from sparkpoint.state.kinds.base import FORMAT_KEY
 from sparkpoint.state.ttl import STAMP
 
@@ -113,6 +120,7 @@ class Staging:
     limit_bytes: int  # a chain this long has the materialization done at once (`overdue`)
     limit_files: int
     total: int  # bytes of the snapshot's SSTs: what the slices will about add up to
+    raw_total: int = 0  # ... and of the keys and values in them, uncompressed (0: not recorded)
     key_groups: tuple[int, int] = (0, 0)  # the subtask's key-group range [first, last]
     keys_estimate: int = 0  # the snapshot's entries, estimated from a sample of its key groups
     done: bool = False  # every entry is in a slice
@@ -141,7 +149,8 @@ class Staging:
             d, at, anchor,
             goal_bytes=max(1.0, min(SPREAD * threshold[0], 0.8 * (limit_bytes - chain[0]))),
             goal_files=max(1.0, min(SPREAD * threshold[1], 0.8 * (limit_files - chain[1]))),
-            limit_bytes=limit_bytes, limit_files=limit_files, total=total, key_groups=key_groups,
+            limit_bytes=limit_bytes, limit_files=limit_files, total=total, raw_total=raw_bytes(db, states),
+            key_groups=key_groups,
             keys_estimate=_count_by_sample(db, states, key_groups),
         )
         staging.save()
@@ -200,6 +209,15 @@ class Staging:
 
     def name_of(self, s: Slice) -> str:
         return slice_name(self.at, s.seq)
+
+    def written_ratio(self) -> float | None:
+        """What the slices take per raw byte ÷ what the snapshot's SSTs took (below 1: the slices'
+        format compresses better), or None when a figure is missing. Per raw byte, so that the
+        entries a TTL left out of the slices do not count as the format's saving."""
+        size, raw = sum(s.size for s in self.slices), sum(s.raw for s in self.slices)
+        if not (size and raw and self.total and self.raw_total):
+            return None
+        return (size / raw) / (self.total / self.raw_total)
 
     def staged_handles(self) -> list[FileHandle]:
         return [s.handle(self.name_of(s)) for s in self.slices if s.path]
@@ -281,7 +299,7 @@ class Staging:
                     it.next()
                     continue
                 if writer is None:
-                    writer = rocksdict.SstFileWriter(options=options.build(create=True))
+                    writer = rocksdict.SstFileWriter(options=options.build(create=True, materialized=True))
                     writer.open(str(path))
                 writer[key] = value
                 raw += len(key) + len(value)
