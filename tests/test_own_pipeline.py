@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import sparkpoint
+from sparkpoint.spark.warm import stop as stop_warm_spark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,9 +99,15 @@ def test_a_pipeline_refuses_what_the_cli_refuses():
 def test_your_own_pipeline_through_the_cli_and_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     (tmp_path / "clicks_pipeline.py").write_text(MODULE)
     events = land(tmp_path, 3)
-    run = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "clicks_pipeline:clicks",
-                          "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    # A user's environment: the warm local Spark on, as by default, in a directory of the test's own
+    # (not the user's cache) and stopped with the test.
+    warm = tmp_path / "warm-spark"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "SPARKPOINT_WARM_SPARK_DIR": str(warm)}
+    try:
+        run = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "run", "--pipeline", "clicks_pipeline:clicks",
+                              "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        stop_warm_spark(directory=warm)
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [json.loads(line) for line in run.stdout.splitlines()]
     assert [r["checkpoint_id"] for r in reports] == [1, 2, 3]
@@ -110,7 +117,7 @@ def test_your_own_pipeline_through_the_cli_and_the_api(tmp_path: Path, monkeypat
     expected_pages = events.groupby("user")["page"].nunique().rename("pages").reset_index()
     state = subprocess.run([sys.executable, "-m", "sparkpoint.cli", "state", "--pipeline", "clicks_pipeline:clicks",
                             "--operator", "pages_per_user", "--format", "json"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                           text=True, timeout=300, env=env)
     assert state.returncode == 0, state.stderr[-2000:]
     pages = pd.DataFrame(json.loads(state.stdout)).sort_values("user").reset_index(drop=True)
     assert pages.to_dict("records") == expected_pages.sort_values("user").reset_index(drop=True).to_dict("records")
