@@ -45,6 +45,12 @@ def test_flink_key_and_our_names_become_one_rocksdb_options():
         resolve_settings({"state.backend.rocksdb.block.cache-size": "big"})
 
 
+def test_the_least_sst_file_size_is_a_setting_and_a_bad_one_is_refused_when_resolved():
+    assert resolve_settings({"rocksdb_min_file_mb": "8"}) == {"rocksdb": RocksDBOptions(min_file_mb=8.0)}
+    with pytest.raises(ValueError, match="min_file_mb must be above 0 and at most 64"):
+        resolve_settings({"rocksdb_min_file_mb": "100"})
+
+
 def test_run_refuses_a_bad_cache_size_before_starting_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     make_input(tmp_path, batches=1)
     code = main(["run", "--input", str(tmp_path / "in"), "--checkpoints", f"file://{tmp_path}/c", "--job-id", "j",

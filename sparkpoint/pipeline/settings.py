@@ -376,6 +376,12 @@ SETTINGS: tuple[Setting, ...] = (
         "false: every open loads each SST's whole index and filter into memory (RocksDB's default, slower to open)",
         parse_bool, target="rocksdb.cache_index_and_filter_blocks"),
     Setting(
+        "rocksdb_min_file_mb", float, RocksDBOptions().min_file_mb,
+        "the least size, in MB, of a state's SST files, which are cut at about one key group's bytes of the "
+        "state (what an erase reads for a key) and never above 64 MB: raise it where many small files cost "
+        "more requests than a key's erase saves",
+        float, target="rocksdb.min_file_mb"),
+    Setting(
         "event_time", str | None, None,
         "the input's event-time column (a timestamp): a watermark, late rows, event-time timers and TTL",
         str,
